@@ -1,0 +1,85 @@
+// Root command line and exit-code policy (cli.h).
+#include "cli.h"
+
+#include <CLI/CLI.hpp>
+#include <torch/version.h>
+
+#include <iostream>
+
+#include "comm/runtime.h"
+#include "commands.h"
+#include "core/error.h"
+#include "core/log.h"
+
+namespace fsdp::app {
+
+namespace {
+int report(const Error& e, int code) {
+  std::cerr << "fsdp-train: error: " << e.message() << " [" << e.location() << "]\n";
+  if (!e.hint().empty()) std::cerr << "---> HINT: " << e.hint() << "\n";
+  return code;
+}
+
+std::string version_text() {
+  std::string s = "fsdp-train 0.1.0 (LibTorch " TORCH_VERSION ", backends:";
+  for (const auto& b : comm::compiled_backends()) s += " " + b;
+  return s + ")";
+}
+}  // namespace
+
+int run_cli(int argc, char** argv) {
+  CLI::App app{
+      "fsdp-train: train EAGLE3 draft models on precomputed hidden states with a ZeRO-3 sharding "
+      "engine.\nLaunch: mpirun -np N fsdp-train ... | fsdp-train --nproc-per-node N ... "
+      "(--hostfile FILE --nnodes K for several nodes)",
+      "fsdp-train"};
+  app.set_version_flag("--version", version_text());
+  std::string log_level;
+  app.add_option("--log-level", log_level,
+                 "log level: trace, debug, info, warn, error, off (env FSDP_LOG_LEVEL)");
+  Action action;
+  add_comm_bench(app, &action);
+  app.require_subcommand(0, 1);
+
+  log::init_from_env();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);
+    return rc == 0 ? 0 : 2;
+  } catch (const UsageError& e) {
+    return report(e, 2);
+  }
+  try {
+    if (!log_level.empty()) log::set_level(log::parse_level(log_level));
+    if (!action.run) {
+      std::cout << app.help();
+      return 2;
+    }
+    if (action.needs_mpi) comm::init(&argc, &argv);
+    const int rc = action.run();
+    if (action.needs_mpi) comm::finalize();
+    return rc;
+  } catch (const UsageError& e) {
+    if (comm::initialized() && comm::topology().world_size > 1) {
+      // Other ranks may be waiting in a collective: stop the whole job, keeping exit code 2.
+      report(e, 2);
+      comm::abort_job("stopping all ranks after the error above", 2);
+    }
+    return report(e, 2);
+  } catch (const Error& e) {
+    if (comm::initialized() && comm::topology().world_size > 1) {
+      report(e, 1);
+      comm::abort_job("stopping all ranks after the error above", 1);
+    }
+    return report(e, 1);
+  } catch (const std::exception& e) {
+    std::cerr << "fsdp-train: error: " << e.what() << "\n";
+    if (comm::initialized() && comm::topology().world_size > 1) {
+      comm::abort_job("stopping all ranks after the error above", 1);
+    }
+    return 1;
+  }
+}
+
+}  // namespace fsdp::app

@@ -1,0 +1,40 @@
+# Helpers that give every project target the same warnings, sanitizers and precompiled header.
+set(FSDP_WARNINGS -Wall -Wextra -Wno-unused-parameter)
+if(FSDP_WERROR)
+  list(APPEND FSDP_WARNINGS -Werror)
+endif()
+set(FSDP_SAN_FLAGS "")
+if(FSDP_SANITIZE)
+  set(FSDP_SAN_FLAGS -fsanitize=${FSDP_SANITIZE} -fno-omit-frame-pointer)
+endif()
+
+# The PCH is built once in fsdp_pch and reused by every target that includes LibTorch.
+add_library(fsdp_pch STATIC ${CMAKE_CURRENT_LIST_DIR}/pch.cpp)
+target_link_libraries(fsdp_pch PUBLIC torch)
+target_compile_options(fsdp_pch PRIVATE ${FSDP_WARNINGS} ${FSDP_SAN_FLAGS})
+if(FSDP_USE_PCH)
+  target_precompile_headers(fsdp_pch PRIVATE ${CMAKE_CURRENT_LIST_DIR}/pch.h)
+endif()
+
+# fsdp_configure(target [TORCH]): warnings, sanitizers, include root, optional PCH reuse.
+function(fsdp_configure target)
+  cmake_parse_arguments(ARG "TORCH" "" "" ${ARGN})
+  target_compile_options(${target} PRIVATE ${FSDP_WARNINGS} ${FSDP_SAN_FLAGS})
+  target_link_options(${target} PRIVATE ${FSDP_SAN_FLAGS})
+  if(ARG_TORCH AND FSDP_USE_PCH)
+    target_precompile_headers(${target} REUSE_FROM fsdp_pch)
+  endif()
+endfunction()
+
+# fsdp_library(name SOURCES ... DEPS ... [TORCH]): one static library per lib/ folder.
+function(fsdp_library name)
+  cmake_parse_arguments(ARG "TORCH" "" "SOURCES;DEPS" ${ARGN})
+  add_library(${name} STATIC ${ARG_SOURCES})
+  target_include_directories(${name} PUBLIC ${PROJECT_SOURCE_DIR}/lib)
+  target_link_libraries(${name} PUBLIC ${ARG_DEPS})
+  if(ARG_TORCH)
+    fsdp_configure(${name} TORCH)
+  else()
+    fsdp_configure(${name})
+  endif()
+endfunction()

@@ -1,0 +1,63 @@
+// The communicator interface (design.md section 3, shaped like c10d's Backend): rank/size and
+// one virtual per collective. Collectives take tensors and derive count and dtype; they never
+// take raw pointers. Every call returns a Work handle. Backends throw fsdp::Error naming
+// themselves for unsupported dtypes, ops or devices. This header knows no backend.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <string>
+
+#include "comm/types.h"
+
+namespace fsdp::comm {
+
+// Handle of an asynchronous collective. wait() blocks the host for CPU backends; for GPU
+// backends it orders the caller's current stream after the collective without blocking the host.
+// Output tensors must not be read, and inputs not modified, before wait() returns.
+class Work {
+ public:
+  virtual ~Work() = default;
+  virtual void wait() = 0;
+  // Non-blocking completion test; rethrows the collective's error when it failed.
+  virtual bool is_completed() = 0;
+};
+using WorkPtr = std::shared_ptr<Work>;
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // "mpi" or "nccl" (or "rccl").
+  virtual std::string backend() const = 0;
+  // The group this communicator spans: "world", "node" or "cross-node".
+  virtual std::string group_name() const = 0;
+
+  // out[r*n:(r+1)*n] = shard of rank r, where n = shard.numel(); out.numel() == size()*n.
+  virtual WorkPtr all_gather(const at::Tensor& shard, const at::Tensor& out,
+                             const CollectiveOptions& opts = {}) = 0;
+  // out = reduction over ranks of in[rank*n:(rank+1)*n], n = out.numel(); in.numel() == size()*n.
+  virtual WorkPtr reduce_scatter(const at::Tensor& in, const at::Tensor& out, ReduceOp op,
+                                 const CollectiveOptions& opts = {}) = 0;
+  // In place: t = reduction of t over ranks.
+  virtual WorkPtr all_reduce(const at::Tensor& t, ReduceOp op,
+                             const CollectiveOptions& opts = {}) = 0;
+  // In place: t = root's t.
+  virtual WorkPtr broadcast(const at::Tensor& t, int root, const CollectiveOptions& opts = {}) = 0;
+  // Blocks until every rank of the group arrived (or the timeout aborts the job).
+  virtual void barrier(const CollectiveOptions& opts = {}) = 0;
+
+  // Waits for every collective issued so far (host-side for GPU backends).
+  virtual void synchronize() = 0;
+
+  CommStats& stats() { return stats_; }
+  const CommStats& stats() const { return stats_; }
+
+ protected:
+  CommStats stats_;
+};
+
+}  // namespace fsdp::comm

@@ -1,0 +1,78 @@
+// MPI backend for CPU tensors. Collectives run in issue order on one worker thread per
+// communicator (so they overlap with the caller's compute) as non-blocking MPI calls polled
+// against the timeout. bf16/fp16 reductions run in fp32 (MPI has no bf16 type). Counts above
+// the MPI int limit are split into chunks. Private to lib/comm; reach it through runtime.h.
+#pragma once
+
+#include <mpi.h>
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "comm/runtime.h"
+#include "comm/watchdog.h"
+
+namespace fsdp::comm::detail {
+
+// Tunables read from the environment once per communicator (documented in docs/development.md).
+struct MpiTuning {
+  // Reduce-scatter inputs at least this large go through Allreduce + slice (faster on Open MPI
+  // shared memory for large messages, see comm-bench). FSDP_MPI_RS_ALLREDUCE_BYTES.
+  int64_t rs_allreduce_min_bytes = 4 << 20;
+  // Largest element count per MPI call (MPI counts are int). FSDP_MPI_MAX_COUNT (tests).
+  int64_t max_count = 0x7fffffff;
+};
+MpiTuning mpi_tuning_from_env();
+
+class MpiCommunicator final : public Communicator {
+ public:
+  MpiCommunicator(Group group, MPI_Comm comm);
+  ~MpiCommunicator() override;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string backend() const override { return "mpi"; }
+  std::string group_name() const override { return comm::group_name(group_); }
+
+  WorkPtr all_gather(const at::Tensor& shard, const at::Tensor& out,
+                     const CollectiveOptions& opts) override;
+  WorkPtr reduce_scatter(const at::Tensor& in, const at::Tensor& out, ReduceOp op,
+                         const CollectiveOptions& opts) override;
+  WorkPtr all_reduce(const at::Tensor& t, ReduceOp op, const CollectiveOptions& opts) override;
+  WorkPtr broadcast(const at::Tensor& t, int root, const CollectiveOptions& opts) override;
+  void barrier(const CollectiveOptions& opts) override;
+  void synchronize() override;
+
+  const MpiTuning& tuning() const { return tuning_; }
+  void set_tuning(const MpiTuning& t) { tuning_ = t; }
+
+ private:
+  struct Task;
+  class MpiWork;
+  WorkPtr enqueue(std::unique_ptr<Task> task);
+  void worker_loop();
+  void run_task(Task& task);
+
+  Group group_;
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0;
+  int size_ = 1;
+  MpiTuning tuning_;
+  std::unique_ptr<ArrivalTracker> tracker_;
+  int64_t seq_ = 0;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::unique_ptr<Task>> queue_;
+  std::shared_ptr<Work> last_;
+  bool stop_ = false;
+  std::thread worker_;
+};
+
+}  // namespace fsdp::comm::detail

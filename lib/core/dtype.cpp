@@ -1,0 +1,66 @@
+// dtype name tables (core/dtype.h).
+#include "core/dtype.h"
+
+#include "core/error.h"
+
+namespace fsdp {
+
+c10::ScalarType parse_dtype(const std::string& name) {
+  if (name == "fp32" || name == "float32" || name == "float" || name == "no") return c10::kFloat;
+  if (name == "bf16" || name == "bfloat16") return c10::kBFloat16;
+  if (name == "fp16" || name == "float16" || name == "half") return c10::kHalf;
+  if (name == "fp64" || name == "float64" || name == "double") return c10::kDouble;
+  FSDP_USAGE_CHECK(false, "unknown dtype '" + name + "'", "use fp32 or bf16");
+}
+
+std::string dtype_name(c10::ScalarType t) {
+  switch (t) {
+    case c10::kFloat: return "fp32";
+    case c10::kBFloat16: return "bf16";
+    case c10::kHalf: return "fp16";
+    case c10::kDouble: return "fp64";
+    case c10::kLong: return "int64";
+    case c10::kInt: return "int32";
+    case c10::kShort: return "int16";
+    case c10::kChar: return "int8";
+    case c10::kByte: return "uint8";
+    case c10::kBool: return "bool";
+    default: return c10::toString(t);
+  }
+}
+
+c10::ScalarType dtype_from_safetensors(const std::string& s) {
+  if (s == "F32") return c10::kFloat;
+  if (s == "BF16") return c10::kBFloat16;
+  if (s == "F16") return c10::kHalf;
+  if (s == "F64") return c10::kDouble;
+  if (s == "I64") return c10::kLong;
+  if (s == "I32") return c10::kInt;
+  if (s == "I16") return c10::kShort;
+  if (s == "I8") return c10::kChar;
+  if (s == "U8") return c10::kByte;
+  if (s == "BOOL") return c10::kBool;
+  FSDP_USAGE_CHECK(false, "unsupported safetensors dtype '" + s + "'",
+                   "supported: F64 F32 F16 BF16 I64 I32 I16 I8 U8 BOOL");
+}
+
+std::string dtype_to_safetensors(c10::ScalarType t) {
+  switch (t) {
+    case c10::kFloat: return "F32";
+    case c10::kBFloat16: return "BF16";
+    case c10::kHalf: return "F16";
+    case c10::kDouble: return "F64";
+    case c10::kLong: return "I64";
+    case c10::kInt: return "I32";
+    case c10::kShort: return "I16";
+    case c10::kChar: return "I8";
+    case c10::kByte: return "U8";
+    case c10::kBool: return "BOOL";
+    default: break;
+  }
+  FSDP_CHECK(false, "dtype " + dtype_name(t) + " has no safetensors name", "");
+}
+
+size_t dtype_size(c10::ScalarType t) { return c10::elementSize(t); }
+
+}  // namespace fsdp
