@@ -1,0 +1,72 @@
+// One training sample and one micro-batch as the trainer sees them (spec section 1.3): the
+// per-sample shifts and truncation, and right-padding collate. Pure tensor code: no file access,
+// no threads. Must never change the layout the model expects (see the Batch comment).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace fsdp::data {
+
+// A sample exactly as stored (after validation and dtype normalisation), S tokens:
+//   input_ids int64 [S], loss_mask int64 [S] (0/1), hidden_state bf16 [S,H] (leading 1 of the
+//   file's [1,S,H] removed), aux_hidden_state bf16 [S,3H].
+struct RawSample {
+  at::Tensor input_ids;
+  at::Tensor loss_mask;
+  at::Tensor hidden_state;
+  at::Tensor aux_hidden_state;
+  std::string source;  // file (and key for native shards), for error messages
+  int64_t length() const { return input_ids.defined() ? input_ids.size(0) : 0; }
+  int64_t hidden_size() const { return hidden_state.defined() ? hidden_state.size(1) : 0; }
+  uint64_t nbytes() const;
+};
+
+// A processed sample, S' = min(S, max_length) (spec 1.3):
+//   aux = aux_hidden_state[:S'], target_hidden = hidden_state[:S'] shifted left by one with a
+//   zero row appended, input_ids = input_ids[:S'] shifted left by one with 0 appended,
+//   loss_mask = loss_mask[:S'] (not shifted) with its last element forced to 0,
+//   attention_mask = ones(S').
+struct Sample {
+  at::Tensor input_ids;       // int64 [S']
+  at::Tensor loss_mask;       // int64 [S']
+  at::Tensor attention_mask;  // int64 [S']
+  at::Tensor aux_hidden;      // bf16 [S',3H]
+  at::Tensor target_hidden;   // bf16 [S',H]
+};
+
+Sample process_sample(const RawSample& raw, int64_t max_length);
+
+// A sample that contributes nothing to the loss (loss_mask and attention all zero, one token).
+// Stands in for a skipped bad sample so every rank keeps the same batch count and shapes.
+Sample empty_sample(int64_t hidden_size);
+
+// A micro-batch, right-padded with zeros to the longest sample (B samples, S = max length):
+//   input_ids int64 [B,S] (already shifted), loss_mask int64 [B,S], attention_mask int64 [B,S],
+//   aux_hidden bf16 [B,S,3H], target_hidden bf16 [B,S,H] (already shifted).
+// All on CPU (pinned when the loader was asked to pin); the trainer moves them to the device.
+struct Batch {
+  at::Tensor input_ids;
+  at::Tensor loss_mask;
+  at::Tensor attention_mask;
+  at::Tensor aux_hidden;
+  at::Tensor target_hidden;
+  std::vector<int64_t> sample_indices;  // dataset indices, in row order
+  int64_t epoch = 0;
+  int64_t batch_index = 0;  // position of this micro-batch within the rank's epoch
+  int64_t num_skipped = 0;  // rows that stand in for skipped bad samples
+  uint64_t bytes_read = 0;  // raw feature bytes read to build this batch
+  int64_t batch_size() const { return input_ids.defined() ? input_ids.size(0) : 0; }
+  int64_t seq_len() const { return input_ids.defined() ? input_ids.size(1) : 0; }
+  // Tokens that count for the loss (sum of loss_mask).
+  int64_t num_loss_tokens() const;
+};
+
+// Right-pads every tensor with zeros to the longest sample. Throws when samples disagree on the
+// hidden size (naming both sizes) or when `samples` is empty.
+Batch collate(const std::vector<Sample>& samples, bool pin_memory = false);
+
+}  // namespace fsdp::data
