@@ -1,0 +1,126 @@
+// The one option table of fsdp-train (style.md 10): every row produces a CLI11 flag, a YAML key,
+// its --help text, its line in docs/usage.md and docs/configuration.md, and its entry in the
+// effective configuration that a run prints and saves. Never declare a training option
+// anywhere else. CLI11, yaml-cpp and JSON stay inside lib/config's .cpp files (compile time).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "config/train_config.h"
+
+namespace CLI {
+class App;
+class Option;
+}  // namespace CLI
+
+namespace fsdp::config {
+
+// Spelling rule: the flag is "--" + name ("--draft-micro-batch-size"); the YAML key is the name
+// with '-' replaced by '_' ("draft_micro_batch_size"). YAML files may also use the dashed
+// spelling; saved configurations always use underscores.
+enum class OptionKind {
+  kString,    // free text
+  kPath,      // a file or directory
+  kInt,       // int64
+  kFloat,     // double
+  kBool,      // flag: "--x" or "--x=false" on the command line; true/false in YAML
+  kEnum,      // one of choices
+  kList,      // several of choices: "--report-to wandb tensorboard" or a YAML sequence
+  kOptInt,    // int64 or unset ("none"/null)
+  kOptFloat,  // double or unset
+  kResume,    // --resume [auto|none|PATH]: bare flag means auto (SpecForge's store_true)
+};
+
+// A value in text form; is_null for unset optional values. Lists use `list`.
+struct OptionValue {
+  bool is_null = false;
+  std::string text;
+  std::vector<std::string> list;
+};
+
+struct OptionSpec {
+  std::string name;   // flag without dashes, e.g. "draft-micro-batch-size"
+  OptionKind kind;
+  std::string group;  // heading in --help and the docs: "Model", "Data", ...
+  std::string help;   // one line; says "(unused: ...)" for accepted-but-unused SpecForge flags
+  std::vector<std::string> choices;  // kEnum / kList
+  bool cli_only = false;  // not a YAML key and not saved (--config)
+  bool secret = false;    // never printed, saved or logged (--wandb-key)
+  // Parses the text form into the typed field; throws UsageError naming `source`
+  // ("--learning-rate" or "run.yaml:12 learning_rate").
+  std::function<void(TrainConfig&, const OptionValue&, const std::string& source)> set;
+  std::function<OptionValue(const TrainConfig&)> get;
+
+  std::string flag() const { return "--" + name; }
+  std::string yaml_key() const;
+  // The default as shown in --help and docs ("16", "none", "[]").
+  std::string default_text() const;
+};
+
+// The table, in the order of --help and the docs.
+const std::vector<OptionSpec>& option_table();
+// nullptr when unknown. Accepts "learning-rate", "learning_rate" and "--learning-rate".
+const OptionSpec* find_option(const std::string& name);
+// The known name closest to `name` (edit distance), for "did you mean" messages.
+std::string closest_option(const std::string& name);
+
+// Values the user typed, by option name, in command-line order of precedence.
+struct CommandLineValues {
+  std::map<std::string, OptionValue> given;  // only options present on the command line
+  std::string config_file;                   // --config
+};
+
+// Owns the CLI11 options that add_train_options created; read it after app.parse().
+class TrainOptionsBinding {
+ public:
+  CommandLineValues values() const;
+
+ private:
+  friend void add_train_options(CLI::App& app, TrainOptionsBinding* binding);
+  std::vector<std::pair<const OptionSpec*, CLI::Option*>> options_;
+};
+
+// Adds every option of the table to `app` (root or subcommand), grouped as in the docs. Options
+// whose flag `app` already has (e.g. a root --log-level) are skipped and not collected.
+void add_train_options(CLI::App& app, TrainOptionsBinding* binding);
+
+struct ResolveOptions {
+  // Data-parallel size, for ds_config batch arithmetic ("auto" train_batch_size); 0 = unknown.
+  int world_size = 0;
+  // Draft hidden size for ds_config "auto" bucket sizes; unset: read hidden_size from
+  // --draft-model-config when that file exists.
+  std::optional<int64_t> hidden_size;
+  // Receives the ds_config translation report and warnings (printed by rank 0). nullptr: log.
+  std::vector<std::string>* report = nullptr;
+};
+
+// Builds the configuration: defaults < --config YAML < --deepspeed JSON < command-line flags.
+// A ds_config value that contradicts an explicitly given flag or YAML key is an error naming
+// both. Does not validate the whole configuration: call validate() next.
+TrainConfig resolve(const CommandLineValues& cli, const ResolveOptions& options = {});
+
+// Loads a YAML run file into `cfg` (keys of the table only). Unknown keys fail with the file
+// name, line and the closest known key. Returns the names of the options the file set.
+std::vector<std::string> apply_yaml_file(const std::string& path, TrainConfig* cfg);
+// Same for YAML text (tests); `source_name` stands in for the file name in messages.
+std::vector<std::string> apply_yaml_text(const std::string& text, const std::string& source_name,
+                                         TrainConfig* cfg);
+
+// The effective configuration (every non-secret, non-cli-only option) as YAML that --config
+// accepts back, and as a JSON object text (for checkpoints and run metadata).
+std::string to_yaml(const TrainConfig& cfg);
+std::string to_json(const TrainConfig& cfg, int indent = 2);
+// Human-readable "key: value" lines grouped like --help, for the start-up banner.
+std::string to_display(const TrainConfig& cfg);
+
+// Markdown generated from the table (docs/configuration.md's reference and the flag section of
+// docs/usage.md); `fsdp-train gen-docs` and a unit test keep the checked-in files current.
+std::string configuration_markdown();
+std::string usage_flags_markdown();
+
+}  // namespace fsdp::config

@@ -1,0 +1,169 @@
+// The typed run configuration of fsdp-train: one struct per component with its defaults, and the
+// whole-configuration validation that runs at start-up. Values arrive here only through the
+// option table (config/options.h); this file never parses flags, YAML or JSON itself.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace fsdp::config {
+
+// ZeRO stages: FULL_SHARD = ZeRO-3, SHARD_GRAD_OP = ZeRO-2, NO_SHARD = DDP, HYBRID_SHARD =
+// ZeRO-3 inside a node and replication across nodes.
+enum class ShardingStrategy { kFullShard, kShardGradOp, kNoShard, kHybridShard };
+// Compute/parameter dtype (master weights are always fp32) and gradient-reduction dtype.
+enum class Precision { kBF16, kFP32 };
+// ploss normalisation (spec section 5): kBatch divides by B*S, padding included (SpecForge
+// compatible); kTokens divides by the number of valid (loss_mask == 1) tokens.
+enum class LossNormalization { kBatch, kTokens };
+enum class DeviceKind { kAuto, kCpu, kCuda };
+// After warmup: cosine to 0 (spec section 6), linear to 0, or constant.
+enum class LrScheduler { kCosine, kLinear, kConstant };
+// --resume: kNone starts fresh, kAuto takes the newest complete checkpoint in --output-dir
+// (fresh start when there is none), kPath resumes from resume_path and fails if it is missing.
+enum class ResumeMode { kNone, kAuto, kPath };
+
+const char* to_string(ShardingStrategy v);
+const char* to_string(Precision v);
+const char* to_string(LossNormalization v);
+const char* to_string(DeviceKind v);
+const char* to_string(LrScheduler v);
+
+// Where the model comes from.
+struct ModelConfig {
+  std::string target_model_path;   // HF directory with config.json + safetensors (required)
+  std::string draft_model_config;  // draft LlamaForCausalLMEagle3 JSON (required)
+  std::string embedding_key = "model.embed_tokens.weight";
+  std::string lm_head_key = "lm_head.weight";
+  std::string vocab_mapping_path;  // ready {d2t, t2d} file; empty: build from the features
+  std::string init_checkpoint;     // exported draft directory to start from; empty: random init
+  int64_t ttt_length = 7;
+  bool activation_checkpointing = false;
+};
+
+// Precomputed hidden states and their processing.
+struct DataConfig {
+  std::string train_hidden_states_path;  // required for training
+  std::string eval_hidden_states_path;   // optional
+  // SpecForge builds its vocab mapping from raw text with these; here they are validated,
+  // recorded in the run metadata and otherwise unused.
+  std::string train_data_path;
+  std::string eval_data_path;
+  std::string chat_template;
+  std::string cache_dir = "./cache";
+  int64_t max_length = 2048;
+  bool skip_bad_samples = false;
+};
+
+// Optimizer and learning-rate schedule.
+struct OptimConfig {
+  double learning_rate = 1e-4;
+  double adam_beta1 = 0.9;
+  double adam_beta2 = 0.999;
+  double adam_eps = 1e-8;
+  double weight_decay = 0.0;
+  double max_grad_norm = 0.5;  // <= 0 disables clipping
+  LrScheduler lr_scheduler = LrScheduler::kCosine;
+  double warmup_ratio = 0.015;
+  std::optional<int64_t> warmup_steps;  // when set, replaces warmup_ratio * total_steps
+};
+
+// Batching, length of the run and what the loop does.
+struct LoopConfig {
+  int64_t num_epochs = 10;
+  int64_t draft_global_batch_size = 16;
+  int64_t draft_micro_batch_size = 1;
+  // Unset: global / (dp * micro). When set (or given by a ds_config) it must agree.
+  std::optional<int64_t> gradient_accumulation_steps;
+  std::optional<int64_t> total_steps;  // unset: num_epochs * ceil(batches_per_epoch / accum)
+  std::optional<int64_t> max_steps;    // stop after this optimizer step; schedule unchanged
+  int64_t seed = 0;
+  LossNormalization loss_normalization = LossNormalization::kBatch;
+  bool eval_only = false;
+};
+
+// The sharding engine's policy.
+struct ShardConfig {
+  ShardingStrategy strategy = ShardingStrategy::kFullShard;
+  Precision mixed_precision = Precision::kBF16;
+  Precision reduce_dtype = Precision::kFP32;
+  bool cpu_offload = false;         // master weights, gradient shard, moments, step on the host
+  bool accumulate_locally = false;  // communicate gradients only on the last micro-batch
+};
+
+// Process and device settings.
+struct RuntimeConfig {
+  DeviceKind device = DeviceKind::kAuto;
+  int64_t threads = 0;  // intra-op threads per rank; 0: cores / ranks on the node
+  int64_t dist_timeout_minutes = 20;
+  std::string log_level = "info";
+};
+
+struct CheckpointConfig {
+  std::string output_dir;     // required for training
+  int64_t save_interval = 1;  // epochs between saves (SpecForge); 0: no per-epoch save
+  int64_t save_steps = 0;     // optimizer steps between saves; 0: off
+  int64_t keep_last = 0;      // complete checkpoints kept; 0: keep all
+  ResumeMode resume = ResumeMode::kNone;
+  std::string resume_path;  // when resume == kPath
+};
+
+struct EvalConfig {
+  int64_t eval_interval = 1;  // epochs between evaluations (SpecForge); 0: off
+  int64_t eval_steps = 0;     // optimizer steps between evaluations; 0: off
+};
+
+struct MetricsConfig {
+  int64_t log_steps = 50;
+  // Extra sinks: any of "tensorboard", "wandb"; metrics.jsonl is always written. "none" and
+  // "jsonl" are accepted on input and normalised away.
+  std::vector<std::string> report_to;
+  std::string tensorboard_dir;  // empty: <output-dir>/tensorboard
+  std::string wandb_project;
+  std::string wandb_name;
+  // Never saved, printed or logged: passed to the W&B side process through its environment.
+  std::string wandb_key;
+  std::optional<double> mfu_peak_tflops;  // unset: known GPU table, n/a on CPU
+};
+
+struct TrainConfig {
+  ModelConfig model;
+  DataConfig data;
+  OptimConfig optim;
+  LoopConfig loop;
+  ShardConfig shard;
+  RuntimeConfig runtime;
+  CheckpointConfig checkpoint;
+  EvalConfig eval;
+  MetricsConfig metrics;
+  std::string config_file;       // --config, recorded for the run metadata
+  std::string deepspeed_config;  // --deepspeed, recorded for the run metadata
+
+  bool reports_to(const std::string& sink) const;
+};
+
+// Batch arithmetic (spec section 6) for a data-parallel size.
+struct BatchPlan {
+  int64_t global_batch = 0;
+  int64_t micro_batch = 0;
+  int64_t dp_size = 0;
+  int64_t accumulation_steps = 0;  // global / (dp * micro)
+};
+// Throws UsageError naming --draft-global-batch-size / --draft-micro-batch-size when the global
+// batch does not divide into dp_size * micro batches.
+BatchPlan batch_plan(const TrainConfig& cfg, int world_size);
+
+struct ValidateOptions {
+  bool check_paths = true;  // input files/directories exist and are readable
+  bool training = true;     // training needs --output-dir and --train-hidden-states-path
+};
+
+// Whole-configuration check at start-up: ranges, batch arithmetic for world_size data-parallel
+// ranks, hybrid sharding against the node layout (pass the ranks per node, 0 = unknown), and
+// (optionally) that input paths exist. Throws UsageError whose message names the flag to change.
+void validate(const TrainConfig& cfg, int world_size, const ValidateOptions& options = {},
+              int ranks_per_node = 0);
+
+}  // namespace fsdp::config

@@ -1,0 +1,144 @@
+// Metric sinks behind one interface: the rank-0 console progress line, metrics.jsonl (always),
+// TensorBoard event files written natively, and W&B through the official Python SDK in a side
+// process. Sinks only record what they are given; averaging over ranks happens before. They never
+// write secrets (the W&B key goes to the side process's environment only).
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "config/train_config.h"
+
+namespace fsdp::metrics {
+
+// Ordered (name, value) pairs: "train/ploss_0", "train/acc_0", "train/lr", "perf/tokens_per_s".
+using Scalars = std::vector<std::pair<std::string, double>>;
+
+class MetricsSink {
+ public:
+  virtual ~MetricsSink() = default;
+  // Records the scalars of optimizer step `step` (1-based).
+  virtual void log(int64_t step, const Scalars& scalars) = 0;
+  // Called after every step by the loop; sinks that update live (a TTY progress bar) use it.
+  virtual void heartbeat(int64_t step) {}
+  virtual void flush() {}
+  // Flushes and releases resources (waits for a side process to finish). Idempotent.
+  virtual void close() {}
+};
+
+// Rank-0 progress line: "step 120/1000 (12.0%) | loss 3.214 | acc_0 0.412 | lr 9.87e-05 |
+// 5.1k tok/s | ETA 4m10s". On a terminal heartbeat() rewrites one line in place; when stdout is
+// not a terminal only log() prints, one line per call (one per --log-steps), so logs don't flood.
+class ConsoleSink : public MetricsSink {
+ public:
+  // `out` defaults to stdout; is_tty: -1 detect with isatty(), 0/1 force (tests).
+  ConsoleSink(int64_t total_steps, std::FILE* out = nullptr, int is_tty = -1);
+  void log(int64_t step, const Scalars& scalars) override;
+  void heartbeat(int64_t step) override;
+  void flush() override;
+  // The text log() prints for these scalars (tests).
+  std::string format_line(int64_t step, const Scalars& scalars) const;
+
+ private:
+  int64_t total_steps_;
+  std::FILE* out_;
+  bool tty_;
+  bool line_open_ = false;
+  double start_seconds_;
+  std::string last_line_;
+};
+
+// One JSON object per line: {"step": 10, "time": <unix seconds>, "train/ploss_0": ...}.
+// Non-finite values are written as null (JSON has no NaN). Opened in append mode so a resumed run
+// continues the same file.
+class JsonlSink : public MetricsSink {
+ public:
+  explicit JsonlSink(const std::string& path);
+  ~JsonlSink() override;
+  void log(int64_t step, const Scalars& scalars) override;
+  void flush() override;
+  void close() override;
+
+ private:
+  std::string path_;
+  std::FILE* file_ = nullptr;
+};
+
+// TensorBoard event file events.out.tfevents.<unix time>.<host> in `dir`: TFRecord framing
+// (length, masked CRC32C of the length, payload, masked CRC32C of the payload) around
+// hand-encoded Event protos (wall_time, step, summary { value { tag, simple_value } }).
+class TensorBoardSink : public MetricsSink {
+ public:
+  explicit TensorBoardSink(const std::string& dir);
+  ~TensorBoardSink() override;
+  void log(int64_t step, const Scalars& scalars) override;
+  void flush() override;
+  void close() override;
+  const std::string& path() const { return path_; }
+
+ private:
+  void write_record(const std::string& payload);
+  std::string path_;
+  std::FILE* file_ = nullptr;
+};
+
+struct WandbOptions {
+  std::string python;   // interpreter with wandb installed; empty: $FSDP_PYTHON, else python3
+  std::string project;  // --wandb-project (empty: "fsdp-train")
+  std::string name;     // --wandb-name (empty: W&B picks)
+  std::string dir;      // where W&B writes its run directory (the output dir)
+  std::string config_json;  // the effective configuration (no secrets) for wandb.init(config=)
+  std::string api_key;      // --wandb-key: put in the side process's environment only
+};
+
+// Starts `python -c <bridge>` (lib/metrics/wandb_bridge.py, embedded at build time) and pipes
+// JSON lines to it: one init line, one line per log(), then EOF on close(), after which the bridge
+// calls wandb.finish() and exits. WANDB_MODE=offline in the environment works without network.
+// Throws fsdp::Error when the interpreter cannot start or wandb is not importable.
+class WandbSink : public MetricsSink {
+ public:
+  explicit WandbSink(const WandbOptions& options);
+  ~WandbSink() override;
+  void log(int64_t step, const Scalars& scalars) override;
+  void flush() override;
+  void close() override;
+
+ private:
+  void send(const std::string& line);
+  int pid_ = -1;
+  std::FILE* pipe_ = nullptr;
+};
+
+// Fans out to several sinks; the loop talks to this one.
+class MetricsLogger : public MetricsSink {
+ public:
+  void add(std::unique_ptr<MetricsSink> sink) { sinks_.push_back(std::move(sink)); }
+  void log(int64_t step, const Scalars& scalars) override;
+  void heartbeat(int64_t step) override;
+  void flush() override;
+  void close() override;
+  size_t size() const { return sinks_.size(); }
+
+ private:
+  std::vector<std::unique_ptr<MetricsSink>> sinks_;
+};
+
+struct SinkContext {
+  int rank = 0;               // only rank 0 gets sinks; other ranks get an empty logger
+  int64_t total_steps = 0;
+  std::string output_dir;     // metrics.jsonl, tensorboard/, wandb/ live here
+  std::string config_json;    // effective configuration for W&B
+};
+
+// The sinks --report-to asks for: console + metrics.jsonl always, plus tensorboard and wandb.
+std::unique_ptr<MetricsLogger> make_logger(const config::MetricsConfig& cfg,
+                                           const SinkContext& ctx);
+
+// The bridge script's text (embedded from lib/metrics/wandb_bridge.py).
+const std::string& wandb_bridge_script();
+
+}  // namespace fsdp::metrics
