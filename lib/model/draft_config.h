@@ -1,0 +1,94 @@
+// The EAGLE3 draft model configuration (spec 1.1): an HF LlamaConfig-style JSON as SpecForge
+// users have it. Parsing lives in a torch-free TU; this header never includes JSON or torch.
+// Never silently accept what the model cannot honour: bad values fail naming key and file.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace fsdp::model {
+
+// RoPE frequency scaling as in HF transformers' rope_scaling dict.
+enum class RopeType { kDefault, kLinear, kLlama3, kYarn };
+
+struct RopeScaling {
+  RopeType type = RopeType::kDefault;
+  double factor = 1.0;
+  // llama3: frequencies between the two wavelengths are interpolated smoothly.
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  // llama3 and yarn: the context length the target was pre-trained with; 0 means
+  // max_position_embeddings (yarn) and is an error for llama3.
+  int64_t original_max_position_embeddings = 0;
+  // yarn: correction range in rotations, optional attention temperature overrides.
+  double beta_fast = 32.0;
+  double beta_slow = 1.0;
+  bool truncate = true;
+  std::optional<double> attention_factor;
+  std::optional<double> mscale;
+  std::optional<double> mscale_all_dim;
+};
+
+std::string rope_type_name(RopeType t);
+
+struct DraftConfig {
+  std::vector<std::string> architectures{"LlamaForCausalLMEagle3"};
+  int64_t hidden_size = 0;               // H (required)
+  int64_t intermediate_size = 0;         // I (required)
+  int64_t num_attention_heads = 0;       // nh (required)
+  int64_t num_key_value_heads = 0;       // nkv (default nh)
+  std::optional<int64_t> head_dim;       // d; absent means H / nh
+  int64_t num_hidden_layers = 1;         // only 1 is supported
+  int64_t vocab_size = 0;                // V (required)
+  std::optional<int64_t> draft_vocab_size;  // Vd; absent or null means V
+  double rms_norm_eps = 1e-6;
+  int64_t max_position_embeddings = 2048;
+  double rope_theta = 10000.0;
+  RopeScaling rope_scaling;              // type kDefault when the key is null or absent
+  std::string hidden_act = "silu";
+  std::optional<int64_t> pad_token_id;
+  std::optional<int64_t> target_hidden_size;  // fc input is 3 * this (default H)
+  bool tie_word_embeddings = false;      // forced false (a warning is logged if true)
+  std::string torch_dtype = "bfloat16";
+  // JSON text of values carried through untouched: eagle_config (empty = absent), the
+  // original rope_scaling object (so unknown sub-keys survive), and every unknown key.
+  std::string eagle_config_json;
+  std::string rope_scaling_json;
+  std::map<std::string, std::string> extra_json;
+  // Where the config came from, used in error messages ("<string>" when parsed from text).
+  std::string source = "<string>";
+
+  int64_t head_dim_value() const { return head_dim ? *head_dim : hidden_size / num_attention_heads; }
+  int64_t draft_vocab() const { return draft_vocab_size ? *draft_vocab_size : vocab_size; }
+  int64_t fc_in_features() const {
+    return 3 * (target_hidden_size ? *target_hidden_size : hidden_size);
+  }
+  int64_t q_out_features() const { return num_attention_heads * head_dim_value(); }
+  int64_t kv_out_features() const { return num_key_value_heads * head_dim_value(); }
+
+  // Throws fsdp::UsageError naming the key and `source` for anything the model cannot run.
+  void validate() const;
+  // Pretty-printed JSON for config.json in checkpoints: every known key, eagle_config and the
+  // unknown keys carried through, architectures ["LlamaForCausalLMEagle3"],
+  // tie_word_embeddings false and draft_vocab_size always written.
+  std::string to_json() const;
+};
+
+// Reads and validates a draft config file; errors name the file and the key.
+DraftConfig load_draft_config(const std::string& path);
+// Same from JSON text; `source` names the input in error messages.
+DraftConfig parse_draft_config(const std::string& json_text, const std::string& source = "<string>");
+
+// Parameter counts implied by a config (closed form, no module needed): used for logging,
+// MFU and the spec's headline numbers (spec 9).
+struct ParamCounts {
+  int64_t trainable = 0;        // fc, midlayer.*, norm, lm_head
+  int64_t frozen_embedding = 0; // embed_tokens [V,H]
+  int64_t buffers = 0;          // d2t [Vd] + t2d [V] elements
+};
+ParamCounts count_parameters(const DraftConfig& cfg);
+
+}  // namespace fsdp::model

@@ -1,0 +1,25 @@
+// Floating-point operation counts of one draft training step (forward + backward), for MFU.
+// Model FLOPs: what the math needs, not what a kernel recomputes (flash recompute is excluded).
+// Pure arithmetic on the config; never touches tensors.
+#pragma once
+
+#include <cstdint>
+
+#include "model/draft_config.h"
+
+namespace fsdp::model {
+
+struct StepFlops {
+  double forward = 0;      // draft forward: matmuls + attention, all T steps
+  double backward = 0;     // draft backward: 2x each matmul with trainable weights, except fc
+                           // (1x: its input needs no gradient); 2x attention
+  double target_head = 0;  // target_p (Vd rows) + full-vocab argmax (V rows), forward only
+  double attention = 0;    // attention part of forward (QK^T and PV; causal + diagonal)
+  double total() const { return forward + backward + target_head; }
+};
+
+// One micro-batch of B sequences padded to S, ttt_length T. Causal attention counts the
+// S(S+1)/2 visible key pairs per head, plus i diagonal keys per query at step i.
+StepFlops count_step_flops(const DraftConfig& cfg, int64_t batch, int64_t seq, int64_t ttt_length);
+
+}  // namespace fsdp::model

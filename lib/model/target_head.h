@@ -1,0 +1,57 @@
+// The target distribution of spec 4, from the target model's LM head: target_p over the draft
+// vocabulary (t2d rows only, softmax in fp32) and the full-vocab argmax that gates the loss,
+// computed in vocabulary tiles so no [B, S, V] tensor ever exists. Never trains anything.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+namespace fsdp::model {
+
+enum class TargetImpl { kTiled, kDense };
+
+struct TargetDistribution {
+  at::Tensor target_p;       // fp32 [B, S + T, Vd]: rows S..S+T-1 are 1/Vd (step i: i..i+S-1)
+  at::Tensor position_mask;  // int64 [B, S]: loss_mask * t2d[argmax_V target_logits] (step 0)
+  at::Tensor target_ids;     // int64 [B, S]: argmax over the full target vocabulary
+};
+
+class TargetHead {
+ public:
+  TargetHead() = default;
+  // lm_head_weight [V, H] (any float dtype; kept as given, usually bf16), t2d bool [V] with
+  // exactly Vd true entries. The t2d rows are gathered once into a [Vd, H] matrix.
+  TargetHead(const at::Tensor& lm_head_weight, const at::Tensor& t2d);
+
+  // target_hidden [B, S, H] (cast to the weight dtype), loss_mask int64 [B, S]. ttt_length T
+  // is the number of padding rows. vocab_tile 0 = choose so one tile's logits stay <= 64 Mi
+  // elements. Runs without gradient.
+  TargetDistribution compute(const at::Tensor& target_hidden, const at::Tensor& loss_mask,
+                             int64_t ttt_length, TargetImpl impl = TargetImpl::kTiled,
+                             int64_t vocab_tile = 0) const;
+
+  // Dense reference (tests, benchmarks): full [B, S, V] logits, softmax over t2d columns.
+  TargetDistribution compute_dense(const at::Tensor& target_hidden, const at::Tensor& loss_mask,
+                                   int64_t ttt_length) const;
+  TargetDistribution compute_tiled(const at::Tensor& target_hidden, const at::Tensor& loss_mask,
+                                   int64_t ttt_length, int64_t vocab_tile = 0) const;
+
+  // Full-vocab argmax of hidden @ weight^T in tiles of `vocab_tile` rows; ties go to the
+  // smallest id (as at::argmax). hidden [..., H] -> int64 [...].
+  at::Tensor tiled_argmax(const at::Tensor& hidden, int64_t vocab_tile = 0) const;
+
+  // Moves the weights (e.g. to the GPU); the dtype is kept.
+  void to(c10::Device device);
+
+  int64_t vocab_size() const { return weight_.defined() ? weight_.size(0) : 0; }
+  int64_t draft_vocab_size() const { return draft_weight_.defined() ? draft_weight_.size(0) : 0; }
+  const at::Tensor& weight() const { return weight_; }
+  const at::Tensor& draft_weight() const { return draft_weight_; }
+  const at::Tensor& t2d() const { return t2d_; }
+
+ private:
+  at::Tensor weight_;        // [V, H]
+  at::Tensor draft_weight_;  // [Vd, H] = weight_[t2d]
+  at::Tensor t2d_;           // bool [V]
+};
+
+}  // namespace fsdp::model

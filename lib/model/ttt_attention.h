@@ -1,0 +1,40 @@
+// Attention of one TTT step (spec 3.2): a query at (position t, step i) sees the step-0 keys at
+// positions 0..t and the keys of steps 1..i at position t. Two implementations with the same
+// contract: an efficient one (fused causal SDPA over step-0 keys, merged exactly with the i
+// diagonal scores through the log-sum-exp; gradients exact) and a dense explicit-mask
+// reference that materialises [B, nh, S, (i+1)S] scores (tests and benchmarks only).
+// Never changes which keys a query sees; padding handling is identical in both.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <vector>
+
+namespace fsdp::model {
+
+enum class AttentionImpl { kEfficient, kDense };
+
+// q [B, nh, S, d]; keys/values: one entry per step 0..i, each [B, nkv, S, d] (already rotated),
+// nh a multiple of nkv (GQA: query head h uses kv head h / (nh / nkv)). attention_mask
+// int64/bool [B, S], right-padded (ones then zeros): keys at positions >= the valid length are
+// never seen and query rows at those positions return zeros. scale is usually 1/sqrt(d).
+// Softmax is computed in fp32 (or the input dtype if wider). Returns [B, nh, S, d].
+//
+// The efficient path relies on right padding: for a valid query, causality already excludes
+// the padded keys. Left-padded or holed masks need the dense path (check_right_padded()).
+at::Tensor ttt_attention(const at::Tensor& q, const std::vector<at::Tensor>& keys,
+                         const std::vector<at::Tensor>& values, const at::Tensor& attention_mask,
+                         double scale, AttentionImpl impl = AttentionImpl::kEfficient);
+
+at::Tensor ttt_attention_efficient(const at::Tensor& q, const std::vector<at::Tensor>& keys,
+                                   const std::vector<at::Tensor>& values,
+                                   const at::Tensor& attention_mask, double scale);
+at::Tensor ttt_attention_dense(const at::Tensor& q, const std::vector<at::Tensor>& keys,
+                               const std::vector<at::Tensor>& values,
+                               const at::Tensor& attention_mask, double scale);
+
+// Throws fsdp::UsageError unless every row of mask [B, S] is ones followed by zeros. Reads the
+// mask on the host (one device sync on GPU): call it where the data is produced or in tests.
+void check_right_padded(const at::Tensor& attention_mask, const char* what = "attention_mask");
+
+}  // namespace fsdp::model

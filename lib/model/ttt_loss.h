@@ -1,0 +1,67 @@
+// One training step of the draft model (spec 3.2 + 5): the test-time-training unroll over T
+// steps, the weighted soft cross-entropy against the target distribution, and the accuracy
+// metrics. Returns the loss to backward and detached metrics as tensors (no host sync), with
+// numerators and denominators so the trainer can all-reduce them exactly across ranks.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include "model/draft_model.h"
+#include "model/target_head.h"
+#include "model/ttt_attention.h"
+
+namespace fsdp::model {
+
+// How ploss_i is normalised (spec 5).
+enum class LossNormalization {
+  kBatchTokens,  // 1/(B*S), padded positions counted: SpecForge-compatible default
+  kValidTokens,  // 1/max(sum position_mask_i, 1): per valid token
+};
+
+struct LossOptions {
+  int64_t ttt_length = 7;          // T
+  int64_t accumulation_steps = 1;  // loss is divided by this
+  double step_decay = 0.8;         // weight of step i is step_decay^i
+  LossNormalization normalization = LossNormalization::kBatchTokens;
+  AttentionImpl attention = AttentionImpl::kEfficient;
+  TargetImpl target = TargetImpl::kTiled;
+  int64_t vocab_tile = 0;          // target-head argmax tile (0 = automatic)
+  // Check shapes/dtypes of the batch (cheap, no sync). check_padding additionally verifies
+  // right padding of attention_mask on the host (one sync on GPU).
+  bool check_padding = false;
+};
+
+struct StepOutput {
+  at::Tensor loss;             // scalar, requires grad: sum_i decay^i * ploss_i / accumulation
+  at::Tensor ploss;            // fp32 [T], detached, normalised as the options say
+  at::Tensor acc;              // fp32 [T], detached: correct / max(loss_tokens, 1e-6)
+  at::Tensor correct;          // fp32 [T]: sum [argmax z == argmax p] * position_mask_i
+  at::Tensor loss_tokens;      // fp32 [T]: sum loss_mask_i (the acc denominator, unclamped)
+  at::Tensor position_tokens;  // fp32 [T]: sum position_mask_i
+  at::Tensor valid_tokens;     // int64 scalar: sum attention_mask (tokens/s accounting)
+  int64_t batch = 0, seq = 0;  // B and S of this micro-batch (the kBatchTokens normaliser)
+};
+
+// input_ids int64 [B,S] (already shifted), attention_mask int64 [B,S], loss_mask int64 [B,S],
+// aux_hidden [B,S,3Ht], target_hidden [B,S,Ht] (any float dtype; cast to the model's compute
+// dtype). The model's d2t/t2d must match the target head's t2d.
+StepOutput ttt_step(Eagle3DraftImpl& model, const TargetHead& head, const at::Tensor& input_ids,
+                    const at::Tensor& attention_mask, const at::Tensor& loss_mask,
+                    const at::Tensor& aux_hidden, const at::Tensor& target_hidden,
+                    const LossOptions& options = {});
+
+// Same unroll from a precomputed target distribution (tests; evaluation can reuse targets).
+StepOutput ttt_step(Eagle3DraftImpl& model, const TargetDistribution& target,
+                    const at::Tensor& input_ids, const at::Tensor& attention_mask,
+                    const at::Tensor& loss_mask, const at::Tensor& aux_hidden,
+                    const LossOptions& options = {});
+
+// Draft logits of every step (no loss), e.g. for evaluation: T tensors [B, S, Vd].
+std::vector<at::Tensor> ttt_logits(Eagle3DraftImpl& model, const at::Tensor& input_ids,
+                                   const at::Tensor& attention_mask, const at::Tensor& aux_hidden,
+                                   int64_t ttt_length, AttentionImpl impl);
+
+// Shifts x [B, S, ...] left by n along dim 1, filling the last n columns with zeros.
+at::Tensor shift_left(const at::Tensor& x, int64_t n);
+
+}  // namespace fsdp::model
