@@ -1,4 +1,5 @@
 // Registers the MPI listener for every mpi_<component> test executable (added by CMake).
 #include "support/mpi_listener.h"
 
-CATCH_REGISTER_LISTENER(fsdp::testing::MpiListener)
+using fsdp::testing::MpiListener;
+CATCH_REGISTER_LISTENER(MpiListener)

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The launcher: --nproc-per-node relaunches under mpirun; bad flags exit 2 with a message.
+set -uo pipefail
+BUILD="$1"
+BIN="$BUILD/fsdp-train"
+fail() { echo "FAIL: $*"; exit 1; }
+out="$("$BIN" --nproc-per-node 2 comm-bench --quick 2>&1)"; rc=$?
+echo "$out" | head -5
+[ $rc -eq 0 ] || fail "comm-bench under --nproc-per-node 2 exited $rc"
+echo "$out" | grep -q "comm-bench: 2 ranks" || fail "header does not report 2 ranks"
+for op in all_gather "reduce_scatter\[block\]" "reduce_scatter\[allreduce\]" all_reduce broadcast; do
+  echo "$out" | grep -Eq "^$op +1M " || fail "no 1M row for $op"
+done
+expect_usage() {  # expect_usage "pattern" args...
+  local pat="$1"; shift
+  local o; o="$("$BIN" "$@" 2>&1)"; local r=$?
+  [ $r -eq 2 ] || fail "'$*' exited $r, expected 2 (output: $o)"
+  echo "$o" | grep -q -- "$pat" || fail "'$*' message lacks '$pat': $o"
+}
+expect_usage "not expected" --bogus-flag
+expect_usage "not a positive integer" --nproc-per-node abc comm-bench
+expect_usage "needs a value" --nproc-per-node
+expect_usage "needs --hostfile" --nproc-per-node 2 --nnodes 2 comm-bench
+expect_usage "cannot read" --nproc-per-node 2 --hostfile /nonexistent/hosts comm-bench
+expect_usage "not in" comm-bench --dtype int7
+expect_usage "cannot read size" comm-bench --min-bytes 12Q
+# The launch plan: root and oversubscription handled, flags passed through.
+plan="$("$BIN" --nproc-per-node 64 --launch-dry-run comm-bench --quick)"
+echo "$plan" | grep -q -- "--oversubscribe" || fail "no --oversubscribe for 64 ranks: $plan"
+echo "$plan" | grep -q -- "-np 64" || fail "no -np 64: $plan"
+echo "$plan" | grep -q -- "comm-bench --quick" || fail "flags not passed through: $plan"
+if [ "$(id -u)" -eq 0 ]; then echo "$plan" | grep -q -- "--allow-run-as-root" || fail "root not handled"; fi
+hf="$(mktemp)"; echo "localhost slots=4" >"$hf"
+plan="$("$BIN" --nproc-per-node 2 --nnodes 2 --hostfile "$hf" --launch-dry-run comm-bench)"
+echo "$plan" | grep -q -- "--hostfile $hf" || fail "hostfile not passed: $plan"
+echo "$plan" | grep -q -- "-np 4" || fail "nnodes x nproc not applied: $plan"
+"$BIN" --version | grep -q "fsdp-train" || fail "--version"
+echo PASS

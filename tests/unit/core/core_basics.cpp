@@ -1,0 +1,82 @@
+// lib/core: error formatting, usage errors, log levels, timers and dtype tables.
+#include <catch2/catch.hpp>
+
+#include <thread>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "core/timer.h"
+
+using namespace fsdp;
+
+TEST_CASE("FSDP_CHECK throws Error with location, message and hint", "[cpu]") {
+  try {
+    FSDP_CHECK(1 + 1 == 3, str("arithmetic is off by ", 1), "check the universe");
+    FAIL("no exception");
+  } catch (const Error& e) {
+    CHECK(e.message() == "arithmetic is off by 1");
+    CHECK(e.hint() == "check the universe");
+    CHECK(e.location().rfind("core_basics.cpp:", 0) == 0);
+    std::string what = e.what();
+    CHECK(what.find("---> HINT: check the universe") != std::string::npos);
+    CHECK(what.find("core_basics.cpp:") != std::string::npos);
+  }
+}
+
+TEST_CASE("FSDP_CHECK does not evaluate the message when the condition holds", "[cpu]") {
+  int evaluated = 0;
+  auto msg = [&]() {
+    ++evaluated;
+    return std::string("x");
+  };
+  FSDP_CHECK(true, msg(), msg());
+  CHECK(evaluated == 0);
+}
+
+TEST_CASE("FSDP_USAGE_CHECK throws UsageError, an Error", "[cpu]") {
+  CHECK_THROWS_AS([] { FSDP_USAGE_CHECK(false, "bad flag --x", "use --y"); }(), UsageError);
+  try {
+    FSDP_USAGE_CHECK(false, "bad flag --x", "use --y");
+  } catch (const Error& e) {
+    CHECK(e.message() == "bad flag --x");
+  }
+}
+
+TEST_CASE("log levels parse and gate output", "[cpu]") {
+  CHECK(log::parse_level("DEBUG") == log::Level::kDebug);
+  CHECK(log::parse_level("warning") == log::Level::kWarn);
+  CHECK(log::parse_level("off") == log::Level::kOff);
+  CHECK_THROWS_AS(log::parse_level("loud"), UsageError);
+  const auto saved = log::level();
+  log::set_level(log::Level::kWarn);
+  CHECK_FALSE(log::enabled(log::Level::kInfo));
+  CHECK(log::enabled(log::Level::kError));
+  log::set_level(saved);
+}
+
+TEST_CASE("timers accumulate per name", "[cpu]") {
+  TimeAccumulator acc;
+  {
+    ScopedTimer t(acc, "sleep");
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  acc.add("sleep", 0.5);
+  CHECK(acc.count("sleep") == 2);
+  CHECK(acc.total("sleep") >= 0.5 + 0.019);
+  CHECK(acc.total("missing") == 0.0);
+  acc.reset();
+  CHECK(acc.totals().empty());
+}
+
+TEST_CASE("dtype tables round-trip", "[cpu]") {
+  for (auto t : {c10::kFloat, c10::kBFloat16, c10::kHalf, c10::kDouble, c10::kLong, c10::kInt,
+                 c10::kShort, c10::kChar, c10::kByte, c10::kBool}) {
+    CHECK(dtype_from_safetensors(dtype_to_safetensors(t)) == t);
+  }
+  CHECK(parse_dtype("bf16") == c10::kBFloat16);
+  CHECK(parse_dtype("fp32") == c10::kFloat);
+  CHECK(dtype_size(c10::kBFloat16) == 2);
+  CHECK_THROWS_AS(parse_dtype("int3"), UsageError);
+  CHECK_THROWS_AS(dtype_from_safetensors("F8_E4M3"), UsageError);
+}
