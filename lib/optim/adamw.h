@@ -1,0 +1,46 @@
+// AdamW over flat fp32 shards: one fused pass per contiguous piece of a shard, with the exact
+// arithmetic of torch.optim.AdamW (decoupled weight decay, bias correction, eps outside the
+// square root). Knows nothing about sharding or communication; never allocates per step.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+
+namespace fsdp::optim {
+
+struct AdamWOptions {
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  // Parameters with fewer dimensions than this get no weight decay (norm weights, biases):
+  // 2 excludes every 1-D parameter, 0 decays everything.
+  int decay_min_dim = 2;
+
+  // Throws fsdp::UsageError naming the option (--adam-beta1, ...) when out of range.
+  void validate() const;
+};
+
+// Scalars shared by every piece in one optimizer step.
+struct AdamWStep {
+  double lr = 0.0;
+  int64_t step = 1;          // 1-based count of applied steps (bias correction uses it)
+  double grad_scale = 1.0;   // clip coefficient, multiplied into the gradient before use
+};
+
+// Updates param, exp_avg and exp_avg_sq in place from grad (all fp32, same numel, contiguous,
+// same device) as torch.optim.AdamW does for one step:
+//   g = grad * grad_scale; p *= 1 - lr*wd; m = lerp(m, g, 1-beta1); v = beta2*v + (1-beta2)*g*g
+//   p -= lr/(1-beta1^t) * m / (sqrt(v)/sqrt(1-beta2^t) + eps)
+// `weight_decay` is the decay for this piece (0 for excluded parameters). CPU tensors take one
+// vectorisable loop split over threads; other devices use the equivalent tensor operations.
+void adamw_update(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,
+                  const at::Tensor& exp_avg_sq, const AdamWOptions& options, double weight_decay,
+                  const AdamWStep& step);
+
+// True when a parameter of this shape gets weight decay under `options`.
+bool decays(const AdamWOptions& options, int64_t dim);
+
+}  // namespace fsdp::optim

@@ -1,0 +1,67 @@
+// Configuration of the sharding engine: strategy, mixed precision, devices, offload, and the
+// communicators it shards and replicates over. The engine takes communicators and never creates
+// them; make_comm_groups() builds the usual ones from the comm runtime.
+#pragma once
+
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "optim/adamw.h"
+
+namespace fsdp::comm {
+class Communicator;
+}
+
+namespace fsdp::shard {
+
+enum class Strategy {
+  kFullShard,    // ZeRO-3: parameters gathered per use, freed after forward and after backward
+  kShardGradOp,  // ZeRO-2: parameters stay gathered from forward to the end of backward
+  kNoShard,      // DDP: full parameters on every rank, gradients all-reduced
+  kHybridShard,  // FULL_SHARD inside a node, gradients all-reduced across nodes
+};
+// "full_shard", "shard_grad_op", "no_shard", "hybrid_shard" (also FSDP's upper-case names).
+Strategy parse_strategy(const std::string& name);
+const char* strategy_name(Strategy s);
+
+struct MixedPrecision {
+  c10::ScalarType param_dtype = c10::kBFloat16;  // gathered parameters and compute (bf16|fp32)
+  c10::ScalarType reduce_dtype = c10::kFloat;    // gradient reduction (fp32|bf16)
+  // Master weights, gradient shards and moments are always fp32.
+};
+
+struct EngineOptions {
+  Strategy strategy = Strategy::kFullShard;
+  MixedPrecision mixed_precision;
+  c10::Device device = c10::Device(c10::kCPU);  // compute device; all non-offloaded state lives here
+  // Master shards, gradient shards and moments in host memory (pinned when device is a GPU),
+  // optimizer step on the CPU. Results are identical to no offload.
+  bool cpu_offload = false;
+  // Issue the next unit's all-gather while the current unit computes (forward and backward).
+  bool prefetch = true;
+  // Units: names of submodules (paths like "model.layers.0" allowed). Empty: one unit per
+  // direct child that has parameters. Every parameter must fall in exactly one unit.
+  std::vector<std::string> units;
+  optim::AdamWOptions adamw;
+
+  // Throws fsdp::UsageError naming the option for unsupported dtypes or combinations.
+  void validate() const;
+};
+
+// The communicators a strategy needs. shard: ranks that split each flat buffer (null means a
+// group of one: no sharding). replicate: ranks holding identical shards whose gradients are
+// all-reduced (null: none). FULL_SHARD/SHARD_GRAD_OP: {world, null}; NO_SHARD: {null, world};
+// HYBRID_SHARD: {node, cross-node}.
+struct CommGroups {
+  std::shared_ptr<comm::Communicator> shard;
+  std::shared_ptr<comm::Communicator> replicate;
+};
+// Builds the groups for `strategy` with comm::make_communicator on `device` (honours
+// FSDP_PRETEND_NODES for HYBRID_SHARD through the comm runtime's node split).
+CommGroups make_comm_groups(Strategy strategy, const c10::Device& device);
+
+}  // namespace fsdp::shard
