@@ -101,6 +101,12 @@ class Eagle3DraftImpl : public torch::nn::Module {
                     const at::Tensor& attention_mask, AttentionImpl impl);  // -> out [B,S,H]
   at::Tensor logits(const at::Tensor& out);                      // norm + lm_head -> [B,S,Vd]
 
+  // Module::to converts every buffer, integer ones included; these keep d2t int64 and t2d bool
+  // (as PyTorch's Python Module.to(dtype) does for non-float buffers).
+  void to(torch::Device device, torch::Dtype dtype, bool non_blocking = false) override;
+  void to(torch::Dtype dtype, bool non_blocking = false) override;
+  void to(torch::Device device, bool non_blocking = false) override;
+
   // Trainable parameters (everything except embed_tokens), in registration order.
   std::vector<at::Tensor> trainable_parameters() const;
   // Export tensors of spec 7 (no embed_tokens): name -> tensor, in state-dict order.
@@ -114,6 +120,7 @@ class Eagle3DraftImpl : public torch::nn::Module {
   at::Tensor d2t, t2d;
 
  private:
+  void restore_mapping_dtypes();
   DraftConfig cfg_;
   RotaryEmbedding rope_;
   fsdp::UnitHooks* hooks_ = nullptr;

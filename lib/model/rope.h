@@ -15,7 +15,7 @@ struct RopeFrequencies {
 };
 RopeFrequencies rope_frequencies(const DraftConfig& cfg);
 
-// cos/sin tables [P, d] (fp32) for positions 0..P-1, grown on demand. Starts with
+// cos/sin tables [P, d] (fp32; float64 requests get float64 tables) for positions 0..P-1, grown on demand. Starts with
 // max_position_embeddings + ttt_length positions (positions t+i of the TTT unroll).
 class RotaryEmbedding {
  public:
@@ -32,7 +32,8 @@ class RotaryEmbedding {
  private:
   void grow(int64_t positions);
   RopeFrequencies freqs_;
-  at::Tensor cos_, sin_;  // fp32 CPU master tables
+  at::Tensor cos_, sin_;      // fp32 CPU master tables
+  at::Tensor cos64_, sin64_;  // float64 tables, used only when float64 is requested (tests)
   at::Tensor cos_cached_, sin_cached_;  // last requested device/dtype copy
 };
 

@@ -1,0 +1,342 @@
+// Parsing, validation and saving of the draft config JSON (spec 1.1). Kept free of torch
+// headers so it compiles in a second; never accepts a value the model would misinterpret.
+#include "model/draft_config.h"
+
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "core/error.h"
+#include "core/log.h"
+
+namespace fsdp::model {
+namespace {
+
+using nlohmann::json;
+using ordered_json = nlohmann::ordered_json;
+
+const char* kArchitecture = "LlamaForCausalLMEagle3";
+
+// Error helpers: every message names the key and where the config came from.
+[[noreturn]] void bad_key(const std::string& source, const std::string& key,
+                          const std::string& what, const std::string& hint) {
+  throw_usage_error(__FILE__, __LINE__,
+                    str("draft config ", source, ": key '", key, "' ", what), hint);
+}
+
+int64_t get_int(const json& j, const std::string& key, const std::string& source) {
+  const json& v = j.at(key);
+  if (v.is_number_integer()) return v.get<int64_t>();
+  if (v.is_number_float()) {
+    double d = v.get<double>();
+    if (std::floor(d) == d && std::fabs(d) < 9e15) return static_cast<int64_t>(d);
+  }
+  bad_key(source, key, str("must be an integer, got ", v.dump()),
+          "write a whole number, e.g. \"" + key + "\": 4096");
+}
+
+double get_double(const json& j, const std::string& key, const std::string& source) {
+  const json& v = j.at(key);
+  if (!v.is_number()) {
+    bad_key(source, key, str("must be a number, got ", v.dump()), "write a number, e.g. 1e-05");
+  }
+  return v.get<double>();
+}
+
+std::string get_string(const json& j, const std::string& key, const std::string& source) {
+  const json& v = j.at(key);
+  if (!v.is_string()) {
+    bad_key(source, key, str("must be a string, got ", v.dump()), "quote the value");
+  }
+  return v.get<std::string>();
+}
+
+bool present(const json& j, const std::string& key) {
+  return j.contains(key) && !j.at(key).is_null();
+}
+
+int64_t require_int(const json& j, const std::string& key, const std::string& source) {
+  if (!present(j, key)) {
+    bad_key(source, key, "is missing",
+            "add it to the config (the HF LlamaConfig of your draft model has it)");
+  }
+  return get_int(j, key, source);
+}
+
+RopeScaling parse_rope_scaling(const json& rs, const DraftConfig& cfg) {
+  const std::string& src = cfg.source;
+  if (!rs.is_object()) {
+    bad_key(src, "rope_scaling", str("must be null or an object, got ", rs.dump()),
+            "use null, or {\"rope_type\": \"linear\", \"factor\": 2.0}");
+  }
+  std::string type;
+  if (present(rs, "rope_type")) {
+    type = get_string(rs, "rope_type", src);
+  } else if (present(rs, "type")) {
+    type = get_string(rs, "type", src);
+  } else {
+    bad_key(src, "rope_scaling", "has no 'rope_type' (or 'type')",
+            "set rope_type to one of default, linear, llama3, yarn");
+  }
+  RopeScaling out;
+  if (type == "default") {
+    out.type = RopeType::kDefault;
+  } else if (type == "linear") {
+    out.type = RopeType::kLinear;
+  } else if (type == "llama3") {
+    out.type = RopeType::kLlama3;
+  } else if (type == "yarn") {
+    out.type = RopeType::kYarn;
+  } else {
+    bad_key(src, "rope_scaling.rope_type", str("'", type, "' is not supported"),
+            "use one of default, linear, llama3, yarn (or null for no scaling)");
+  }
+  auto num = [&](const char* k) { return get_double(rs, k, src); };
+  if (out.type != RopeType::kDefault) {
+    if (!present(rs, "factor")) {
+      bad_key(src, "rope_scaling.factor", str("is missing (required for ", type, ")"),
+              "add \"factor\": <scale >= 1>");
+    }
+    out.factor = num("factor");
+    if (!(out.factor >= 1.0)) {
+      bad_key(src, "rope_scaling.factor", str("must be >= 1, got ", out.factor),
+              "use the factor of the target model's rope_scaling");
+    }
+  }
+  if (present(rs, "original_max_position_embeddings")) {
+    out.original_max_position_embeddings = get_int(rs, "original_max_position_embeddings", src);
+  }
+  if (out.type == RopeType::kLlama3) {
+    for (const char* k : {"low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}) {
+      if (!present(rs, k)) {
+        bad_key(src, str("rope_scaling.", k), "is missing (required for llama3)",
+                "copy rope_scaling from the target model's config.json");
+      }
+    }
+    out.low_freq_factor = num("low_freq_factor");
+    out.high_freq_factor = num("high_freq_factor");
+    if (!(out.high_freq_factor > out.low_freq_factor)) {
+      bad_key(src, "rope_scaling.high_freq_factor", "must be greater than low_freq_factor",
+              "copy rope_scaling from the target model's config.json");
+    }
+  }
+  if (out.type == RopeType::kYarn) {
+    if (present(rs, "beta_fast")) out.beta_fast = num("beta_fast");
+    if (present(rs, "beta_slow")) out.beta_slow = num("beta_slow");
+    if (present(rs, "attention_factor")) out.attention_factor = num("attention_factor");
+    if (present(rs, "mscale")) out.mscale = num("mscale");
+    if (present(rs, "mscale_all_dim")) out.mscale_all_dim = num("mscale_all_dim");
+    if (present(rs, "truncate")) {
+      if (!rs.at("truncate").is_boolean()) {
+        bad_key(src, "rope_scaling.truncate", "must be true or false", "write true or false");
+      }
+      out.truncate = rs.at("truncate").get<bool>();
+    }
+    if (!(out.beta_fast > out.beta_slow)) {
+      bad_key(src, "rope_scaling.beta_fast", "must be greater than beta_slow",
+              "copy rope_scaling from the target model's config.json");
+    }
+  }
+  if (out.original_max_position_embeddings < 0) {
+    bad_key(src, "rope_scaling.original_max_position_embeddings", "must be positive",
+            "copy rope_scaling from the target model's config.json");
+  }
+  return out;
+}
+
+const std::set<std::string>& known_keys() {
+  static const std::set<std::string> keys = {
+      "architectures", "hidden_size", "intermediate_size", "num_attention_heads",
+      "num_key_value_heads", "head_dim", "num_hidden_layers", "vocab_size", "draft_vocab_size",
+      "rms_norm_eps", "max_position_embeddings", "rope_theta", "rope_scaling", "hidden_act",
+      "pad_token_id", "target_hidden_size", "eagle_config", "tie_word_embeddings", "torch_dtype"};
+  return keys;
+}
+
+}  // namespace
+
+std::string rope_type_name(RopeType t) {
+  switch (t) {
+    case RopeType::kDefault: return "default";
+    case RopeType::kLinear: return "linear";
+    case RopeType::kLlama3: return "llama3";
+    case RopeType::kYarn: return "yarn";
+  }
+  return "?";
+}
+
+DraftConfig parse_draft_config(const std::string& json_text, const std::string& source) {
+  json j;
+  try {
+    j = json::parse(json_text);
+  } catch (const json::parse_error& e) {
+    throw_usage_error(__FILE__, __LINE__, str("draft config ", source, " is not valid JSON: ", e.what()),
+                      "fix the syntax (a JSON linter such as `python -m json.tool` shows where)");
+  }
+  FSDP_USAGE_CHECK(j.is_object(), str("draft config ", source, " must be a JSON object"),
+                   "the file should look like an HF config.json: {\"hidden_size\": ..., ...}");
+  DraftConfig cfg;
+  cfg.source = source;
+
+  if (!present(j, "architectures")) {
+    bad_key(source, "architectures", "is missing",
+            str("add \"architectures\": [\"", kArchitecture, "\"]"));
+  }
+  const json& arch = j.at("architectures");
+  if (!arch.is_array() || arch.size() != 1 || !arch[0].is_string() ||
+      arch[0].get<std::string>() != kArchitecture) {
+    bad_key(source, "architectures", str("must be [\"", kArchitecture, "\"], got ", arch.dump()),
+            "only the single-layer EAGLE3 Llama draft is supported; use a SpecForge EAGLE3 config");
+  }
+  cfg.hidden_size = require_int(j, "hidden_size", source);
+  cfg.intermediate_size = require_int(j, "intermediate_size", source);
+  cfg.num_attention_heads = require_int(j, "num_attention_heads", source);
+  cfg.vocab_size = require_int(j, "vocab_size", source);
+  cfg.num_key_value_heads = present(j, "num_key_value_heads")
+                                ? get_int(j, "num_key_value_heads", source)
+                                : cfg.num_attention_heads;
+  if (present(j, "head_dim")) cfg.head_dim = get_int(j, "head_dim", source);
+  if (present(j, "num_hidden_layers")) cfg.num_hidden_layers = get_int(j, "num_hidden_layers", source);
+  if (present(j, "draft_vocab_size")) cfg.draft_vocab_size = get_int(j, "draft_vocab_size", source);
+  if (present(j, "rms_norm_eps")) cfg.rms_norm_eps = get_double(j, "rms_norm_eps", source);
+  if (present(j, "max_position_embeddings")) {
+    cfg.max_position_embeddings = get_int(j, "max_position_embeddings", source);
+  }
+  if (present(j, "rope_theta")) cfg.rope_theta = get_double(j, "rope_theta", source);
+  if (present(j, "rope_scaling")) {
+    cfg.rope_scaling = parse_rope_scaling(j.at("rope_scaling"), cfg);
+    cfg.rope_scaling_json = j.at("rope_scaling").dump();
+  }
+  if (present(j, "hidden_act")) cfg.hidden_act = get_string(j, "hidden_act", source);
+  if (present(j, "pad_token_id")) cfg.pad_token_id = get_int(j, "pad_token_id", source);
+  if (present(j, "target_hidden_size")) {
+    cfg.target_hidden_size = get_int(j, "target_hidden_size", source);
+  }
+  if (present(j, "eagle_config")) cfg.eagle_config_json = j.at("eagle_config").dump();
+  if (present(j, "tie_word_embeddings")) {
+    const json& t = j.at("tie_word_embeddings");
+    if (!t.is_boolean()) {
+      bad_key(source, "tie_word_embeddings", "must be true or false", "write false");
+    }
+    if (t.get<bool>()) {
+      FSDP_LOG0(kWarn) << "draft config " << source
+                       << ": tie_word_embeddings=true ignored (the EAGLE3 draft has its own lm_head "
+                          "over the draft vocabulary)";
+    }
+  }
+  cfg.tie_word_embeddings = false;
+  if (present(j, "torch_dtype")) cfg.torch_dtype = get_string(j, "torch_dtype", source);
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    if (!known_keys().count(it.key())) cfg.extra_json[it.key()] = it.value().dump();
+  }
+  cfg.validate();
+  return cfg;
+}
+
+DraftConfig load_draft_config(const std::string& path) {
+  std::ifstream in(path);
+  FSDP_USAGE_CHECK(in.good(), str("cannot open draft config ", path),
+                   "check --draft-model-config (shipped configs are in configs/models/)");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parse_draft_config(ss.str(), path);
+}
+
+void DraftConfig::validate() const {
+  auto positive = [&](const char* key, int64_t v) {
+    if (v <= 0) bad_key(source, key, str("must be positive, got ", v), "fix the value");
+  };
+  FSDP_USAGE_CHECK(architectures.size() == 1 && architectures[0] == kArchitecture,
+                   str("draft config ", source, ": key 'architectures' must be [\"", kArchitecture, "\"]"),
+                   "use a SpecForge EAGLE3 draft config");
+  positive("hidden_size", hidden_size);
+  positive("intermediate_size", intermediate_size);
+  positive("num_attention_heads", num_attention_heads);
+  positive("num_key_value_heads", num_key_value_heads);
+  positive("vocab_size", vocab_size);
+  positive("max_position_embeddings", max_position_embeddings);
+  if (num_hidden_layers != 1) {
+    bad_key(source, "num_hidden_layers", str("is ", num_hidden_layers, "; only 1 is supported"),
+            "EAGLE3 drafts have one decoder layer: set \"num_hidden_layers\": 1");
+  }
+  if (num_attention_heads % num_key_value_heads != 0) {
+    bad_key(source, "num_key_value_heads",
+            str("(", num_key_value_heads, ") must divide num_attention_heads (", num_attention_heads, ")"),
+            "grouped-query attention needs whole groups");
+  }
+  if (head_dim) {
+    positive("head_dim", *head_dim);
+  } else if (hidden_size % num_attention_heads != 0) {
+    bad_key(source, "hidden_size",
+            str("(", hidden_size, ") is not divisible by num_attention_heads (", num_attention_heads, ")"),
+            "set \"head_dim\" explicitly");
+  }
+  if (head_dim_value() % 2 != 0) {
+    bad_key(source, head_dim ? "head_dim" : "hidden_size",
+            str("gives an odd head dimension ", head_dim_value()), "rotary embedding needs an even head_dim");
+  }
+  if (draft_vocab_size) {
+    positive("draft_vocab_size", *draft_vocab_size);
+    if (*draft_vocab_size > vocab_size) {
+      bad_key(source, "draft_vocab_size",
+              str("(", *draft_vocab_size, ") exceeds vocab_size (", vocab_size, ")"),
+              "the draft vocabulary is a subset of the target vocabulary");
+    }
+  }
+  if (target_hidden_size) positive("target_hidden_size", *target_hidden_size);
+  if (!(rms_norm_eps > 0)) bad_key(source, "rms_norm_eps", "must be > 0", "use e.g. 1e-05");
+  if (!(rope_theta > 0)) bad_key(source, "rope_theta", "must be > 0", "use e.g. 10000");
+  if (hidden_act != "silu") {
+    bad_key(source, "hidden_act", str("is '", hidden_act, "'; only 'silu' is supported"),
+            "set \"hidden_act\": \"silu\"");
+  }
+  if (rope_scaling.type == RopeType::kLlama3 && rope_scaling.original_max_position_embeddings <= 0) {
+    bad_key(source, "rope_scaling.original_max_position_embeddings", "must be positive for llama3",
+            "copy rope_scaling from the target model's config.json");
+  }
+}
+
+std::string DraftConfig::to_json() const {
+  ordered_json j;
+  j["architectures"] = json::array({kArchitecture});
+  j["hidden_size"] = hidden_size;
+  j["intermediate_size"] = intermediate_size;
+  j["num_attention_heads"] = num_attention_heads;
+  j["num_key_value_heads"] = num_key_value_heads;
+  if (head_dim) j["head_dim"] = *head_dim;
+  j["num_hidden_layers"] = num_hidden_layers;
+  j["vocab_size"] = vocab_size;
+  j["draft_vocab_size"] = draft_vocab();
+  j["rms_norm_eps"] = rms_norm_eps;
+  j["max_position_embeddings"] = max_position_embeddings;
+  j["rope_theta"] = rope_theta;
+  j["rope_scaling"] = rope_scaling_json.empty() ? ordered_json() : ordered_json::parse(rope_scaling_json);
+  j["hidden_act"] = hidden_act;
+  if (pad_token_id) j["pad_token_id"] = *pad_token_id;
+  if (target_hidden_size) j["target_hidden_size"] = *target_hidden_size;
+  j["tie_word_embeddings"] = false;
+  j["torch_dtype"] = torch_dtype;
+  if (!eagle_config_json.empty()) j["eagle_config"] = ordered_json::parse(eagle_config_json);
+  for (const auto& [k, v] : extra_json) j[k] = ordered_json::parse(v);
+  return j.dump(2) + "\n";
+}
+
+ParamCounts count_parameters(const DraftConfig& c) {
+  const int64_t H = c.hidden_size, I = c.intermediate_size;
+  ParamCounts p;
+  p.trainable = H * c.fc_in_features()                                 // fc
+                + 2 * H                                                // hidden_norm, input_layernorm
+                + (c.q_out_features() + 2 * c.kv_out_features()) * 2 * H  // q, k, v
+                + H * c.q_out_features()                               // o_proj
+                + H                                                    // post_attention_layernorm
+                + 3 * H * I                                            // gate, up, down
+                + H                                                    // norm
+                + c.draft_vocab() * H;                                 // lm_head
+  p.frozen_embedding = c.vocab_size * H;
+  p.buffers = c.draft_vocab() + c.vocab_size;
+  return p;
+}
+
+}  // namespace fsdp::model

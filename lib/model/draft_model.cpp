@@ -1,0 +1,200 @@
+// The EAGLE3 draft modules: registration names match SpecForge's state dict exactly, numerics
+// follow spec 3 (fp32 RMSNorm, SwiGLU, rotate-half RoPE at position t + step, GQA). Never
+// talks to other ranks: the sharding engine sees only the unit hooks.
+#include "model/draft_model.h"
+
+#include <ATen/ATen.h>
+#include <torch/nn/init.h>
+
+#include <cmath>
+
+#include "core/error.h"
+
+namespace fsdp::model {
+namespace {
+
+torch::nn::Linear linear(int64_t in, int64_t out) {
+  return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false));
+}
+
+}  // namespace
+
+RMSNormImpl::RMSNormImpl(int64_t dim, double eps_) : eps(eps_) {
+  weight = register_parameter("weight", torch::ones({dim}));
+}
+
+at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
+  const auto wide = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  at::Tensor xf = x.to(wide);
+  at::Tensor normed = xf * at::rsqrt(xf.pow(2).mean(-1, true) + eps);
+  return weight * normed.to(x.scalar_type());
+}
+
+Eagle3MLPImpl::Eagle3MLPImpl(int64_t hidden, int64_t intermediate) {
+  gate_proj = register_module("gate_proj", linear(hidden, intermediate));
+  up_proj = register_module("up_proj", linear(hidden, intermediate));
+  down_proj = register_module("down_proj", linear(intermediate, hidden));
+}
+
+at::Tensor Eagle3MLPImpl::forward(const at::Tensor& x) {
+  return down_proj(at::silu(gate_proj(x)) * up_proj(x));
+}
+
+Eagle3AttentionImpl::Eagle3AttentionImpl(const DraftConfig& cfg)
+    : num_heads(cfg.num_attention_heads),
+      num_kv_heads(cfg.num_key_value_heads),
+      head_dim(cfg.head_dim_value()) {
+  const int64_t in = 2 * cfg.hidden_size;
+  q_proj = register_module("q_proj", linear(in, cfg.q_out_features()));
+  k_proj = register_module("k_proj", linear(in, cfg.kv_out_features()));
+  v_proj = register_module("v_proj", linear(in, cfg.kv_out_features()));
+  o_proj = register_module("o_proj", linear(cfg.q_out_features(), cfg.hidden_size));
+}
+
+at::Tensor Eagle3AttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos,
+                                        const at::Tensor& sin, KVCache& cache,
+                                        const at::Tensor& attention_mask, AttentionImpl impl) {
+  const int64_t B = x.size(0), S = x.size(1);
+  at::Tensor q = q_proj(x).view({B, S, num_heads, head_dim}).transpose(1, 2);
+  at::Tensor k = k_proj(x).view({B, S, num_kv_heads, head_dim}).transpose(1, 2);
+  at::Tensor v = v_proj(x).view({B, S, num_kv_heads, head_dim}).transpose(1, 2);
+  q = apply_rotary(q, cos, sin);
+  k = apply_rotary(k, cos, sin);
+  cache.keys.push_back(k);
+  cache.values.push_back(v.contiguous());
+  at::Tensor attn = ttt_attention(q, cache.keys, cache.values, attention_mask,
+                                  1.0 / std::sqrt(static_cast<double>(head_dim)), impl);
+  return o_proj(attn.transpose(1, 2).reshape({B, S, num_heads * head_dim}));
+}
+
+Eagle3DecoderLayerImpl::Eagle3DecoderLayerImpl(const DraftConfig& cfg) {
+  const int64_t H = cfg.hidden_size;
+  hidden_norm = register_module("hidden_norm", RMSNorm(H, cfg.rms_norm_eps));
+  input_layernorm = register_module("input_layernorm", RMSNorm(H, cfg.rms_norm_eps));
+  self_attn = register_module("self_attn", Eagle3Attention(cfg));
+  post_attention_layernorm =
+      register_module("post_attention_layernorm", RMSNorm(H, cfg.rms_norm_eps));
+  mlp = register_module("mlp", Eagle3MLP(H, cfg.intermediate_size));
+}
+
+at::Tensor Eagle3DecoderLayerImpl::forward(const at::Tensor& e, const at::Tensor& h,
+                                           const at::Tensor& cos, const at::Tensor& sin,
+                                           KVCache& cache, const at::Tensor& attention_mask,
+                                           AttentionImpl impl) {
+  at::Tensor x = at::cat({input_layernorm(e), hidden_norm(h)}, -1);  // embedding first
+  at::Tensor h1 = h + self_attn(x, cos, sin, cache, attention_mask, impl);
+  return h1 + mlp(post_attention_layernorm(h1));
+}
+
+Eagle3DraftImpl::Eagle3DraftImpl(const DraftConfig& cfg) : cfg_(cfg) {
+  cfg_.validate();
+  const int64_t H = cfg.hidden_size, V = cfg.vocab_size, Vd = cfg.draft_vocab();
+  embed_tokens = register_module("embed_tokens", torch::nn::Embedding(V, H));
+  embed_tokens->weight.set_requires_grad(false);
+  fc = register_module("fc", linear(cfg.fc_in_features(), H));
+  midlayer = register_module("midlayer", Eagle3DecoderLayer(cfg));
+  norm = register_module("norm", RMSNorm(H, cfg.rms_norm_eps));
+  lm_head = register_module("lm_head", linear(H, Vd));
+  // Identity mapping of the first Vd ids until the real mapping is set.
+  d2t = register_buffer("d2t", torch::zeros({Vd}, torch::kLong));
+  t2d = register_buffer("t2d", torch::arange(V, torch::kLong).lt(Vd));
+  // Positions t + i reach max_position_embeddings + T - 1 for the longest sequences.
+  rope_ = RotaryEmbedding(cfg_, cfg.max_position_embeddings + 8);
+}
+
+void Eagle3DraftImpl::load_embedding(const at::Tensor& weight) {
+  FSDP_CHECK(weight.dim() == 2 && weight.size(0) == cfg_.vocab_size &&
+                 weight.size(1) == cfg_.hidden_size,
+             fsdp::str("target embedding has shape ", weight.sizes(), ", draft config ", cfg_.source,
+                 " expects [", cfg_.vocab_size, ", ", cfg_.hidden_size, "]"),
+             "check --embedding-key and that the draft config matches the target model");
+  at::NoGradGuard guard;
+  embed_tokens->weight.copy_(weight);
+}
+
+void Eagle3DraftImpl::set_vocab_mapping(const at::Tensor& new_d2t, const at::Tensor& new_t2d) {
+  FSDP_CHECK(new_d2t.dim() == 1 && new_d2t.size(0) == cfg_.draft_vocab() &&
+                 new_t2d.dim() == 1 && new_t2d.size(0) == cfg_.vocab_size,
+             fsdp::str("vocab mapping shapes d2t ", new_d2t.sizes(), ", t2d ", new_t2d.sizes(),
+                 " do not match draft_vocab_size ", cfg_.draft_vocab(), " / vocab_size ",
+                 cfg_.vocab_size, " of ", cfg_.source),
+             "rebuild the vocab mapping for this config (delete the cached mapping)");
+  const int64_t kept = new_t2d.to(at::kLong).sum().item<int64_t>();
+  FSDP_CHECK(kept == cfg_.draft_vocab(),
+             fsdp::str("t2d marks ", kept, " tokens, draft_vocab_size is ", cfg_.draft_vocab()),
+             "rebuild the vocab mapping for this config");
+  at::NoGradGuard guard;
+  d2t.copy_(new_d2t.to(at::kLong));
+  t2d.copy_(new_t2d.to(at::kBool));
+}
+
+at::Tensor Eagle3DraftImpl::embed(const at::Tensor& input_ids) {
+  return run_unit(hooks_, "embed_tokens", [&] {
+    at::NoGradGuard guard;  // frozen: no graph through the [V, H] table
+    return embed_tokens(input_ids);
+  });
+}
+
+at::Tensor Eagle3DraftImpl::project_aux(const at::Tensor& aux_hidden) {
+  FSDP_CHECK(aux_hidden.size(-1) == cfg_.fc_in_features(),
+             fsdp::str("aux_hidden has last dim ", aux_hidden.size(-1), ", the fc layer of ", cfg_.source,
+                 " expects ", cfg_.fc_in_features(), " (3 x target hidden size)"),
+             "the hidden states must come from the target this draft config describes");
+  return run_unit(hooks_, "fc", [&] { return fc(aux_hidden.to(fc->weight.scalar_type())); });
+}
+
+at::Tensor Eagle3DraftImpl::decode(const at::Tensor& e, const at::Tensor& h, int64_t step,
+                                   KVCache& cache, const at::Tensor& attention_mask,
+                                   AttentionImpl impl) {
+  FSDP_CHECK(cache.steps() == step,
+             fsdp::str("decode step ", step, " with ", cache.steps(), " cached steps"),
+             "run steps 0, 1, ... in order with one KVCache per micro-batch");
+  auto [cos, sin] = rope_.slice(step, e.size(1), e.scalar_type(), e.device());
+  return run_unit(hooks_, "midlayer",
+                  [&] { return midlayer(e, h, cos, sin, cache, attention_mask, impl); });
+}
+
+at::Tensor Eagle3DraftImpl::logits(const at::Tensor& out) {
+  at::Tensor n = run_unit(hooks_, "norm", [&] { return norm(out); });
+  return run_unit(hooks_, "lm_head", [&] { return lm_head(n); });
+}
+
+void Eagle3DraftImpl::to(torch::Device device, torch::Dtype dtype, bool non_blocking) {
+  Module::to(device, dtype, non_blocking);
+  restore_mapping_dtypes();
+}
+
+void Eagle3DraftImpl::to(torch::Dtype dtype, bool non_blocking) {
+  Module::to(dtype, non_blocking);
+  restore_mapping_dtypes();
+}
+
+void Eagle3DraftImpl::to(torch::Device device, bool non_blocking) {
+  Module::to(device, non_blocking);
+}
+
+void Eagle3DraftImpl::restore_mapping_dtypes() {
+  // set_data keeps the registered buffer and this member pointing at the same tensor.
+  if (d2t.scalar_type() != at::kLong) d2t.set_data(d2t.to(at::kLong));
+  if (t2d.scalar_type() != at::kBool) t2d.set_data(t2d.to(at::kBool));
+}
+
+std::vector<at::Tensor> Eagle3DraftImpl::trainable_parameters() const {
+  std::vector<at::Tensor> out;
+  for (const auto& p : named_parameters(true)) {
+    if (p.key().rfind("embed_tokens.", 0) != 0) out.push_back(p.value());
+  }
+  return out;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> Eagle3DraftImpl::export_tensors() const {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& p : named_parameters(true)) {
+    if (p.key().rfind("embed_tokens.", 0) != 0) out.emplace_back(p.key(), p.value());
+  }
+  out.emplace_back("d2t", d2t);
+  out.emplace_back("t2d", t2d);
+  return out;
+}
+
+}  // namespace fsdp::model

@@ -1,0 +1,38 @@
+// FLOP counts of one training step from the config (2 FLOPs per multiply-add). Elementwise
+// work (norms, RoPE, softmax, loss) is left out: it is a rounding error next to the matmuls.
+#include "model/flops.h"
+
+namespace fsdp::model {
+
+StepFlops count_step_flops(const DraftConfig& cfg, int64_t batch, int64_t seq, int64_t ttt_length) {
+  const double N = static_cast<double>(batch) * static_cast<double>(seq);  // tokens
+  const double H = static_cast<double>(cfg.hidden_size);
+  const double I = static_cast<double>(cfg.intermediate_size);
+  const double q_out = static_cast<double>(cfg.q_out_features());
+  const double kv_out = static_cast<double>(cfg.kv_out_features());
+  const double heads_dim = static_cast<double>(cfg.num_attention_heads * cfg.head_dim_value());
+  const double Vd = static_cast<double>(cfg.draft_vocab());
+  const double V = static_cast<double>(cfg.vocab_size);
+  const double S = static_cast<double>(seq);
+
+  const double fc = 2 * N * static_cast<double>(cfg.fc_in_features()) * H;
+  const double layer = 2 * N * (2 * H * (q_out + 2 * kv_out) + q_out * H + 3 * H * I);
+  const double head = 2 * N * H * Vd;
+  // Causal: S(S+1)/2 visible (query, key) pairs per sequence and head; QK^T and PV each cost
+  // 2 * d FLOPs per pair. Step i adds i diagonal keys per query.
+  const double causal_pairs = static_cast<double>(batch) * S * (S + 1) / 2;
+  StepFlops f;
+  for (int64_t i = 0; i < ttt_length; ++i) {
+    const double pairs = causal_pairs + N * static_cast<double>(i);
+    const double attn = 4 * heads_dim * pairs;
+    f.attention += attn;
+    f.forward += layer + head + attn;
+    f.backward += 2 * (layer + head + attn);
+  }
+  f.forward += fc;
+  f.backward += fc;  // weight gradient only: the aux hidden states need no gradient
+  f.target_head = 2 * N * H * (Vd + V);
+  return f;
+}
+
+}  // namespace fsdp::model

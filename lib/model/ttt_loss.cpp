@@ -1,0 +1,148 @@
+// The TTT unroll and its loss (spec 3.2, 5). Metrics stay on the device as tensors: nothing
+// here synchronises with the host unless LossOptions::check_padding asks for it.
+#include "model/ttt_loss.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <functional>
+
+#include "core/error.h"
+
+namespace fsdp::model {
+namespace {
+
+void check_batch(const Eagle3DraftImpl& model, const at::Tensor& input_ids,
+                 const at::Tensor& attention_mask, const at::Tensor& loss_mask,
+                 const at::Tensor& aux_hidden, int64_t T) {
+  FSDP_CHECK(input_ids.dim() == 2, fsdp::str("input_ids must be [B, S], got ", input_ids.sizes()),
+             "collate samples into a [B, S] batch");
+  const int64_t B = input_ids.size(0), S = input_ids.size(1);
+  FSDP_CHECK(input_ids.scalar_type() == at::kLong,
+             fsdp::str("input_ids must be int64, got ", input_ids.scalar_type()), "convert with .to(kLong)");
+  for (auto [name, t] : {std::pair<const char*, const at::Tensor*>{"attention_mask", &attention_mask},
+                         {"loss_mask", &loss_mask}}) {
+    FSDP_CHECK(t->dim() == 2 && t->size(0) == B && t->size(1) == S,
+               fsdp::str(name, " must be [", B, ", ", S, "] like input_ids, got ", t->sizes()),
+               "every batch tensor is padded to the same [B, S]");
+  }
+  FSDP_CHECK(aux_hidden.dim() == 3 && aux_hidden.size(0) == B && aux_hidden.size(1) == S &&
+                 aux_hidden.size(2) == model.config().fc_in_features(),
+             fsdp::str("aux_hidden must be [", B, ", ", S, ", ", model.config().fc_in_features(),
+                 "], got ", aux_hidden.sizes()),
+             "the hidden states must come from the target this draft config describes");
+  FSDP_CHECK(T >= 1, fsdp::str("ttt_length must be >= 1, got ", T), "use --ttt-length 7 (default)");
+}
+
+// Runs the T-step unroll and hands each step's draft logits to `on_step`.
+void unroll(Eagle3DraftImpl& model, const at::Tensor& input_ids, const at::Tensor& attention_mask,
+            const at::Tensor& aux_hidden, int64_t T, AttentionImpl impl,
+            const std::function<void(int64_t, const at::Tensor&)>& on_step) {
+  at::Tensor h = model.project_aux(aux_hidden);  // step-0 hidden, computed once
+  KVCache cache;
+  for (int64_t i = 0; i < T; ++i) {
+    at::Tensor e = model.embed(shift_left(input_ids, i));
+    at::Tensor out = model.decode(e, h, i, cache, attention_mask, impl);
+    on_step(i, model.logits(out));
+    h = out;
+  }
+}
+
+}  // namespace
+
+at::Tensor shift_left(const at::Tensor& x, int64_t n) {
+  if (n == 0) return x;
+  const int64_t S = x.size(1);
+  if (n >= S) return at::zeros_like(x);
+  auto pad_sizes = x.sizes().vec();
+  pad_sizes[1] = n;
+  return at::cat({x.narrow(1, n, S - n), at::zeros(pad_sizes, x.options())}, 1);
+}
+
+std::vector<at::Tensor> ttt_logits(Eagle3DraftImpl& model, const at::Tensor& input_ids,
+                                   const at::Tensor& attention_mask, const at::Tensor& aux_hidden,
+                                   int64_t ttt_length, AttentionImpl impl) {
+  check_batch(model, input_ids, attention_mask, attention_mask, aux_hidden, ttt_length);
+  std::vector<at::Tensor> out;
+  unroll(model, input_ids, attention_mask, aux_hidden, ttt_length, impl,
+         [&](int64_t, const at::Tensor& z) { out.push_back(z); });
+  return out;
+}
+
+StepOutput ttt_step(Eagle3DraftImpl& model, const TargetDistribution& target,
+                    const at::Tensor& input_ids, const at::Tensor& attention_mask,
+                    const at::Tensor& loss_mask, const at::Tensor& aux_hidden,
+                    const LossOptions& options) {
+  const int64_t T = options.ttt_length;
+  check_batch(model, input_ids, attention_mask, loss_mask, aux_hidden, T);
+  const int64_t B = input_ids.size(0), S = input_ids.size(1), Vd = model.config().draft_vocab();
+  FSDP_CHECK(target.target_p.dim() == 3 && target.target_p.size(0) == B &&
+                 target.target_p.size(1) == S + T && target.target_p.size(2) == Vd,
+             fsdp::str("target_p must be [", B, ", ", S + T, ", ", Vd, "] (S + ttt_length rows), got ",
+                 target.target_p.sizes()),
+             "compute the target with the same ttt_length and draft vocabulary");
+  FSDP_CHECK(target.position_mask.sizes() == input_ids.sizes(),
+             fsdp::str("position_mask must be [", B, ", ", S, "], got ", target.position_mask.sizes()),
+             "compute the target from this batch");
+  FSDP_CHECK(options.accumulation_steps >= 1,
+             fsdp::str("accumulation_steps must be >= 1, got ", options.accumulation_steps),
+             "global batch / (dp size * micro batch) is at least 1");
+  if (options.check_padding) check_right_padded(attention_mask);
+
+  StepOutput res;
+  res.batch = B;
+  res.seq = S;
+  std::vector<at::Tensor> ploss, correct, loss_tokens, position_tokens;
+  at::Tensor total;
+  unroll(model, input_ids, attention_mask, aux_hidden, T, options.attention,
+         [&](int64_t i, const at::Tensor& logits) {
+           const auto acc = logits.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+           at::Tensor z = logits.to(acc);
+           at::Tensor p = target.target_p.narrow(1, i, S).to(acc);
+           at::Tensor pm = shift_left(target.position_mask, i).to(acc);
+           at::Tensor lm = shift_left(loss_mask, i).to(acc);
+           at::Tensor ce = -(p * z.log_softmax(-1)).sum(-1);  // [B, S]
+           at::Tensor sum = (pm * ce).sum();
+           at::Tensor pm_sum = pm.sum();
+           at::Tensor ploss_i = options.normalization == LossNormalization::kBatchTokens
+                                    ? sum / static_cast<double>(B * S)
+                                    : sum / pm_sum.clamp_min(1.0);
+           const double w = std::pow(options.step_decay, static_cast<double>(i));
+           total = total.defined() ? total + w * ploss_i : w * ploss_i;
+           at::NoGradGuard guard;
+           ploss.push_back(ploss_i.detach().to(at::kFloat));
+           correct.push_back((z.argmax(-1).eq(p.argmax(-1)).to(acc) * pm).sum().to(at::kFloat));
+           loss_tokens.push_back(lm.sum().to(at::kFloat));
+           position_tokens.push_back(pm_sum.to(at::kFloat));
+         });
+  res.loss = total / static_cast<double>(options.accumulation_steps);
+  res.ploss = at::stack(ploss);
+  res.correct = at::stack(correct);
+  res.loss_tokens = at::stack(loss_tokens);
+  res.position_tokens = at::stack(position_tokens);
+  res.acc = res.correct / res.loss_tokens.clamp_min(1e-6);
+  res.valid_tokens = attention_mask.to(at::kLong).sum();
+  return res;
+}
+
+StepOutput ttt_step(Eagle3DraftImpl& model, const TargetHead& head, const at::Tensor& input_ids,
+                    const at::Tensor& attention_mask, const at::Tensor& loss_mask,
+                    const at::Tensor& aux_hidden, const at::Tensor& target_hidden,
+                    const LossOptions& options) {
+  FSDP_CHECK(head.draft_vocab_size() == model.config().draft_vocab() &&
+                 head.vocab_size() == model.config().vocab_size,
+             fsdp::str("target head has V=", head.vocab_size(), ", Vd=", head.draft_vocab_size(),
+                 "; draft config ", model.config().source, " has V=", model.config().vocab_size,
+                 ", Vd=", model.config().draft_vocab()),
+             "build the target head with the same vocab mapping (t2d) as the draft model");
+  FSDP_CHECK(target_hidden.dim() == 3 && target_hidden.size(0) == input_ids.size(0) &&
+                 target_hidden.size(1) == input_ids.size(1),
+             fsdp::str("target_hidden must be [B, S, H] matching input_ids ", input_ids.sizes(), ", got ",
+                 target_hidden.sizes()),
+             "every batch tensor is padded to the same [B, S]");
+  TargetDistribution target =
+      head.compute(target_hidden, loss_mask, options.ttt_length, options.target, options.vocab_tile);
+  return ttt_step(model, target, input_ids, attention_mask, loss_mask, aux_hidden, options);
+}
+
+}  // namespace fsdp::model
