@@ -1,0 +1,157 @@
+// Checkpoint directory management (checkpoint/checkpoint_dir.h).
+#include "checkpoint/checkpoint_dir.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+
+#include "core/error.h"
+
+namespace fs = std::filesystem;
+
+namespace fsdp::checkpoint {
+
+namespace {
+void fsync_path(const std::string& path, bool directory) {
+  int fd = ::open(path.c_str(), directory ? (O_RDONLY | O_DIRECTORY) : O_RDONLY);
+  if (fd < 0) return;
+  ::fsync(fd);
+  ::close(fd);
+}
+}  // namespace
+
+std::string checkpoint_name(int64_t epoch, int64_t step) {
+  return "epoch_" + std::to_string(epoch) + "_step_" + std::to_string(step);
+}
+
+std::optional<CheckpointRef> parse_checkpoint_name(const std::string& name) {
+  static const std::regex re(R"(^epoch_(\d{1,12})_step_(\d{1,15})$)");
+  std::smatch m;
+  if (!std::regex_match(name, m, re)) return std::nullopt;
+  CheckpointRef r;
+  r.epoch = std::stoll(m[1].str());
+  r.step = std::stoll(m[2].str());
+  return r;
+}
+
+bool is_complete(const std::string& dir) {
+  std::error_code ec;
+  return fs::is_regular_file(fs::path(dir) / kCompleteMarker, ec);
+}
+
+std::vector<CheckpointRef> list_complete(const std::string& output_dir) {
+  std::vector<CheckpointRef> out;
+  std::error_code ec;
+  if (!fs::is_directory(output_dir, ec)) return out;
+  for (const auto& entry : fs::directory_iterator(output_dir, ec)) {
+    if (!entry.is_directory()) continue;
+    auto ref = parse_checkpoint_name(entry.path().filename().string());
+    if (!ref || !is_complete(entry.path().string())) continue;
+    ref->path = entry.path().string();
+    out.push_back(*ref);
+  }
+  std::sort(out.begin(), out.end(), [](const CheckpointRef& a, const CheckpointRef& b) {
+    return a.step != b.step ? a.step < b.step : a.epoch < b.epoch;
+  });
+  return out;
+}
+
+std::optional<CheckpointRef> find_latest(const std::string& output_dir) {
+  auto all = list_complete(output_dir);
+  if (all.empty()) return std::nullopt;
+  return all.back();
+}
+
+void ensure_directory(const std::string& dir) {
+  FSDP_USAGE_CHECK(!dir.empty(), "an output directory is empty", "set --output-dir");
+  std::error_code ec;
+  if (!fs::exists(dir, ec)) {
+    fs::create_directories(dir, ec);
+    FSDP_USAGE_CHECK(!ec, "cannot create directory '" + dir + "': " + ec.message(),
+                     "check --output-dir and the permissions of its parent");
+    fs::permissions(dir, fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec,
+                    fs::perm_options::replace, ec);
+  }
+  FSDP_USAGE_CHECK(fs::is_directory(dir, ec), "'" + dir + "' exists and is not a directory",
+                   "point --output-dir at a directory");
+  FSDP_USAGE_CHECK(::access(dir.c_str(), W_OK | X_OK) == 0,
+                   "directory '" + dir + "' is not writable",
+                   "fix its permissions or choose another --output-dir");
+}
+
+std::string join_path(const std::string& dir, const std::string& name) {
+  FSDP_CHECK(!name.empty() && name.front() != '/' && name.find("..") == std::string::npos,
+             "refusing path component '" + name + "' under '" + dir + "'",
+             "generated names must stay inside their directory");
+  if (dir.empty()) return name;
+  return dir.back() == '/' ? dir + name : dir + "/" + name;
+}
+
+CheckpointWriter::CheckpointWriter(std::string output_dir, int64_t epoch, int64_t step)
+    : output_dir_(std::move(output_dir)) {
+  const std::string name = checkpoint_name(epoch, step);
+  temp_dir_ = join_path(output_dir_, ".tmp_" + name);
+  final_dir_ = join_path(output_dir_, name);
+}
+
+void CheckpointWriter::begin() {
+  ensure_directory(output_dir_);
+  std::error_code ec;
+  fs::remove_all(temp_dir_, ec);  // left over from an interrupted save
+  fs::create_directory(temp_dir_, ec);
+  FSDP_CHECK(!ec, "cannot create checkpoint directory '" + temp_dir_ + "': " + ec.message(),
+             "check free space and permissions of --output-dir");
+}
+
+std::string CheckpointWriter::commit(int64_t keep_last) {
+  const std::string marker = join_path(temp_dir_, kCompleteMarker);
+  {
+    std::ofstream f(marker);
+    f << "complete\n";
+    FSDP_CHECK(f.good(), "cannot write '" + marker + "'", "check free space in --output-dir");
+  }
+  fsync_path(marker, false);
+  fsync_path(temp_dir_, true);
+  std::error_code ec;
+  if (fs::exists(final_dir_, ec)) {
+    // Same step saved again (e.g. a SIGTERM save right after a periodic one): replace it.
+    const std::string old = final_dir_ + ".old";
+    fs::remove_all(old, ec);
+    fs::rename(final_dir_, old, ec);
+    fs::rename(temp_dir_, final_dir_, ec);
+    FSDP_CHECK(!ec, "cannot rename '" + temp_dir_ + "' to '" + final_dir_ + "': " + ec.message(), "");
+    fs::remove_all(old, ec);
+  } else {
+    fs::rename(temp_dir_, final_dir_, ec);
+    FSDP_CHECK(!ec, "cannot rename '" + temp_dir_ + "' to '" + final_dir_ + "': " + ec.message(),
+               "check that --output-dir is on one filesystem");
+  }
+  fsync_path(output_dir_, true);
+  prune(output_dir_, keep_last, final_dir_);
+  return final_dir_;
+}
+
+std::vector<std::string> prune(const std::string& output_dir, int64_t keep_last,
+                               const std::string& keep) {
+  std::vector<std::string> removed;
+  if (keep_last <= 0) return removed;
+  auto all = list_complete(output_dir);
+  const int64_t excess = static_cast<int64_t>(all.size()) - keep_last;
+  for (int64_t i = 0; i < excess; ++i) {
+    if (fs::path(all[i].path) == fs::path(keep)) continue;
+    std::error_code ec;
+    // Remove the marker first: a crash mid-removal leaves an incomplete, ignored directory.
+    fs::remove(fs::path(all[i].path) / kCompleteMarker, ec);
+    fs::remove_all(all[i].path, ec);
+    removed.push_back(all[i].path);
+  }
+  return removed;
+}
+
+}  // namespace fsdp::checkpoint

@@ -1,0 +1,69 @@
+// Checkpoint directories of a run: naming (epoch_<E>_step_<S>), discovery of the newest
+// complete one, atomic publication (write into a temporary directory, completion marker last,
+// rename), keep-last-k pruning and safe permissions. Pure filesystem code: it never knows what
+// the files inside mean, and never deletes a directory it did not recognise as a checkpoint.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace fsdp::checkpoint {
+
+// Written last into a checkpoint directory: its presence means every file is complete.
+inline constexpr const char* kCompleteMarker = "COMPLETE";
+
+struct CheckpointRef {
+  std::string path;  // absolute or as given under the output directory
+  int64_t epoch = 0;
+  int64_t step = 0;
+};
+
+// "epoch_<E>_step_<S>".
+std::string checkpoint_name(int64_t epoch, int64_t step);
+// Parses a checkpoint directory name; nullopt when it is not one.
+std::optional<CheckpointRef> parse_checkpoint_name(const std::string& name);
+
+// Complete checkpoints under output_dir, oldest first (by step, then epoch). Directories
+// without the marker (interrupted saves) and temporary directories are ignored.
+std::vector<CheckpointRef> list_complete(const std::string& output_dir);
+// The newest complete checkpoint, if any.
+std::optional<CheckpointRef> find_latest(const std::string& output_dir);
+// True when `dir` holds the completion marker.
+bool is_complete(const std::string& dir);
+
+// Creates `dir` (and parents) with owner-only write permissions (0750), or checks that it is
+// a writable directory. Throws UsageError naming the directory.
+void ensure_directory(const std::string& dir);
+
+// Rank-0 side of a save. begin() makes a fresh temporary directory under output_dir
+// (".tmp_<name>"), whose files the caller writes; commit() writes the marker (fsynced), renames
+// the directory to its final name (replacing an older checkpoint of the same name) and prunes
+// complete checkpoints beyond keep_last (0 keeps all). A crash at any point leaves either the
+// previous checkpoints untouched or a temporary directory that discovery ignores and the next
+// begin() removes.
+class CheckpointWriter {
+ public:
+  CheckpointWriter(std::string output_dir, int64_t epoch, int64_t step);
+  const std::string& temp_dir() const { return temp_dir_; }
+  const std::string& final_dir() const { return final_dir_; }
+  void begin();
+  std::string commit(int64_t keep_last);
+
+ private:
+  std::string output_dir_;
+  std::string temp_dir_;
+  std::string final_dir_;
+};
+
+// Removes complete checkpoints beyond the newest keep_last (never the one named `keep`).
+// Returns the removed paths.
+std::vector<std::string> prune(const std::string& output_dir, int64_t keep_last,
+                               const std::string& keep = "");
+
+// Joins path components without doubling separators; rejects components containing ".." or a
+// leading '/', so names derived from configs cannot escape the directory.
+std::string join_path(const std::string& dir, const std::string& name);
+
+}  // namespace fsdp::checkpoint

@@ -1,0 +1,64 @@
+// Draft export write/read (checkpoint/export.h).
+#include "checkpoint/export.h"
+
+#include <ATen/ATen.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "checkpoint/checkpoint_dir.h"
+#include "checkpoint/safetensors.h"
+#include "core/error.h"
+
+namespace fs = std::filesystem;
+
+namespace fsdp::checkpoint {
+
+uint64_t write_draft_export(const std::string& dir, const std::string& config_json,
+                            const std::map<std::string, at::Tensor>& full_state,
+                            const at::Tensor& d2t, const at::Tensor& t2d) {
+  ensure_directory(dir);
+  {
+    const std::string path = join_path(dir, "config.json");
+    std::ofstream f(path);
+    f << config_json;
+    if (config_json.empty() || config_json.back() != '\n') f << '\n';
+    FSDP_CHECK(f.good(), "cannot write '" + path + "'", "check free space in --output-dir");
+  }
+  NamedTensors tensors;
+  for (const auto& [name, t] : full_state) {  // std::map: sorted by name
+    if (name == "embed_tokens.weight") continue;
+    tensors.emplace_back(name, t.detach().to(at::kCPU).to(at::kBFloat16).contiguous());
+  }
+  FSDP_CHECK(d2t.defined() && t2d.defined(), "export needs the vocabulary mapping (d2t, t2d)", "");
+  tensors.emplace_back("d2t", d2t.to(at::kCPU).to(at::kLong).contiguous());
+  tensors.emplace_back("t2d", t2d.to(at::kCPU).to(at::kBool).contiguous());
+  return write_safetensors(join_path(dir, "model.safetensors"), tensors,
+                           {{"format", "pt"}, {"producer", "fsdp-train"}});
+}
+
+DraftExport read_draft_export(const std::string& dir) {
+  std::error_code ec;
+  FSDP_USAGE_CHECK(fs::is_directory(dir, ec), "checkpoint directory '" + dir + "' does not exist",
+                   "give a directory holding config.json and model.safetensors (an "
+                   "epoch_<E>_step_<S> directory written by fsdp-train)");
+  const std::string model = join_path(dir, "model.safetensors");
+  FSDP_USAGE_CHECK(fs::is_regular_file(model, ec), "'" + model + "' is missing",
+                   "the directory is not a draft export; point at an epoch_<E>_step_<S> directory");
+  DraftExport out;
+  out.config_path = join_path(dir, "config.json");
+  auto file = SafetensorsFile::open(model);
+  for (const auto& info : file->tensors()) {
+    at::Tensor t = file->read(info.name);
+    if (info.name == "d2t") {
+      out.d2t = t.to(at::kLong);
+    } else if (info.name == "t2d") {
+      out.t2d = t.to(at::kBool);
+    } else {
+      out.weights[info.name] = t;
+    }
+  }
+  return out;
+}
+
+}  // namespace fsdp::checkpoint

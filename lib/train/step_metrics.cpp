@@ -1,0 +1,68 @@
+// Exact cross-rank metric reduction (train/step_metrics.h).
+#include "train/step_metrics.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+
+#include "comm/communicator.h"
+#include "model/ttt_loss.h"
+
+namespace fsdp::train {
+
+void StepMetrics::add(const model::StepOutput& out) {
+  auto as64 = [](const at::Tensor& t) { return t.detach().to(at::kDouble); };
+  if (micro_batches_ == 0) {
+    ploss_ = as64(out.ploss).clone();
+    correct_ = as64(out.correct).clone();
+    loss_tokens_ = as64(out.loss_tokens).clone();
+    valid_tokens_ = as64(out.valid_tokens).reshape({1}).clone();
+  } else {
+    ploss_.add_(as64(out.ploss));
+    correct_.add_(as64(out.correct));
+    loss_tokens_.add_(as64(out.loss_tokens));
+    valid_tokens_.add_(as64(out.valid_tokens).reshape({1}));
+  }
+  ++micro_batches_;
+}
+
+void StepMetrics::clear() {
+  micro_batches_ = 0;
+  ploss_ = correct_ = loss_tokens_ = valid_tokens_ = at::Tensor();
+}
+
+std::vector<std::pair<std::string, double>> StepMetrics::report(comm::Communicator& comm,
+                                                                 const std::string& prefix,
+                                                                 int64_t* global_tokens) {
+  const int64_t T = ttt_;
+  // One buffer, one all-reduce: [ploss T | correct T | loss_tokens T | valid 1 | micro 1].
+  at::Tensor buf;
+  if (micro_batches_ > 0) {
+    buf = at::cat({ploss_, correct_, loss_tokens_, valid_tokens_,
+                   at::full({1}, static_cast<double>(micro_batches_), ploss_.options())});
+  } else {
+    buf = at::zeros({3 * T + 2}, at::kDouble);
+  }
+  // The communicator's device decides where the reduction runs.
+  buf = buf.contiguous();
+  comm.all_reduce(buf, comm::ReduceOp::kSum)->wait();
+  at::Tensor host = buf.to(at::kCPU);
+  const double* v = host.data_ptr<double>();
+  const double micro = v[3 * T + 1];
+  std::vector<std::pair<std::string, double>> out;
+  double loss = 0.0;
+  for (int64_t i = 0; i < T; ++i) {
+    const double p = micro > 0 ? v[i] / micro : std::nan("");
+    loss += std::pow(0.8, static_cast<double>(i)) * p;
+    out.emplace_back(prefix + "/ploss_" + std::to_string(i), p);
+  }
+  for (int64_t i = 0; i < T; ++i) {
+    out.emplace_back(prefix + "/acc_" + std::to_string(i), v[T + i] / std::max(v[2 * T + i], 1e-6));
+  }
+  out.emplace_back(prefix + "/loss", loss);
+  if (global_tokens) *global_tokens = static_cast<int64_t>(v[3 * T]);
+  clear();
+  return out;
+}
+
+}  // namespace fsdp::train

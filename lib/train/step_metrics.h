@@ -1,0 +1,42 @@
+// Metric accumulation between log points: per-TTT-step sums from model::StepOutput across
+// micro-batches, reduced exactly over all ranks (numerators and denominators all-reduced, not
+// averages of averages) into named scalars. Keeps tensors on the device until report() so the
+// step itself never synchronises the host.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace fsdp::comm {
+class Communicator;
+}
+namespace fsdp::model {
+struct StepOutput;
+}
+
+namespace fsdp::train {
+
+class StepMetrics {
+ public:
+  explicit StepMetrics(int64_t ttt_length) : ttt_(ttt_length) {}
+  void add(const model::StepOutput& out);
+  bool empty() const { return micro_batches_ == 0; }
+  // All-reduces the sums over `comm` (every rank must call) and returns
+  // <prefix>/ploss_i, <prefix>/acc_i (i < T), <prefix>/loss (0.8^i-weighted sum of ploss_i) and
+  // the global number of valid tokens; then clears the sums.
+  std::vector<std::pair<std::string, double>> report(comm::Communicator& comm,
+                                                     const std::string& prefix,
+                                                     int64_t* global_tokens = nullptr);
+  void clear();
+
+ private:
+  int64_t ttt_;
+  int64_t micro_batches_ = 0;
+  at::Tensor ploss_, correct_, loss_tokens_, valid_tokens_;
+};
+
+}  // namespace fsdp::train

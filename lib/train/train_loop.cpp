@@ -1,0 +1,219 @@
+// The optimisation loop (spec section 6): epochs of micro-batches in sampler order, gradient
+// accumulation, the warmup-cosine schedule, clipping and the non-finite guard in the engine's
+// step, logging every --log-steps, evaluation and saving at their intervals, stop on signal.
+// Everything here is collective: every rank runs the same steps in the same order.
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <fstream>
+
+#include "checkpoint/checkpoint_dir.h"
+#include "comm/runtime.h"
+#include "core/log.h"
+#include "core/timer.h"
+#include "metrics/meters.h"
+#include "model/flops.h"
+#include "optim/lr_schedule.h"
+#include "train/signals.h"
+#include "train/step_metrics.h"
+#include "train/trainer_impl.h"
+
+namespace fsdp::train {
+
+namespace {
+double comm_seconds(const shard::ShardEngine& engine) {
+  double s = 0;
+  const auto& g = engine.groups();
+  if (g.shard) s += g.shard->stats().total_seconds();
+  if (g.replicate && g.replicate != g.shard) s += g.replicate->stats().total_seconds();
+  return s;
+}
+}  // namespace
+
+RunResult Trainer::Impl::train() {
+  install_stop_handlers();
+  auto loader = make_loader(train_ds, /*shuffle=*/true);
+  const int64_t per_epoch = loader->batches_per_epoch();
+  FSDP_USAGE_CHECK(per_epoch > 0,
+                   fsdp::str("training data (", train_ds->root(), ") has ", train_ds->size(),
+                       " samples: fewer than one micro-batch (", plan.micro_batch, ") per rank (",
+                       world, " ranks)"),
+                   "use more samples, fewer ranks or a smaller --draft-micro-batch-size");
+  const int64_t accum = plan.accumulation_steps;
+  const int64_t steps_per_epoch = (per_epoch + accum - 1) / accum;
+  total_steps = cfg.loop.total_steps ? *cfg.loop.total_steps : cfg.loop.num_epochs * steps_per_epoch;
+  checkpoint::ensure_directory(cfg.checkpoint.output_dir);
+  state.world_size = world;
+  state.accumulation_steps = accum;
+  state.micro_batch_size = plan.micro_batch;
+  state.config_json = config_json;
+  resume_if_asked();
+  if (!cfg.loop.total_steps && state.total_steps > 0) total_steps = state.total_steps;
+  state.total_steps = total_steps;
+  warmup = cfg.optim.warmup_steps ? *cfg.optim.warmup_steps
+                                  : optim::warmup_steps(cfg.optim.warmup_ratio, total_steps);
+  const int64_t stop_at = cfg.loop.max_steps ? std::min(*cfg.loop.max_steps, total_steps) : total_steps;
+
+  if (rank == 0) {
+    std::ofstream(checkpoint::join_path(cfg.checkpoint.output_dir, "run_config.yaml"))
+        << config::to_yaml(cfg);
+    const auto counts = model::count_parameters(draft_cfg);
+    FSDP_LOG0(kInfo) << "draft: " << counts.trainable << " trainable parameters (+"
+                     << counts.frozen_embedding << " frozen embedding); " << train_ds->size()
+                     << " training samples (" << train_ds->format() << "), " << per_epoch
+                     << " micro-batches per rank per epoch, accumulation " << accum << ", "
+                     << total_steps << " optimizer steps (warmup " << warmup << ")";
+  }
+  metrics::SinkContext sc;
+  sc.rank = rank;
+  sc.total_steps = total_steps;
+  sc.output_dir = cfg.checkpoint.output_dir;
+  sc.config_json = config_json;
+  logger = metrics::make_logger(cfg.metrics, sc);
+  metrics::ThroughputMeter meter(metrics::resolve_peak_tflops(cfg.metrics.mfu_peak_tflops, device));
+  StepMetrics window(cfg.model.ttt_length), epoch_metrics(cfg.model.ttt_length);
+  TimeAccumulator shares;
+  const auto loss_opts = loss_options(accum);
+
+  RunResult result;
+  int consecutive_nonfinite = 0;
+  Stopwatch window_clock;
+  double window_comm0 = comm_seconds(*engine);
+  double last_grad_norm = 0, last_lr = 0;
+  bool stop = false;
+  bool saved_at_step = false;
+  at::Tensor flag = at::zeros({1}, at::kInt);
+
+  for (int64_t epoch = state.epoch; epoch < cfg.loop.num_epochs && !stop; ++epoch) {
+    loader->start({epoch, epoch == state.epoch ? state.position : 0});
+    int64_t in_group = 0;
+    double step_flops = 0;
+    int64_t step_tokens = 0;
+    Stopwatch step_clock;
+    while (!stop) {
+      auto batch = loader->next();
+      if (!batch) break;
+      const int64_t b_index = batch->batch_index;
+      const bool last_in_group = in_group == accum - 1 || b_index == per_epoch - 1;
+      engine->set_sync_gradients(!cfg.shard.accumulate_locally || last_in_group);
+      step_tokens += batch->attention_mask.sum().item<int64_t>();
+      step_flops += model::count_step_flops(draft_cfg, batch->batch_size(), batch->seq_len(),
+                                            cfg.model.ttt_length)
+                        .total();
+      auto out = model::ttt_step(*draft, head, batch->input_ids.to(device, true),
+                                 batch->attention_mask.to(device, true),
+                                 batch->loss_mask.to(device, true),
+                                 batch->aux_hidden.to(device, true),
+                                 batch->target_hidden.to(device, true), loss_opts);
+      out.loss.backward();
+      window.add(out);
+      epoch_metrics.add(out);
+      ++in_group;
+      if (!last_in_group) continue;
+
+      // One optimizer step.
+      const int64_t n = state.step + 1;
+      last_lr = optim::warmup_cosine_lr(cfg.optim.learning_rate, n, total_steps, warmup);
+      auto r = engine->step(last_lr, cfg.optim.max_grad_norm);
+      last_grad_norm = r.grad_norm;
+      state.step = n;
+      state.epoch = epoch;
+      state.position = b_index + 1;
+      in_group = 0;
+      meter.add_step(step_tokens, step_flops, step_clock.seconds());
+      step_flops = 0;
+      step_tokens = 0;
+      step_clock.reset();
+      if (r.skipped) {
+        ++consecutive_nonfinite;
+        ++state.skipped_steps;
+        FSDP_LOG0(kWarn) << "step " << n << ": gradients are not finite (norm " << r.grad_norm
+                         << "); step skipped, weights unchanged";
+        FSDP_CHECK(consecutive_nonfinite < kMaxConsecutiveNonFinite,
+                   fsdp::str("aborting: ", consecutive_nonfinite,
+                       " consecutive optimizer steps had non-finite gradients (last at step ", n, ")"),
+                   "lower --learning-rate, check the features for outliers, or resume from the "
+                   "last checkpoint with --mixed-precision fp32");
+      } else {
+        consecutive_nonfinite = 0;
+      }
+      logger->heartbeat(n);
+      if (n % cfg.metrics.log_steps == 0 || n == stop_at) {
+        int64_t tokens = 0;
+        auto scalars = window.report(*metrics_comm, "train", &tokens);
+        const double secs = window_clock.seconds();
+        shares.reset();
+        shares.add("data", loader->take_data_wait_seconds());
+        const double comm_now = comm_seconds(*engine);
+        shares.add("comm", comm_now - window_comm0);
+        window_comm0 = comm_now;
+        scalars.emplace_back("train/lr", last_lr);
+        scalars.emplace_back("train/grad_norm", last_grad_norm);
+        scalars.emplace_back("train/epoch", static_cast<double>(epoch));
+        scalars.emplace_back("perf/tokens_per_s", secs > 0 ? tokens / secs : 0.0);
+        if (auto mfu = meter.mfu()) scalars.emplace_back("perf/mfu", *mfu);
+        scalars.emplace_back("perf/step_time_s", meter.window_steps() ? secs / meter.window_steps() : 0.0);
+        for (const auto& [k, v] : metrics::time_shares(shares, secs)) {
+          scalars.emplace_back("perf/" + k + "_share", v);
+        }
+        const auto mem = metrics::peak_memory(device);
+        scalars.emplace_back("mem/host_peak_rss_gib", mem.host_peak_rss_bytes / 1073741824.0);
+        if (mem.device_peak_allocated_bytes >= 0) {
+          scalars.emplace_back("mem/device_peak_allocated_gib",
+                               mem.device_peak_allocated_bytes / 1073741824.0);
+        }
+        logger->log(n, scalars);
+        meter.reset_window();
+        window_clock.reset();
+      }
+      saved_at_step = false;
+      if (cfg.eval.eval_steps > 0 && n % cfg.eval.eval_steps == 0 && eval_ds) {
+        logger->log(n, evaluate("eval"));
+      }
+      if (cfg.checkpoint.save_steps > 0 && n % cfg.checkpoint.save_steps == 0) {
+        result.last_checkpoint = save(epoch);
+        saved_at_step = true;
+      }
+      // Agree on stopping: a signal may have reached only some ranks.
+      flag.fill_(stop_requested() ? 1 : 0);
+      control->all_reduce(flag, comm::ReduceOp::kMax)->wait();
+      if (flag.item<int>() != 0) {
+        FSDP_LOG0(kWarn) << "stop requested (signal " << stop_signal() << "): saving at step " << n
+                         << " and exiting";
+        if (!saved_at_step) result.last_checkpoint = save(epoch);
+        saved_at_step = true;
+        result.stopped_by_signal = true;
+        stop = true;
+      }
+      if (n >= stop_at) stop = true;
+    }
+    if (result.stopped_by_signal) break;
+    const bool epoch_done = loader->state().position >= per_epoch || !stop;
+    if (!epoch_done) break;  // stopped by max steps inside the epoch
+    // End of epoch: the next run starts at the following epoch.
+    state.epoch = epoch + 1;
+    state.position = 0;
+    auto em = epoch_metrics.report(*metrics_comm, "train_epoch");
+    logger->log(state.step, em);
+    if (eval_ds && cfg.eval.eval_interval > 0 && (epoch + 1) % cfg.eval.eval_interval == 0) {
+      result.final_eval = evaluate("eval");
+      logger->log(state.step, result.final_eval);
+    }
+    if (cfg.checkpoint.save_interval > 0 && (epoch + 1) % cfg.checkpoint.save_interval == 0) {
+      result.last_checkpoint = save(epoch);
+      saved_at_step = true;
+    }
+  }
+  if (!saved_at_step && state.step > 0) result.last_checkpoint = save(state.epoch);
+  if (rank == 0) {
+    const std::string bad = loader->bad_sample_summary();
+    if (!bad.empty()) {
+      FSDP_LOG0(kWarn) << bad;
+    }
+  }
+  logger->close();
+  result.steps = state.step;
+  return result;
+}
+
+}  // namespace fsdp::train

@@ -1,0 +1,333 @@
+// The training loop and its set-up (train/trainer.h).
+#include "train/trainer.h"
+#include "train/trainer_impl.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/nn/module.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "checkpoint/checkpoint_dir.h"
+#include "checkpoint/export.h"
+#include "checkpoint/safetensors.h"
+#include "comm/runtime.h"
+#include "config/options.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "core/timer.h"
+#include "data/dataset.h"
+#include "data/loader.h"
+#include "data/vocab_mapping.h"
+#include "metrics/meters.h"
+#include "metrics/sinks.h"
+#include "model/draft_model.h"
+#include "model/flops.h"
+#include "model/target_head.h"
+#include "model/ttt_loss.h"
+#include "optim/lr_schedule.h"
+#include "shard/engine.h"
+#include "train/run_state.h"
+#include "train/signals.h"
+#include "train/step_metrics.h"
+
+namespace fsdp::train {
+
+namespace {
+
+c10::Device pick_device(config::DeviceKind kind) {
+  const int gpus = comm::gpu_count();
+  if (kind == config::DeviceKind::kCpu || (kind == config::DeviceKind::kAuto && gpus == 0)) {
+    return c10::Device(c10::kCPU);
+  }
+  FSDP_USAGE_CHECK(gpus > 0, "--device cuda: no GPU is visible to this process",
+                   "use --device cpu, or check the driver and CUDA_VISIBLE_DEVICES");
+  c10::Device dev(c10::kCUDA, static_cast<c10::DeviceIndex>(comm::topology().local_rank % gpus));
+  c10::impl::getDeviceGuardImpl(c10::kCUDA)->setDevice(dev);
+  return dev;
+}
+
+shard::Strategy to_engine(config::ShardingStrategy s) {
+  switch (s) {
+    case config::ShardingStrategy::kFullShard: return shard::Strategy::kFullShard;
+    case config::ShardingStrategy::kShardGradOp: return shard::Strategy::kShardGradOp;
+    case config::ShardingStrategy::kNoShard: return shard::Strategy::kNoShard;
+    case config::ShardingStrategy::kHybridShard: return shard::Strategy::kHybridShard;
+  }
+  return shard::Strategy::kFullShard;
+}
+
+c10::ScalarType to_dtype(config::Precision p) {
+  return p == config::Precision::kBF16 ? c10::kBFloat16 : c10::kFloat;
+}
+
+}  // namespace
+
+Trainer::Trainer(config::TrainConfig cfg) : impl_(std::make_unique<Impl>(std::move(cfg))) {}
+Trainer::~Trainer() = default;
+
+void Trainer::Impl::setup() {
+  const auto& topo = comm::topology();
+  rank = topo.world_rank;
+  world = topo.world_size;
+  comm::set_default_timeout(std::chrono::minutes(cfg.runtime.dist_timeout_minutes));
+  config::ValidateOptions vo;
+  vo.training = !cfg.loop.eval_only;
+  config::validate(cfg, world, vo, topo.local_size);
+  plan = config::batch_plan(cfg, world);
+  device = pick_device(cfg.runtime.device);
+  const int threads = cfg.runtime.threads > 0
+                          ? static_cast<int>(cfg.runtime.threads)
+                          : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) /
+                                            std::max(1, topo.local_size));
+  at::set_num_threads(threads);
+  control = comm::make_communicator(comm::Group::kWorld, c10::Device(c10::kCPU));
+  metrics_comm = device.is_cpu() ? control : comm::make_communicator(comm::Group::kWorld, device);
+  config_json = config::to_json(cfg);
+  if (rank == 0) {
+    FSDP_LOG0(kInfo) << "fsdp-train: " << world << " rank(s) on " << topo.num_nodes
+                     << " node(s), device " << metrics::device_name(device) << ", " << threads
+                     << " thread(s) per rank\n"
+                     << config::to_display(cfg);
+  }
+  draft_cfg = model::load_draft_config(cfg.model.draft_model_config);
+  data::DatasetOptions dso;
+  dso.vocab_size = draft_cfg.vocab_size;
+  dso.hidden_size = draft_cfg.target_hidden_size ? *draft_cfg.target_hidden_size
+                                                 : draft_cfg.hidden_size;
+  if (!cfg.data.train_hidden_states_path.empty()) {
+    train_ds = data::open_feature_dataset(cfg.data.train_hidden_states_path, dso);
+  }
+  if (!cfg.data.eval_hidden_states_path.empty()) {
+    eval_ds = data::open_feature_dataset(cfg.data.eval_hidden_states_path, dso);
+  }
+  if (!cfg.model.init_checkpoint.empty()) {
+    init_export = checkpoint::read_draft_export(cfg.model.init_checkpoint);
+    have_init_export = true;
+  }
+  build_model();
+}
+
+void Trainer::Impl::build_model() {
+  const int64_t V = draft_cfg.vocab_size, Vd = draft_cfg.draft_vocab();
+  const int64_t Ht = draft_cfg.target_hidden_size ? *draft_cfg.target_hidden_size
+                                                  : draft_cfg.hidden_size;
+  // Vocabulary mapping: from the initial checkpoint (it defines what its lm_head rows mean),
+  // else a mapping file, the cache, or the features.
+  if (have_init_export && init_export.d2t.defined() && init_export.t2d.defined()) {
+    FSDP_USAGE_CHECK(init_export.d2t.numel() == Vd && init_export.t2d.numel() == V,
+                     fsdp::str("--init-checkpoint: d2t/t2d have ", init_export.d2t.numel(), "/",
+                         init_export.t2d.numel(), " entries, the draft config says Vd=", Vd,
+                         " V=", V),
+                     "use the draft config the checkpoint was trained with");
+    mapping.d2t = init_export.d2t;
+    mapping.t2d = init_export.t2d;
+  } else {
+    auto ds = train_ds ? train_ds : eval_ds;
+    FSDP_USAGE_CHECK(ds != nullptr || !cfg.model.vocab_mapping_path.empty(),
+                     "no data to build the vocabulary mapping from",
+                     "give --train-hidden-states-path, --eval-hidden-states-path or "
+                     "--vocab-mapping-path");
+    data::VocabMappingOptions vmo;
+    vmo.mapping_path = cfg.model.vocab_mapping_path;
+    vmo.cache_dir = cfg.data.cache_dir;
+    vmo.vocab_size = V;
+    vmo.draft_vocab_size = Vd;
+    vmo.max_length = cfg.data.max_length;
+    mapping = data::build_vocab_mapping(*ds, vmo, control.get());
+  }
+  // Only the embedding and the LM head are read out of the target checkpoint.
+  auto target = checkpoint::read_model_tensors(cfg.model.target_model_path,
+                                               {cfg.model.embedding_key, cfg.model.lm_head_key});
+  const at::Tensor& emb = target.at(cfg.model.embedding_key);
+  const at::Tensor& lmh = target.at(cfg.model.lm_head_key);
+  for (const auto& [key, t, flag] :
+       {std::tuple{cfg.model.embedding_key, emb, "--embedding-key"},
+        std::tuple{cfg.model.lm_head_key, lmh, "--lm-head-key"}}) {
+    FSDP_USAGE_CHECK(t.dim() == 2 && t.size(0) == V && t.size(1) == Ht,
+                     fsdp::str("target tensor '", key, "' in ", cfg.model.target_model_path, " has shape ",
+                         t.sizes(), ", the draft config (", cfg.model.draft_model_config,
+                         ") needs [", V, ", ", Ht, "]"),
+                     fsdp::str("check ", flag, " and that vocab_size/hidden_size of the draft config "
+                         "match the target model"));
+  }
+  FSDP_USAGE_CHECK(Ht == draft_cfg.hidden_size,
+                   fsdp::str("draft hidden_size ", draft_cfg.hidden_size, " differs from the target's ",
+                       Ht, "; the draft embeds target tokens with the target embedding"),
+                   "set hidden_size in --draft-model-config to the target's hidden size");
+  head = model::TargetHead(lmh.to(c10::kBFloat16), mapping.t2d);
+  head.to(device);
+
+  // Identical initial weights on every rank: same seed before construction.
+  torch::manual_seed(static_cast<uint64_t>(cfg.loop.seed));
+  draft = model::Eagle3Draft(draft_cfg);
+  draft->load_embedding(emb);
+  draft->set_vocab_mapping(mapping.d2t, mapping.t2d);
+  draft->to(device);
+
+  shard::EngineOptions eo;
+  eo.strategy = to_engine(cfg.shard.strategy);
+  eo.mixed_precision.param_dtype = to_dtype(cfg.shard.mixed_precision);
+  eo.mixed_precision.reduce_dtype = to_dtype(cfg.shard.reduce_dtype);
+  eo.device = device;
+  eo.cpu_offload = cfg.shard.cpu_offload;
+  eo.adamw.beta1 = cfg.optim.adam_beta1;
+  eo.adamw.beta2 = cfg.optim.adam_beta2;
+  eo.adamw.eps = cfg.optim.adam_eps;
+  eo.adamw.weight_decay = cfg.optim.weight_decay;
+  eo.validate();
+  auto groups = shard::make_comm_groups(eo.strategy, device);
+  engine = std::make_unique<shard::ShardEngine>(*draft, groups, eo);
+  draft->set_unit_hooks(engine.get());
+  if (have_init_export) {
+    std::map<std::string, at::Tensor> weights(init_export.weights.begin(),
+                                              init_export.weights.end());
+    for (const auto& item : draft->named_parameters()) {
+      const std::string& name = item.key();
+      if (name == "embed_tokens.weight") continue;
+      FSDP_USAGE_CHECK(weights.count(name),
+                       fsdp::str("--init-checkpoint ", cfg.model.init_checkpoint, " lacks tensor '", name,
+                           "'"),
+                       "use an export written by fsdp-train (or SpecForge) for this draft config");
+    }
+    engine->load_full_state(weights, /*allow_missing=*/true);
+  }
+}
+
+std::unique_ptr<data::DataLoader> Trainer::Impl::make_loader(
+    std::shared_ptr<data::FeatureDataset> ds, bool shuffle) const {
+  data::DistributedSampler sampler(ds->size(), rank, world, plan.micro_batch,
+                                   static_cast<uint64_t>(cfg.loop.seed), shuffle);
+  data::LoaderOptions lo;
+  lo.max_length = cfg.data.max_length;
+  lo.skip_bad_samples = cfg.data.skip_bad_samples;
+  lo.pin_memory = !device.is_cpu();
+  lo.validate();
+  return std::make_unique<data::DataLoader>(ds, sampler, lo);
+}
+
+model::LossOptions Trainer::Impl::loss_options(int64_t accumulation) const {
+  model::LossOptions lo;
+  lo.ttt_length = cfg.model.ttt_length;
+  lo.accumulation_steps = accumulation;
+  lo.normalization = cfg.loop.loss_normalization == config::LossNormalization::kTokens
+                         ? model::LossNormalization::kValidTokens
+                         : model::LossNormalization::kBatchTokens;
+  return lo;
+}
+
+std::vector<std::pair<std::string, double>> Trainer::Impl::evaluate(const std::string& prefix) {
+  auto ds = eval_ds ? eval_ds : train_ds;
+  auto loader = make_loader(ds, /*shuffle=*/false);
+  FSDP_USAGE_CHECK(loader->batches_per_epoch() > 0,
+                   fsdp::str("evaluation data (", ds->root(), ") has ", ds->size(),
+                       " samples: fewer than one micro-batch per rank"),
+                   "use more evaluation samples, fewer ranks or a smaller --draft-micro-batch-size");
+  loader->start({0, 0});
+  StepMetrics m(cfg.model.ttt_length);
+  at::NoGradGuard no_grad;
+  while (auto b = loader->next()) {
+    auto out = model::ttt_step(*draft, head, b->input_ids.to(device, true),
+                               b->attention_mask.to(device, true), b->loss_mask.to(device, true),
+                               b->aux_hidden.to(device, true), b->target_hidden.to(device, true),
+                               loss_options(1));
+    m.add(out);
+  }
+  auto r = m.report(*metrics_comm, prefix);
+  if (rank == 0 && !loader->bad_sample_summary().empty()) {
+    FSDP_LOG0(kWarn) << loader->bad_sample_summary();
+  }
+  return r;
+}
+
+std::string Trainer::Impl::save(int64_t epoch_for_name) {
+  Stopwatch w;
+  checkpoint::CheckpointWriter writer(cfg.checkpoint.output_dir, epoch_for_name, state.step);
+  if (rank == 0) writer.begin();
+  control->barrier();
+  auto full = engine->full_state(/*rank0_only=*/true);
+  if (rank == 0) {
+    checkpoint::write_draft_export(writer.temp_dir(), draft_cfg.to_json(), full, mapping.d2t,
+                                   mapping.t2d);
+  }
+  shard::save_state(*engine, checkpoint::join_path(writer.temp_dir(), "train_state"));
+  if (rank == 0) save_run_state(writer.temp_dir(), state);
+  control->barrier();
+  std::string final_dir = writer.final_dir();
+  if (rank == 0) {
+    writer.commit(cfg.checkpoint.keep_last);
+    FSDP_LOG0(kInfo) << "saved checkpoint " << final_dir << " (" << w.seconds() << " s)";
+  }
+  control->barrier();
+  return final_dir;
+}
+
+void Trainer::Impl::resume_if_asked() {
+  std::string dir;
+  if (cfg.checkpoint.resume == config::ResumeMode::kAuto) {
+    if (auto latest = checkpoint::find_latest(cfg.checkpoint.output_dir)) dir = latest->path;
+  } else if (cfg.checkpoint.resume == config::ResumeMode::kPath) {
+    dir = cfg.checkpoint.resume_path;
+    FSDP_USAGE_CHECK(checkpoint::is_complete(dir),
+                     "--resume " + dir + ": not a complete checkpoint directory (no " +
+                         checkpoint::kCompleteMarker + " marker)",
+                     "point --resume at an epoch_<E>_step_<S> directory, or use --resume auto");
+  }
+  if (dir.empty()) {
+    if (cfg.checkpoint.resume == config::ResumeMode::kAuto) {
+      FSDP_LOG0(kInfo) << "--resume auto: no complete checkpoint in " << cfg.checkpoint.output_dir
+                       << ", starting fresh";
+    }
+    return;
+  }
+  RunState saved = load_run_state(dir);
+  shard::load_state(*engine, checkpoint::join_path(dir, "train_state"));
+  state = saved;
+  if (saved.world_size != world || saved.micro_batch_size != plan.micro_batch) {
+    // Different data-parallel layout: keep the number of samples consumed in the epoch.
+    const int64_t samples = saved.position * saved.micro_batch_size * saved.world_size;
+    state.position = samples / (plan.micro_batch * world);
+    FSDP_LOG0(kWarn) << "resuming a run saved at " << saved.world_size << " rank(s) on " << world
+                     << ": parameters and optimizer state are resharded exactly; the data order "
+                        "continues at sample "
+                     << samples << " of epoch " << saved.epoch;
+  }
+  state.world_size = world;
+  state.accumulation_steps = plan.accumulation_steps;
+  state.micro_batch_size = plan.micro_batch;
+  FSDP_LOG0(kInfo) << "resumed from " << dir << " at step " << state.step << " (epoch "
+                   << state.epoch << ", micro-batch " << state.position << ")";
+}
+
+RunResult Trainer::run() {
+  impl_->setup();
+  return impl_->cfg.loop.eval_only ? impl_->eval_only() : impl_->train();
+}
+
+RunResult Trainer::Impl::eval_only() {
+  if (cfg.checkpoint.resume != config::ResumeMode::kNone) resume_if_asked();
+  FSDP_USAGE_CHECK(have_init_export || state.step > 0,
+                   "--eval-only needs weights to evaluate",
+                   "give --init-checkpoint DIR (an exported checkpoint) or --resume");
+  RunResult r;
+  r.final_eval = evaluate("eval");
+  r.steps = state.step;
+  if (rank == 0) {
+    std::string line = "eval:";
+    for (const auto& [k, v] : r.final_eval) line += " " + k + "=" + std::to_string(v);
+    std::printf("%s\n", line.c_str());
+    std::fflush(stdout);
+    if (!cfg.checkpoint.output_dir.empty()) {
+      checkpoint::ensure_directory(cfg.checkpoint.output_dir);
+      metrics::JsonlSink sink(checkpoint::join_path(cfg.checkpoint.output_dir, "metrics.jsonl"));
+      sink.log(state.step, r.final_eval);
+      sink.close();
+    }
+  }
+  return r;
+}
+
+}  // namespace fsdp::train

@@ -1,0 +1,59 @@
+// Private state of the Trainer, shared by trainer.cpp (set-up, evaluation, checkpoints) and
+// train_loop.cpp (the loop). Not part of the public API; include only from lib/train.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "checkpoint/export.h"
+#include "comm/communicator.h"
+#include "config/options.h"
+#include "data/dataset.h"
+#include "data/loader.h"
+#include "data/vocab_mapping.h"
+#include "metrics/sinks.h"
+#include "model/draft_model.h"
+#include "model/target_head.h"
+#include "model/ttt_loss.h"
+#include "shard/engine.h"
+#include "train/run_state.h"
+#include "train/trainer.h"
+
+namespace fsdp::train {
+
+struct Trainer::Impl {
+  config::TrainConfig cfg;
+  c10::Device device{c10::kCPU};
+  int rank = 0, world = 1;
+  model::DraftConfig draft_cfg;
+  std::shared_ptr<data::FeatureDataset> train_ds, eval_ds;
+  data::VocabMapping mapping;
+  model::TargetHead head;
+  model::Eagle3Draft draft{nullptr};
+  std::unique_ptr<shard::ShardEngine> engine;
+  std::shared_ptr<comm::Communicator> metrics_comm;  // world, on the compute device
+  std::shared_ptr<comm::Communicator> control;       // world, CPU: flags and barriers
+  std::unique_ptr<metrics::MetricsLogger> logger;
+  config::BatchPlan plan;
+  int64_t total_steps = 0, warmup = 0;
+  RunState state;
+  std::string config_json;
+  checkpoint::DraftExport init_export;
+  bool have_init_export = false;
+
+  explicit Impl(config::TrainConfig c) : cfg(std::move(c)) {}
+
+  void setup();
+  void build_model();
+  std::unique_ptr<data::DataLoader> make_loader(std::shared_ptr<data::FeatureDataset> ds,
+                                                bool shuffle) const;
+  model::LossOptions loss_options(int64_t accumulation) const;
+  std::vector<std::pair<std::string, double>> evaluate(const std::string& prefix);
+  std::string save(int64_t epoch_for_name);
+  void resume_if_asked();
+  RunResult train();
+  RunResult eval_only();
+};
+
+}  // namespace fsdp::train
