@@ -91,6 +91,7 @@ class DataLoader {
   int64_t next_to_claim_ = 0;   // next batch a worker will read
   int64_t next_to_return_ = 0;  // next batch next() hands out
   int64_t generation_ = 0;      // bumped by start(); stale results are dropped
+  std::vector<int64_t> epoch_indices_;  // the rank's sample order for epoch_
   std::map<int64_t, Batch> ready_;
   std::map<int64_t, std::exception_ptr> failed_;
   LoaderStats stats_;

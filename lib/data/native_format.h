@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,12 @@ inline constexpr int kNativeFormatVersion = 1;
 
 // True when `dir` holds a native index.
 bool is_native_dataset(const std::string& dir);
+
+// Opens a native dataset (reads the index only; shards are mapped when first read). Samples the
+// converter recorded as bad (skip mode) keep their index and throw BadSampleError when read, so
+// both formats give the same sample numbering and the same skips.
+std::shared_ptr<FeatureDataset> open_native_dataset(const std::string& dir,
+                                                    const DatasetOptions& options = {});
 
 struct ConvertOptions {
   std::string input;   // .ckpt tree

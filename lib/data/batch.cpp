@@ -1,0 +1,90 @@
+// Per-sample shifts and right-padding collate (batch.h, spec section 1.3).
+#include "data/batch.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace fsdp::data {
+
+uint64_t RawSample::nbytes() const {
+  uint64_t n = 0;
+  for (const auto* t : {&input_ids, &loss_mask, &hidden_state, &aux_hidden_state})
+    if (t->defined()) n += t->numel() * t->element_size();
+  return n;
+}
+
+int64_t Batch::num_loss_tokens() const {
+  return loss_mask.defined() ? loss_mask.sum().item<int64_t>() : 0;
+}
+
+Sample process_sample(const RawSample& raw, int64_t max_length) {
+  FSDP_CHECK(max_length >= 1, str("max_length must be >= 1, got ", max_length), "set --max-length");
+  const int64_t s = std::min(raw.length(), max_length);
+  FSDP_CHECK(s >= 1, raw.source + ": sample has no tokens", "");
+  const int64_t h = raw.hidden_size();
+  Sample out;
+  out.aux_hidden = raw.aux_hidden_state.narrow(0, 0, s).contiguous();
+  // Shift left by one and append a zero row/element: position t holds the value of t+1.
+  out.target_hidden = at::zeros({s, h}, raw.hidden_state.options());
+  out.input_ids = at::zeros({s}, raw.input_ids.options());
+  if (s > 1) {
+    out.target_hidden.narrow(0, 0, s - 1).copy_(raw.hidden_state.narrow(0, 1, s - 1));
+    out.input_ids.narrow(0, 0, s - 1).copy_(raw.input_ids.narrow(0, 1, s - 1));
+  }
+  out.loss_mask = raw.loss_mask.narrow(0, 0, s).clone();
+  out.loss_mask[s - 1] = 0;
+  out.attention_mask = at::ones({s}, raw.input_ids.options());
+  return out;
+}
+
+Sample empty_sample(int64_t hidden_size) {
+  FSDP_CHECK(hidden_size > 0, "empty_sample needs the hidden size", "");
+  Sample s;
+  const auto i64 = at::TensorOptions().dtype(at::kLong);
+  const auto bf16 = at::TensorOptions().dtype(at::kBFloat16);
+  s.input_ids = at::zeros({1}, i64);
+  s.loss_mask = at::zeros({1}, i64);
+  s.attention_mask = at::zeros({1}, i64);
+  s.aux_hidden = at::zeros({1, 3 * hidden_size}, bf16);
+  s.target_hidden = at::zeros({1, hidden_size}, bf16);
+  return s;
+}
+
+Batch collate(const std::vector<Sample>& samples, bool pin_memory) {
+  FSDP_CHECK(!samples.empty(), "collate: no samples", "");
+  const int64_t b = static_cast<int64_t>(samples.size());
+  const int64_t h = samples[0].target_hidden.size(1);
+  int64_t s = 0;
+  for (const auto& x : samples) {
+    FSDP_CHECK(x.target_hidden.size(1) == h && x.aux_hidden.size(1) == 3 * h,
+               str("collate: samples disagree on the hidden size (", h, " vs ",
+                   x.target_hidden.size(1), ")"),
+               "all feature files of a dataset must come from the same target model");
+    s = std::max(s, x.input_ids.size(0));
+  }
+  auto opts = [&](at::ScalarType t) {
+    auto o = at::TensorOptions().dtype(t);
+    return pin_memory ? o.pinned_memory(true) : o;
+  };
+  Batch out;
+  out.input_ids = at::zeros({b, s}, opts(at::kLong));
+  out.loss_mask = at::zeros({b, s}, opts(at::kLong));
+  out.attention_mask = at::zeros({b, s}, opts(at::kLong));
+  out.aux_hidden = at::zeros({b, s, 3 * h}, opts(at::kBFloat16));
+  out.target_hidden = at::zeros({b, s, h}, opts(at::kBFloat16));
+  for (int64_t i = 0; i < b; ++i) {
+    const auto& x = samples[i];
+    const int64_t n = x.input_ids.size(0);
+    out.input_ids[i].narrow(0, 0, n).copy_(x.input_ids);
+    out.loss_mask[i].narrow(0, 0, n).copy_(x.loss_mask);
+    out.attention_mask[i].narrow(0, 0, n).copy_(x.attention_mask);
+    out.aux_hidden[i].narrow(0, 0, n).copy_(x.aux_hidden);
+    out.target_hidden[i].narrow(0, 0, n).copy_(x.target_hidden);
+  }
+  return out;
+}
+
+}  // namespace fsdp::data

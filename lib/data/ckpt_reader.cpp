@@ -1,0 +1,145 @@
+// SpecForge .ckpt reading and the sample validation shared by every reader (dataset.h).
+// Loads with torch::pickle_load, which rebuilds tensors/dicts only and never runs Python code.
+#include <ATen/ATen.h>
+#include <torch/serialize.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+
+#include "core/dtype.h"
+#include "data/dataset.h"
+
+namespace fsdp::data {
+
+namespace {
+
+[[noreturn]] void bad(const std::string& where, const std::string& problem,
+                      const std::string& hint) {
+  throw BadSampleError(where + ": " + problem, hint, __FILE__, __LINE__);
+}
+
+constexpr const char* kRegenerate =
+    "regenerate this file with SpecForge's prepare_hidden_states, or run with --skip-bad-samples";
+
+// Accepts [S] or [1,S]; returns [S] int64. `allowed` lists the accepted dtypes.
+at::Tensor token_tensor(const at::Tensor& t, const char* key, const std::string& where,
+                        bool allow_bool) {
+  const auto d = t.scalar_type();
+  const bool ok = d == at::kLong || d == at::kInt || (allow_bool && (d == at::kBool || d == at::kByte));
+  if (!ok)
+    bad(where, fsdp::str(key, " has dtype ", dtype_name(d), ", expected int64",
+                   allow_bool ? " (int32, bool, uint8 accepted)" : " (int32 accepted)"),
+        kRegenerate);
+  at::Tensor x = t;
+  if (x.dim() == 2 && x.size(0) == 1) x = x[0];
+  if (x.dim() != 1)
+    bad(where, fsdp::str(key, " has shape ", t.sizes(), ", expected [S] or [1,S]"), kRegenerate);
+  return x.to(at::kLong).contiguous();
+}
+
+// Accepts [1,S,W] or [S,W]; returns [S,W] bf16.
+at::Tensor hidden_tensor(const at::Tensor& t, const char* key, const std::string& where) {
+  const auto d = t.scalar_type();
+  if (d != at::kBFloat16 && d != at::kHalf && d != at::kFloat)
+    bad(where, fsdp::str(key, " has dtype ", dtype_name(d), ", expected bf16 (fp16/fp32 accepted)"),
+        kRegenerate);
+  at::Tensor x = t;
+  if (x.dim() == 3 && x.size(0) == 1) x = x[0];
+  if (x.dim() != 2)
+    bad(where, fsdp::str(key, " has shape ", t.sizes(), ", expected [1,S,W] or [S,W]"), kRegenerate);
+  return d == at::kBFloat16 ? x.contiguous() : x.to(at::kBFloat16).contiguous();
+}
+
+}  // namespace
+
+RawSample validate_sample(at::Tensor input_ids, at::Tensor loss_mask, at::Tensor hidden_state,
+                          at::Tensor aux_hidden_state, const std::string& where,
+                          const DatasetOptions& options) {
+  RawSample s;
+  s.source = where;
+  s.input_ids = token_tensor(input_ids, "input_ids", where, false);
+  s.loss_mask = token_tensor(loss_mask, "loss_mask", where, true);
+  s.hidden_state = hidden_tensor(hidden_state, "hidden_state", where);
+  s.aux_hidden_state = hidden_tensor(aux_hidden_state, "aux_hidden_state", where);
+  const int64_t n = s.input_ids.size(0);
+  if (n == 0) bad(where, "input_ids is empty (S = 0)", kRegenerate);
+  if (s.loss_mask.size(0) != n || s.hidden_state.size(0) != n || s.aux_hidden_state.size(0) != n)
+    bad(where,
+        fsdp::str("lengths disagree: input_ids ", n, ", loss_mask ", s.loss_mask.size(0),
+            ", hidden_state ", s.hidden_state.size(0), ", aux_hidden_state ",
+            s.aux_hidden_state.size(0)),
+        kRegenerate);
+  const int64_t h = s.hidden_state.size(1);
+  if (h == 0) bad(where, "hidden_state has hidden size 0", kRegenerate);
+  if (s.aux_hidden_state.size(1) != 3 * h)
+    bad(where,
+        fsdp::str("aux_hidden_state has width ", s.aux_hidden_state.size(1), ", expected 3 x ", h,
+            " (three captured layers of hidden size ", h, ")"),
+        kRegenerate);
+  if (options.hidden_size > 0 && h != options.hidden_size)
+    bad(where, fsdp::str("hidden size ", h, " but the dataset/target has ", options.hidden_size),
+        "all feature files must come from the same target model as --target-model-path");
+  const int64_t lo = s.input_ids.min().item<int64_t>(), hi = s.input_ids.max().item<int64_t>();
+  if (lo < 0) bad(where, fsdp::str("input_ids has a negative id (", lo, ")"), kRegenerate);
+  if (options.vocab_size > 0 && hi >= options.vocab_size)
+    bad(where, fsdp::str("input_ids has id ", hi, " >= vocab_size ", options.vocab_size),
+        "the features come from another tokenizer than the target model's");
+  if (!(s.loss_mask.eq(0) | s.loss_mask.eq(1)).all().item<bool>())
+    bad(where, "loss_mask has values other than 0 and 1", kRegenerate);
+  if (options.check_finite) {
+    if (!at::isfinite(s.hidden_state).all().item<bool>())
+      bad(where, "hidden_state contains NaN or Inf", kRegenerate);
+    if (!at::isfinite(s.aux_hidden_state).all().item<bool>())
+      bad(where, "aux_hidden_state contains NaN or Inf", kRegenerate);
+  }
+  return s;
+}
+
+RawSample read_ckpt_sample(const std::string& path, const DatasetOptions& options) {
+  std::vector<char> bytes;
+  {
+    std::ifstream in(path, std::ios::binary | std::ios::ate);
+    if (!in) bad(path, fsdp::str("cannot open (", std::strerror(errno), ")"), "check the path and permissions");
+    const auto size = in.tellg();
+    bytes.resize(static_cast<size_t>(size));
+    in.seekg(0);
+    if (size > 0 && !in.read(bytes.data(), size)) bad(path, "read failed", "check the file system");
+  }
+  if (bytes.size() < 4) bad(path, fsdp::str("file has only ", bytes.size(), " bytes"), kRegenerate);
+  if (!(bytes[0] == 'P' && bytes[1] == 'K')) {
+    if (static_cast<unsigned char>(bytes[0]) == 0x80)
+      bad(path, "legacy (non-zip) torch.save format",
+          "re-save it in Python with torch.save(obj, path) from torch >= 1.6 (zip format)");
+    bad(path, "not a torch.save zip archive (no zip signature)", kRegenerate);
+  }
+  c10::IValue v;
+  try {
+    v = torch::pickle_load(bytes);
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    if (const auto nl = what.find('\n'); nl != std::string::npos) what.resize(nl);
+    bad(path, "cannot load torch.save archive (truncated or corrupt?): " + what, kRegenerate);
+  }
+  if (!v.isGenericDict()) bad(path, fsdp::str("holds a ", v.tagKind(), ", expected a dict"), kRegenerate);
+  at::Tensor t[4];
+  const char* keys[4] = {"input_ids", "loss_mask", "hidden_state", "aux_hidden_state"};
+  std::string present;
+  for (const auto& kv : v.toGenericDict()) {
+    if (!kv.key().isString()) continue;
+    const std::string k = kv.key().toStringRef();
+    present += (present.empty() ? "" : ", ") + k;
+    for (int i = 0; i < 4; ++i) {
+      if (k != keys[i]) continue;
+      if (!kv.value().isTensor()) bad(path, fsdp::str("key '", k, "' is a ", kv.value().tagKind(), ", not a tensor"), kRegenerate);
+      t[i] = kv.value().toTensor();
+    }
+  }
+  for (int i = 0; i < 4; ++i)
+    if (!t[i].defined())
+      bad(path, fsdp::str("missing key '", keys[i], "' (keys present: ", present.empty() ? "none" : present, ")"),
+          kRegenerate);
+  return validate_sample(t[0], t[1], t[2], t[3], path, options);
+}
+
+}  // namespace fsdp::data

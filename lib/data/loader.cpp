@@ -1,0 +1,202 @@
+// Prefetching loader (loader.h). Workers claim micro-batch numbers in order, build them off the
+// trainer's thread and park them in a map keyed by batch number, so the trainer always receives
+// batches in sampler order whatever the thread count. Never reads past prefetch_depth batches
+// ahead of the trainer.
+#include "data/loader.h"
+
+#include <ATen/ATen.h>
+
+#include <sstream>
+
+#include "core/log.h"
+#include "core/timer.h"
+
+namespace fsdp::data {
+
+void LoaderOptions::validate() const {
+  FSDP_USAGE_CHECK(max_length >= 2, str("--max-length must be >= 2, got ", max_length), "");
+  FSDP_USAGE_CHECK(prefetch_threads >= 1 && prefetch_threads <= 64,
+                   str("--prefetch-threads must be in [1, 64], got ", prefetch_threads), "");
+  FSDP_USAGE_CHECK(prefetch_depth >= 1 && prefetch_depth <= 1024,
+                   str("--prefetch-depth must be in [1, 1024], got ", prefetch_depth), "");
+}
+
+DataLoader::DataLoader(std::shared_ptr<FeatureDataset> dataset, DistributedSampler sampler,
+                       LoaderOptions options)
+    : dataset_(std::move(dataset)), sampler_(std::move(sampler)), options_(options) {
+  options_.validate();
+  FSDP_CHECK(dataset_ && dataset_->size() == sampler_.num_samples(),
+             str("loader: sampler covers ", sampler_.num_samples(), " samples, dataset has ",
+                 dataset_ ? dataset_->size() : 0),
+             "");
+}
+
+DataLoader::~DataLoader() { stop_threads(); }
+
+void DataLoader::stop_threads() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  for (auto& t : threads_) t.join();
+  threads_.clear();
+}
+
+void DataLoader::start(SamplerState state) {
+  stop_threads();
+  FSDP_USAGE_CHECK(state.position >= 0 && state.position <= batches_per_epoch(),
+                   str("data position ", state.position, " is outside the epoch of ",
+                       batches_per_epoch(), " micro-batches"),
+                   "the checkpoint was written for another dataset, batch size or world size");
+  std::lock_guard<std::mutex> lock(mu_);
+  stop_ = false;
+  ++generation_;
+  epoch_ = state.epoch;
+  next_to_claim_ = next_to_return_ = state.position;
+  ready_.clear();
+  failed_.clear();
+  epoch_indices_ = sampler_.epoch_indices(epoch_);
+  for (int i = 0; i < options_.prefetch_threads; ++i) threads_.emplace_back([this, i] { worker(i); });
+}
+
+Batch DataLoader::build_batch(int64_t epoch, int64_t batch) {
+  const int64_t b = sampler_.micro_batch_size();
+  std::vector<Sample> samples;
+  std::vector<int64_t> bad_rows;
+  Batch out;
+  for (int64_t k = 0; k < b; ++k) {
+    const int64_t idx = epoch_indices_[batch * b + k];
+    out.sample_indices.push_back(idx);
+    try {
+      RawSample raw = dataset_->read(idx);
+      out.bytes_read += raw.nbytes();
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (hidden_size_ == 0) hidden_size_ = raw.hidden_size();
+      }
+      samples.push_back(process_sample(raw, options_.max_length));
+    } catch (const BadSampleError& e) {
+      if (!options_.skip_bad_samples) throw;
+      std::lock_guard<std::mutex> lock(mu_);
+      bad_.push_back({idx, dataset_->source(idx), e.message()});
+      bad_rows.push_back(k);
+      samples.emplace_back();  // filled below once the hidden size is known
+    }
+  }
+  if (!bad_rows.empty()) {
+    int64_t h = 0;
+    for (const auto& s : samples)
+      if (s.target_hidden.defined()) h = s.target_hidden.size(1);
+    if (h == 0) {
+      std::lock_guard<std::mutex> lock(mu_);
+      h = hidden_size_;
+    }
+    // A whole batch of bad samples before any good one: find H from the next readable sample.
+    for (int64_t i = 0; h == 0 && i < dataset_->size(); ++i) {
+      try {
+        h = dataset_->read(i).hidden_size();
+      } catch (const BadSampleError&) {
+      }
+    }
+    FSDP_USAGE_CHECK(h > 0, dataset_->root() + ": every sample is bad", "fix the hidden-state files");
+    for (int64_t k : bad_rows) samples[k] = empty_sample(h);
+  }
+  Batch collated = collate(samples, options_.pin_memory);
+  collated.sample_indices = std::move(out.sample_indices);
+  collated.bytes_read = out.bytes_read;
+  collated.num_skipped = static_cast<int64_t>(bad_rows.size());
+  collated.epoch = epoch;
+  collated.batch_index = batch;
+  return collated;
+}
+
+void DataLoader::worker(int id) {
+  std::unique_lock<std::mutex> lock(mu_);
+  const int64_t gen = generation_;
+  const int64_t total = batches_per_epoch();
+  while (true) {
+    cv_.wait(lock, [&] {
+      return stop_ || next_to_claim_ >= total ||
+             next_to_claim_ < next_to_return_ + options_.prefetch_depth;
+    });
+    if (stop_ || next_to_claim_ >= total) return;
+    const int64_t batch = next_to_claim_++;
+    const int64_t epoch = epoch_;
+    lock.unlock();
+    Stopwatch watch;
+    Batch result;
+    std::exception_ptr error;
+    try {
+      result = build_batch(epoch, batch);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    lock.lock();
+    if (generation_ != gen) return;
+    stats_.read_seconds += watch.seconds();
+    if (error) failed_[batch] = error;
+    else ready_[batch] = std::move(result);
+    cv_.notify_all();
+  }
+}
+
+std::optional<Batch> DataLoader::next() {
+  std::unique_lock<std::mutex> lock(mu_);
+  FSDP_CHECK(!threads_.empty() || next_to_return_ >= batches_per_epoch(),
+             "DataLoader::next() before start()", "call start({epoch, position}) first");
+  if (next_to_return_ >= batches_per_epoch()) return std::nullopt;
+  const int64_t want = next_to_return_;
+  Stopwatch watch;
+  cv_.wait(lock, [&] { return ready_.count(want) || failed_.count(want); });
+  const double waited = watch.seconds();
+  stats_.data_wait_seconds += waited;
+  wait_since_take_ += waited;
+  if (auto f = failed_.find(want); f != failed_.end()) {
+    std::exception_ptr e = f->second;
+    failed_.erase(f);
+    std::rethrow_exception(e);
+  }
+  Batch b = std::move(ready_[want]);
+  ready_.erase(want);
+  ++next_to_return_;
+  ++stats_.batches;
+  stats_.samples += b.batch_size() - b.num_skipped;
+  stats_.bad_samples += b.num_skipped;
+  stats_.bytes_read += b.bytes_read;
+  cv_.notify_all();
+  return b;
+}
+
+SamplerState DataLoader::state() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return {epoch_, next_to_return_};
+}
+
+LoaderStats DataLoader::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+double DataLoader::take_data_wait_seconds() {
+  std::lock_guard<std::mutex> lock(mu_);
+  const double w = wait_since_take_;
+  wait_since_take_ = 0;
+  return w;
+}
+
+std::vector<BadSampleRecord> DataLoader::bad_samples() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return bad_;
+}
+
+std::string DataLoader::bad_sample_summary() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (bad_.empty()) return "";
+  std::ostringstream os;
+  os << "skipped " << bad_.size() << " bad sample(s) (--skip-bad-samples):\n";
+  for (const auto& b : bad_) os << "  sample " << b.index << ": " << b.problem << "\n";
+  return os.str();
+}
+
+}  // namespace fsdp::data

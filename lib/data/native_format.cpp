@@ -1,0 +1,333 @@
+// Native feature shards: the mmap reader and the resumable, rank-parallel converter
+// (native_format.h). The converter never writes into the input tree and never publishes a shard
+// (its .done marker) before re-reading it and comparing every tensor with what it meant to write.
+#include "data/native_format.h"
+
+#include <ATen/ATen.h>
+
+#include <filesystem>
+#include <fstream>
+#include <list>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include "checkpoint/safetensors.h"
+#include "comm/communicator.h"
+#include "core/log.h"
+#include "core/timer.h"
+
+namespace fsdp::data {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using checkpoint::SafetensorsFile;
+
+namespace {
+
+const char* kTensorKeys[4] = {"input_ids", "loss_mask", "hidden_state", "aux_hidden_state"};
+
+std::string shard_name(int64_t k, const char* ext) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "shard_%05lld.%s", static_cast<long long>(k), ext);
+  return buf;
+}
+
+json read_json(const fs::path& p) {
+  std::ifstream in(p);
+  FSDP_USAGE_CHECK(in.good(), p.string() + ": cannot open", "check the path");
+  try {
+    return json::parse(in);
+  } catch (const json::exception& e) {
+    FSDP_USAGE_CHECK(false, p.string() + ": not valid JSON (" + e.what() + ")",
+                     "delete the native dataset and run `fsdp-train convert` again");
+  }
+}
+
+void write_json_atomic(const fs::path& p, const json& j) {
+  const std::string tmp = str(p.string(), ".tmp.", ::getpid());
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    FSDP_CHECK(out.good(), tmp + ": cannot create", "check that the directory is writable");
+    out << j.dump(1) << "\n";
+    FSDP_CHECK(out.good(), tmp + ": write failed", "check free disk space");
+  }
+  fs::rename(tmp, p);
+}
+
+class NativeDataset final : public FeatureDataset {
+ public:
+  NativeDataset(const std::string& dir, DatasetOptions options) : root_(dir), options_(options) {
+    const fs::path ip = fs::path(dir) / kNativeIndexFile;
+    const json j = read_json(ip);
+    const std::string where = ip.string();
+    auto need = [&](bool ok, const std::string& what) {
+      FSDP_USAGE_CHECK(ok, where + ": " + what, "re-run `fsdp-train convert` into an empty directory");
+    };
+    need(j.is_object() && j.value("format", "") == kNativeFormatName, "not a fsdp-train feature index");
+    need(j.value("version", 0) == kNativeFormatVersion,
+         str("format version ", j.value("version", 0), " is not supported (expected ",
+             kNativeFormatVersion, ")"));
+    need(j.contains("shards") && j["shards"].is_array() && j.contains("samples") &&
+             j["samples"].is_array(),
+         "missing shards or samples list");
+    hidden_size_ = j.value("hidden_size", int64_t{0});
+    if (options_.hidden_size > 0 && hidden_size_ > 0)
+      FSDP_USAGE_CHECK(hidden_size_ == options_.hidden_size,
+                       str(where, ": hidden size ", hidden_size_, " but the target has ", options_.hidden_size),
+                       "convert features produced by the same target model");
+    for (const auto& s : j["shards"]) shards_.push_back((fs::path(dir) / s.at("file").get<std::string>()).string());
+    for (const auto& s : j["samples"]) {
+      Entry e;
+      e.shard = s.at("shard").get<int64_t>();
+      e.length = s.value("length", int64_t{0});
+      e.source = s.value("source", "");
+      e.bad = s.value("bad", "");
+      need(e.shard >= 0 && e.shard < static_cast<int64_t>(shards_.size()),
+           str("sample ", entries_.size(), " names shard ", e.shard, " of ", shards_.size()));
+      entries_.push_back(std::move(e));
+    }
+  }
+
+  std::string format() const override { return "native"; }
+  int64_t size() const override { return static_cast<int64_t>(entries_.size()); }
+  const std::string& root() const override { return root_; }
+  std::string source(int64_t i) const override {
+    const auto& e = entries_.at(i);
+    return str(shards_[e.shard], "[", i, "]", e.source.empty() ? "" : " (from " + e.source + ")");
+  }
+
+  RawSample read(int64_t i) const override {
+    const auto [file, where] = locate(i);
+    at::Tensor t[4];
+    for (int k = 0; k < 4; ++k) t[k] = read_tensor(*file, i, kTensorKeys[k], where);
+    return validate_sample(t[0], t[1], t[2], t[3], where, options_);
+  }
+
+  TokenSample read_tokens(int64_t i) const override {
+    const auto [file, where] = locate(i);
+    RawSample s = validate_sample(read_tensor(*file, i, "input_ids", where),
+                                  read_tensor(*file, i, "loss_mask", where),
+                                  at::zeros({entries_[i].length, 1}, at::kBFloat16),
+                                  at::zeros({entries_[i].length, 3}, at::kBFloat16), where,
+                                  DatasetOptions{options_.vocab_size, 0, false});
+    return {s.input_ids, s.loss_mask};
+  }
+
+ private:
+  struct Entry {
+    int64_t shard = 0;
+    int64_t length = 0;
+    std::string source;
+    std::string bad;  // problem recorded by convert --skip-bad-samples
+  };
+
+  std::pair<std::shared_ptr<SafetensorsFile>, std::string> locate(int64_t i) const {
+    FSDP_CHECK(i >= 0 && i < size(), str("sample index ", i, " out of range [0, ", size(), ")"), "");
+    const Entry& e = entries_[i];
+    const std::string where = source(i);
+    if (!e.bad.empty())
+      throw BadSampleError(where + ": marked bad by convert: " + e.bad,
+                           "run with --skip-bad-samples, or fix the source file and convert again",
+                           __FILE__, __LINE__);
+    try {
+      return {shard(e.shard), where};
+    } catch (const UsageError& err) {
+      throw BadSampleError(err.message(), err.hint(), __FILE__, __LINE__);
+    }
+  }
+
+  at::Tensor read_tensor(const SafetensorsFile& f, int64_t i, const char* key,
+                         const std::string& where) const {
+    const std::string name = str(i, ".", key);
+    if (!f.contains(name))
+      throw BadSampleError(where + ": tensor '" + name + "' missing from the shard",
+                           "the shard does not match the index; convert again", __FILE__, __LINE__);
+    return f.read(name);
+  }
+
+  // Small LRU of mapped shards: mapping is cheap, but keeping every shard of a multi-TB dataset
+  // mapped would make resident memory look huge as pages are touched.
+  std::shared_ptr<SafetensorsFile> shard(int64_t k) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = open_.begin(); it != open_.end(); ++it) {
+      if (it->first == k) {
+        open_.splice(open_.begin(), open_, it);
+        return open_.front().second;
+      }
+    }
+    auto f = SafetensorsFile::open(shards_[k]);
+    ++files_opened_;
+    open_.emplace_front(k, f);
+    if (open_.size() > 8) open_.pop_back();
+    return f;
+  }
+
+  std::string root_;
+  DatasetOptions options_;
+  int64_t hidden_size_ = 0;
+  std::vector<std::string> shards_;
+  std::vector<Entry> entries_;
+  mutable std::mutex mu_;
+  mutable std::list<std::pair<int64_t, std::shared_ptr<SafetensorsFile>>> open_;
+};
+
+// A shard's .done marker matches the plan and the file on disk: same sources with the same sizes,
+// same file size, and the header holds every expected tensor with the recorded length.
+bool shard_is_complete(const fs::path& out, int64_t k, const std::vector<std::string>& files,
+                       int64_t first, int64_t end, const std::string& input_root) {
+  const fs::path marker = out / shard_name(k, "done");
+  const fs::path file = out / shard_name(k, "safetensors");
+  if (!fs::exists(marker) || !fs::exists(file)) return false;
+  try {
+    const json m = read_json(marker);
+    const auto& samples = m.at("samples");
+    if (static_cast<int64_t>(samples.size()) != end - first) return false;
+    if (m.at("bytes").get<uint64_t>() != fs::file_size(file)) return false;
+    auto f = SafetensorsFile::open(file.string());
+    for (int64_t j = first; j < end; ++j) {
+      const json& s = samples[j - first];
+      if (s.at("source").get<std::string>() != fs::relative(files[j], input_root).string() ||
+          s.at("source_bytes").get<uint64_t>() != fs::file_size(files[j]))
+        return false;
+      if (!s.value("bad", "").empty()) continue;
+      for (const char* key : kTensorKeys) {
+        const std::string name = str(j, ".", key);
+        if (!f->contains(name) || f->info(name).shape.at(0) != s.at("length").get<int64_t>())
+          return false;
+      }
+    }
+    return true;
+  } catch (const std::exception&) {
+    return false;  // unreadable marker or shard: convert it again
+  }
+}
+
+}  // namespace
+
+bool is_native_dataset(const std::string& dir) { return fs::exists(fs::path(dir) / kNativeIndexFile); }
+
+std::shared_ptr<FeatureDataset> open_native_dataset(const std::string& dir,
+                                                    const DatasetOptions& options) {
+  return std::make_shared<NativeDataset>(dir, options);
+}
+
+std::vector<std::pair<int64_t, int64_t>> plan_shards(const std::vector<std::string>& files,
+                                                     uint64_t shard_bytes) {
+  std::vector<std::pair<int64_t, int64_t>> plan;
+  int64_t first = 0;
+  uint64_t acc = 0;
+  for (int64_t i = 0; i < static_cast<int64_t>(files.size()); ++i) {
+    const uint64_t sz = fs::file_size(files[i]);
+    if (i > first && acc + sz > shard_bytes) {
+      plan.emplace_back(first, i);
+      first = i;
+      acc = 0;
+    }
+    acc += sz;
+  }
+  if (first < static_cast<int64_t>(files.size())) plan.emplace_back(first, files.size());
+  return plan;
+}
+
+ConvertReport convert_ckpt_to_native(const ConvertOptions& o, comm::Communicator* comm) {
+  Stopwatch watch;
+  const int rank = comm ? comm->rank() : 0, world = comm ? comm->size() : 1;
+  FSDP_USAGE_CHECK(!o.output.empty() && !o.input.empty(), "convert needs --input and --output", "");
+  FSDP_USAGE_CHECK(fs::weakly_canonical(o.input) != fs::weakly_canonical(o.output),
+                   "convert: --output must differ from --input", "");
+  FSDP_USAGE_CHECK(o.shard_bytes > 0, "--shard-size must be positive", "");
+  const auto files = list_ckpt_files(o.input);
+  FSDP_USAGE_CHECK(!files.empty(), o.input + ": no *.ckpt files found", "check --input");
+  const auto plan = plan_shards(files, o.shard_bytes);
+  const fs::path out(o.output);
+  fs::create_directories(out);
+
+  ConvertReport rep;
+  rep.shards_total = static_cast<int64_t>(plan.size());
+  for (int64_t k = rank; k < rep.shards_total; k += world) {
+    const auto [first, end] = plan[k];
+    if (!o.overwrite && shard_is_complete(out, k, files, first, end, o.input)) {
+      ++rep.shards_skipped;
+      continue;
+    }
+    checkpoint::NamedTensors tensors;
+    json samples = json::array();
+    std::vector<RawSample> kept;
+    int64_t hidden = 0;
+    for (int64_t j = first; j < end; ++j) {
+      json s = {{"source", fs::relative(files[j], o.input).string()},
+                {"source_bytes", fs::file_size(files[j])}};
+      try {
+        RawSample r = read_ckpt_sample(files[j], o.dataset);
+        FSDP_USAGE_CHECK(hidden == 0 || r.hidden_size() == hidden,
+                         str(files[j], ": hidden size ", r.hidden_size(), " differs from ", hidden,
+                             " in the same dataset"),
+                         "all features must come from one target model");
+        hidden = r.hidden_size();
+        s["length"] = r.length();
+        for (int i = 0; i < 4; ++i) {
+          const at::Tensor& t = i == 0 ? r.input_ids : i == 1 ? r.loss_mask : i == 2 ? r.hidden_state : r.aux_hidden_state;
+          tensors.emplace_back(str(j, ".", kTensorKeys[i]), t);
+        }
+        kept.push_back(std::move(r));
+      } catch (const BadSampleError& e) {
+        if (!o.skip_bad_samples) throw;
+        s["length"] = 0;
+        s["bad"] = e.message();
+        rep.bad_sample_lines.push_back(e.message());
+      }
+      samples.push_back(std::move(s));
+    }
+    const fs::path file = out / shard_name(k, "safetensors");
+    const uint64_t bytes = checkpoint::write_safetensors(
+        file.string(), tensors,
+        {{"format", kNativeFormatName}, {"version", std::to_string(kNativeFormatVersion)},
+         {"first_sample", std::to_string(first)}, {"num_samples", std::to_string(end - first)}});
+    // Verify: re-read every tensor through the reader and compare with what was meant.
+    auto f = SafetensorsFile::open(file.string());
+    for (const auto& [name, t] : tensors) {
+      FSDP_CHECK(f->contains(name) && at::equal(f->read(name), t),
+                 file.string() + ": verification failed for tensor '" + name + "'",
+                 "the disk or file system corrupts data; check it, then run convert again");
+    }
+    write_json_atomic(out / shard_name(k, "done"),
+                      {{"shard", k}, {"bytes", bytes}, {"hidden_size", hidden}, {"samples", samples}});
+    ++rep.shards_written;
+    rep.samples_written += static_cast<int64_t>(kept.size());
+    rep.bytes_written += bytes;
+    FSDP_LOG(kInfo) << "convert: wrote " << file.string() << " (" << kept.size() << " samples, "
+                    << (bytes >> 20) << " MiB)";
+  }
+  if (comm) comm->barrier();
+
+  // Every rank reads all markers (small JSON) for the totals; rank 0 writes the index.
+  json shards = json::array(), samples = json::array();
+  int64_t hidden = 0;
+  for (int64_t k = 0; k < rep.shards_total; ++k) {
+    const json m = read_json(out / shard_name(k, "done"));
+    shards.push_back({{"file", shard_name(k, "safetensors")}, {"first_sample", plan[k].first},
+                      {"num_samples", plan[k].second - plan[k].first}, {"bytes", m.at("bytes")}});
+    if (m.value("hidden_size", int64_t{0}) > 0) hidden = m["hidden_size"].get<int64_t>();
+    for (const auto& s : m.at("samples")) {
+      json e = {{"shard", k}, {"length", s.at("length")}, {"source", s.at("source")}};
+      if (!s.value("bad", "").empty()) {
+        e["bad"] = s["bad"];
+        ++rep.bad_samples;
+      }
+      samples.push_back(std::move(e));
+    }
+  }
+  if (rank == 0) {
+    write_json_atomic(out / kNativeIndexFile,
+                      {{"format", kNativeFormatName}, {"version", kNativeFormatVersion},
+                       {"hidden_size", hidden}, {"num_samples", samples.size()},
+                       {"source", fs::weakly_canonical(o.input).string()},
+                       {"shards", shards}, {"samples", samples}});
+  }
+  if (comm) comm->barrier();
+  rep.seconds = watch.seconds();
+  return rep;
+}
+
+}  // namespace fsdp::data

@@ -1,0 +1,212 @@
+// Synthetic target checkpoint and SpecForge-format features with learnable structure
+// (toy_data.h; construction documented in docs/data.md). Deterministic from the seed.
+#include "data/toy_data.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/serialize.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "checkpoint/safetensors.h"
+#include "core/error.h"
+
+namespace fsdp::data {
+
+namespace fs = std::filesystem;
+using json = nlohmann::ordered_json;
+
+void ToyDataOptions::validate() const {
+  FSDP_USAGE_CHECK(!out_dir.empty(), "gen-toy-data: --out is required", "");
+  FSDP_USAGE_CHECK(num_samples >= 1, "--num-samples must be >= 1", "");
+  FSDP_USAGE_CHECK(min_len >= 2 && max_len >= min_len,
+                   str("--min-len/--max-len: need 2 <= min <= max, got ", min_len, "/", max_len), "");
+  FSDP_USAGE_CHECK(hidden_size >= 8 && hidden_size % 8 == 0,
+                   str("--hidden-size must be a multiple of 8 and >= 8, got ", hidden_size), "");
+  FSDP_USAGE_CHECK(vocab_size >= 16, str("--vocab-size must be >= 16, got ", vocab_size), "");
+  FSDP_USAGE_CHECK(draft_vocab_size >= 1 && draft_vocab_size <= vocab_size,
+                   str("--draft-vocab-size must be in [1, vocab size], got ", draft_vocab_size), "");
+  FSDP_USAGE_CHECK(successors >= 1 && successors <= 64, "--successors must be in [1, 64]", "");
+  FSDP_USAGE_CHECK(samples_per_dir >= 1, "--samples-per-dir must be >= 1", "");
+}
+
+namespace {
+
+void write_text(const fs::path& p, const std::string& text) {
+  std::ofstream out(p, std::ios::trunc);
+  FSDP_CHECK(out.good(), p.string() + ": cannot create", "check that --out is writable");
+  out << text;
+  FSDP_CHECK(out.good(), p.string() + ": write failed", "check free disk space");
+}
+
+// Each row scaled to RMS 1, like the output of an RMSNorm with unit weight.
+at::Tensor rms_normalize(const at::Tensor& x) {
+  return x * at::rsqrt(x.pow(2).mean(-1, true) + 1e-6);
+}
+
+struct Chain {
+  at::Tensor succ;                // int64 [V,K] successor ids
+  std::vector<double> probs;      // [K] probability of each successor slot
+  std::vector<double> start;      // [V] start-token weights (Zipf over a random popularity order)
+};
+
+Chain make_chain(const ToyDataOptions& o, at::Generator& gen) {
+  const int64_t v = o.vocab_size, k = o.successors;
+  // Zipf-like popularity over a random order of ids, so frequent ids are scattered over the
+  // vocabulary (the vocab mapping then has real work to do).
+  at::Tensor rank_of = at::randperm(v, gen, at::TensorOptions().dtype(at::kLong));
+  at::Tensor weight = 1.0 / (rank_of.to(at::kDouble) + 10.0);
+  Chain c;
+  c.succ = at::multinomial(weight, v * k, /*replacement=*/true, gen).view({v, k});
+  double z = 0;
+  for (int64_t i = 0; i < k; ++i) z += std::pow(0.5, static_cast<double>(i));
+  for (int64_t i = 0; i < k; ++i) c.probs.push_back(std::pow(0.5, static_cast<double>(i)) / z);
+  const double* w = weight.data_ptr<double>();
+  c.start.assign(w, w + v);
+  return c;
+}
+
+}  // namespace
+
+ToyDataPaths generate_toy_data(const ToyDataOptions& o) {
+  o.validate();
+  const int64_t v = o.vocab_size, h = o.hidden_size, k = o.successors;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(o.seed);
+  std::mt19937_64 rng(o.seed ^ 0x9e3779b97f4a7c15ull);
+  const Chain chain = make_chain(o, gen);
+  const auto f32 = at::TensorOptions().dtype(at::kFloat);
+
+  // Target head: unit-norm random rows; embedding: random rows of RMS 1.
+  at::Tensor lm_head = at::randn({v, h}, gen, f32);
+  lm_head = lm_head / lm_head.norm(2, 1, true);
+  at::Tensor embed = at::randn({v, h}, gen, f32);
+  // q[v] = sum_k p_k lm_head[succ[v,k]]: the direction whose logits peak at v's likely successors.
+  at::Tensor probs = at::tensor(std::vector<float>(chain.probs.begin(), chain.probs.end()), f32);
+  at::Tensor q = (lm_head.index_select(0, chain.succ.reshape(-1)).view({v, k, h}) *
+                  probs.view({1, k, 1})).sum(1);
+  const double s = 1.0 / std::sqrt(static_cast<double>(h));
+  at::Tensor r_ctx = at::randn({h, h}, gen, f32) * s;
+  at::Tensor a_low = at::randn({h, h}, gen, f32) * s;
+  at::Tensor a_mid = at::randn({h, h}, gen, f32) * s;
+  at::Tensor a_mix = at::randn({h, h}, gen, f32) * s;
+  at::Tensor a_high = at::randn({h, h}, gen, f32) * s;
+
+  ToyDataPaths paths;
+  const fs::path root(o.out_dir);
+  paths.target_model_dir = (root / "target").string();
+  paths.draft_config = (root / "draft_config.json").string();
+  paths.hidden_states_dir = (root / "hidden_states").string();
+  fs::create_directories(paths.target_model_dir);
+  fs::create_directories(paths.hidden_states_dir);
+
+  // Target checkpoint: two shards plus index; only embedding and lm_head matter, the layer
+  // tensors exist so readers must pick the right ones out of a multi-file checkpoint.
+  const auto bf = [](const at::Tensor& t) { return t.to(at::kBFloat16); };
+  checkpoint::NamedTensors shard1 = {
+      {"model.embed_tokens.weight", bf(embed)},
+      {"model.layers.0.input_layernorm.weight", bf(at::ones({h}, f32))},
+      {"model.layers.0.self_attn.q_proj.weight", bf(at::randn({h, h}, gen, f32) * s)}};
+  checkpoint::NamedTensors shard2 = {
+      {"model.layers.1.input_layernorm.weight", bf(at::ones({h}, f32))},
+      {"model.layers.1.self_attn.q_proj.weight", bf(at::randn({h, h}, gen, f32) * s)},
+      {"model.norm.weight", bf(at::ones({h}, f32))},
+      {"lm_head.weight", bf(lm_head)}};
+  const char* names[2] = {"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"};
+  json weight_map = json::object();
+  uint64_t total = 0;
+  for (int i = 0; i < 2; ++i) {
+    const auto& tensors = i == 0 ? shard1 : shard2;
+    checkpoint::write_safetensors((fs::path(paths.target_model_dir) / names[i]).string(), tensors,
+                                  {{"format", "pt"}});
+    for (const auto& [name, t] : tensors) {
+      weight_map[name] = names[i];
+      total += t.numel() * t.element_size();
+    }
+  }
+  write_text(fs::path(paths.target_model_dir) / "model.safetensors.index.json",
+             json{{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}}.dump(2) + "\n");
+  const int64_t heads = std::max<int64_t>(1, h / 32);
+  const int64_t max_pos = std::max<int64_t>(2048, o.max_len + 64);
+  write_text(fs::path(paths.target_model_dir) / "config.json",
+             json{{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"},
+                  {"hidden_size", h}, {"intermediate_size", 2 * h}, {"num_attention_heads", heads},
+                  {"num_key_value_heads", heads}, {"num_hidden_layers", 2}, {"vocab_size", v},
+                  {"rms_norm_eps", 1e-5}, {"max_position_embeddings", max_pos},
+                  {"tie_word_embeddings", false}, {"torch_dtype", "bfloat16"},
+                  {"fsdp_train_toy", true}}.dump(2) + "\n");
+  write_text(paths.draft_config,
+             json{{"architectures", {"LlamaForCausalLMEagle3"}}, {"model_type", "llama"},
+                  {"hidden_size", h}, {"intermediate_size", 2 * h},
+                  {"num_attention_heads", heads}, {"num_key_value_heads", std::max<int64_t>(1, heads / 2)},
+                  {"head_dim", h / heads}, {"num_hidden_layers", 1}, {"vocab_size", v},
+                  {"draft_vocab_size", o.draft_vocab_size}, {"rms_norm_eps", 1e-5},
+                  {"max_position_embeddings", max_pos}, {"rope_theta", 10000.0},
+                  {"rope_scaling", nullptr}, {"hidden_act", "silu"}, {"pad_token_id", 0},
+                  {"tie_word_embeddings", false}, {"torch_dtype", "bfloat16"}}.dump(2) + "\n");
+
+  // Features. Tokens follow the chain; hidden_state[t] is a normalised mix of q[tok_t] (which
+  // makes the target head predict tok_{t+1}), a random projection of q[tok_{t-1}] (context)
+  // and noise; aux layers are small random networks of the embedding and of hidden_state.
+  std::discrete_distribution<int64_t> start(chain.start.begin(), chain.start.end());
+  std::discrete_distribution<int64_t> pick(chain.probs.begin(), chain.probs.end());
+  std::uniform_int_distribution<int64_t> len_dist(o.min_len, o.max_len);
+  const int64_t* succ = chain.succ.data_ptr<int64_t>();
+  for (int64_t i = 0; i < o.num_samples; ++i) {
+    const int64_t n = len_dist(rng);
+    at::Tensor ids = at::empty({n}, at::kLong);
+    int64_t* p = ids.data_ptr<int64_t>();
+    p[0] = start(rng);
+    for (int64_t t = 1; t < n; ++t) p[t] = succ[p[t - 1] * k + pick(rng)];
+    std::uniform_int_distribution<int64_t> prompt_dist(1, std::max<int64_t>(1, n / 3));
+    at::Tensor mask = at::ones({n}, at::kLong);
+    mask.narrow(0, 0, prompt_dist(rng)).zero_();
+
+    at::Tensor qt = q.index_select(0, ids);
+    at::Tensor prev = at::cat({at::zeros({1, h}, f32), qt.narrow(0, 0, n - 1)});
+    at::Tensor hidden = rms_normalize(qt * std::sqrt(static_cast<double>(h)) +
+                                      0.3 * at::tanh(at::matmul(prev, r_ctx)) * std::sqrt(static_cast<double>(h)) +
+                                      0.2 * at::randn({n, h}, gen, f32));
+    at::Tensor low = rms_normalize(at::tanh(at::matmul(embed.index_select(0, ids), a_low)));
+    at::Tensor mid = rms_normalize(at::tanh(at::matmul(low, a_mid) + at::matmul(hidden, a_mix)));
+    at::Tensor high = rms_normalize(hidden + 0.5 * at::tanh(at::matmul(mid, a_high)));
+
+    c10::Dict<std::string, at::Tensor> d;
+    d.insert("input_ids", ids);
+    d.insert("loss_mask", mask);
+    d.insert("hidden_state", bf(hidden).unsqueeze(0));
+    d.insert("aux_hidden_state", bf(at::cat({low, mid, high}, 1)).unsqueeze(0));
+    const int64_t a = (i / o.samples_per_dir) * o.samples_per_dir;
+    const fs::path dir = fs::path(paths.hidden_states_dir) / str("rows_", a, "-", a + o.samples_per_dir);
+    fs::create_directories(dir);
+    const std::vector<char> bytes = torch::pickle_save(c10::IValue(d));
+    std::ofstream out(dir / str("data_", i, ".ckpt"), std::ios::binary | std::ios::trunc);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    FSDP_CHECK(out.good(), (dir / str("data_", i, ".ckpt")).string() + ": write failed",
+               "check free disk space");
+    paths.feature_bytes += bytes.size();
+  }
+
+  // The best possible next-token accuracy of a model that knows the chain: the top successor's
+  // probability (duplicate successors add up), averaged over tokens weighted by popularity.
+  double best = 0;
+  for (int64_t t = 0; t < v; ++t) {
+    std::map<int64_t, double> m;
+    for (int64_t j = 0; j < k; ++j) m[succ[t * k + j]] += chain.probs[j];
+    double top = 0;
+    for (const auto& [id, pr] : m) top = std::max(top, pr);
+    best += top / static_cast<double>(v);
+  }
+  write_text(root / "toy_data.json",
+             json{{"num_samples", o.num_samples}, {"min_len", o.min_len}, {"max_len", o.max_len},
+                  {"hidden_size", h}, {"vocab_size", v}, {"draft_vocab_size", o.draft_vocab_size},
+                  {"successors", k}, {"seed", o.seed}, {"chain_top1_accuracy", best},
+                  {"target_model_dir", paths.target_model_dir}, {"draft_config", paths.draft_config},
+                  {"hidden_states_dir", paths.hidden_states_dir}}.dump(2) + "\n");
+  return paths;
+}
+
+}  // namespace fsdp::data

@@ -1,0 +1,175 @@
+// Draft vocabulary mapping: counting, selection, SpecForge file I/O and the cache
+// (vocab_mapping.h, spec section 2).
+#include "data/vocab_mapping.h"
+
+#include <ATen/ATen.h>
+#include <torch/serialize.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+
+#include "comm/communicator.h"
+#include "core/log.h"
+
+namespace fsdp::data {
+
+namespace fs = std::filesystem;
+
+at::Tensor VocabMapping::used_ids() const {
+  return d2t + at::arange(d2t.size(0), d2t.options());
+}
+
+VocabMapping mapping_from_counts(const at::Tensor& counts_in, int64_t vd) {
+  const at::Tensor counts = counts_in.to(at::kLong).contiguous();
+  const int64_t v = counts.size(0);
+  FSDP_USAGE_CHECK(vd >= 1 && vd <= v,
+                   fsdp::str("draft_vocab_size ", vd, " must be in [1, vocab_size ", v, "]"),
+                   "fix draft_vocab_size in the draft config");
+  const int64_t* c = counts.data_ptr<int64_t>();
+  std::vector<int64_t> order(v);
+  std::iota(order.begin(), order.end(), 0);
+  // Most frequent first, ties by smaller id; ids that never occur (count 0) then come in
+  // ascending order, which is exactly "fill with the smallest unused ids".
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return c[a] > c[b]; });
+  std::vector<int64_t> used(order.begin(), order.begin() + vd);
+  std::sort(used.begin(), used.end());
+  VocabMapping m;
+  m.d2t = at::empty({vd}, at::kLong);
+  m.t2d = at::zeros({v}, at::kBool);
+  auto* d = m.d2t.data_ptr<int64_t>();
+  auto* t = m.t2d.data_ptr<bool>();
+  for (int64_t j = 0; j < vd; ++j) {
+    d[j] = used[j] - j;
+    t[used[j]] = true;
+  }
+  return m;
+}
+
+at::Tensor count_loss_tokens(const FeatureDataset& dataset, int64_t vocab_size, int64_t max_length,
+                             comm::Communicator* comm) {
+  const int rank = comm ? comm->rank() : 0, world = comm ? comm->size() : 1;
+  at::Tensor counts = at::zeros({vocab_size}, at::kLong);
+  for (int64_t i = rank; i < dataset.size(); i += world) {
+    TokenSample s;
+    try {
+      s = dataset.read_tokens(i);
+    } catch (const BadSampleError& e) {
+      // Bad samples never reach training (the run stops or skips them), so they are not
+      // counted; the loader reports them again with the run's own policy.
+      FSDP_LOG(kWarn) << "vocab mapping: not counting " << e.message();
+      continue;
+    }
+    const int64_t n = std::min<int64_t>(s.input_ids.size(0), max_length);
+    at::Tensor ids = s.input_ids.narrow(0, 0, n).masked_select(s.loss_mask.narrow(0, 0, n).eq(1));
+    if (ids.numel() == 0) continue;
+    const int64_t hi = ids.max().item<int64_t>();
+    FSDP_USAGE_CHECK(hi < vocab_size,
+                     fsdp::str(dataset.source(i), ": token id ", hi, " >= vocab_size ", vocab_size),
+                     "the features come from another tokenizer than the target model's");
+    counts += at::bincount(ids, {}, vocab_size);
+  }
+  if (comm && world > 1) comm->all_reduce(counts, comm::ReduceOp::kSum)->wait();
+  return counts;
+}
+
+VocabMapping load_vocab_mapping(const std::string& path, int64_t v, int64_t vd) {
+  std::vector<char> bytes;
+  {
+    std::ifstream in(path, std::ios::binary | std::ios::ate);
+    FSDP_USAGE_CHECK(in.good(), path + ": cannot open vocab mapping file", "check --vocab-mapping-path");
+    bytes.resize(static_cast<size_t>(in.tellg()));
+    in.seekg(0);
+    in.read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  }
+  c10::IValue iv;
+  try {
+    iv = torch::pickle_load(bytes);
+  } catch (const std::exception& e) {
+    FSDP_USAGE_CHECK(false, path + ": not a torch.save file with {d2t, t2d}",
+                     "pass a file written by SpecForge (torch.save({'d2t':..., 't2d':...}))");
+  }
+  FSDP_USAGE_CHECK(iv.isGenericDict(), path + ": holds no dict", "expected torch.save({'d2t', 't2d'})");
+  VocabMapping m;
+  for (const auto& kv : iv.toGenericDict()) {
+    if (!kv.key().isString() || !kv.value().isTensor()) continue;
+    if (kv.key().toStringRef() == "d2t") m.d2t = kv.value().toTensor();
+    if (kv.key().toStringRef() == "t2d") m.t2d = kv.value().toTensor();
+  }
+  FSDP_USAGE_CHECK(m.d2t.defined() && m.t2d.defined(), path + ": needs tensors 'd2t' and 't2d'", "");
+  FSDP_USAGE_CHECK(m.d2t.dim() == 1 && m.d2t.size(0) == vd,
+                   fsdp::str(path, ": d2t has shape ", m.d2t.sizes(), ", expected [", vd, "] (draft_vocab_size)"),
+                   "the mapping was built for another draft vocabulary size");
+  FSDP_USAGE_CHECK(m.t2d.dim() == 1 && m.t2d.size(0) == v,
+                   fsdp::str(path, ": t2d has shape ", m.t2d.sizes(), ", expected [", v, "] (vocab_size)"),
+                   "the mapping was built for another target vocabulary");
+  m.d2t = m.d2t.to(at::kLong).contiguous();
+  m.t2d = m.t2d.to(at::kBool).contiguous();
+  const at::Tensor used = m.used_ids();
+  const bool ok = used.min().item<int64_t>() >= 0 && used.max().item<int64_t>() < v &&
+                  (vd == 1 || (used.narrow(0, 1, vd - 1) > used.narrow(0, 0, vd - 1)).all().item<bool>()) &&
+                  m.t2d.sum().item<int64_t>() == vd && m.t2d.index_select(0, used).all().item<bool>();
+  FSDP_USAGE_CHECK(ok, path + ": d2t and t2d disagree (t2d must be true exactly at j + d2t[j], ascending)",
+                   "regenerate the mapping file");
+  return m;
+}
+
+void save_vocab_mapping(const std::string& path, const VocabMapping& m) {
+  c10::Dict<std::string, at::Tensor> dict;
+  dict.insert("d2t", m.d2t);
+  dict.insert("t2d", m.t2d);
+  const std::vector<char> bytes = torch::pickle_save(c10::IValue(dict));
+  const std::string tmp = fsdp::str(path, ".tmp.", ::getpid());
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    FSDP_CHECK(out.good(), tmp + ": cannot create", "check that --cache-dir is writable");
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    FSDP_CHECK(out.good(), tmp + ": write failed", "check free disk space");
+  }
+  fs::rename(tmp, path);
+}
+
+std::string vocab_cache_file(const std::string& data_path, int64_t max_length, int64_t v, int64_t vd) {
+  const std::string key = fsdp::str(fs::weakly_canonical(data_path).string(), "|max_length=", max_length,
+                              "|vocab_size=", v, "|draft_vocab_size=", vd);
+  uint64_t h = 1469598103934665603ull;  // FNV-1a: stable across compilers and runs
+  for (unsigned char ch : key) h = (h ^ ch) * 1099511628211ull;
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "vocab_mapping_%016llx.pt", static_cast<unsigned long long>(h));
+  return buf;
+}
+
+VocabMapping build_vocab_mapping(const FeatureDataset& dataset, const VocabMappingOptions& o,
+                                 comm::Communicator* comm) {
+  FSDP_USAGE_CHECK(o.vocab_size > 0 && o.draft_vocab_size > 0,
+                   "vocab mapping needs vocab_size and draft_vocab_size", "check the draft config");
+  if (!o.mapping_path.empty()) return load_vocab_mapping(o.mapping_path, o.vocab_size, o.draft_vocab_size);
+  std::string cache;
+  if (!o.cache_dir.empty()) {
+    cache = (fs::path(o.cache_dir) / "vocab_mapping" /
+             vocab_cache_file(dataset.root(), o.max_length, o.vocab_size, o.draft_vocab_size))
+                .string();
+    // Every rank sees the same file system state here: either all load or all compute.
+    if (comm) comm->barrier();
+    if (fs::exists(cache)) {
+      FSDP_LOG0(kInfo) << "vocab mapping: using cache " << cache;
+      return load_vocab_mapping(cache, o.vocab_size, o.draft_vocab_size);
+    }
+    if (comm) comm->barrier();
+  }
+  const at::Tensor counts = count_loss_tokens(dataset, o.vocab_size, o.max_length, comm);
+  VocabMapping m = mapping_from_counts(counts, o.draft_vocab_size);
+  const int64_t distinct = counts.gt(0).sum().item<int64_t>();
+  FSDP_LOG0(kInfo) << "vocab mapping: " << distinct << " distinct loss tokens, keeping "
+                   << o.draft_vocab_size << " of " << o.vocab_size;
+  if (!cache.empty() && (!comm || comm->rank() == 0)) {
+    fs::create_directories(fs::path(cache).parent_path());
+    save_vocab_mapping(cache, m);
+  }
+  return m;
+}
+
+}  // namespace fsdp::data
