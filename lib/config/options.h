@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -83,6 +84,7 @@ class TrainOptionsBinding {
  private:
   friend void add_train_options(CLI::App& app, TrainOptionsBinding* binding);
   std::vector<std::pair<const OptionSpec*, CLI::Option*>> options_;
+  std::shared_ptr<void> storage_;  // what CLI11 writes into; lives as long as the binding
 };
 
 // Adds every option of the table to `app` (root or subcommand), grouped as in the docs. Options

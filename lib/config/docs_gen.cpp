@@ -1,0 +1,126 @@
+// Markdown generated from the option table (options.h): the whole of docs/configuration.md and
+// the flag reference inside docs/usage.md. A unit test fails when the checked-in files differ;
+// FSDP_UPDATE_DOCS=1 makes that test rewrite them. Never hand-edit the generated parts.
+#include <sstream>
+
+#include "config/options.h"
+
+namespace fsdp::config {
+
+namespace {
+
+std::string kind_text(const OptionSpec& s) {
+  switch (s.kind) {
+    case OptionKind::kString: return "text";
+    case OptionKind::kPath: return "path";
+    case OptionKind::kInt: return "integer";
+    case OptionKind::kFloat: return "number";
+    case OptionKind::kBool: return "bool";
+    case OptionKind::kOptInt: return "integer or none";
+    case OptionKind::kOptFloat: return "number or none";
+    case OptionKind::kResume: return "auto, none or path";
+    case OptionKind::kEnum:
+    case OptionKind::kList: {
+      std::string t = s.kind == OptionKind::kList ? "list of " : "";
+      for (size_t i = 0; i < s.choices.size(); ++i) t += (i ? ", " : "") + s.choices[i];
+      return t;
+    }
+  }
+  return "";
+}
+
+// Pipes inside table cells would split the cell.
+std::string cell(std::string s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '|') out += "\\|";
+    else out += c;
+  }
+  return out;
+}
+
+std::string default_cell(const OptionSpec& s) {
+  if (s.secret || s.cli_only) return "-";
+  return "`" + s.default_text() + "`";
+}
+
+}  // namespace
+
+std::string configuration_markdown() {
+  std::ostringstream os;
+  os << "# Configuration reference\n\n"
+     << "<!-- Generated from lib/config/option_table.cpp by the unit test config.docs "
+        "(FSDP_UPDATE_DOCS=1 build/unit_config \"[#docs]\" --filenames-as-tags). Do not edit. "
+        "-->\n\n"
+     << "Every option of `fsdp-train` is one row of a single table in the source. The same row "
+        "gives the command-line flag, the YAML key, the `--help` text and the entry in the "
+        "effective configuration that each run prints and saves (`config.yaml` and "
+        "`config.json` in the output directory and in every checkpoint).\n\n"
+     << "## How values are combined\n\n"
+     << "1. Built-in defaults (the tables below).\n"
+     << "2. `--config FILE.yaml`: a flat mapping of keys to values.\n"
+     << "3. `--deepspeed ds_config.json`: translated key by key "
+        "(see [migration-from-deepspeed.md](migration-from-deepspeed.md)). A ds_config value "
+        "that contradicts a flag or YAML key you set explicitly is an error naming both; write "
+        "`\"auto\"` in the ds_config to take fsdp-train's value.\n"
+     << "4. Flags on the command line win over everything else.\n\n"
+     << "## YAML keys\n\n"
+     << "The YAML key is the flag name without the leading dashes, with `-` replaced by `_`: "
+        "`--draft-micro-batch-size 2` is `draft_micro_batch_size: 2`. The dashed spelling "
+        "(`draft-micro-batch-size: 2`) is accepted too; saved files always use underscores. "
+        "Keys are flat (no nesting). An unknown key stops the run with the file name, the line "
+        "and the closest known key. Optional numbers take `null` (or `none`) for \"unset\"; "
+        "lists take a YAML sequence (`report_to: [tensorboard, wandb]`). `--config` and "
+        "`--wandb-key` exist only on the command line (a key must never sit in a file: prefer "
+        "the `WANDB_API_KEY` environment variable).\n\n"
+     << "A saved `config.yaml` is a valid `--config` file: "
+        "`fsdp-train --config outputs/run1/config.yaml` repeats a run.\n";
+  std::string group;
+  for (const auto& spec : option_table()) {
+    if (spec.group != group) {
+      group = spec.group;
+      os << "\n## " << group << "\n\n"
+         << "| YAML key | flag | type | default | meaning |\n"
+         << "|---|---|---|---|---|\n";
+    }
+    os << "| " << (spec.cli_only ? "-" : "`" + spec.yaml_key() + "`") << " | `" << spec.flag()
+       << "` | " << cell(kind_text(spec)) << " | " << cell(default_cell(spec)) << " | "
+       << cell(spec.help) << " |\n";
+  }
+  return os.str();
+}
+
+std::string usage_flags_markdown() {
+  std::ostringstream os;
+  std::string group;
+  for (const auto& spec : option_table()) {
+    if (spec.group != group) {
+      group = spec.group;
+      os << "\n#### " << group << "\n\n";
+    }
+    os << "- `" << spec.flag();
+    switch (spec.kind) {
+      case OptionKind::kBool: os << "[=true|false]"; break;
+      case OptionKind::kResume: os << " [auto|none|PATH]"; break;
+      case OptionKind::kList: os << " SINK..."; break;
+      case OptionKind::kEnum: {
+        os << " {";
+        for (size_t i = 0; i < spec.choices.size(); ++i) os << (i ? "," : "") << spec.choices[i];
+        os << "}";
+        break;
+      }
+      case OptionKind::kInt:
+      case OptionKind::kOptInt: os << " N"; break;
+      case OptionKind::kFloat:
+      case OptionKind::kOptFloat: os << " X"; break;
+      case OptionKind::kPath: os << " PATH"; break;
+      case OptionKind::kString: os << " TEXT"; break;
+    }
+    os << "`: " << spec.help;
+    if (!spec.secret && !spec.cli_only) os << " (default `" << spec.default_text() << "`)";
+    os << "\n";
+  }
+  return os.str();
+}
+
+}  // namespace fsdp::config

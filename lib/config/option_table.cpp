@@ -1,0 +1,467 @@
+// The option table itself (options.h): one row per option, bound to its TrainConfig field. The
+// defaults live in train_config.h's member initialisers and are read back from a default
+// TrainConfig, so help, docs and the struct cannot disagree. Never add an option elsewhere.
+#include <algorithm>
+#include <type_traits>
+
+#include "config/options.h"
+#include "config/value_parse.h"
+#include "core/error.h"
+
+namespace fsdp::config {
+
+using detail::format_float;
+using detail::is_null_text;
+using detail::parse_bool;
+using detail::parse_float;
+using detail::parse_int;
+
+namespace {
+
+template <class E>
+struct EnumNames;
+template <>
+struct EnumNames<ShardingStrategy> {
+  static constexpr const char* names[] = {"full_shard", "shard_grad_op", "no_shard",
+                                          "hybrid_shard"};
+};
+template <>
+struct EnumNames<Precision> {
+  static constexpr const char* names[] = {"bf16", "fp32"};
+};
+template <>
+struct EnumNames<LossNormalization> {
+  static constexpr const char* names[] = {"batch", "tokens"};
+};
+template <>
+struct EnumNames<DeviceKind> {
+  static constexpr const char* names[] = {"auto", "cpu", "cuda"};
+};
+template <>
+struct EnumNames<LrScheduler> {
+  static constexpr const char* names[] = {"cosine", "linear", "constant"};
+};
+
+template <class E>
+std::vector<std::string> enum_choices() {
+  return {std::begin(EnumNames<E>::names), std::end(EnumNames<E>::names)};
+}
+
+std::string one_of(const std::vector<std::string>& choices) {
+  std::string s;
+  for (size_t i = 0; i < choices.size(); ++i) s += (i ? ", " : "") + choices[i];
+  return s;
+}
+
+template <class T>
+using Accessor = T& (*)(TrainConfig&);
+
+// Builds set/get for a field of type T. `kind` distinguishes kString from kPath.
+template <class T>
+OptionSpec row(std::string name, OptionKind kind, std::string group, std::string help,
+               Accessor<T> acc) {
+  OptionSpec s;
+  s.name = std::move(name);
+  s.kind = kind;
+  s.group = std::move(group);
+  s.help = std::move(help);
+  auto cacc = [acc](const TrainConfig& c) -> const T& { return acc(const_cast<TrainConfig&>(c)); };
+  if constexpr (std::is_enum_v<T>) {
+    s.choices = enum_choices<T>();
+    const auto choices = s.choices;
+    s.set = [acc, choices](TrainConfig& c, const OptionValue& v, const std::string& src) {
+      const std::string t = detail::to_lower(v.text);
+      for (size_t i = 0; i < choices.size(); ++i) {
+        if (t == choices[i]) {
+          acc(c) = static_cast<T>(i);
+          return;
+        }
+      }
+      FSDP_USAGE_CHECK(false, str(src, ": '", v.text, "' is not one of ", one_of(choices)),
+                       str("pick one of ", one_of(choices)));
+    };
+    s.get = [cacc, choices](const TrainConfig& c) {
+      return OptionValue{false, choices[static_cast<size_t>(cacc(c))], {}};
+    };
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    s.set = [acc](TrainConfig& c, const OptionValue& v, const std::string&) { acc(c) = v.text; };
+    s.get = [cacc](const TrainConfig& c) { return OptionValue{false, cacc(c), {}}; };
+  } else if constexpr (std::is_same_v<T, int64_t>) {
+    s.set = [acc](TrainConfig& c, const OptionValue& v, const std::string& src) {
+      acc(c) = parse_int(v.text, src);
+    };
+    s.get = [cacc](const TrainConfig& c) {
+      return OptionValue{false, std::to_string(cacc(c)), {}};
+    };
+  } else if constexpr (std::is_same_v<T, double>) {
+    s.set = [acc](TrainConfig& c, const OptionValue& v, const std::string& src) {
+      acc(c) = parse_float(v.text, src);
+    };
+    s.get = [cacc](const TrainConfig& c) { return OptionValue{false, format_float(cacc(c)), {}}; };
+  } else if constexpr (std::is_same_v<T, bool>) {
+    s.set = [acc](TrainConfig& c, const OptionValue& v, const std::string& src) {
+      acc(c) = parse_bool(v.text, src);
+    };
+    s.get = [cacc](const TrainConfig& c) {
+      return OptionValue{false, cacc(c) ? "true" : "false", {}};
+    };
+  } else if constexpr (std::is_same_v<T, std::optional<int64_t>>) {
+    s.set = [acc](TrainConfig& c, const OptionValue& v, const std::string& src) {
+      if (v.is_null || is_null_text(v.text)) {
+        acc(c).reset();
+      } else {
+        acc(c) = parse_int(v.text, src);
+      }
+    };
+    s.get = [cacc](const TrainConfig& c) {
+      const auto& o = cacc(c);
+      return o ? OptionValue{false, std::to_string(*o), {}} : OptionValue{true, "none", {}};
+    };
+  } else if constexpr (std::is_same_v<T, std::optional<double>>) {
+    s.set = [acc](TrainConfig& c, const OptionValue& v, const std::string& src) {
+      if (v.is_null || is_null_text(v.text)) {
+        acc(c).reset();
+      } else {
+        acc(c) = parse_float(v.text, src);
+      }
+    };
+    s.get = [cacc](const TrainConfig& c) {
+      const auto& o = cacc(c);
+      return o ? OptionValue{false, format_float(*o), {}} : OptionValue{true, "none", {}};
+    };
+  } else {
+    static_assert(std::is_same_v<T, void>, "no option binding for this field type");
+  }
+  return s;
+}
+
+#define FIELD(expr) +[](TrainConfig& c) -> auto& { return c.expr; }
+
+// --report-to: several of tensorboard, wandb; "jsonl" (always on) and "none" are accepted.
+OptionSpec report_to_row() {
+  OptionSpec s;
+  s.name = "report-to";
+  s.kind = OptionKind::kList;
+  s.group = "Logging and metrics";
+  s.help =
+      "extra metric sinks, any of: tensorboard, wandb (metrics.jsonl is always written; 'jsonl' "
+      "and 'none' are accepted)";
+  s.choices = {"jsonl", "tensorboard", "wandb", "none"};
+  s.set = [](TrainConfig& c, const OptionValue& v, const std::string& src) {
+    std::vector<std::string> items;
+    for (const auto& raw : v.list.empty() ? std::vector<std::string>{v.text} : v.list) {
+      for (const auto& part : detail::split_list(raw)) items.push_back(detail::to_lower(part));
+    }
+    std::vector<std::string> out;
+    bool none = false;
+    for (const auto& it : items) {
+      FSDP_USAGE_CHECK(it == "jsonl" || it == "tensorboard" || it == "wandb" || it == "none",
+                       str(src, ": '", it, "' is not one of jsonl, tensorboard, wandb, none"),
+                       "list any of tensorboard and wandb, or none");
+      if (it == "none") none = true;
+      if ((it == "tensorboard" || it == "wandb") &&
+          std::find(out.begin(), out.end(), it) == out.end()) {
+        out.push_back(it);
+      }
+    }
+    FSDP_USAGE_CHECK(!(none && !out.empty()),
+                     str(src, ": 'none' cannot be combined with ", one_of(out)),
+                     "drop 'none' or the other sinks");
+    c.metrics.report_to = out;
+  };
+  s.get = [](const TrainConfig& c) {
+    OptionValue v;
+    v.list = c.metrics.report_to;
+    v.text = c.metrics.report_to.empty() ? "none" : one_of(c.metrics.report_to);
+    return v;
+  };
+  return s;
+}
+
+// --resume [auto|none|PATH]; a bare --resume (SpecForge's store_true) means auto.
+OptionSpec resume_row() {
+  OptionSpec s;
+  s.name = "resume";
+  s.kind = OptionKind::kResume;
+  s.group = "Checkpoints";
+  s.help =
+      "auto: continue from the newest complete checkpoint in --output-dir (fresh start when none);"
+      " PATH: that checkpoint directory; none: start fresh. A bare --resume means auto";
+  s.set = [](TrainConfig& c, const OptionValue& v, const std::string&) {
+    const std::string t = detail::to_lower(v.text);
+    if (t.empty() || t == "auto" || t == "true") {
+      c.checkpoint.resume = ResumeMode::kAuto;
+      c.checkpoint.resume_path.clear();
+    } else if (t == "none" || t == "false" || t == "null" || t == "~") {
+      c.checkpoint.resume = ResumeMode::kNone;
+      c.checkpoint.resume_path.clear();
+    } else {
+      c.checkpoint.resume = ResumeMode::kPath;
+      c.checkpoint.resume_path = v.text;
+    }
+  };
+  s.get = [](const TrainConfig& c) {
+    switch (c.checkpoint.resume) {
+      case ResumeMode::kAuto: return OptionValue{false, "auto", {}};
+      case ResumeMode::kPath: return OptionValue{false, c.checkpoint.resume_path, {}};
+      case ResumeMode::kNone: break;
+    }
+    return OptionValue{false, "none", {}};
+  };
+  return s;
+}
+
+std::vector<OptionSpec> build_table() {
+  using K = OptionKind;
+  std::vector<OptionSpec> t;
+  const std::string cf = "Configuration files", md = "Model", da = "Data", tr = "Training",
+                    op = "Optimizer", sh = "Sharding", ck = "Checkpoints", ev = "Evaluation",
+                    lg = "Logging and metrics", rt = "Runtime";
+  const std::string unused =
+      " (accepted for SpecForge compatibility and recorded in the run metadata; unused: the "
+      "vocab mapping comes from the feature files)";
+
+  t.push_back(row<std::string>("config", K::kPath, cf,
+                               "YAML run file; flags on the command line override its keys",
+                               FIELD(config_file)));
+  t.back().cli_only = true;
+  t.push_back(row<std::string>(
+      "deepspeed", K::kPath, cf,
+      "DeepSpeed ds_config JSON to translate (docs/migration-from-deepspeed.md); it overrides the "
+      "YAML file's defaults, and contradicting an explicit flag or YAML key is an error",
+      FIELD(deepspeed_config)));
+
+  t.push_back(row<std::string>("target-model-path", K::kPath, md,
+                               "target model directory (config.json + safetensors); only the "
+                               "embedding and LM head are read",
+                               FIELD(model.target_model_path)));
+  t.push_back(row<std::string>("draft-model-config", K::kPath, md,
+                               "draft model JSON (LlamaForCausalLMEagle3)",
+                               FIELD(model.draft_model_config)));
+  t.push_back(row<std::string>("embedding-key", K::kString, md,
+                               "tensor name of the target's token embedding",
+                               FIELD(model.embedding_key)));
+  t.push_back(row<std::string>("lm-head-key", K::kString, md,
+                               "tensor name of the target's LM head (set it to the embedding "
+                               "name for tied-embedding targets)",
+                               FIELD(model.lm_head_key)));
+  t.push_back(row<std::string>("vocab-mapping-path", K::kPath, md,
+                               "ready vocab mapping (torch.save dict {d2t, t2d}); default: "
+                               "built from the training features and cached in --cache-dir",
+                               FIELD(model.vocab_mapping_path)));
+  t.push_back(row<std::string>("init-checkpoint", K::kPath, md,
+                               "exported draft directory (config.json + model.safetensors) to "
+                               "start from instead of random initialisation",
+                               FIELD(model.init_checkpoint)));
+  t.push_back(row<int64_t>("ttt-length", K::kInt, md, "test-time-training unroll steps T",
+                           FIELD(model.ttt_length)));
+  t.push_back(row<bool>("activation-checkpointing", K::kBool, md,
+                        "recompute the decoder layer's activations in backward (less memory, "
+                        "more compute)",
+                        FIELD(model.activation_checkpointing)));
+
+  t.push_back(row<std::string>("train-hidden-states-path", K::kPath, da,
+                               "directory of precomputed hidden states (SpecForge .ckpt tree or "
+                               "native shards)",
+                               FIELD(data.train_hidden_states_path)));
+  t.push_back(row<std::string>("eval-hidden-states-path", K::kPath, da,
+                               "hidden states for evaluation (optional)",
+                               FIELD(data.eval_hidden_states_path)));
+  t.push_back(row<std::string>("train-data-path", K::kPath, da,
+                               "SpecForge's raw training jsonl" + unused,
+                               FIELD(data.train_data_path)));
+  t.push_back(row<std::string>("eval-data-path", K::kPath, da,
+                               "SpecForge's raw evaluation jsonl" + unused,
+                               FIELD(data.eval_data_path)));
+  t.push_back(row<std::string>("chat-template", K::kString, da,
+                               "SpecForge chat template name" + unused,
+                               FIELD(data.chat_template)));
+  t.push_back(row<int64_t>("max-length", K::kInt, da,
+                           "truncate samples to this many tokens", FIELD(data.max_length)));
+  t.push_back(row<std::string>("cache-dir", K::kPath, da,
+                               "where the vocab mapping and other derived data are cached",
+                               FIELD(data.cache_dir)));
+  t.push_back(row<bool>("skip-bad-samples", K::kBool, da,
+                        "skip (and count) unreadable or malformed samples instead of stopping",
+                        FIELD(data.skip_bad_samples)));
+
+  t.push_back(row<int64_t>("num-epochs", K::kInt, tr, "passes over the training data",
+                           FIELD(loop.num_epochs)));
+  t.push_back(row<int64_t>("draft-global-batch-size", K::kInt, tr,
+                           "samples per optimizer step over all ranks",
+                           FIELD(loop.draft_global_batch_size)));
+  t.push_back(row<int64_t>("draft-micro-batch-size", K::kInt, tr,
+                           "samples per forward/backward on one rank",
+                           FIELD(loop.draft_micro_batch_size)));
+  t.push_back(row<std::optional<int64_t>>(
+      "gradient-accumulation-steps", K::kOptInt, tr,
+      "micro-batches per optimizer step; default: global / (ranks * micro); when given it must "
+      "agree",
+      FIELD(loop.gradient_accumulation_steps)));
+  t.push_back(row<std::optional<int64_t>>(
+      "total-steps", K::kOptInt, tr,
+      "optimizer steps of the LR schedule; default: num-epochs * ceil(batches per epoch / "
+      "accumulation)",
+      FIELD(loop.total_steps)));
+  t.push_back(row<std::optional<int64_t>>(
+      "max-steps", K::kOptInt, tr,
+      "stop after this optimizer step (saving a checkpoint) without changing the LR schedule",
+      FIELD(loop.max_steps)));
+  t.push_back(row<int64_t>("seed", K::kInt, tr, "seed of initialisation and data order",
+                           FIELD(loop.seed)));
+  t.push_back(row<LossNormalization>(
+      "loss-normalization", K::kEnum, tr,
+      "batch: divide by B*S, padding included (SpecForge); tokens: by the valid tokens",
+      FIELD(loop.loss_normalization)));
+  t.push_back(row<bool>("eval-only", K::kBool, tr,
+                        "evaluate the initial or resumed weights, print the metrics and exit",
+                        FIELD(loop.eval_only)));
+
+  t.push_back(row<double>("learning-rate", K::kFloat, op, "peak learning rate",
+                          FIELD(optim.learning_rate)));
+  t.push_back(row<double>("warmup-ratio", K::kFloat, op,
+                          "warmup steps as a fraction of total steps",
+                          FIELD(optim.warmup_ratio)));
+  t.push_back(row<std::optional<int64_t>>("warmup-steps", K::kOptInt, op,
+                                          "warmup steps; when set it replaces --warmup-ratio",
+                                          FIELD(optim.warmup_steps)));
+  t.push_back(row<LrScheduler>("lr-scheduler", K::kEnum, op,
+                               "decay after warmup: cosine to 0, linear to 0, or constant",
+                               FIELD(optim.lr_scheduler)));
+  t.push_back(row<double>("max-grad-norm", K::kFloat, op,
+                          "clip the global gradient L2 norm to this (0 disables clipping)",
+                          FIELD(optim.max_grad_norm)));
+  t.push_back(row<double>("adam-beta1", K::kFloat, op, "AdamW beta1", FIELD(optim.adam_beta1)));
+  t.push_back(row<double>("adam-beta2", K::kFloat, op, "AdamW beta2", FIELD(optim.adam_beta2)));
+  t.push_back(row<double>("adam-eps", K::kFloat, op, "AdamW epsilon", FIELD(optim.adam_eps)));
+  t.push_back(row<double>("weight-decay", K::kFloat, op, "AdamW decoupled weight decay",
+                          FIELD(optim.weight_decay)));
+
+  t.push_back(row<ShardingStrategy>(
+      "sharding-strategy", K::kEnum, sh,
+      "full_shard (ZeRO-3), shard_grad_op (ZeRO-2), no_shard (DDP), hybrid_shard (ZeRO-3 inside "
+      "a node, replicated across nodes)",
+      FIELD(shard.strategy)));
+  t.push_back(row<Precision>("mixed-precision", K::kEnum, sh,
+                             "compute/parameter dtype; master weights are always fp32",
+                             FIELD(shard.mixed_precision)));
+  t.push_back(row<Precision>("reduce-dtype", K::kEnum, sh, "dtype of the gradient reduction",
+                             FIELD(shard.reduce_dtype)));
+  t.push_back(row<bool>("cpu-offload", K::kBool, sh,
+                        "keep master weights, gradient shards and moments on the host and run "
+                        "the optimizer step there",
+                        FIELD(shard.cpu_offload)));
+  t.push_back(row<bool>("accumulate-locally", K::kBool, sh,
+                        "accumulate gradients without communication until the last micro-batch "
+                        "(more memory, less traffic)",
+                        FIELD(shard.accumulate_locally)));
+
+  t.push_back(row<std::string>("output-dir", K::kPath, ck,
+                               "checkpoints, metrics.jsonl and logs go here (required for "
+                               "training)",
+                               FIELD(checkpoint.output_dir)));
+  t.push_back(row<int64_t>("save-interval", K::kInt, ck,
+                           "save a checkpoint every N epochs (0: off)",
+                           FIELD(checkpoint.save_interval)));
+  t.push_back(row<int64_t>("save-steps", K::kInt, ck,
+                           "also save every N optimizer steps (0: off)",
+                           FIELD(checkpoint.save_steps)));
+  t.push_back(row<int64_t>("keep-last", K::kInt, ck,
+                           "keep only the newest N complete checkpoints (0: keep all)",
+                           FIELD(checkpoint.keep_last)));
+  t.push_back(resume_row());
+
+  t.push_back(row<int64_t>("eval-interval", K::kInt, ev, "evaluate every N epochs (0: off)",
+                           FIELD(eval.eval_interval)));
+  t.push_back(row<int64_t>("eval-steps", K::kInt, ev,
+                           "also evaluate every N optimizer steps (0: off)",
+                           FIELD(eval.eval_steps)));
+
+  t.push_back(row<int64_t>("log-steps", K::kInt, lg,
+                           "print and record metrics every N optimizer steps",
+                           FIELD(metrics.log_steps)));
+  t.push_back(report_to_row());
+  t.push_back(row<std::string>("tensorboard-dir", K::kPath, lg,
+                               "TensorBoard event directory (default: <output-dir>/tensorboard)",
+                               FIELD(metrics.tensorboard_dir)));
+  t.push_back(row<std::string>("wandb-project", K::kString, lg,
+                               "W&B project (default: fsdp-train)", FIELD(metrics.wandb_project)));
+  t.push_back(row<std::string>("wandb-name", K::kString, lg, "W&B run name",
+                               FIELD(metrics.wandb_name)));
+  t.push_back(row<std::string>("wandb-key", K::kString, lg,
+                               "W&B API key (prefer the WANDB_API_KEY environment variable); "
+                               "never printed, logged or saved",
+                               FIELD(metrics.wandb_key)));
+  t.back().cli_only = true;
+  t.back().secret = true;
+  t.push_back(row<std::optional<double>>(
+      "mfu-peak-tflops", K::kOptFloat, lg,
+      "peak TFLOP/s per device for MFU; default: known GPUs (H100/H200 989, A100 312), n/a on CPU",
+      FIELD(metrics.mfu_peak_tflops)));
+  t.push_back(row<std::string>("log-level", K::kString, lg,
+                               "trace, debug, info, warn, error or off (env FSDP_LOG_LEVEL)",
+                               FIELD(runtime.log_level)));
+
+  t.push_back(row<DeviceKind>("device", K::kEnum, rt,
+                              "auto: the GPU of the local rank when there is one, else cpu",
+                              FIELD(runtime.device)));
+  t.push_back(row<int64_t>("threads", K::kInt, rt,
+                           "CPU threads per rank (0: cores divided by ranks on the node)",
+                           FIELD(runtime.threads)));
+  t.push_back(row<int64_t>("dist-timeout", K::kInt, rt,
+                           "minutes a collective may wait before the job is aborted",
+                           FIELD(runtime.dist_timeout_minutes)));
+  return t;
+}
+
+#undef FIELD
+
+}  // namespace
+
+std::string OptionSpec::yaml_key() const {
+  std::string k = name;
+  std::replace(k.begin(), k.end(), '-', '_');
+  return k;
+}
+
+std::string OptionSpec::default_text() const {
+  static const TrainConfig defaults;
+  const OptionValue v = get(defaults);
+  if (kind == OptionKind::kList) return v.list.empty() ? "none" : v.text;
+  if (v.is_null) return "none";
+  if (v.text.empty()) return "\"\"";
+  return v.text;
+}
+
+const std::vector<OptionSpec>& option_table() {
+  static const std::vector<OptionSpec> table = build_table();
+  return table;
+}
+
+const OptionSpec* find_option(const std::string& name) {
+  std::string n = name;
+  while (!n.empty() && n.front() == '-') n.erase(n.begin());
+  std::replace(n.begin(), n.end(), '_', '-');
+  n = detail::to_lower(n);
+  for (const auto& spec : option_table()) {
+    if (spec.name == n) return &spec;
+  }
+  return nullptr;
+}
+
+std::string closest_option(const std::string& name) {
+  std::string n = detail::to_lower(name);
+  std::replace(n.begin(), n.end(), '_', '-');
+  const OptionSpec* best = nullptr;
+  size_t best_d = 0;
+  for (const auto& spec : option_table()) {
+    const size_t d = detail::edit_distance(n, spec.name);
+    if (!best || d < best_d) {
+      best = &spec;
+      best_d = d;
+    }
+  }
+  return best ? best->name : "";
+}
+
+}  // namespace fsdp::config

@@ -1,0 +1,92 @@
+// Builds the TrainConfig from defaults, the --config YAML file, the --deepspeed ds_config and the
+// command line (options.h), in that order of precedence. Never validates the whole
+// configuration (validate() does) and never reads anything but the files the user named.
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <fstream>
+
+#include "config/deepspeed.h"
+#include "config/options.h"
+#include "core/error.h"
+#include "core/log.h"
+
+namespace fsdp::config {
+
+namespace {
+
+// hidden_size of the draft model JSON when the file is readable; the model loader reports a
+// broken file properly later, so failures here only mean "unknown".
+std::optional<int64_t> read_hidden_size(const std::string& path) {
+  if (path.empty()) return std::nullopt;
+  std::ifstream in(path);
+  if (!in.good()) return std::nullopt;
+  try {
+    const auto j = nlohmann::json::parse(in);
+    if (j.contains("hidden_size") && j["hidden_size"].is_number_integer())
+      return j["hidden_size"].get<int64_t>();
+  } catch (const nlohmann::json::exception&) {
+  }
+  return std::nullopt;
+}
+
+bool same_value(const OptionValue& a, const OptionValue& b) {
+  return a.is_null == b.is_null && a.text == b.text && a.list == b.list;
+}
+
+}  // namespace
+
+TrainConfig resolve(const CommandLineValues& cli, const ResolveOptions& options) {
+  TrainConfig cfg;
+  std::vector<std::string> explicit_names;
+  if (!cli.config_file.empty()) {
+    explicit_names = apply_yaml_file(cli.config_file, &cfg);
+    cfg.config_file = cli.config_file;
+  }
+  for (const auto& [name, value] : cli.given) {
+    const OptionSpec* spec = find_option(name);
+    FSDP_USAGE_CHECK(spec != nullptr, str("unknown option --", name),
+                     str("did you mean --", closest_option(name), "?"));
+    spec->set(cfg, value, spec->flag());
+    explicit_names.push_back(spec->name);
+  }
+  if (cfg.deepspeed_config.empty()) return cfg;
+
+  DeepSpeedContext ctx;
+  ctx.base = &cfg;
+  ctx.explicit_options = explicit_names;
+  ctx.world_size = options.world_size;
+  ctx.hidden_size =
+      options.hidden_size ? options.hidden_size : read_hidden_size(cfg.model.draft_model_config);
+  const DeepSpeedTranslation tr = translate_deepspeed_file(cfg.deepspeed_config, ctx);
+  for (const auto& [name, value] : tr.settings) {
+    const OptionSpec* spec = find_option(name);
+    FSDP_ASSERT(spec != nullptr, "ds_config translation produced an unknown option " + name);
+    const auto it = tr.setting_source.find(name);
+    const std::string src =
+        str(cfg.deepspeed_config, " ", it == tr.setting_source.end() ? name : it->second);
+    const bool is_explicit =
+        std::find(explicit_names.begin(), explicit_names.end(), name) != explicit_names.end();
+    if (is_explicit) {
+      TrainConfig probe = cfg;
+      spec->set(probe, value, src);
+      FSDP_USAGE_CHECK(same_value(spec->get(probe), spec->get(cfg)),
+                       str(src, " sets ", spec->flag(), " ", spec->get(probe).text,
+                           ", but the command line or YAML file set ", spec->get(cfg).text),
+                       str("remove one of them, or write \"auto\" for the key in the ds_config"));
+      continue;
+    }
+    spec->set(cfg, value, src);
+  }
+  if (options.report) {
+    options.report->insert(options.report->end(), tr.report.begin(), tr.report.end());
+    for (const auto& w : tr.warnings) options.report->push_back("warning: " + w);
+  } else {
+    FSDP_LOG0(kInfo) << "ds_config " << cfg.deepspeed_config << " translated:";
+    for (const auto& line : tr.report) FSDP_LOG0(kInfo) << "  " << line;
+    for (const auto& w : tr.warnings) FSDP_LOG0(kWarn) << "ds_config: " << w;
+  }
+  return cfg;
+}
+
+}  // namespace fsdp::config

@@ -1,0 +1,181 @@
+// YAML run files in, effective configuration out (YAML, JSON, banner) for the option table
+// (options.h). Keys are flat: one per option. Never writes secret options (--wandb-key).
+#include <nlohmann/json.hpp>
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "config/options.h"
+#include "config/value_parse.h"
+#include "core/error.h"
+
+namespace fsdp::config {
+
+namespace {
+
+std::string where(const std::string& source, const YAML::Mark& mark) {
+  if (mark.line < 0) return source;
+  return str(source, ":", mark.line + 1);
+}
+
+OptionValue node_value(const YAML::Node& node, const OptionSpec& spec, const std::string& src) {
+  OptionValue v;
+  if (node.IsNull()) {
+    v.is_null = true;
+    return v;
+  }
+  if (node.IsScalar()) {
+    v.text = node.Scalar();
+    if (spec.kind == OptionKind::kList) v.list = {v.text};
+    return v;
+  }
+  if (node.IsSequence() && spec.kind == OptionKind::kList) {
+    for (const auto& item : node) {
+      FSDP_USAGE_CHECK(item.IsScalar(), str(src, ": list items must be plain words"),
+                       str("write e.g. ", spec.yaml_key(), ": [tensorboard, wandb]"));
+      v.list.push_back(item.Scalar());
+    }
+    return v;
+  }
+  FSDP_USAGE_CHECK(false, str(src, ": expected a single value, got a ",
+                              node.IsSequence() ? "list" : "mapping"),
+                   str("keys are flat, one per flag: write ", spec.yaml_key(), ": <value>"));
+  return v;
+}
+
+}  // namespace
+
+std::vector<std::string> apply_yaml_text(const std::string& text, const std::string& source_name,
+                                         TrainConfig* cfg) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    FSDP_USAGE_CHECK(false, str(where(source_name, e.mark), ": YAML syntax error: ", e.msg),
+                     "fix the file (keys are flag names with '_' or '-', e.g. learning_rate: 1e-4)");
+  }
+  std::vector<std::string> set;
+  if (root.IsNull()) return set;  // an empty file sets nothing
+  FSDP_USAGE_CHECK(root.IsMap(), str(source_name, ": the top level must be a mapping of keys"),
+                   "write one 'key: value' line per option, e.g. learning_rate: 1e-4");
+  std::set<std::string> seen;
+  for (const auto& kv : root) {
+    const std::string src0 = where(source_name, kv.first.Mark());
+    FSDP_USAGE_CHECK(kv.first.IsScalar(), str(src0, ": keys must be plain words"), "");
+    const std::string key = kv.first.Scalar();
+    const OptionSpec* spec = key.rfind("--", 0) == 0 ? nullptr : find_option(key);
+    if (spec == nullptr) {
+      std::string guess = closest_option(key);
+      std::replace(guess.begin(), guess.end(), '-', '_');
+      FSDP_USAGE_CHECK(false, str(src0, ": unknown key '", key, "'"),
+                       str("did you mean '", guess,
+                           "'? Every key is listed in docs/configuration.md"));
+    }
+    const std::string src = str(src0, " ", spec->yaml_key());
+    FSDP_USAGE_CHECK(!(spec->secret),
+                     str(src0, ": '", key, "' may not be written in a configuration file"),
+                     "keep secrets out of files: export WANDB_API_KEY instead");
+    FSDP_USAGE_CHECK(!spec->cli_only, str(src0, ": '", key, "' is a command-line-only option"),
+                     "pass it as a flag, e.g. --config FILE");
+    FSDP_USAGE_CHECK(seen.insert(spec->name).second,
+                     str(src0, ": '", key, "' is given twice (as ", spec->yaml_key(), " and ",
+                         spec->name, ")"),
+                     "keep one of them");
+    spec->set(*cfg, node_value(kv.second, *spec, src), src);
+    set.push_back(spec->name);
+  }
+  return set;
+}
+
+std::vector<std::string> apply_yaml_file(const std::string& path, TrainConfig* cfg) {
+  std::ifstream in(path);
+  FSDP_USAGE_CHECK(in.good(), str("--config '", path, "' cannot be read"),
+                   "check the path of the YAML run file");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return apply_yaml_text(ss.str(), path, cfg);
+}
+
+namespace {
+
+bool unquoted_kind(OptionKind k) {
+  return k == OptionKind::kInt || k == OptionKind::kFloat || k == OptionKind::kBool ||
+         k == OptionKind::kOptInt || k == OptionKind::kOptFloat;
+}
+
+bool saved(const OptionSpec& s) { return !s.secret && !s.cli_only; }
+
+}  // namespace
+
+std::string to_yaml(const TrainConfig& cfg) {
+  YAML::Emitter out;
+  out << YAML::BeginMap;
+  std::string group;
+  for (const auto& spec : option_table()) {
+    if (!saved(spec)) continue;
+    if (spec.group != group) {
+      group = spec.group;
+      out << YAML::Comment(group);
+    }
+    const OptionValue v = spec.get(cfg);
+    out << YAML::Key << spec.yaml_key() << YAML::Value;
+    if (spec.kind == OptionKind::kList) {
+      out << YAML::Flow << YAML::BeginSeq;
+      for (const auto& item : v.list) out << item;
+      out << YAML::EndSeq;
+    } else if (v.is_null) {
+      out << YAML::Null;
+    } else if (unquoted_kind(spec.kind)) {
+      out << v.text;
+    } else {
+      out << YAML::DoubleQuoted << v.text;
+    }
+  }
+  out << YAML::EndMap;
+  return std::string(out.c_str()) + "\n";
+}
+
+std::string to_json(const TrainConfig& cfg, int indent) {
+  nlohmann::ordered_json j = nlohmann::ordered_json::object();
+  for (const auto& spec : option_table()) {
+    if (!saved(spec)) continue;
+    const OptionValue v = spec.get(cfg);
+    auto& slot = j[spec.yaml_key()];
+    if (spec.kind == OptionKind::kList) {
+      slot = v.list;
+    } else if (v.is_null) {
+      slot = nullptr;
+    } else if (spec.kind == OptionKind::kInt || spec.kind == OptionKind::kOptInt) {
+      slot = detail::parse_int(v.text, spec.name);
+    } else if (spec.kind == OptionKind::kFloat || spec.kind == OptionKind::kOptFloat) {
+      slot = detail::parse_float(v.text, spec.name);
+    } else if (spec.kind == OptionKind::kBool) {
+      slot = v.text == "true";
+    } else {
+      slot = v.text;
+    }
+  }
+  return j.dump(indent);
+}
+
+std::string to_display(const TrainConfig& cfg) {
+  std::ostringstream os;
+  std::string group;
+  for (const auto& spec : option_table()) {
+    if (!saved(spec)) continue;
+    if (spec.group != group) {
+      group = spec.group;
+      os << group << ":\n";
+    }
+    const OptionValue v = spec.get(cfg);
+    std::string text = spec.kind == OptionKind::kList ? (v.list.empty() ? "none" : v.text)
+                                                      : (v.text.empty() ? "\"\"" : v.text);
+    os << "  " << spec.flag() << " " << text << "\n";
+  }
+  return os.str();
+}
+
+}  // namespace fsdp::config

@@ -1,0 +1,59 @@
+// Helpers shared by the lib/config unit tests: parse an argv through CLI11 and the option table,
+// resolve it, and check that a UsageError carries the expected text. Test-only.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <catch2/catch.hpp>
+
+#include <string>
+#include <vector>
+
+#include "config/options.h"
+#include "core/error.h"
+
+namespace fsdp::config::test {
+
+inline CommandLineValues parse_args(std::vector<std::string> args) {
+  CLI::App app{"test", "fsdp-train"};
+  TrainOptionsBinding binding;
+  add_train_options(app, &binding);
+  std::vector<const char*> argv{"fsdp-train"};
+  for (const auto& a : args) argv.push_back(a.c_str());
+  app.parse(static_cast<int>(argv.size()), const_cast<char**>(argv.data()));
+  return binding.values();
+}
+
+inline TrainConfig resolve_args(std::vector<std::string> args, ResolveOptions opts = {}) {
+  return resolve(parse_args(std::move(args)), opts);
+}
+
+// Runs `fn`, requires a UsageError whose message + hint contains `needle`.
+template <class Fn>
+void require_usage_error(Fn&& fn, const std::string& needle) {
+  try {
+    fn();
+  } catch (const UsageError& e) {
+    const std::string all = e.message() + " | " + e.hint();
+    INFO("error text: " << all);
+    CHECK(all.find(needle) != std::string::npos);
+    return;
+  }
+  FAIL("expected a UsageError containing: " << needle);
+}
+
+// A scratch directory under the build tree, emptied first.
+inline std::string scratch_dir(const std::string& name) {
+  const std::string dir = std::string(FSDP_BINARY_DIR) + "/test-scratch/config/" + name;
+  std::string cmd = "rm -rf '" + dir + "' && mkdir -p '" + dir + "'";
+  REQUIRE(std::system(cmd.c_str()) == 0);
+  return dir;
+}
+
+inline void write_file(const std::string& path, const std::string& text) {
+  FILE* f = std::fopen(path.c_str(), "w");
+  REQUIRE(f != nullptr);
+  std::fputs(text.c_str(), f);
+  std::fclose(f);
+}
+
+}  // namespace fsdp::config::test
