@@ -136,18 +136,18 @@ struct TttAttentionFn : public torch::autograd::Function<TttAttentionFn> {
     if (steps == 0) {
       out = c.out;
     } else {
-      at::Tensor q5 = q.to(acc).view({B, nkv, g, S, d});
+      at::Tensor q5 = q.to(acc).reshape({B, nkv, g, S, d});
       at::Tensor sd = diagonal_scores(q5, kd.to(acc), scale);              // [B,nkv,g,S,i]
-      at::Tensor lse5 = lse_c.view({B, nkv, g, S});
+      at::Tensor lse5 = lse_c.reshape({B, nkv, g, S});
       at::Tensor total = at::logaddexp(lse5, sd.logsumexp(-1));           // [B,nkv,g,S]
       at::Tensor pd = (sd - total.unsqueeze(-1)).exp();
       at::Tensor od = at::einsum("bkgsj,bksjd->bkgsd", {pd, vd.to(acc)});
       at::Tensor wc = (lse5 - total).exp().unsqueeze(-1);
-      at::Tensor merged = wc * c.out.to(acc).view({B, nkv, g, S, d}) + od;
-      out = merged.view({B, nh, S, d}).to(q.scalar_type()).contiguous();
+      at::Tensor merged = wc * c.out.to(acc).reshape({B, nkv, g, S, d}) + od;
+      out = merged.reshape({B, nh, S, d}).to(q.scalar_type()).contiguous();
       // The kernel's backward reads the log-sum-exp in its own layout: write the merged one in.
       lse = c.lse.clone();
-      lse.narrow(-1, 0, S).copy_(total.view({B, nh, S}));
+      lse.narrow(-1, 0, S).copy_(total.reshape({B, nh, S}));
     }
     ctx->save_for_backward({q, k0, v0, kd, vd, out, lse, c.cum_q, c.cum_k, c.seed, c.offset});
     ctx->saved_data["scale"] = scale;
@@ -171,16 +171,16 @@ struct TttAttentionFn : public torch::autograd::Function<TttAttentionFn> {
                                                scale);
     at::Tensor dkd, dvd;
     if (steps > 0) {
-      at::Tensor q5 = q.to(acc).view({B, nkv, g, S, d});
-      at::Tensor go5 = grad.to(acc).view({B, nkv, g, S, d});
+      at::Tensor q5 = q.to(acc).reshape({B, nkv, g, S, d});
+      at::Tensor go5 = grad.to(acc).reshape({B, nkv, g, S, d});
       at::Tensor kda = kd.to(acc), vda = vd.to(acc);
-      at::Tensor total = lse.narrow(-1, 0, S).to(acc).view({B, nkv, g, S});
+      at::Tensor total = lse.narrow(-1, 0, S).to(acc).reshape({B, nkv, g, S});
       at::Tensor pd = (diagonal_scores(q5, kda, scale) - total.unsqueeze(-1)).exp();
-      at::Tensor D = (go5 * out.to(acc).view({B, nkv, g, S, d})).sum(-1, true);  // [..,S,1]
+      at::Tensor D = (go5 * out.to(acc).reshape({B, nkv, g, S, d})).sum(-1, true);  // [..,S,1]
       at::Tensor dp = at::einsum("bkgsd,bksjd->bkgsj", {go5, vda});
       at::Tensor ds = pd * (dp - D);
       at::Tensor dq_diag = at::einsum("bkgsj,bksjd->bkgsd", {ds, kda}) * scale;
-      dq = (dq.to(acc) + dq_diag.view({B, nh, S, d})).to(q.scalar_type());
+      dq = (dq.to(acc) + dq_diag.reshape({B, nh, S, d})).to(q.scalar_type());
       dkd = (at::einsum("bkgsj,bkgsd->bksjd", {ds, q5}) * scale).to(kd.scalar_type());
       dvd = at::einsum("bkgsj,bkgsd->bksjd", {pd, go5}).to(vd.scalar_type());
     }

@@ -1,0 +1,363 @@
+// The TTT unroll end to end: state-dict names, unit hooks, a 2-position 2-step example computed
+// by hand with scalar code (which keys each query sees, which RoPE position, which target row),
+// efficient vs dense for the whole step, and finite-difference gradients in double.
+#include <catch2/catch.hpp>
+
+#include <torch/torch.h>
+
+#include <cmath>
+#include <map>
+#include <set>
+
+#include "model/draft_model.h"
+#include "model/ttt_loss.h"
+
+using namespace fsdp::model;
+
+namespace {
+
+DraftConfig small_config(int64_t H, int64_t nh, int64_t nkv, int64_t d, int64_t I, int64_t V,
+                         int64_t Vd) {
+  DraftConfig c;
+  c.hidden_size = H;
+  c.num_attention_heads = nh;
+  c.num_key_value_heads = nkv;
+  c.head_dim = d;
+  c.intermediate_size = I;
+  c.vocab_size = V;
+  c.draft_vocab_size = Vd;
+  c.rms_norm_eps = 1e-5;
+  c.max_position_embeddings = 16;
+  c.validate();
+  return c;
+}
+
+// Scalar helpers for the hand-computed example.
+using Vec = std::vector<double>;
+Vec row(const at::Tensor& t) {
+  at::Tensor c = t.to(at::kDouble).contiguous();
+  return Vec(c.data_ptr<double>(), c.data_ptr<double>() + c.numel());
+}
+Vec matvec(const at::Tensor& W, const Vec& x) {
+  Vec y(W.size(0), 0.0);
+  for (int64_t r = 0; r < W.size(0); ++r) {
+    Vec w = row(W[r]);
+    for (size_t c = 0; c < x.size(); ++c) y[r] += w[c] * x[c];
+  }
+  return y;
+}
+Vec rmsnorm(const Vec& x, const at::Tensor& weight, double eps) {
+  double ms = 0;
+  for (double v : x) ms += v * v;
+  ms /= x.size();
+  Vec w = row(weight), y(x.size());
+  for (size_t k = 0; k < x.size(); ++k) y[k] = w[k] * x[k] / std::sqrt(ms + eps);
+  return y;
+}
+Vec add(const Vec& a, const Vec& b) {
+  Vec y(a.size());
+  for (size_t k = 0; k < a.size(); ++k) y[k] = a[k] + b[k];
+  return y;
+}
+// head_dim 2: inv_freq = theta^0 = 1, so the rotation angle is the position itself.
+Vec rotate(const Vec& x, double position) {
+  const double c = std::cos(position), s = std::sin(position);
+  return {x[0] * c - x[1] * s, x[1] * c + x[0] * s};
+}
+
+struct Recorder : fsdp::UnitHooks {
+  std::vector<std::string> events;
+  void pre_forward(const std::string& unit) override { events.push_back("pre:" + unit); }
+  void post_forward(const std::string& unit, const at::Tensor& out) override {
+    events.push_back("post:" + unit + (out.requires_grad() ? "+grad" : ""));
+  }
+};
+
+}  // namespace
+
+TEST_CASE("state-dict names, buffers and parameter count", "[model][ttt]") {
+  DraftConfig c = small_config(16, 4, 2, 4, 24, 40, 12);
+  Eagle3Draft model(c);
+  std::vector<std::string> names;
+  for (const auto& p : model->named_parameters()) names.push_back(p.key());
+  std::vector<std::string> expected{
+      "embed_tokens.weight", "fc.weight", "midlayer.hidden_norm.weight",
+      "midlayer.input_layernorm.weight", "midlayer.self_attn.q_proj.weight",
+      "midlayer.self_attn.k_proj.weight", "midlayer.self_attn.v_proj.weight",
+      "midlayer.self_attn.o_proj.weight", "midlayer.post_attention_layernorm.weight",
+      "midlayer.mlp.gate_proj.weight", "midlayer.mlp.up_proj.weight",
+      "midlayer.mlp.down_proj.weight", "norm.weight", "lm_head.weight"};
+  CHECK(names == expected);
+  auto params = model->named_parameters();
+  CHECK(params["fc.weight"].sizes() == at::IntArrayRef({16, 48}));
+  CHECK(params["midlayer.self_attn.q_proj.weight"].sizes() == at::IntArrayRef({16, 32}));
+  CHECK(params["midlayer.self_attn.k_proj.weight"].sizes() == at::IntArrayRef({8, 32}));
+  CHECK(params["lm_head.weight"].sizes() == at::IntArrayRef({12, 16}));
+  CHECK_FALSE(params["embed_tokens.weight"].requires_grad());
+  int64_t trainable = 0;
+  for (const auto& p : model->trainable_parameters()) trainable += p.numel();
+  CHECK(trainable == count_parameters(c).trainable);
+  auto buffers = model->named_buffers();
+  REQUIRE(buffers.size() == 2);
+  model->to(torch::kDouble);
+  CHECK(model->d2t.scalar_type() == torch::kLong);
+  CHECK(model->t2d.scalar_type() == torch::kBool);
+  CHECK(model->named_buffers()["t2d"].scalar_type() == torch::kBool);
+  CHECK(model->fc->weight.scalar_type() == torch::kDouble);
+  auto exported = model->export_tensors();
+  CHECK(exported.size() == expected.size() - 1 + 2);
+  CHECK(exported.front().first == "fc.weight");
+  CHECK(exported.back().first == "t2d");
+}
+
+TEST_CASE("units are announced in order: fc once, then 4 units per step", "[model][ttt]") {
+  DraftConfig c = small_config(8, 2, 1, 4, 12, 20, 20);
+  Eagle3Draft model(c);
+  Recorder rec;
+  model->set_unit_hooks(&rec);
+  auto ids = torch::randint(0, 20, {1, 4}, torch::kLong);
+  auto logits = ttt_logits(*model, ids, torch::ones({1, 4}, torch::kLong), torch::randn({1, 4, 24}),
+                           2, AttentionImpl::kEfficient);
+  std::vector<std::string> expected{"pre:fc", "post:fc+grad"};
+  for (int i = 0; i < 2; ++i) {
+    for (std::string u : {"embed_tokens", "midlayer", "norm", "lm_head"}) {
+      expected.push_back("pre:" + u);
+      expected.push_back("post:" + u + (u == "embed_tokens" ? "" : "+grad"));
+    }
+  }
+  CHECK(rec.events == expected);
+  model->set_unit_hooks(nullptr);
+}
+
+TEST_CASE("hand-computed 2-position 2-step unroll (shift, mask, RoPE position, target row)",
+          "[model][ttt]") {
+  torch::manual_seed(11);
+  // H 2, one head of dim 2, V = Vd = 4, S = 2, T = 2.
+  DraftConfig c = small_config(2, 1, 1, 2, 3, 4, 4);
+  Eagle3Draft model(c);
+  model->to(torch::kDouble);
+  {
+    torch::NoGradGuard g;
+    for (auto& p : model->parameters()) p.uniform_(-1.0, 1.0);
+  }
+  auto& L = *model->midlayer;
+  auto& A = *L.self_attn;
+  const double eps = c.rms_norm_eps;
+  at::Tensor ids = torch::tensor({3, 1}, torch::kLong).view({1, 2});
+  at::Tensor aux = torch::randn({1, 2, 6}, torch::kDouble);
+
+  for (int64_t len : {2, 1}) {
+    INFO("valid length " << len);
+    at::Tensor mask = torch::zeros({1, 2}, torch::kLong);
+    mask.narrow(1, 0, len).fill_(1);
+    // Visible (step, position) keys for the query at (position t, step i), written out.
+    std::map<std::pair<int, int>, std::vector<std::pair<int, int>>> visible = {
+        {{0, 0}, {{0, 0}}},
+        {{1, 0}, {{0, 0}, {0, 1}}},
+        {{0, 1}, {{0, 0}, {1, 0}}},
+        {{1, 1}, {{0, 0}, {0, 1}, {1, 1}}}};
+    // Step 1 reads input_ids shifted left: position 0 sees id 1, position 1 the appended 0.
+    const int64_t step_ids[2][2] = {{3, 1}, {1, 0}};
+    std::map<std::pair<int, int>, Vec> K, Vv, Q;  // key (step, position)
+    Vec h[2], logits_ref[2][2];
+    for (int t = 0; t < 2; ++t) h[t] = matvec(model->fc->weight, row(aux[0][t]));
+    for (int i = 0; i < 2; ++i) {
+      Vec x[2];
+      for (int t = 0; t < 2; ++t) {
+        Vec e = row(model->embed_tokens->weight[step_ids[i][t]]);
+        Vec a = rmsnorm(e, L.input_layernorm->weight, eps), b = rmsnorm(h[t], L.hidden_norm->weight, eps);
+        x[t] = {a[0], a[1], b[0], b[1]};  // embedding first
+        // Queries and new keys of step i are rotated with position t + i.
+        Q[{i, t}] = rotate(matvec(A.q_proj->weight, x[t]), t + i);
+        K[{i, t}] = rotate(matvec(A.k_proj->weight, x[t]), t + i);
+        Vv[{i, t}] = matvec(A.v_proj->weight, x[t]);
+      }
+      for (int t = 0; t < 2; ++t) {
+        Vec attn{0.0, 0.0};
+        if (t < len) {
+          const auto& keys = visible[{t, i}];
+          std::vector<double> s;
+          double mx = -1e300, z = 0;
+          for (auto key : keys) {
+            const Vec& k = K[key];
+            s.push_back((Q[{i, t}][0] * k[0] + Q[{i, t}][1] * k[1]) / std::sqrt(2.0));
+            mx = std::max(mx, s.back());
+          }
+          for (double& v : s) z += (v = std::exp(v - mx));
+          for (size_t n = 0; n < keys.size(); ++n) {
+            for (int k = 0; k < 2; ++k) attn[k] += s[n] / z * Vv[keys[n]][k];
+          }
+        }
+        Vec h1 = add(h[t], matvec(A.o_proj->weight, attn));
+        Vec y = rmsnorm(h1, L.post_attention_layernorm->weight, eps);
+        Vec gate = matvec(L.mlp->gate_proj->weight, y), up = matvec(L.mlp->up_proj->weight, y);
+        Vec act(gate.size());
+        for (size_t k = 0; k < gate.size(); ++k) act[k] = gate[k] / (1 + std::exp(-gate[k])) * up[k];
+        Vec out = add(h1, matvec(L.mlp->down_proj->weight, act));
+        logits_ref[i][t] = matvec(model->lm_head->weight, rmsnorm(out, model->norm->weight, eps));
+        h[t] = out;
+      }
+    }
+    for (auto impl : {AttentionImpl::kEfficient, AttentionImpl::kDense}) {
+      auto logits = ttt_logits(*model, ids, mask, aux, 2, impl);
+      for (int i = 0; i < 2; ++i) {
+        for (int t = 0; t < 2; ++t) {
+          Vec got = row(logits[i][0][t]);
+          for (int v = 0; v < 4; ++v) CHECK(got[v] == Approx(logits_ref[i][t][v]).margin(1e-12));
+        }
+      }
+    }
+    if (len != 2) continue;
+    // Loss: step i at position t uses target row t + i and position_mask[t + i].
+    TargetDistribution target;
+    target.target_p = torch::rand({1, 4, 4}, torch::kDouble);
+    target.target_p /= target.target_p.sum(-1, true);
+    target.target_p = target.target_p.to(torch::kFloat);
+    target.position_mask = torch::tensor({1, 1}, torch::kLong).view({1, 2});
+    at::Tensor loss_mask = torch::tensor({1, 1}, torch::kLong).view({1, 2});
+    LossOptions opt;
+    opt.ttt_length = 2;
+    opt.accumulation_steps = 2;
+    StepOutput r = ttt_step(*model, target, ids, mask, loss_mask, aux, opt);
+    auto ce = [&](const Vec& z, int64_t prow) {
+      double mx = *std::max_element(z.begin(), z.end()), lse = 0;
+      for (double v : z) lse += std::exp(v - mx);
+      lse = mx + std::log(lse);
+      Vec p = row(target.target_p[0][prow]);
+      double out = 0;
+      for (int v = 0; v < 4; ++v) out -= p[v] * (z[v] - lse);
+      return out;
+    };
+    auto argmax = [](const Vec& v) { return std::max_element(v.begin(), v.end()) - v.begin(); };
+    // Step 0: both positions count; step 1: position 1 is shifted out (mask 0). Divide by B*S=2.
+    const double p0 = (ce(logits_ref[0][0], 0) + ce(logits_ref[0][1], 1)) / 2;
+    const double p1 = ce(logits_ref[1][0], 1) / 2;
+    CHECK(r.ploss[0].item<double>() == Approx(p0).epsilon(1e-6));
+    CHECK(r.ploss[1].item<double>() == Approx(p1).epsilon(1e-6));
+    CHECK(r.loss.item<double>() == Approx((p0 + 0.8 * p1) / 2).epsilon(1e-12));
+    const double c0 = (argmax(logits_ref[0][0]) == argmax(row(target.target_p[0][0]))) +
+                      (argmax(logits_ref[0][1]) == argmax(row(target.target_p[0][1])));
+    const double c1 = argmax(logits_ref[1][0]) == argmax(row(target.target_p[0][1]));
+    CHECK(r.correct[0].item<float>() == c0);
+    CHECK(r.correct[1].item<float>() == c1);
+    CHECK(r.loss_tokens[0].item<float>() == 2);
+    CHECK(r.loss_tokens[1].item<float>() == 1);
+    CHECK(r.acc[1].item<float>() == Approx(c1));
+    CHECK(r.valid_tokens.item<int64_t>() == 2);
+  }
+}
+
+namespace {
+
+struct StepFixture {
+  DraftConfig cfg = small_config(8, 2, 1, 4, 12, 20, 10);
+  Eagle3Draft model{cfg};
+  TargetHead head;
+  at::Tensor ids, mask, loss_mask, aux, target_hidden;
+  LossOptions opt;
+
+  StepFixture() {
+    torch::manual_seed(21);
+    model->to(torch::kDouble);
+    {
+      torch::NoGradGuard g;
+      for (auto& p : model->parameters()) p.uniform_(-0.7, 0.7);
+    }
+    at::Tensor t2d = torch::zeros({20}, torch::kBool);
+    t2d.index_put_({torch::randperm(20).narrow(0, 0, 10)}, true);
+    model->set_vocab_mapping(torch::zeros({10}, torch::kLong), t2d);
+    head = TargetHead(torch::randn({20, 8}, torch::kDouble), t2d);
+    ids = torch::randint(0, 20, {2, 5}, torch::kLong);
+    mask = torch::tensor({1, 1, 1, 1, 1, 1, 1, 1, 0, 0}, torch::kLong).view({2, 5});
+    loss_mask = torch::tensor({0, 1, 1, 1, 0, 1, 1, 1, 0, 0}, torch::kLong).view({2, 5});
+    aux = torch::randn({2, 5, 24}, torch::kDouble);
+    // Make t2d tokens win the argmax often so several positions carry loss.
+    target_hidden = torch::randn({2, 5, 8}, torch::kDouble);
+    opt.ttt_length = 3;
+  }
+  double loss(AttentionImpl impl) {
+    torch::NoGradGuard g;
+    LossOptions o = opt;
+    o.attention = impl;
+    return ttt_step(*model, head, ids, mask, loss_mask, aux, target_hidden, o).loss.item<double>();
+  }
+};
+
+}  // namespace
+
+TEST_CASE("whole step: efficient and dense attention give the same loss and gradients",
+          "[model][ttt]") {
+  StepFixture f;
+  std::vector<std::vector<at::Tensor>> grads;
+  std::vector<double> losses;
+  for (auto impl : {AttentionImpl::kEfficient, AttentionImpl::kDense}) {
+    f.model->zero_grad();
+    LossOptions o = f.opt;
+    o.attention = impl;
+    StepOutput r = ttt_step(*f.model, f.head, f.ids, f.mask, f.loss_mask, f.aux, f.target_hidden, o);
+    r.loss.backward();
+    losses.push_back(r.loss.item<double>());
+    std::vector<at::Tensor> g;
+    for (auto& p : f.model->trainable_parameters()) g.push_back(p.grad().clone());
+    grads.push_back(g);
+    CHECK(r.ploss.sizes() == at::IntArrayRef({3}));
+    CHECK_FALSE(r.ploss.requires_grad());
+    CHECK(r.position_tokens[0].item<float>() > 0);
+  }
+  CHECK(std::abs(losses[0] - losses[1]) < 1e-12);
+  for (size_t k = 0; k < grads[0].size(); ++k) {
+    INFO("parameter " << k);
+    CHECK((grads[0][k] - grads[1][k]).abs().max().item<double>() < 1e-10);
+  }
+}
+
+TEST_CASE("whole step: finite-difference gradients in double", "[model][ttt]") {
+  StepFixture f;
+  f.model->zero_grad();
+  StepOutput r = ttt_step(*f.model, f.head, f.ids, f.mask, f.loss_mask, f.aux, f.target_hidden, f.opt);
+  r.loss.backward();
+  const double h = 1e-5;
+  int checked = 0;
+  for (const auto& named : f.model->named_parameters()) {
+    at::Tensor p = named.value();
+    if (!p.requires_grad()) continue;
+    at::Tensor flat = p.data().view(-1);
+    at::Tensor grad = p.grad().view(-1);
+    for (int64_t idx : {int64_t{0}, flat.numel() / 2, flat.numel() - 1}) {
+      const double orig = flat[idx].item<double>();
+      flat[idx] = orig + h;
+      const double up = f.loss(AttentionImpl::kEfficient);
+      flat[idx] = orig - h;
+      const double down = f.loss(AttentionImpl::kEfficient);
+      flat[idx] = orig;
+      const double fd = (up - down) / (2 * h);
+      const double g = grad[idx].item<double>();
+      INFO(named.key() << "[" << idx << "] autograd " << g << " finite difference " << fd);
+      CHECK(std::abs(fd - g) < 1e-7 * std::max(1.0, std::abs(g)));
+      ++checked;
+    }
+  }
+  CHECK(checked == 13 * 3);
+}
+
+TEST_CASE("per-valid-token normalisation and bad batches", "[model][ttt]") {
+  StepFixture f;
+  StepOutput a = ttt_step(*f.model, f.head, f.ids, f.mask, f.loss_mask, f.aux, f.target_hidden, f.opt);
+  LossOptions o = f.opt;
+  o.normalization = LossNormalization::kValidTokens;
+  StepOutput b = ttt_step(*f.model, f.head, f.ids, f.mask, f.loss_mask, f.aux, f.target_hidden, o);
+  for (int i = 0; i < 3; ++i) {
+    const double n = std::max(1.0f, a.position_tokens[i].item<float>());
+    CHECK(b.ploss[i].item<double>() == Approx(a.ploss[i].item<double>() * 10 / n).epsilon(1e-6));
+  }
+  CHECK_THROWS_WITH(ttt_step(*f.model, f.head, f.ids, f.mask, f.loss_mask, f.aux.narrow(2, 0, 20),
+                             f.target_hidden, f.opt),
+                    Catch::Contains("aux_hidden"));
+  CHECK_THROWS_WITH(ttt_step(*f.model, f.head, f.ids, f.mask.narrow(1, 0, 4), f.loss_mask, f.aux,
+                             f.target_hidden, f.opt),
+                    Catch::Contains("attention_mask"));
+  o.check_padding = true;
+  at::Tensor left = f.mask.flip(1);
+  CHECK_THROWS_WITH(ttt_step(*f.model, f.head, f.ids, left, f.loss_mask, f.aux, f.target_hidden, o),
+                    Catch::Contains("right-padded"));
+}
