@@ -55,6 +55,11 @@ class RMSNorm(nn.Module):
         return self.weight * y.to(x.dtype)
 
 
+def upcast(t):
+    """bf16/fp32 -> fp32 (the spec's softmax precision); fp64 stays fp64 for the self-test."""
+    return t if t.dtype == torch.float64 else t.float()
+
+
 def rotate_half(x):
     a, b = x.chunk(2, dim=-1)
     return torch.cat((-b, a), dim=-1)
@@ -88,11 +93,11 @@ class Attention(nn.Module):
         ks = [t.repeat_interleave(rep, dim=1) for t in cache[0]]
         vs = [t.repeat_interleave(rep, dim=1) for t in cache[1]]
         scale = 1.0 / math.sqrt(c.head_dim)
-        scores0 = torch.matmul(q, ks[0].transpose(-1, -2)).float() * scale  # [B,nh,S,S]
+        scores0 = upcast(torch.matmul(q, ks[0].transpose(-1, -2))) * scale  # [B,nh,S,S]
         causal = torch.ones(S, S, dtype=torch.bool, device=x.device).tril()
         allowed = causal[None, None] & key_valid[:, None, None, :]
         scores0 = scores0.masked_fill(~allowed, float("-inf"))
-        diag = [(q * kj).sum(-1, keepdim=True).float() * scale for kj in ks[1:]]  # [B,nh,S,1]
+        diag = [upcast((q * kj).sum(-1, keepdim=True)) * scale for kj in ks[1:]]  # [B,nh,S,1]
         probs = torch.softmax(torch.cat([scores0] + diag, dim=-1), dim=-1)
         # Rows with no allowed key (cannot happen for valid rows) would be NaN: zero them.
         probs = torch.nan_to_num(probs, nan=0.0).to(q.dtype)
@@ -168,7 +173,7 @@ class Eagle3Draft(nn.Module):
             cos, sin = self.rope(torch.arange(i, S + i, device=ids.device), h.dtype)
             emb = self.embed_tokens(ids).to(h.dtype)
             h = self.midlayer(emb, h, cos, sin, cache, key_valid)
-            logits = self.lm_head(self.norm(h)).float()
+            logits = upcast(self.lm_head(self.norm(h)))
             p = target_p[:, i:i + S]
             m = position_mask.to(logits.dtype)
             plogp = (p * F.log_softmax(logits, dim=-1)).sum(-1)
@@ -192,7 +197,7 @@ def target_distribution(target_hidden, loss_mask, head, t2d, ttt_length):
     """Spec 4: bf16 logits over the full vocab for argmax, softmax over the t2d columns only."""
     logits = torch.matmul(target_hidden.to(head.dtype), head.t())  # [B,S,V]
     position_mask = loss_mask * t2d[logits.argmax(-1)].to(loss_mask.dtype)
-    p = torch.softmax(logits[..., t2d].float(), dim=-1)
+    p = torch.softmax(upcast(logits[..., t2d]), dim=-1)
     vd = p.shape[-1]
     p = F.pad(p, (0, 0, 0, ttt_length), value=1.0 / vd)
     return p, position_mask
