@@ -63,7 +63,8 @@ def parse_args(argv=None):
     a("--log-steps", type=int, default=1, help="print every N steps (JSONL gets every step)")
     a("--param-dtype", choices=["bf16", "fp32"], default="bf16", help="FSDP2 compute dtype")
     a("--init-weights", help="safetensors file (or dir with model.safetensors), spec 7 names")
-    a("--save-init", help="write the initial draft weights (spec 7 export) to this file and go on")
+    a("--save-init", help="export the initial draft (config.json + model.safetensors, spec 7) to "
+      "this directory, then train as usual")
     a("--save-final", action="store_true", help="export epoch_<E>_step_<S>/ at the end")
     a("--eval-only", action="store_true", help="skip training: eval --init-weights and exit")
     a("--threads", type=int, default=0, help="torch threads per rank (0: cores / local ranks)")
@@ -158,6 +159,16 @@ def export_weights(model, path, rank):
         save_file(out, str(path), metadata={"format": "pt"})
 
 
+def export_draft(model, args, out, rank):
+    """A spec 7 export directory: config.json (the draft config) + model.safetensors."""
+    export_weights(model, out / "model.safetensors", rank)
+    if rank == 0:
+        with open(args.draft_model_config) as f, open(out / "config.json", "w") as g:
+            raw = json.load(f)
+            raw["tie_word_embeddings"] = False
+            json.dump(raw, g, indent=2)
+
+
 class Logger:
     def __init__(self, out_dir, rank):
         self.rank = rank
@@ -236,7 +247,7 @@ def main():
                             weight_decay=0.0)
     log = Logger(args.output_dir, rank)
     if args.save_init:
-        export_weights(model, args.save_init, rank)
+        export_draft(model, args, Path(args.save_init), rank)
     eval_files = (list_feature_files(args.eval_hidden_states_path, "--eval-hidden-states-path")
                   if args.eval_hidden_states_path else [])
 
@@ -252,7 +263,9 @@ def main():
               f"{accum}, total steps {total}, param dtype {args.param_dtype}", flush=True)
 
     step, micro_seen, epoch = 0, 0, 0
-    acc_stats = torch.zeros(2 * T + 1, dtype=torch.float64)  # ploss_i, acc_i, tokens
+    # Summed over the step's micro-batches and ranks: ploss_i | correct_i | loss tokens_i | tokens.
+    # acc_i is token-weighted over the whole step (fsdp-train's StepMetrics does the same).
+    acc_stats = torch.zeros(3 * T + 1, dtype=torch.float64)
     run_t0 = t0 = time.perf_counter()
     steady = {"tokens": 0.0, "seconds": 0.0, "steps": 0}
     while step < total and not args.eval_only:
@@ -263,8 +276,9 @@ def main():
             loss.backward()
             for i in range(T):
                 acc_stats[i] += float(pl[i].detach())
-                acc_stats[T + i] += float(co[i]) / max(float(de[i]), 1e-6)
-            acc_stats[2 * T] += float(batch["attention_mask"].sum())
+                acc_stats[T + i] += float(co[i])
+                acc_stats[2 * T + i] += float(de[i])
+            acc_stats[3 * T] += float(batch["attention_mask"].sum())
             micro_seen += 1
             if micro_seen % accum:
                 continue
@@ -281,12 +295,12 @@ def main():
             rss = torch.tensor([peak_rss_mib()])
             rss_all = [torch.zeros(1) for _ in range(world)]
             dist.all_gather(rss_all, rss)
-            tokens = float(acc_stats[2 * T])
+            tokens = float(acc_stats[3 * T])
             rec = {"step": step, "epoch": epoch}
             for i in range(T):
                 rec[f"train/ploss_{i}"] = float(acc_stats[i]) / (accum * world)
             for i in range(T):
-                rec[f"train/acc_{i}"] = float(acc_stats[T + i]) / (accum * world)
+                rec[f"train/acc_{i}"] = float(acc_stats[T + i]) / max(float(acc_stats[2 * T + i]), 1e-6)
             rec.update({"train/lr": lr, "train/grad_norm": float(gn), "perf/step_s": dt,
                         "perf/tokens": tokens, "perf/tokens_per_s": tokens / dt,
                         "mem/peak_rss_mib": [round(float(r), 1) for r in rss_all]})
@@ -313,15 +327,16 @@ def main():
     dist.all_gather(rss_all, torch.tensor([peak_rss_mib()]))
     summary["mem/peak_rss_mib"] = [round(float(r), 1) for r in rss_all]
     if args.save_final and not args.eval_only:
-        out = Path(args.output_dir) / f"epoch_{max(epoch - 1, 0)}_step_{step}"
-        export_weights(model, out / "model.safetensors", rank)
-        if rank == 0:
-            with open(args.draft_model_config) as f, open(out / "config.json", "w") as g:
-                raw = json.load(f)
-                raw["tie_word_embeddings"] = False
-                json.dump(raw, g, indent=2)
+        export_draft(model, args, Path(args.output_dir) / f"epoch_{max(epoch - 1, 0)}_step_{step}",
+                     rank)
     log.write(summary)
+    dist.barrier()
     dist.destroy_process_group()
+    # Interpreter teardown occasionally aborts in a c10d store thread ("terminate called without
+    # an active exception", seen once in 8 runs) after all work is done: skip it.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
