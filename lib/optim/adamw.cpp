@@ -1,0 +1,87 @@
+// Fused AdamW kernel over flat fp32 pieces (see adamw.h). The CPU loop mirrors the per-element
+// order of torch's single-tensor AdamW so results agree to rounding; it must never allocate.
+#include "optim/adamw.h"
+
+#include <ATen/Parallel.h>
+#include <ATen/ops/addcdiv.h>
+#include <ATen/ops/sqrt.h>
+
+#include <cmath>
+
+#include "core/error.h"
+
+namespace fsdp::optim {
+
+void AdamWOptions::validate() const {
+  FSDP_USAGE_CHECK(beta1 >= 0.0 && beta1 < 1.0, str("adam beta1 ", beta1, " is not in [0, 1)"),
+                   "set --adam-beta1 to a value such as 0.9");
+  FSDP_USAGE_CHECK(beta2 >= 0.0 && beta2 < 1.0, str("adam beta2 ", beta2, " is not in [0, 1)"),
+                   "set --adam-beta2 to a value such as 0.999");
+  FSDP_USAGE_CHECK(eps > 0.0, str("adam eps ", eps, " must be positive"),
+                   "set --adam-eps to a value such as 1e-8");
+  FSDP_USAGE_CHECK(weight_decay >= 0.0, str("weight decay ", weight_decay, " is negative"),
+                   "set --weight-decay to 0 or a positive value");
+  FSDP_USAGE_CHECK(decay_min_dim >= 0, str("decay_min_dim ", decay_min_dim, " is negative"),
+                   "use 2 to exclude 1-D parameters from weight decay, 0 to decay all");
+}
+
+bool decays(const AdamWOptions& options, int64_t dim) { return dim >= options.decay_min_dim; }
+
+void adamw_update(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,
+                  const at::Tensor& exp_avg_sq, const AdamWOptions& o, double weight_decay,
+                  const AdamWStep& s) {
+  const int64_t n = param.numel();
+  FSDP_ASSERT(grad.numel() == n && exp_avg.numel() == n && exp_avg_sq.numel() == n,
+              "adamw_update: numel mismatch");
+  FSDP_ASSERT(param.scalar_type() == at::kFloat && grad.scalar_type() == at::kFloat &&
+                  exp_avg.scalar_type() == at::kFloat && exp_avg_sq.scalar_type() == at::kFloat,
+              "adamw_update: tensors must be fp32");
+  if (n == 0) return;
+  // Scalars are formed in double as Python does, then used at fp32 like torch's CPU kernels.
+  const double bc1 = 1.0 - std::pow(o.beta1, static_cast<double>(s.step));
+  const double bc2 = 1.0 - std::pow(o.beta2, static_cast<double>(s.step));
+  const double step_size = s.lr / bc1;
+  const double bc2_sqrt = std::sqrt(bc2);
+  const float decay = static_cast<float>(1.0 - s.lr * weight_decay);
+  const float w1 = static_cast<float>(1.0 - o.beta1);
+  const float b2 = static_cast<float>(o.beta2);
+  const float w2 = static_cast<float>(1.0 - o.beta2);
+  const float eps = static_cast<float>(o.eps);
+  const float scale = static_cast<float>(s.grad_scale);
+  const float neg_step = static_cast<float>(-step_size);
+  const float bc2s = static_cast<float>(bc2_sqrt);
+
+  if (param.device().is_cpu()) {
+    FSDP_ASSERT(param.is_contiguous() && grad.is_contiguous() && exp_avg.is_contiguous() &&
+                    exp_avg_sq.is_contiguous(),
+                "adamw_update: tensors must be contiguous");
+    float* p = param.data_ptr<float>();
+    const float* g = grad.data_ptr<float>();
+    float* m = exp_avg.data_ptr<float>();
+    float* v = exp_avg_sq.data_ptr<float>();
+    at::parallel_for(0, n, 1 << 14, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        const float gi = g[i] * scale;
+        float pi = p[i] * decay;
+        // torch lerp with weight < 0.5: self + weight * (end - self)
+        const float mi = m[i] + w1 * (gi - m[i]);
+        const float vi = v[i] * b2 + w2 * (gi * gi);
+        const float denom = std::sqrt(vi) / bc2s + eps;
+        pi = pi + neg_step * (mi / denom);
+        p[i] = pi;
+        m[i] = mi;
+        v[i] = vi;
+      }
+    });
+    return;
+  }
+  // GPU and other devices: the same arithmetic as tensor operations (torch's foreach path).
+  at::Tensor g = s.grad_scale == 1.0 ? grad : grad * s.grad_scale;
+  if (weight_decay != 0.0) param.mul_(1.0 - s.lr * weight_decay);
+  exp_avg.lerp_(g, 1.0 - o.beta1);
+  exp_avg_sq.mul_(o.beta2).addcmul_(g, g, 1.0 - o.beta2);
+  at::Tensor denom = (exp_avg_sq.sqrt() / bc2_sqrt).add_(o.eps);
+  param.addcdiv_(exp_avg, denom, -step_size);
+}
+
+}  // namespace fsdp::optim

@@ -1,0 +1,44 @@
+// Global gradient norm (see grad_norm.h). One fp64 all-reduce per step; never gathers gradients.
+#include "optim/grad_norm.h"
+
+#include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/full.h>
+
+#include <cmath>
+#include <functional>
+
+#include "comm/communicator.h"
+#include "core/error.h"
+
+namespace fsdp::optim {
+
+double sum_of_squares(const at::Tensor& t) {
+  if (t.numel() == 0) return 0.0;
+  if (t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous()) {
+    const float* p = t.data_ptr<float>();
+    return at::parallel_reduce(
+        0, t.numel(), 1 << 15, 0.0,
+        [p](int64_t b, int64_t e, double acc) {
+          for (int64_t i = b; i < e; ++i) acc += static_cast<double>(p[i]) * p[i];
+          return acc;
+        },
+        std::plus<double>());
+  }
+  return t.to(at::kDouble).square().sum().item<double>();
+}
+
+double global_norm(double local_sum_sq, comm::Communicator* comm, c10::Device device) {
+  if (comm == nullptr || comm->size() == 1) return std::sqrt(local_sum_sq);
+  at::Tensor v = at::full({1}, local_sum_sq, at::TensorOptions().dtype(at::kDouble).device(device));
+  comm->all_reduce(v, comm::ReduceOp::kSum)->wait();
+  return std::sqrt(v.cpu().item<double>());
+}
+
+double clip_coefficient(double norm, double max_norm) {
+  if (max_norm <= 0.0) return 1.0;
+  const double coef = max_norm / (norm + 1e-6);
+  return coef < 1.0 ? coef : 1.0;
+}
+
+}  // namespace fsdp::optim

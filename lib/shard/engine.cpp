@@ -1,0 +1,364 @@
+// The sharding engine's unit lifecycle (see engine.h): gather before a use, release after it,
+// re-gather on the output gradient, reduce when the unit's gradients are complete, finish at
+// the end of backward, and the optimizer step over the shards. Never branches on data.
+#include "shard/engine.h"
+
+#include <c10/core/GradMode.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <cmath>
+#include <functional>
+#include <set>
+#include <unordered_map>
+
+#include "comm/communicator.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "optim/grad_norm.h"
+#include "shard/flat_param.h"
+
+namespace fsdp::shard {
+
+struct ShardEngine::Unit {
+  std::string name;
+  size_t index = 0;
+  std::unique_ptr<FlatParam> trainable;  // null when the unit has no trainable parameters
+  std::unique_ptr<FlatParam> frozen;     // null when it has no frozen ones
+  bool needs_backward = false;  // an output required grad in the last forward
+  bool backward_started = false;
+  bool backward_done = false;
+  size_t grads_fired = 0;
+
+  std::vector<FlatParam*> flats() const {
+    std::vector<FlatParam*> v;
+    if (trainable) v.push_back(trainable.get());
+    if (frozen) v.push_back(frozen.get());
+    return v;
+  }
+};
+
+namespace {
+
+// Post-accumulate-grad hook: fires once per backward per leaf, after autograd summed all uses'
+// gradients into .grad. That is the signal that one parameter's gradient is complete.
+class GradReadyHook final : public torch::autograd::PostAccumulateGradHook {
+ public:
+  explicit GradReadyHook(std::function<void()> fn) : fn_(std::move(fn)) {}
+  void operator()(const torch::autograd::Variable&) override { fn_(); }
+
+ private:
+  std::function<void()> fn_;
+};
+
+bool frees_after_forward(Strategy s) {
+  return s == Strategy::kFullShard || s == Strategy::kHybridShard;
+}
+
+}  // namespace
+
+ShardEngine::ShardEngine(torch::nn::Module& model, CommGroups groups, EngineOptions options)
+    : model_(model), groups_(std::move(groups)), options_(std::move(options)) {
+  options_.validate();
+  const bool sharded = options_.strategy != Strategy::kNoShard;
+  FSDP_USAGE_CHECK(sharded || !groups_.shard || groups_.shard->size() == 1,
+                   "NO_SHARD was given a shard group of more than one rank",
+                   "pass CommGroups{nullptr, world} (make_comm_groups does this)");
+  FSDP_USAGE_CHECK(options_.strategy == Strategy::kHybridShard ||
+                       options_.strategy == Strategy::kNoShard || !groups_.replicate ||
+                       groups_.replicate->size() == 1,
+                   str(strategy_name(options_.strategy), " was given a replicate group"),
+                   "use HYBRID_SHARD to replicate across nodes");
+
+  // Units: the named submodules, or one per direct child with parameters.
+  std::vector<std::string> names = options_.units;
+  std::unordered_map<std::string, std::shared_ptr<torch::nn::Module>> modules;
+  for (const auto& item : model_.named_modules("", /*include_self=*/false)) {
+    modules[item.key()] = item.value();
+  }
+  if (names.empty()) {
+    for (const auto& child : model_.named_children()) {
+      if (!child.value()->parameters(/*recurse=*/true).empty()) names.push_back(child.key());
+    }
+  }
+  FSDP_USAGE_CHECK(!names.empty(), "the model has no submodule with parameters to shard",
+                   "wrap the model's layers in submodules and name them as units");
+
+  std::unordered_map<const void*, std::string> owner;
+  for (const auto& name : names) {
+    auto it = modules.find(name);
+    if (it == modules.end()) {
+      std::string avail;
+      for (const auto& c : model_.named_children()) avail += (avail.empty() ? "" : ", ") + c.key();
+      FSDP_USAGE_CHECK(false, str("unit '", name, "' is not a submodule of the model"),
+                       str("use submodule names (paths with dots allowed); children are: ", avail));
+    }
+    auto u = std::make_unique<Unit>();
+    u->name = name;
+    u->index = units_.size();
+    std::vector<ParamSpec> tspec, fspec;
+    std::vector<at::Tensor> tparams, fparams;
+    for (const auto& p : it->second->named_parameters(/*recurse=*/true)) {
+      const std::string full = name + "." + p.key();
+      const void* impl = p.value().unsafeGetTensorImpl();
+      FSDP_USAGE_CHECK(!owner.count(impl),
+                       str("parameter ", full, " belongs to units '", owner[impl], "' and '",
+                           name, "'"),
+                       "units must not overlap: name sibling submodules, not a parent and child");
+      owner[impl] = name;
+      ParamSpec spec{full, p.value().sizes().vec(), optim::decays(options_.adamw, p.value().dim())};
+      if (p.value().requires_grad()) {
+        tspec.push_back(spec);
+        tparams.push_back(p.value());
+      } else {
+        fspec.push_back(spec);
+        fparams.push_back(p.value());
+      }
+    }
+    FSDP_USAGE_CHECK(!tspec.empty() || !fspec.empty(), str("unit '", name, "' has no parameters"),
+                     "remove it from the unit list");
+    const int group = groups_.shard ? groups_.shard->size() : 1;
+    comm::Communicator* sc = groups_.shard.get();
+    comm::Communicator* rc = groups_.replicate.get();
+    if (!tspec.empty()) {
+      u->trainable = std::make_unique<FlatParam>(make_flat_layout(name, true, tspec, group),
+                                                 tparams, options_, sc, rc);
+    }
+    if (!fspec.empty()) {
+      u->frozen = std::make_unique<FlatParam>(make_flat_layout(name, false, fspec, group),
+                                              fparams, options_, sc, rc);
+    }
+    by_name_[name] = u.get();
+    unit_names_.push_back(name);
+    units_.push_back(std::move(u));
+  }
+  for (const auto& p : model_.named_parameters(/*recurse=*/true)) {
+    FSDP_USAGE_CHECK(owner.count(p.value().unsafeGetTensorImpl()),
+                     str("parameter ", p.key(), " is in no unit"),
+                     "add its submodule to the unit list, or move it into a submodule");
+  }
+  for (auto& u : units_) {
+    for (FlatParam* f : u->flats()) layouts_.push_back(&f->layout());
+    if (!u->trainable) continue;
+    Unit* up = u.get();
+    const auto& params = u->trainable->params();
+    for (size_t i = 0; i < params.size(); ++i) {
+      torch::autograd::impl::set_post_acc_grad_hooks(
+          params[i], std::make_unique<GradReadyHook>([this, up, i] {
+            up->trainable->adopt_grad(i);
+            if (++up->grads_fired == up->trainable->params().size()) on_grad_ready(*up);
+          }));
+    }
+  }
+}
+
+ShardEngine::~ShardEngine() {
+  for (auto& u : units_) {
+    if (!u->trainable) continue;
+    for (const auto& p : u->trainable->params()) {
+      torch::autograd::impl::set_post_acc_grad_hooks(p, nullptr);
+    }
+  }
+}
+
+ShardEngine::Unit& ShardEngine::unit(const std::string& name) {
+  auto it = by_name_.find(name);
+  FSDP_CHECK(it != by_name_.end(), str("the model ran unit '", name, "' that the engine does not know"),
+             "pass the model's run_unit names as EngineOptions::units");
+  return *it->second;
+}
+
+int ShardEngine::shard_rank() const { return groups_.shard ? groups_.shard->rank() : 0; }
+int ShardEngine::shard_size() const { return groups_.shard ? groups_.shard->size() : 1; }
+int ShardEngine::replicate_rank() const { return groups_.replicate ? groups_.replicate->rank() : 0; }
+int ShardEngine::replicate_size() const {
+  return groups_.replicate ? groups_.replicate->size() : 1;
+}
+
+std::vector<FlatParam*> ShardEngine::flat_params() const {
+  std::vector<FlatParam*> v;
+  for (const auto& u : units_)
+    for (FlatParam* f : u->flats()) v.push_back(f);
+  return v;
+}
+
+void ShardEngine::track_memory() {
+  int64_t g = 0, b = 0;
+  for (FlatParam* f : flat_params()) {
+    g += f->gathered_bytes();
+    b += f->grad_buffer_bytes();
+  }
+  peak_gathered_ = std::max(peak_gathered_, g);
+  peak_grad_ = std::max(peak_grad_, b);
+}
+
+void ShardEngine::gather(Unit& u, bool blocking) {
+  for (FlatParam* f : u.flats()) f->start_gather();
+  if (blocking)
+    for (FlatParam* f : u.flats()) f->wait_gather();
+  track_memory();
+}
+
+void ShardEngine::release(Unit& u) {
+  for (FlatParam* f : u.flats()) f->release();
+}
+
+void ShardEngine::pre_forward(const std::string& name) {
+  Unit& u = unit(name);
+  const bool training = at::GradMode::is_enabled();
+  if (training) current_order_.push_back(&u);
+  gather(u, /*blocking=*/true);
+  if (training && options_.prefetch) prefetch_after(current_order_.size() - 1);
+}
+
+void ShardEngine::prefetch_after(size_t pos) {
+  // Follow the order of the previous forward while this one matches it.
+  if (pos + 1 >= forward_order_.size() || forward_order_[pos] != current_order_[pos]) return;
+  Unit* next = forward_order_[pos + 1];
+  if (next != current_order_[pos]) gather(*next, /*blocking=*/false);
+}
+
+void ShardEngine::post_forward(const std::string& name, const at::Tensor& output) {
+  Unit& u = unit(name);
+  if (at::GradMode::is_enabled() && output.defined() && output.requires_grad()) {
+    u.needs_backward = true;
+    Unit* up = &u;
+    output.register_hook([this, up](const at::Tensor&) { pre_backward(*up); });
+  }
+  if (frees_after_forward(options_.strategy)) release(u);
+}
+
+void ShardEngine::pre_backward(Unit& u) {
+  if (!in_backward_) {
+    in_backward_ = true;
+    torch::autograd::Engine::get_default_engine().queue_callback([this] { finish_backward(); });
+  }
+  if (u.backward_started) return;
+  u.backward_started = true;
+  gather(u, /*blocking=*/true);
+  if (u.trainable) u.trainable->prepare_grads();
+  track_memory();
+  if (options_.prefetch) prefetch_before(u);
+}
+
+void ShardEngine::prefetch_before(Unit& u) {
+  // The unit that ran before u's last use in the previous forward is the next one backward.
+  size_t pos = forward_order_.size();
+  for (size_t i = forward_order_.size(); i-- > 0;) {
+    if (forward_order_[i] == &u) {
+      pos = i;
+      break;
+    }
+  }
+  for (size_t i = pos; i-- > 0 && pos < forward_order_.size();) {
+    Unit* v = forward_order_[i];
+    if (v == &u) continue;
+    if (v->needs_backward && !v->backward_started && !v->backward_done) gather(*v, false);
+    return;
+  }
+}
+
+void ShardEngine::on_grad_ready(Unit& u) {
+  u.backward_done = true;
+  reduce_unit(u);
+  if (frees_after_forward(options_.strategy)) {
+    u.trainable->release();
+    // Frozen parameters of the unit may still feed input gradients: freed at the end.
+  }
+}
+
+void ShardEngine::reduce_unit(Unit& u) {
+  u.trainable->reduce_grads(sync_gradients_);
+  track_memory();
+}
+
+void ShardEngine::finish_backward() {
+  // Forward order of this iteration becomes the prefetch plan of the next.
+  if (!current_order_.empty()) {
+    forward_order_ = current_order_;
+    current_order_.clear();
+  }
+  if (!in_backward_) return;
+  // Units whose parameters were not all reached still reduce (zeros), in unit order on all ranks.
+  for (auto& u : units_) {
+    if (u->trainable && u->backward_started && !u->backward_done) {
+      u->backward_done = true;
+      reduce_unit(*u);
+    }
+  }
+  for (auto& u : units_)
+    if (u->trainable) u->trainable->finish_reduce();
+  if (options_.strategy != Strategy::kNoShard) {
+    for (auto& u : units_) release(*u);
+  }
+  for (auto& u : units_) {
+    u->backward_started = false;
+    u->backward_done = false;
+    u->grads_fired = 0;
+  }
+  in_backward_ = false;
+}
+
+void ShardEngine::zero_grad() {
+  for (FlatParam* f : flat_params()) f->zero_grad();
+}
+
+StepResult ShardEngine::step(double lr, double max_grad_norm) {
+  finish_backward();
+  StepResult r;
+  double local = 0.0;
+  for (const auto& u : units_) {
+    if (!u->trainable) continue;
+    const FlatParam& f = *u->trainable;
+    const int64_t valid = f.layout().valid_numel(f.shard_rank());
+    local += optim::sum_of_squares(f.grad_shard().narrow(0, 0, valid));
+  }
+  // Replicas hold identical gradient shards after their all-reduce: sum over the shard group only.
+  const c10::Device norm_device =
+      groups_.shard && groups_.shard->backend() != "mpi" ? options_.device : c10::Device(c10::kCPU);
+  r.grad_norm = optim::global_norm(local, groups_.shard.get(), norm_device);
+  if (!std::isfinite(r.grad_norm)) {
+    r.skipped = true;
+    r.step = step_count_;
+    FSDP_LOG0(kWarn) << "non-finite gradient norm (" << r.grad_norm
+                     << "): optimizer step skipped, gradients dropped";
+    zero_grad();
+    current_order_.clear();
+    return r;
+  }
+  r.clip_coef = optim::clip_coefficient(r.grad_norm, max_grad_norm);
+  ++step_count_;
+  optim::AdamWStep s{lr, step_count_, r.clip_coef};
+  for (const auto& u : units_) {
+    if (!u->trainable) continue;
+    FlatParam& f = *u->trainable;
+    for (const DecayRun& run : f.decay_runs()) {
+      optim::adamw_update(f.master().narrow(0, run.offset, run.length),
+                          f.grad_shard().narrow(0, run.offset, run.length),
+                          f.exp_avg().narrow(0, run.offset, run.length),
+                          f.exp_avg_sq().narrow(0, run.offset, run.length), options_.adamw,
+                          run.decay ? options_.adamw.weight_decay : 0.0, s);
+    }
+    f.refresh_after_update();
+  }
+  zero_grad();
+  current_order_.clear();
+  r.step = step_count_;
+  return r;
+}
+
+MemoryStats ShardEngine::memory() const {
+  MemoryStats m;
+  for (FlatParam* f : flat_params()) {
+    m.persistent_device_bytes += f->persistent_device_bytes();
+    m.persistent_host_bytes += f->persistent_host_bytes();
+    m.gathered_param_bytes += f->gathered_bytes();
+    m.grad_buffer_bytes += f->grad_buffer_bytes();
+  }
+  m.peak_gathered_param_bytes = std::max(peak_gathered_, m.gathered_param_bytes);
+  m.peak_grad_buffer_bytes = std::max(peak_grad_, m.grad_buffer_bytes);
+  return m;
+}
+
+}  // namespace fsdp::shard

@@ -1,0 +1,301 @@
+// Engine state in and out: full fp32 tensors by name (export, initial weights) and per-rank
+// shard files with a manifest of the flat layouts, loadable at another world size. Never writes
+// outside the directory it is given and never changes the flat layout while loading.
+#include <ATen/ops/empty.h>
+#include <c10/core/GradMode.h>
+#include <torch/csrc/jit/serialization/pickle.h>
+
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "comm/communicator.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "shard/engine.h"
+#include "shard/flat_param.h"
+
+namespace fsdp::shard {
+
+std::map<std::string, at::Tensor> ShardEngine::full_state(bool rank0_only) {
+  finish_backward();
+  c10::NoGradGuard no_grad;
+  std::map<std::string, at::Tensor> out;
+  comm::Communicator* sc = groups_.shard.get();
+  const bool keep = !rank0_only || (shard_rank() == 0 && replicate_rank() == 0);
+  for (FlatParam* f : flat_params()) {
+    const FlatLayout& l = f->layout();
+    // Gather in fp32 on the communicator's device, then slice per parameter on the host.
+    const c10::Device dev =
+        sc && sc->backend() != "mpi" ? options_.device : c10::Device(c10::kCPU);
+    at::Tensor shard = f->master().to(dev, at::kFloat).contiguous();
+    at::Tensor full;
+    if (sc && sc->size() > 1) {
+      full = at::empty({l.padded_numel}, shard.options());
+      sc->all_gather(shard, full)->wait();
+    } else {
+      full = shard;
+    }
+    if (!keep) continue;
+    full = full.cpu();
+    for (const ParamSlot& p : l.params) {
+      out[p.name] = full.narrow(0, p.offset, p.numel).view(p.shape).clone();
+    }
+  }
+  return out;
+}
+
+void ShardEngine::load_full_state(const std::map<std::string, at::Tensor>& tensors,
+                                  bool allow_missing) {
+  finish_backward();
+  c10::NoGradGuard no_grad;
+  // Every rank checks every tensor (not only those in its shard) so all ranks agree on errors.
+  for (FlatParam* f : flat_params()) {
+    for (const ParamSlot& p : f->layout().params) {
+      auto it = tensors.find(p.name);
+      FSDP_CHECK(it != tensors.end() || allow_missing,
+                 str("tensor '", p.name, "' is missing from the loaded state"),
+                 "load a state saved from the same model, or allow missing tensors");
+      FSDP_CHECK(it == tensors.end() || it->second.sizes().vec() == p.shape,
+                 fsdp::str("tensor '", p.name, "' has shape ", it->second.sizes(),
+                           ", the model has ", c10::IntArrayRef(p.shape)),
+                 "load a state saved from a model with the same configuration");
+    }
+  }
+  for (FlatParam* f : flat_params()) {
+    const FlatLayout& l = f->layout();
+    for (const ShardPiece& piece : shard_pieces(l, f->shard_rank())) {
+      const ParamSlot& p = l.params[piece.param];
+      auto it = tensors.find(p.name);
+      if (it == tensors.end()) continue;
+      at::Tensor src = it->second.reshape({-1}).narrow(0, piece.param_offset, piece.length);
+      f->master().narrow(0, piece.shard_offset, piece.length).copy_(src);
+    }
+    f->refresh_after_update();
+  }
+}
+
+namespace {
+
+constexpr const char* kMagic = "fsdp-shard-state";
+constexpr int kVersion = 1;
+
+// POSIX calls rather than std::filesystem: the PyTorch wheel's libtorch exports its own
+// std::filesystem symbols, which can shadow libstdc++'s and crash (seen with remove_all).
+std::string shard_file(const std::string& dir, int shard_rank) {
+  return dir + "/" + str("shard_", shard_rank, ".pt");
+}
+
+void make_dirs(const std::string& dir) {
+  for (size_t pos = 1; pos <= dir.size(); ++pos) {
+    if (pos < dir.size() && dir[pos] != '/') continue;
+    const std::string part = dir.substr(0, pos);
+    if (::mkdir(part.c_str(), 0755) != 0 && errno != EEXIST) {
+      FSDP_CHECK(false, str("cannot create directory ", part, ": ", std::strerror(errno)),
+                 "check the path and its permissions");
+    }
+  }
+}
+
+void write_bytes(const std::string& path, const std::vector<char>& bytes) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream os(tmp, std::ios::binary);
+    FSDP_CHECK(os.good(), str("cannot write ", tmp), "check that the directory is writable");
+    os.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    FSDP_CHECK(os.good(), str("write to ", tmp, " failed"), "check free disk space");
+  }
+  FSDP_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0,
+             str("cannot rename ", tmp, " to ", path, ": ", std::strerror(errno)),
+             "check the directory's permissions");
+}
+
+std::vector<char> read_bytes(const std::string& path) {
+  std::ifstream is(path, std::ios::binary);
+  FSDP_CHECK(is.good(), str("cannot read ", path),
+             "the state directory is incomplete: every shard_<r>.pt of the manifest must exist");
+  return std::vector<char>((std::istreambuf_iterator<char>(is)), std::istreambuf_iterator<char>());
+}
+
+struct SavedFlat {
+  FlatLayout layout;
+  std::string dtype;
+};
+
+struct Manifest {
+  std::string strategy;
+  int shard_size = 0;
+  int replicate_size = 0;
+  int64_t step = 0;
+  std::vector<SavedFlat> flats;
+};
+
+void write_manifest(const std::string& path, const ShardEngine& e) {
+  std::ostringstream os;
+  os << kMagic << ' ' << kVersion << '\n';
+  os << "strategy " << strategy_name(e.options().strategy) << '\n';
+  os << "shard_size " << e.shard_size() << '\n';
+  os << "replicate_size " << e.replicate_size() << '\n';
+  os << "step " << e.step_count() << '\n';
+  for (FlatParam* f : e.flat_params()) {
+    const FlatLayout& l = f->layout();
+    os << "flat " << l.unit << ' ' << (l.trainable ? 1 : 0) << ' ' << l.numel << ' '
+       << l.padded_numel << ' ' << l.shard_numel << ' ' << dtype_name(f->master().scalar_type())
+       << ' ' << l.params.size() << '\n';
+    for (const ParamSlot& p : l.params) {
+      os << "param " << p.name << ' ' << p.offset << ' ' << p.numel << ' ' << (p.decay ? 1 : 0)
+         << ' ' << p.shape.size();
+      for (int64_t d : p.shape) os << ' ' << d;
+      os << '\n';
+    }
+  }
+  const std::string s = os.str();
+  write_bytes(path, std::vector<char>(s.begin(), s.end()));
+}
+
+Manifest read_manifest(const std::string& path) {
+  std::vector<char> bytes = read_bytes(path);
+  std::istringstream is(std::string(bytes.begin(), bytes.end()));
+  Manifest m;
+  std::string magic;
+  int version = 0;
+  is >> magic >> version;
+  FSDP_CHECK(magic == kMagic && version == kVersion,
+             str(path, " is not a shard state manifest of version ", kVersion),
+             "point the loader at a directory written by save_state");
+  std::string key;
+  while (is >> key) {
+    if (key == "strategy") {
+      is >> m.strategy;
+    } else if (key == "shard_size") {
+      is >> m.shard_size;
+    } else if (key == "replicate_size") {
+      is >> m.replicate_size;
+    } else if (key == "step") {
+      is >> m.step;
+    } else if (key == "flat") {
+      SavedFlat f;
+      int trainable = 0;
+      size_t nparams = 0;
+      is >> f.layout.unit >> trainable >> f.layout.numel >> f.layout.padded_numel >>
+          f.layout.shard_numel >> f.dtype >> nparams;
+      f.layout.trainable = trainable != 0;
+      f.layout.group_size = m.shard_size;
+      for (size_t i = 0; i < nparams && is; ++i) {
+        ParamSlot p;
+        std::string tag;
+        int decay = 0;
+        size_t ndim = 0;
+        is >> tag >> p.name >> p.offset >> p.numel >> decay >> ndim;
+        FSDP_CHECK(tag == "param", str(path, ": expected 'param' line in flat ", f.layout.unit),
+                   "the manifest is corrupt; use another checkpoint");
+        p.decay = decay != 0;
+        p.shape.resize(ndim);
+        for (auto& d : p.shape) is >> d;
+        f.layout.params.push_back(std::move(p));
+      }
+      m.flats.push_back(std::move(f));
+    } else {
+      FSDP_CHECK(false, str(path, ": unknown manifest key '", key, "'"),
+                 "the manifest is corrupt or from a newer version");
+    }
+    FSDP_CHECK(!is.fail(), str(path, ": malformed line for '", key, "'"),
+               "the manifest is corrupt; use another checkpoint");
+  }
+  FSDP_CHECK(m.shard_size >= 1, str(path, ": missing shard_size"), "the manifest is corrupt");
+  return m;
+}
+
+void check_same_layout(const std::string& path, const FlatLayout& saved, const FlatLayout& now) {
+  bool same = saved.numel == now.numel && saved.params.size() == now.params.size();
+  for (size_t i = 0; same && i < now.params.size(); ++i) {
+    same = saved.params[i].name == now.params[i].name &&
+           saved.params[i].shape == now.params[i].shape &&
+           saved.params[i].offset == now.params[i].offset;
+  }
+  FSDP_CHECK(same, str(path, ": the flat layout of ", now.key(), " differs from the model's"),
+             "resume with the same model configuration and the same unit list");
+}
+
+}  // namespace
+
+void save_state(ShardEngine& engine, const std::string& dir) {
+  engine.finish_backward();
+  make_dirs(dir);
+  // Replicas hold identical shards: only replicate rank 0 writes.
+  if (engine.replicate_rank() == 0) {
+    c10::Dict<std::string, at::Tensor> dict;
+    for (FlatParam* f : engine.flat_params()) {
+      const std::string k = f->layout().key();
+      dict.insert(k + "/master", f->master().cpu());
+      if (f->trainable()) {
+        dict.insert(k + "/exp_avg", f->exp_avg().cpu());
+        dict.insert(k + "/exp_avg_sq", f->exp_avg_sq().cpu());
+      }
+    }
+    write_bytes(shard_file(dir, engine.shard_rank()), torch::jit::pickle_save(c10::IValue(dict)));
+    if (engine.shard_rank() == 0) write_manifest(dir + "/manifest.txt", engine);
+  }
+  // Every file exists before any rank returns.
+  if (engine.groups().shard) engine.groups().shard->barrier();
+  if (engine.groups().replicate) engine.groups().replicate->barrier();
+}
+
+void load_state(ShardEngine& engine, const std::string& dir) {
+  engine.finish_backward();
+  const std::string mpath = dir + "/manifest.txt";
+  const Manifest m = read_manifest(mpath);
+  std::map<int, c10::Dict<std::string, at::Tensor>> files;
+  auto file = [&](int r) -> const c10::Dict<std::string, at::Tensor>& {
+    auto it = files.find(r);
+    if (it == files.end()) {
+      const std::string path = shard_file(dir, r);
+      c10::IValue v = torch::jit::pickle_load(read_bytes(path));
+      FSDP_CHECK(v.isGenericDict(), str(path, " does not hold a dict of tensors"),
+                 "the state file is corrupt; use another checkpoint");
+      it = files.emplace(r, c10::impl::toTypedDict<std::string, at::Tensor>(v.toGenericDict())).first;
+    }
+    return it->second;
+  };
+  c10::NoGradGuard no_grad;
+  for (FlatParam* f : engine.flat_params()) {
+    const FlatLayout& now = f->layout();
+    const SavedFlat* saved = nullptr;
+    for (const auto& s : m.flats)
+      if (s.layout.unit == now.unit && s.layout.trainable == now.trainable) saved = &s;
+    FSDP_CHECK(saved, str(mpath, " has no state for ", now.key()),
+               "resume with the same model configuration and the same unit list");
+    check_same_layout(mpath, saved->layout, now);
+    std::vector<std::pair<std::string, at::Tensor>> targets = {{"/master", f->master()}};
+    if (f->trainable()) {
+      targets.push_back({"/exp_avg", f->exp_avg()});
+      targets.push_back({"/exp_avg_sq", f->exp_avg_sq()});
+    }
+    for (const auto& seg : reshard_segments(now.numel, saved->layout.shard_numel, now.shard_numel,
+                                            f->shard_rank())) {
+      FSDP_CHECK(seg.src_rank < m.shard_size,
+                 str(mpath, ": ", now.key(), " needs shard ", seg.src_rank, " of ", m.shard_size),
+                 "the manifest is corrupt");
+      const auto& d = file(seg.src_rank);
+      for (const auto& [suffix, dst] : targets) {
+        const std::string key = now.key() + suffix;
+        FSDP_CHECK(d.contains(key), str(shard_file(dir, seg.src_rank), " lacks ", key),
+                   "the state file is corrupt; use another checkpoint");
+        at::Tensor src = d.at(key);
+        FSDP_CHECK(src.numel() == saved->layout.shard_numel,
+                   str(shard_file(dir, seg.src_rank), ": ", key, " has ", src.numel(),
+                       " elements, the manifest says ", saved->layout.shard_numel),
+                   "the state file is corrupt; use another checkpoint");
+        dst.narrow(0, seg.dst_offset, seg.length).copy_(src.narrow(0, seg.src_offset, seg.length));
+      }
+    }
+    f->refresh_after_update();
+  }
+  engine.set_step_count(m.step);
+}
+
+}  // namespace fsdp::shard

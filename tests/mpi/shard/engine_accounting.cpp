@@ -1,0 +1,183 @@
+// Communication volume per step equals the theoretical count for each strategy (from the
+// communicators' statistics), FULL_SHARD persistent memory is 1/N of the unsharded state plus
+// padding, and non-finite gradients skip the step without touching weights or moments.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+
+#include "mpi/shard/groups.h"
+#include "mpi/shard/tiny_model.h"
+#include "shard/flat_param.h"
+
+using namespace fsdp;
+using namespace fsdp::testing;
+using comm::OpType;
+using shard::Strategy;
+
+namespace {
+
+// Forward uses per step and whether the unit's output needs backward, for TinyModel.
+int forward_uses(const std::string& unit) { return unit == "block" ? 2 : 1; }
+bool needs_backward(const std::string& unit) { return unit != "embed"; }
+
+struct Volume {
+  uint64_t ag_bytes = 0, ag_calls = 0, rs_bytes = 0, rs_calls = 0, ar_bytes = 0, ar_calls = 0;
+};
+
+Volume measure(shard::ShardEngine& e, TinyModel& m, const TrainSetup& c) {
+  for (auto* cm : {e.groups().shard.get(), e.groups().replicate.get()})
+    if (cm) cm->stats().reset();
+  const auto& t = comm::topology();
+  train_engine(m, e, t.world_rank, t.world_size, 0, 1, c);
+  Volume v;
+  auto add = [&](comm::Communicator* cm) {
+    if (!cm) return;
+    v.ag_bytes += cm->stats().get(OpType::kAllGather).bytes;
+    v.ag_calls += cm->stats().get(OpType::kAllGather).calls;
+    v.rs_bytes += cm->stats().get(OpType::kReduceScatter).bytes;
+    v.rs_calls += cm->stats().get(OpType::kReduceScatter).calls;
+    v.ar_bytes += cm->stats().get(OpType::kAllReduce).bytes;
+    v.ar_calls += cm->stats().get(OpType::kAllReduce).calls;
+  };
+  add(e.groups().shard.get());
+  add(e.groups().replicate.get());
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("communication volume per step matches theory", "[mpi][shard]") {
+  const int w = comm::topology().world_size;
+  auto world = world_comm();
+  for (Strategy s : {Strategy::kFullShard, Strategy::kShardGradOp, Strategy::kNoShard}) {
+    for (bool local_acc : {false, true}) {
+      INFO(shard::strategy_name(s) << " local accumulation " << local_acc);
+      TrainSetup c;
+      c.local_accumulation = local_acc;
+      const uint64_t A = c.micro_batches, syncs = local_acc ? 1 : A;
+      TinyModel m(7);
+      shard::ShardEngine e(*m, groups_for(s, world), engine_options(s, c));
+      m->set_unit_hooks(&e);
+      const Volume v = measure(e, m, c);
+      Volume want;
+      if (w > 1 && s != Strategy::kNoShard) {
+        for (const auto* l : e.layouts()) {
+          // ZeRO-3: every forward use gathers, plus one re-gather before backward. ZeRO-2: one
+          // gather per micro-batch (kept until the end of backward).
+          const int gathers = s == Strategy::kFullShard
+                                  ? forward_uses(l->unit) + (needs_backward(l->unit) ? 1 : 0)
+                                  : 1;
+          want.ag_calls += A * gathers;
+          want.ag_bytes += A * gathers * l->padded_numel * 4;
+          if (l->trainable) {
+            want.rs_calls += syncs;
+            want.rs_bytes += syncs * l->padded_numel * 4;
+          }
+        }
+        want.ar_calls = 1;  // global grad norm
+        want.ar_bytes = 8;
+      }
+      if (w > 1 && s == Strategy::kNoShard) {
+        for (const auto* l : e.layouts()) {
+          if (!l->trainable) continue;
+          want.ar_calls += syncs;
+          want.ar_bytes += syncs * l->numel * 4;
+        }
+      }
+      CHECK(v.ag_calls == want.ag_calls);
+      CHECK(v.ag_bytes == want.ag_bytes);
+      CHECK(v.rs_calls == want.rs_calls);
+      CHECK(v.rs_bytes == want.rs_bytes);
+      CHECK(v.ar_calls == want.ar_calls);
+      CHECK(v.ar_bytes == want.ar_bytes);
+    }
+  }
+  if (w % 2 == 0 && w > 2) {
+    // HYBRID with 2 pretend nodes: FULL_SHARD traffic inside a node plus an all-reduce of each
+    // gradient shard across nodes.
+    TrainSetup c;
+    TinyModel m(7);
+    shard::ShardEngine e(*m, hybrid_groups(2), engine_options(Strategy::kHybridShard, c));
+    m->set_unit_hooks(&e);
+    const Volume v = measure(e, m, c);
+    uint64_t ag = 0, rs = 0, ar = 8;
+    for (const auto* l : e.layouts()) {
+      ag += c.micro_batches * (forward_uses(l->unit) + (needs_backward(l->unit) ? 1 : 0)) *
+            l->padded_numel * 4;
+      if (l->trainable) {
+        rs += c.micro_batches * l->padded_numel * 4;
+        ar += c.micro_batches * l->shard_numel * 4;
+      }
+    }
+    CHECK(v.ag_bytes == ag);
+    CHECK(v.rs_bytes == rs);
+    CHECK(v.ar_bytes == ar);
+  }
+}
+
+TEST_CASE("FULL_SHARD persistent memory is 1/N of the unsharded state plus padding",
+          "[mpi][shard]") {
+  const int w = comm::topology().world_size;
+  TrainSetup c;
+  TinyModel m(7);
+  shard::ShardEngine e(*m, groups_for(Strategy::kFullShard, world_comm()),
+                       engine_options(Strategy::kFullShard, c));
+  m->set_unit_hooks(&e);
+  // Unsharded: fp32 master + grad + 2 moments per trainable element, one fp32 copy per frozen.
+  int64_t unsharded = 0, padding = 0;
+  for (const auto* l : e.layouts()) {
+    const int64_t per = l->trainable ? 16 : 4;
+    unsharded += l->numel * per;
+    padding += (l->padded_numel - l->numel) * per;
+  }
+  const auto mem = e.memory();
+  int64_t expected = (unsharded + padding) / w;
+  if (w == 1) {
+    for (const auto* l : e.layouts()) expected += l->padded_numel * 4;  // resident full buffer
+  }
+  CHECK(mem.persistent_device_bytes == expected);
+  CHECK(mem.persistent_host_bytes == 0);
+  // Nothing gathered outside a forward/backward; peaks are positive after a step.
+  train_engine(m, e, comm::topology().world_rank, w, 0, 1, c);
+  const auto after = e.memory();
+  if (w > 1) CHECK(after.gathered_param_bytes == 0);
+  CHECK(after.grad_buffer_bytes == 0);
+  CHECK(after.peak_grad_buffer_bytes > 0);
+  if (w > 1) {
+    int64_t total_gathered = 0;
+    for (const auto* l : e.layouts()) total_gathered += l->padded_numel * 4;
+    CHECK(after.peak_gathered_param_bytes > 0);
+    CHECK(after.peak_gathered_param_bytes < total_gathered);  // never all units at once
+  }
+}
+
+TEST_CASE("non-finite gradients skip the step and leave the state unchanged", "[mpi][shard]") {
+  TrainSetup c;
+  TinyModel m(7);
+  auto world = world_comm();
+  shard::ShardEngine e(*m, groups_for(Strategy::kFullShard, world),
+                       engine_options(Strategy::kFullShard, c));
+  m->set_unit_hooks(&e);
+  const auto& t = comm::topology();
+  train_engine(m, e, t.world_rank, t.world_size, 0, 1, c);
+  const auto before = e.full_state(false);
+  std::vector<torch::Tensor> moments;
+  for (auto* f : e.flat_params())
+    if (f->trainable()) moments.push_back(f->exp_avg().clone());
+  // Only the last rank produces an infinite loss: every rank must still skip.
+  const double scale = t.world_rank == t.world_size - 1 ? INFINITY : 1.0;
+  auto r = train_engine(m, e, t.world_rank, t.world_size, 1, 1, c, scale);
+  REQUIRE(r.size() == 1);
+  CHECK(r[0].skipped);
+  CHECK_FALSE(std::isfinite(r[0].grad_norm));
+  CHECK(e.step_count() == 1);
+  const auto after = e.full_state(false);
+  for (const auto& [name, w] : before) CHECK(torch::equal(w, after.at(name)));
+  size_t i = 0;
+  for (auto* f : e.flat_params())
+    if (f->trainable()) CHECK(torch::equal(f->exp_avg(), moments[i++]));
+  // Training continues normally afterwards.
+  auto ok = train_engine(m, e, t.world_rank, t.world_size, 1, 1, c);
+  CHECK_FALSE(ok[0].skipped);
+  CHECK(e.step_count() == 2);
+}
