@@ -33,6 +33,8 @@ class MetricsSink {
 // Rank-0 progress line: "step 120/1000 (12.0%) | loss 3.214 | acc_0 0.412 | lr 9.87e-05 |
 // 5.1k tok/s | ETA 4m10s". On a terminal heartbeat() rewrites one line in place; when stdout is
 // not a terminal only log() prints, one line per call (one per --log-steps), so logs don't flood.
+// Recognised scalars: train/loss (else train/ploss_0), train/acc_0, train/lr, train/grad_norm,
+// perf/tokens_per_s, perf/mfu, perf/eta_s (the loop computes ETA with ThroughputMeter).
 class ConsoleSink : public MetricsSink {
  public:
   // `out` defaults to stdout; is_tty: -1 detect with isatty(), 0/1 force (tests).
@@ -106,11 +108,14 @@ class WandbSink : public MetricsSink {
   void log(int64_t step, const Scalars& scalars) override;
   void flush() override;
   void close() override;
+  // The W&B run directory the bridge reported (offline runs: <dir>/wandb/offline-run-*/files).
+  const std::string& run_dir() const { return run_dir_; }
 
  private:
   void send(const std::string& line);
   int pid_ = -1;
-  std::FILE* pipe_ = nullptr;
+  int fd_ = -1;
+  std::string run_dir_;
 };
 
 // Fans out to several sinks; the loop talks to this one.

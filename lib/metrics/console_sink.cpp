@@ -1,0 +1,99 @@
+// Rank-0 progress line (sinks.h ConsoleSink). On a terminal the line is rewritten in place every
+// step; otherwise only log() prints, one line per call, so batch logs stay short. Never prints
+// anything but the scalars it is given and the elapsed time.
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+
+#include "metrics/meters.h"
+#include "metrics/sinks.h"
+
+namespace fsdp::metrics {
+
+namespace {
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+const double* find(const Scalars& s, const char* name) {
+  for (const auto& [k, v] : s)
+    if (k == name) return &v;
+  return nullptr;
+}
+
+std::string num(double v, const char* fmt) {
+  if (!std::isfinite(v)) return std::isnan(v) ? "nan" : (v > 0 ? "inf" : "-inf");
+  char buf[48];
+  std::snprintf(buf, sizeof(buf), fmt, v);
+  return buf;
+}
+
+std::string si(double v) {
+  if (!std::isfinite(v)) return num(v, "%g");
+  if (v >= 1e6) return num(v / 1e6, "%.2fM");
+  if (v >= 1e3) return num(v / 1e3, "%.1fk");
+  return num(v, "%.0f");
+}
+
+}  // namespace
+
+ConsoleSink::ConsoleSink(int64_t total_steps, std::FILE* out, int is_tty)
+    : total_steps_(total_steps), out_(out ? out : stdout), start_seconds_(now_seconds()) {
+  tty_ = is_tty < 0 ? ::isatty(::fileno(out_)) == 1 : is_tty == 1;
+}
+
+std::string ConsoleSink::format_line(int64_t step, const Scalars& scalars) const {
+  std::string line = "step " + std::to_string(step);
+  if (total_steps_ > 0) {
+    line += "/" + std::to_string(total_steps_) +
+            num(100.0 * static_cast<double>(step) / static_cast<double>(total_steps_),
+                " (%.1f%%)");
+  }
+  const double* loss = find(scalars, "train/loss");
+  if (!loss) loss = find(scalars, "train/ploss_0");
+  if (loss) line += " | loss " + num(*loss, "%.4f");
+  if (const double* a = find(scalars, "train/acc_0")) line += " | acc_0 " + num(*a, "%.3f");
+  if (const double* lr = find(scalars, "train/lr")) line += " | lr " + num(*lr, "%.3g");
+  if (const double* g = find(scalars, "train/grad_norm")) line += " | gnorm " + num(*g, "%.3g");
+  if (const double* t = find(scalars, "perf/tokens_per_s")) line += " | " + si(*t) + " tok/s";
+  if (const double* m = find(scalars, "perf/mfu")) line += " | MFU " + num(100 * *m, "%.1f%%");
+  if (const double* eta = find(scalars, "perf/eta_s")) {
+    line += " | ETA " + format_duration(*eta);
+  }
+  return line;
+}
+
+void ConsoleSink::log(int64_t step, const Scalars& scalars) {
+  last_line_ = format_line(step, scalars);
+  if (tty_) {
+    std::fprintf(out_, "\r\033[K%s\n", last_line_.c_str());
+  } else {
+    std::fprintf(out_, "%s\n", last_line_.c_str());
+  }
+  line_open_ = false;
+  std::fflush(out_);
+}
+
+void ConsoleSink::heartbeat(int64_t step) {
+  if (!tty_) return;
+  const double elapsed = now_seconds() - start_seconds_;
+  std::string line = "step " + std::to_string(step);
+  if (total_steps_ > 0) line += "/" + std::to_string(total_steps_);
+  line += " | " + format_duration(elapsed) + " elapsed";
+  std::fprintf(out_, "\r\033[K%s", line.c_str());
+  line_open_ = true;
+  std::fflush(out_);
+}
+
+void ConsoleSink::flush() {
+  if (line_open_) {
+    std::fputc('\n', out_);
+    line_open_ = false;
+  }
+  std::fflush(out_);
+}
+
+}  // namespace fsdp::metrics

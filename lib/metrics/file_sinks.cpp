@@ -1,0 +1,191 @@
+// File sinks (sinks.h): metrics.jsonl and native TensorBoard event files (TFRecord framing with
+// masked CRC32C around hand-encoded Event/Summary protobufs). Writes only the scalars given;
+// never depends on TensorFlow or protobuf libraries.
+#include <nlohmann/json.hpp>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <array>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+
+#include "core/error.h"
+#include "metrics/sinks.h"
+
+namespace fsdp::metrics {
+
+namespace {
+
+double unix_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+void make_dirs(const std::string& dir) {
+  std::string cur;
+  for (size_t i = 0; i <= dir.size(); ++i) {
+    if (i == dir.size() || dir[i] == '/') {
+      if (!cur.empty() && ::mkdir(cur.c_str(), 0755) != 0 && errno != EEXIST) {
+        FSDP_CHECK(false, str("cannot create directory '", cur, "': ", std::strerror(errno)),
+                   "check --output-dir / --tensorboard-dir and the permissions");
+      }
+    }
+    if (i < dir.size()) cur += dir[i];
+  }
+}
+
+std::string parent_dir(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? "" : path.substr(0, slash);
+}
+
+// CRC32C (Castagnoli, reflected polynomial 0x82F63B78), as TFRecord uses.
+uint32_t crc32c(const std::string& data) {
+  static const std::array<uint32_t, 256> table = [] {
+    std::array<uint32_t, 256> t{};
+    for (uint32_t i = 0; i < 256; ++i) {
+      uint32_t c = i;
+      for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+      t[i] = c;
+    }
+    return t;
+  }();
+  uint32_t crc = 0xFFFFFFFFu;
+  for (unsigned char b : data) crc = table[(crc ^ b) & 0xFF] ^ (crc >> 8);
+  return crc ^ 0xFFFFFFFFu;
+}
+
+uint32_t masked_crc(const std::string& data) {
+  const uint32_t c = crc32c(data);
+  return ((c >> 15) | (c << 17)) + 0xa282ead8u;
+}
+
+void put_le(std::string& out, uint64_t v, int bytes) {
+  for (int i = 0; i < bytes; ++i) out += static_cast<char>((v >> (8 * i)) & 0xFF);
+}
+
+void put_varint(std::string& out, uint64_t v) {
+  while (v >= 0x80) {
+    out += static_cast<char>((v & 0x7F) | 0x80);
+    v >>= 7;
+  }
+  out += static_cast<char>(v);
+}
+
+void put_bytes_field(std::string& out, int field, const std::string& bytes) {
+  put_varint(out, (static_cast<uint64_t>(field) << 3) | 2);
+  put_varint(out, bytes.size());
+  out += bytes;
+}
+
+// Event { double wall_time = 1; int64 step = 2; string file_version = 3; Summary summary = 5; }
+// Summary { repeated Value value = 1; }  Value { string tag = 1; float simple_value = 2; }
+std::string event_header(double wall_time, int64_t step) {
+  std::string e;
+  uint64_t bits;
+  std::memcpy(&bits, &wall_time, 8);
+  put_varint(e, (1 << 3) | 1);
+  put_le(e, bits, 8);
+  put_varint(e, (2 << 3) | 0);
+  put_varint(e, static_cast<uint64_t>(step));
+  return e;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- metrics.jsonl
+
+JsonlSink::JsonlSink(const std::string& path) : path_(path) {
+  const std::string dir = parent_dir(path);
+  if (!dir.empty()) make_dirs(dir);
+  file_ = std::fopen(path.c_str(), "a");
+  FSDP_CHECK(file_ != nullptr, str("cannot open '", path, "' for writing: ", std::strerror(errno)),
+             "check --output-dir and free disk space");
+}
+
+JsonlSink::~JsonlSink() { close(); }
+
+void JsonlSink::log(int64_t step, const Scalars& scalars) {
+  if (!file_) return;
+  nlohmann::ordered_json j;
+  j["step"] = step;
+  j["time"] = unix_seconds();
+  for (const auto& [k, v] : scalars) j[k] = v;  // NaN/Inf are dumped as null
+  const std::string line = j.dump() + "\n";
+  std::fwrite(line.data(), 1, line.size(), file_);
+  std::fflush(file_);
+}
+
+void JsonlSink::flush() {
+  if (file_) std::fflush(file_);
+}
+
+void JsonlSink::close() {
+  if (file_) std::fclose(file_);
+  file_ = nullptr;
+}
+
+// ---------------------------------------------------------------- TensorBoard
+
+TensorBoardSink::TensorBoardSink(const std::string& dir) {
+  make_dirs(dir);
+  char host[256] = {0};
+  if (::gethostname(host, sizeof(host) - 1) != 0) std::strcpy(host, "localhost");
+  const double t = unix_seconds();
+  path_ = str(dir, "/events.out.tfevents.", static_cast<int64_t>(t), ".", host);
+  // Two runs started in the same second on one host must not share a file.
+  for (int i = 1; ::access(path_.c_str(), F_OK) == 0; ++i) {
+    path_ = str(dir, "/events.out.tfevents.", static_cast<int64_t>(t), ".", host, ".", i);
+  }
+  file_ = std::fopen(path_.c_str(), "wb");
+  FSDP_CHECK(file_ != nullptr, str("cannot create '", path_, "': ", std::strerror(errno)),
+             "check --tensorboard-dir and the permissions");
+  std::string e = event_header(t, 0);
+  put_bytes_field(e, 3, "brain.Event:2");
+  write_record(e);
+  std::fflush(file_);
+}
+
+TensorBoardSink::~TensorBoardSink() { close(); }
+
+void TensorBoardSink::write_record(const std::string& payload) {
+  std::string rec;
+  std::string len;
+  put_le(len, payload.size(), 8);
+  rec += len;
+  put_le(rec, masked_crc(len), 4);
+  rec += payload;
+  put_le(rec, masked_crc(payload), 4);
+  FSDP_CHECK(std::fwrite(rec.data(), 1, rec.size(), file_) == rec.size(),
+             str("cannot write to '", path_, "'"), "free disk space");
+}
+
+void TensorBoardSink::log(int64_t step, const Scalars& scalars) {
+  if (!file_) return;
+  std::string summary;
+  for (const auto& [tag, value] : scalars) {
+    std::string v;
+    put_bytes_field(v, 1, tag);
+    const float f = static_cast<float>(value);
+    uint32_t bits;
+    std::memcpy(&bits, &f, 4);
+    put_varint(v, (2 << 3) | 5);
+    put_le(v, bits, 4);
+    put_bytes_field(summary, 1, v);
+  }
+  std::string e = event_header(unix_seconds(), step);
+  put_bytes_field(e, 5, summary);
+  write_record(e);
+  std::fflush(file_);
+}
+
+void TensorBoardSink::flush() {
+  if (file_) std::fflush(file_);
+}
+
+void TensorBoardSink::close() {
+  if (file_) std::fclose(file_);
+  file_ = nullptr;
+}
+
+}  // namespace fsdp::metrics

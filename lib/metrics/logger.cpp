@@ -1,0 +1,46 @@
+// MetricsLogger fan-out and the factory that builds rank 0's sinks from --report-to (sinks.h).
+// Other ranks get an empty logger: metrics are averaged over ranks before they reach here.
+#include "core/error.h"
+#include "metrics/sinks.h"
+
+namespace fsdp::metrics {
+
+void MetricsLogger::log(int64_t step, const Scalars& scalars) {
+  for (auto& s : sinks_) s->log(step, scalars);
+}
+void MetricsLogger::heartbeat(int64_t step) {
+  for (auto& s : sinks_) s->heartbeat(step);
+}
+void MetricsLogger::flush() {
+  for (auto& s : sinks_) s->flush();
+}
+void MetricsLogger::close() {
+  for (auto& s : sinks_) s->close();
+}
+
+std::unique_ptr<MetricsLogger> make_logger(const config::MetricsConfig& cfg,
+                                           const SinkContext& ctx) {
+  auto logger = std::make_unique<MetricsLogger>();
+  if (ctx.rank != 0) return logger;
+  FSDP_USAGE_CHECK(!ctx.output_dir.empty(), "metrics need --output-dir (metrics.jsonl goes there)",
+                   "give --output-dir");
+  logger->add(std::make_unique<ConsoleSink>(ctx.total_steps));
+  logger->add(std::make_unique<JsonlSink>(ctx.output_dir + "/metrics.jsonl"));
+  for (const auto& sink : cfg.report_to) {
+    if (sink == "tensorboard") {
+      logger->add(std::make_unique<TensorBoardSink>(
+          cfg.tensorboard_dir.empty() ? ctx.output_dir + "/tensorboard" : cfg.tensorboard_dir));
+    } else if (sink == "wandb") {
+      WandbOptions w;
+      w.project = cfg.wandb_project;
+      w.name = cfg.wandb_name;
+      w.dir = ctx.output_dir;
+      w.config_json = ctx.config_json;
+      w.api_key = cfg.wandb_key;
+      logger->add(std::make_unique<WandbSink>(w));
+    }
+  }
+  return logger;
+}
+
+}  // namespace fsdp::metrics

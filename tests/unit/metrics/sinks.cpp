@@ -1,0 +1,161 @@
+// Console progress line (TTY vs redirected output), metrics.jsonl, the TensorBoard writer read
+// back by the venv's tensorboard package, and the --report-to factory.
+#include "metrics/sinks.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <limits>
+
+#include "metrics_test_util.h"
+
+using namespace fsdp::metrics;
+using fsdp::metrics::test::read_file;
+using fsdp::metrics::test::scratch_dir;
+
+namespace {
+
+const Scalars kScalars = {{"train/loss", 3.25},        {"train/ploss_0", 1.5},
+                          {"train/acc_0", 0.4125},     {"train/lr", 9.87e-5},
+                          {"perf/tokens_per_s", 5120}, {"perf/eta_s", 250}};
+
+std::string captured(std::FILE* f) {
+  std::fflush(f);
+  std::rewind(f);
+  std::string s;
+  char buf[1024];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) s.append(buf, n);
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("the progress line carries step/total, loss, acc_0, lr, tokens/s and ETA", "[metrics]") {
+  ConsoleSink c(1000, stdout, 0);
+  CHECK(c.format_line(120, kScalars) ==
+        "step 120/1000 (12.0%) | loss 3.2500 | acc_0 0.412 | lr 9.87e-05 | 5.1k tok/s | ETA 4m10s");
+  const Scalars nan_loss = {{"train/ploss_0", std::nan("")}};
+  CHECK(c.format_line(1, nan_loss) == "step 1/1000 (0.1%) | loss nan");
+}
+
+TEST_CASE("redirected output gets one line per log call and no live updates", "[metrics]") {
+  std::FILE* f = std::tmpfile();
+  REQUIRE(f != nullptr);
+  {
+    ConsoleSink c(100, f, 0);
+    for (int step = 1; step <= 20; ++step) {
+      c.heartbeat(step);
+      if (step % 10 == 0) c.log(step, kScalars);
+    }
+    c.flush();
+  }
+  const std::string out = captured(f);
+  std::fclose(f);
+  CHECK(out.find('\r') == std::string::npos);
+  CHECK(std::count(out.begin(), out.end(), '\n') == 2);
+  CHECK(out.rfind("step 10/100", 0) == 0);
+}
+
+TEST_CASE("a terminal gets in-place updates", "[metrics]") {
+  std::FILE* f = std::tmpfile();
+  REQUIRE(f != nullptr);
+  {
+    ConsoleSink c(100, f, 1);
+    c.heartbeat(1);
+    c.heartbeat(2);
+    c.log(2, kScalars);
+    c.heartbeat(3);
+    c.flush();
+  }
+  const std::string out = captured(f);
+  std::fclose(f);
+  CHECK(std::count(out.begin(), out.end(), '\r') == 4);
+  CHECK(std::count(out.begin(), out.end(), '\n') == 2);  // the log line and the final flush
+}
+
+TEST_CASE("metrics.jsonl: one object per step, non-finite as null, appended on resume",
+          "[metrics]") {
+  const std::string dir = scratch_dir("jsonl");
+  const std::string path = dir + "/sub/metrics.jsonl";
+  {
+    JsonlSink s(path);
+    s.log(1, {{"train/loss", 2.5}, {"train/acc_0", 0.25}});
+    s.log(2, {{"train/loss", std::numeric_limits<double>::infinity()}});
+  }
+  {
+    JsonlSink s(path);  // a resumed run continues the file
+    s.log(3, {{"train/loss", 1.0}});
+  }
+  std::istringstream in(read_file(path));
+  std::vector<nlohmann::json> rows;
+  for (std::string line; std::getline(in, line);) rows.push_back(nlohmann::json::parse(line));
+  REQUIRE(rows.size() == 3);
+  CHECK(rows[0]["step"] == 1);
+  CHECK(rows[0]["train/loss"] == 2.5);
+  CHECK(rows[0]["train/acc_0"] == 0.25);
+  CHECK(rows[0]["time"].get<double>() > 1.6e9);
+  CHECK(rows[1]["train/loss"].is_null());
+  CHECK(rows[2]["step"] == 3);
+}
+
+TEST_CASE("TensorBoard event files read back with the tensorboard package", "[metrics]") {
+  const std::string dir = scratch_dir("tensorboard");
+  std::string path;
+  {
+    TensorBoardSink tb(dir);
+    path = tb.path();
+    for (int step = 1; step <= 5; ++step) {
+      tb.log(step * 10, {{"train/loss", 4.0 / step}, {"train/acc_0", 0.1 * step},
+                         {"train/lr", 1e-4 * step}});
+    }
+  }
+  CHECK(path.find(dir + "/events.out.tfevents.") == 0);
+  const std::string script = dir + "/read.py";
+  {
+    std::ofstream py(script);
+    py << "import sys\n"
+          "from tensorboard.backend.event_processing.event_accumulator import EventAccumulator\n"
+          "ea = EventAccumulator(sys.argv[1], size_guidance={'scalars': 0})\n"
+          "ea.Reload()\n"
+          "for tag in sorted(ea.Tags()['scalars']):\n"
+          "    for e in ea.Scalars(tag):\n"
+          "        print(tag, e.step, repr(e.value))\n";
+  }
+  std::string out;
+  const int rc = fsdp::metrics::test::run(
+      std::string(FSDP_PYTHON) + " " + script + " " + dir + " 2>&1", &out);
+  INFO(out);
+  REQUIRE(rc == 0);
+  std::istringstream in(out);
+  int rows = 0;
+  for (std::string tag; in >> tag;) {
+    int step;
+    double value;
+    in >> step >> value;
+    const int k = step / 10;
+    if (tag == "train/loss") CHECK(value == Approx(4.0 / k).epsilon(1e-6));
+    else if (tag == "train/acc_0") CHECK(value == Approx(0.1 * k).epsilon(1e-6));
+    else if (tag == "train/lr") CHECK(value == Approx(1e-4 * k).epsilon(1e-6));
+    else FAIL("unexpected tag " << tag);
+    ++rows;
+  }
+  CHECK(rows == 15);
+}
+
+TEST_CASE("--report-to picks the sinks; other ranks get none", "[metrics]") {
+  const std::string dir = scratch_dir("factory");
+  fsdp::config::MetricsConfig cfg;
+  cfg.report_to = {"tensorboard"};
+  SinkContext ctx;
+  ctx.output_dir = dir;
+  ctx.total_steps = 10;
+  auto logger = make_logger(cfg, ctx);
+  CHECK(logger->size() == 3);  // console, jsonl, tensorboard
+  logger->log(1, {{"train/loss", 1.0}});
+  logger->close();
+  CHECK(read_file(dir + "/metrics.jsonl").find("\"train/loss\":1.0") != std::string::npos);
+  CHECK(std::system(("ls " + dir + "/tensorboard/events.out.tfevents.* >/dev/null").c_str()) == 0);
+  ctx.rank = 1;
+  CHECK(make_logger(cfg, ctx)->size() == 0);
+}
