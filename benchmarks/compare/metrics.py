@@ -120,7 +120,7 @@ def table(args):
     names = [(w, n) for w in sorted(s["runs"], key=int) for n in ("reference", "fsdp-train")
              if s["runs"][w].get(n, {}).get("eval")]
     if names:
-        T = len(next(iter(s["runs"][names[0][0]][names[0][1]]["eval"])))
+        T = len(s["runs"][names[0][0]][names[0][1]]["eval"])
         print("| ranks | trainer | " + " | ".join(f"acc_{i}" for i in range(T)) + " |")
         print("|---|---|" + "---|" * T)
         for w, n in names:
