@@ -160,18 +160,26 @@ def draft_config(cfg, draft_vocab, layers):
     }
 
 
-def coverage(root, splits, vocab, sizes):
-    """Share of assistant tokens whose id is among the k most frequent training ids."""
+def assistant_counts(files, vocab):
     counts = torch.zeros(vocab, dtype=torch.int64)
-    for p in sorted((root / "train").rglob("*.ckpt")):
+    for p in files:
         d = torch.load(p, weights_only=True)
-        ids = d["input_ids"][d["loss_mask"] == 1]
-        counts += torch.bincount(ids, minlength=vocab)
-    total = int(counts.sum())
-    top = torch.sort(counts, descending=True).values.cumsum(0)
-    out = {"assistant_tokens": total, "distinct_ids": int((counts > 0).sum())}
+        counts += torch.bincount(d["input_ids"][d["loss_mask"] == 1], minlength=vocab)
+    return counts
+
+
+def coverage(root, vocab, sizes):
+    """Share of assistant tokens (train, and held-out eval) whose id is among the k most frequent
+    training ids: how much of the target's next-token mass a draft vocab of k can express."""
+    train = assistant_counts(sorted((root / "train").rglob("*.ckpt")), vocab)
+    held = assistant_counts(sorted((root / "eval").rglob("*.ckpt")), vocab)
+    order = torch.sort(-train, stable=True).indices
+    out = {"train_assistant_tokens": int(train.sum()), "train_distinct_ids": int((train > 0).sum()),
+           "eval_assistant_tokens": int(held.sum())}
     for k in sizes:
-        out[f"top{k}"] = round(float(top[min(k, vocab) - 1]) / max(total, 1), 4)
+        top = order[:k]
+        out[f"train_top{k}"] = round(float(train[top].sum()) / max(int(train.sum()), 1), 4)
+        out[f"eval_top{k}"] = round(float(held[top].sum()) / max(int(held.sum()), 1), 4)
     return out
 
 
@@ -248,7 +256,7 @@ def main():
                       f"{el:.0f}s", flush=True)
     compute_s = time.time() - t1
 
-    cov = coverage(root, ["train"], cfg.vocab_size, [4096, 8192, 16384, 32000])
+    cov = coverage(root, cfg.vocab_size, [2048, 4096, 8192, 16384])
     manifest = {
         "tag": tag, "flags": {k: str(v) for k, v in vars(args).items()},
         "num_train": args.num_train, "num_eval": args.num_eval,

@@ -239,7 +239,9 @@ def main():
     model, head, train_files = build_model(args, cfg, rank)
 
     pdt = torch.bfloat16 if args.param_dtype == "bf16" else torch.float32
-    mp = MixedPrecisionPolicy(param_dtype=pdt, reduce_dtype=torch.float32)
+    # cast_forward_inputs=False: the model casts aux itself; target_p must stay fp32 (spec 4).
+    mp = MixedPrecisionPolicy(param_dtype=pdt, reduce_dtype=torch.float32,
+                              cast_forward_inputs=False)
     fully_shard(model.midlayer, mp_policy=mp)
     fully_shard(model, mp_policy=mp)
     params = [p for p in model.parameters() if p.requires_grad]
