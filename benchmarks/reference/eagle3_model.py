@@ -21,9 +21,11 @@ class DraftConfig:
 
         arch = cfg.get("architectures")
         if arch != ["LlamaForCausalLMEagle3"]:
-            raise ValueError(f"{source}: architectures must be [\"LlamaForCausalLMEagle3\"], got {arch}")
+            raise ValueError(f"{source}: architectures must be [\"LlamaForCausalLMEagle3\"], "
+                             f"got {arch}")
         if need("num_hidden_layers") != 1:
-            raise ValueError(f"{source}: num_hidden_layers must be 1 (multi-layer drafts unsupported)")
+            raise ValueError(f"{source}: num_hidden_layers must be 1 "
+                             "(multi-layer drafts are not supported)")
         if cfg.get("hidden_act", "silu") != "silu":
             raise ValueError(f"{source}: hidden_act must be silu")
         if cfg.get("rope_scaling") not in (None, {}):
@@ -40,7 +42,8 @@ class DraftConfig:
         self.theta = cfg.get("rope_theta") or 10000.0
         self.target_hidden = cfg.get("target_hidden_size") or self.hidden
         if self.heads % self.kv_heads:
-            raise ValueError(f"{source}: num_attention_heads must be a multiple of num_key_value_heads")
+            raise ValueError(f"{source}: num_attention_heads must be a multiple of "
+                             "num_key_value_heads")
 
 
 class RMSNorm(nn.Module):
@@ -183,7 +186,8 @@ class Eagle3Draft(nn.Module):
                 corrects.append(hit.sum())
                 denoms.append(loss_mask.sum().to(logits.dtype))
             if i + 1 < ttt_length:
-                ids, loss_mask, position_mask = (shift_left(t) for t in (ids, loss_mask, position_mask))
+                ids, loss_mask, position_mask = (shift_left(t)
+                                                 for t in (ids, loss_mask, position_mask))
         return plosses, corrects, denoms
 
 

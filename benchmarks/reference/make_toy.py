@@ -30,7 +30,8 @@ def main():
     emb = torch.randn(V, H, generator=g) * 0.5
     head = torch.randn(V, H, generator=g) * 0.5
     save_file({"model.embed_tokens.weight": emb.to(torch.bfloat16),
-               "lm_head.weight": head.to(torch.bfloat16)}, str(out / "target" / "model.safetensors"))
+               "lm_head.weight": head.to(torch.bfloat16)},
+              str(out / "target" / "model.safetensors"))
     with open(out / "target" / "config.json", "w") as f:
         json.dump({"architectures": ["LlamaForCausalLM"], "hidden_size": H, "vocab_size": V}, f)
     cfg = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": H,

@@ -199,8 +199,9 @@ def evaluate(model, head, files, args, rank, world):
     """Token-weighted acc_i and batch-mean ploss_i over all eval files, summed over ranks."""
     idx = list(range(rank, len(files), world))
     per_rank = -(-len(files) // world)
-    mbs = [idx[i:i + args.draft_micro_batch_size] for i in range(0, len(idx), args.draft_micro_batch_size)]
-    n_mb = -(-per_rank // args.draft_micro_batch_size)
+    micro = args.draft_micro_batch_size
+    mbs = [idx[i:i + micro] for i in range(0, len(idx), micro)]
+    n_mb = -(-per_rank // micro)
     T = args.ttt_length
     sums = torch.zeros(3 * T + 1, dtype=torch.float64)
     with torch.no_grad():
@@ -233,8 +234,8 @@ def main():
         cfg = DraftConfig(json.load(f), args.draft_model_config)
     micro = args.draft_micro_batch_size
     if args.draft_global_batch_size % (world * micro):
-        raise SystemExit(f"error: --draft-global-batch-size {args.draft_global_batch_size} is not a "
-                         f"multiple of world size {world} x --draft-micro-batch-size {micro}")
+        raise SystemExit(f"error: --draft-global-batch-size {args.draft_global_batch_size} is "
+                         f"not a multiple of world size {world} x --draft-micro-batch-size {micro}")
     accum = args.draft_global_batch_size // (world * micro)
     model, head, train_files = build_model(args, cfg, rank)
 
@@ -260,9 +261,10 @@ def main():
     total = args.total_steps or args.num_epochs * math.ceil(per_epoch / accum)
     T = args.ttt_length
     if rank == 0:
-        print(f"[reference] world {world}, threads/rank {torch.get_num_threads()}, train files {n}, "
-              f"eval files {len(eval_files)}, micro-batches/epoch/rank {per_epoch}, accumulation "
-              f"{accum}, total steps {total}, param dtype {args.param_dtype}", flush=True)
+        print(f"[reference] world {world}, threads/rank {torch.get_num_threads()}, "
+              f"train files {n}, eval files {len(eval_files)}, micro-batches/epoch/rank "
+              f"{per_epoch}, accumulation {accum}, total steps {total}, "
+              f"param dtype {args.param_dtype}", flush=True)
 
     step, micro_seen, epoch = 0, 0, 0
     # Summed over the step's micro-batches and ranks: ploss_i | correct_i | loss tokens_i | tokens.
@@ -302,7 +304,8 @@ def main():
             for i in range(T):
                 rec[f"train/ploss_{i}"] = float(acc_stats[i]) / (accum * world)
             for i in range(T):
-                rec[f"train/acc_{i}"] = float(acc_stats[T + i]) / max(float(acc_stats[2 * T + i]), 1e-6)
+                denom = max(float(acc_stats[2 * T + i]), 1e-6)
+                rec[f"train/acc_{i}"] = float(acc_stats[T + i]) / denom
             rec.update({"train/lr": lr, "train/grad_norm": float(gn), "perf/step_s": dt,
                         "perf/tokens": tokens, "perf/tokens_per_s": tokens / dt,
                         "mem/peak_rss_mib": [round(float(r), 1) for r in rss_all]})
@@ -317,7 +320,8 @@ def main():
                 break
         epoch += 1
 
-    summary = {"summary": True, "world": world, "steps": step, "wall_s": time.perf_counter() - run_t0,
+    summary = {"summary": True, "world": world, "steps": step,
+               "wall_s": time.perf_counter() - run_t0,
                "threads_per_rank": torch.get_num_threads()}
     if steady["steps"]:
         summary.update({"steady_steps": steady["steps"],
