@@ -122,11 +122,9 @@ void FlatParam::wait_gather() {
 void FlatParam::release() {
   if (state_ == State::kInFlight) wait_gather();
   if (state_ == State::kFree) return;
-  // A group of one keeps its buffer (nothing to save) and refills it from the shard on next use.
-  if (!shard_comm_ || shard_comm_->size() == 1) {
-    state_ = State::kFree;
-    return;
-  }
+  // A group of one keeps its buffer (freeing saves nothing); it stays valid until the master
+  // changes (refresh_after_update).
+  if (!shard_comm_ || shard_comm_->size() == 1) return;
   free_storage();
   state_ = State::kFree;
 }
@@ -135,6 +133,7 @@ void FlatParam::refresh_after_update() {
   c10::NoGradGuard no_grad;
   if (!compute_shard_.is_same(master_)) compute_shard_.copy_(master_, /*non_blocking=*/true);
   release();
+  state_ = State::kFree;  // groups of one: refill from the new shard on next use
 }
 
 void FlatParam::prepare_grads() {

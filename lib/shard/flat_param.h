@@ -51,7 +51,7 @@ class FlatParam {
   void wait_gather();
   bool resident() const { return state_ != State::kFree; }
   // Frees the full buffer's bytes; the parameters keep their (now empty) storage. Waits for an
-  // in-flight gather first. Groups of one keep their buffer and only mark it stale.
+  // in-flight gather first. Groups of one keep their buffer (still valid).
   void release();
   // After the optimizer changed master: refresh the low-precision shard and mark the full
   // buffer stale (freed, or refilled on next use for groups of one).
