@@ -14,14 +14,22 @@ namespace {
 
 std::string type_name(const OptionSpec& s) {
   switch (s.kind) {
-    case OptionKind::kString: return "TEXT";
-    case OptionKind::kPath: return "PATH";
-    case OptionKind::kInt: return "INT";
-    case OptionKind::kFloat: return "FLOAT";
-    case OptionKind::kBool: return "[true|false]";
-    case OptionKind::kOptInt: return "INT|none";
-    case OptionKind::kOptFloat: return "FLOAT|none";
-    case OptionKind::kResume: return "[auto|none|PATH]";
+    case OptionKind::kString:
+      return "TEXT";
+    case OptionKind::kPath:
+      return "PATH";
+    case OptionKind::kInt:
+      return "INT";
+    case OptionKind::kFloat:
+      return "FLOAT";
+    case OptionKind::kBool:
+      return "[true|false]";
+    case OptionKind::kOptInt:
+      return "INT|none";
+    case OptionKind::kOptFloat:
+      return "FLOAT|none";
+    case OptionKind::kResume:
+      return "[auto|none|PATH]";
     case OptionKind::kEnum:
     case OptionKind::kList: {
       std::string t = "{";

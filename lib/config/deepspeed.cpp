@@ -42,8 +42,10 @@ class Translator {
     if (!always_on_.empty()) {
       std::string keys;
       for (const auto& k : always_on_) keys += (keys.empty() ? "" : ", ") + k;
-      warn("zero_optimization", "accepted and not needed (fsdp-train always overlaps "
-                                "communication per unit and keeps gradients contiguous): " + keys);
+      warn("zero_optimization",
+           "accepted and not needed (fsdp-train always overlaps "
+           "communication per unit and keeps gradients contiguous): " +
+               keys);
     }
     return std::move(out_);
   }
@@ -114,13 +116,14 @@ class Translator {
       const json* en = sec->is_object() ? find(*sec, "enabled") : nullptr;
       const bool on = en && !is_auto(*en) && as_bool(*en, str(name, ".enabled"));
       FSDP_USAGE_CHECK(!on,
-                       str(src_, " ", name, ".enabled is true: fp16/AMP training with loss "
+                       str(src_, " ", name,
+                           ".enabled is true: fp16/AMP training with loss "
                            "scaling is not supported by fsdp-train"),
                        "use bf16 instead: set \"bf16\": {\"enabled\": true} and remove the " +
                            std::string(name) +
                            " section (bf16 needs no loss scaling and has fp32's range)");
-      note(str(name, ".enabled"), en && is_auto(*en) ? "auto -> off (fsdp-train trains in bf16)"
-                                                     : "false: nothing to do");
+      note(str(name, ".enabled"),
+           en && is_auto(*en) ? "auto -> off (fsdp-train trains in bf16)" : "false: nothing to do");
     }
     if (bf16) {
       const json* en = bf16->is_object() ? find(*bf16, "enabled") : nullptr;
@@ -154,32 +157,39 @@ class Translator {
     if (mbs && !is_auto(*mbs)) m = as_int(*mbs, "train_micro_batch_size_per_gpu");
     if (gas && !is_auto(*gas)) g = as_int(*gas, "gradient_accumulation_steps");
     if (t && m && g && ws > 0) {
-      FSDP_USAGE_CHECK(*t == *m * *g * ws,
-                       str(src_, ": train_batch_size ", *t, " != train_micro_batch_size_per_gpu ",
-                           *m, " x gradient_accumulation_steps ", *g, " x ", ws, " ranks = ",
-                           *m * *g * ws),
-                       "make the three agree, or set one of them to \"auto\"");
+      FSDP_USAGE_CHECK(
+          *t == *m * *g * ws,
+          str(src_, ": train_batch_size ", *t, " != train_micro_batch_size_per_gpu ", *m,
+              " x gradient_accumulation_steps ", *g, " x ", ws, " ranks = ", *m * *g * ws),
+          "make the three agree, or set one of them to \"auto\"");
     }
     // Derive the auto member of the triple when the other two and the world size are known.
     if (!t && m && g && ws > 0) t = *m * *g * ws;
     if (t && !m && g && ws > 0 && *t % (*g * ws) == 0) m = *t / (*g * ws);
-    if (m) set("draft-micro-batch-size", std::to_string(*m), "train_micro_batch_size_per_gpu");
-    else if (mbs) auto_note("train_micro_batch_size_per_gpu", "draft-micro-batch-size");
+    if (m)
+      set("draft-micro-batch-size", std::to_string(*m), "train_micro_batch_size_per_gpu");
+    else if (mbs)
+      auto_note("train_micro_batch_size_per_gpu", "draft-micro-batch-size");
     if (t) {
       set("draft-global-batch-size", std::to_string(*t),
-          tbs && !is_auto(*tbs) ? "train_batch_size" : "train_batch_size (auto: micro x accum x ranks)");
+          tbs && !is_auto(*tbs) ? "train_batch_size"
+                                : "train_batch_size (auto: micro x accum x ranks)");
     } else if (tbs) {
       auto_note("train_batch_size", "draft-global-batch-size");
     }
-    if (g) set("gradient-accumulation-steps", std::to_string(*g), "gradient_accumulation_steps");
-    else if (gas) note("gradient_accumulation_steps", "auto -> global / (ranks x micro), derived at start-up");
+    if (g)
+      set("gradient-accumulation-steps", std::to_string(*g), "gradient_accumulation_steps");
+    else if (gas)
+      note("gradient_accumulation_steps", "auto -> global / (ranks x micro), derived at start-up");
     if (!t && m && g && ws <= 0) {
       note("train_batch_size", "derived at start-up as micro x accumulation x ranks");
     }
     if (const json* clip = top("gradient_clipping")) {
-      if (is_auto(*clip)) auto_note("gradient_clipping", "max-grad-norm");
-      else set("max-grad-norm", detail::format_float(as_double(*clip, "gradient_clipping")),
-               "gradient_clipping");
+      if (is_auto(*clip))
+        auto_note("gradient_clipping", "max-grad-norm");
+      else
+        set("max-grad-norm", detail::format_float(as_double(*clip, "gradient_clipping")),
+            "gradient_clipping");
     }
   }
 
@@ -187,7 +197,8 @@ class Translator {
     const json* opt = top("optimizer");
     if (!opt) return;
     const json* type = find(*opt, "type");
-    const std::string t = type && type->is_string() ? detail::to_lower(type->get<std::string>()) : "";
+    const std::string t =
+        type && type->is_string() ? detail::to_lower(type->get<std::string>()) : "";
     const json* params = find(*opt, "params");
     bool adamw = t == "adamw" || t == "fusedadam" || t == "cpuadam";
     if (t == "adam") {
@@ -212,8 +223,10 @@ class Translator {
     for (const auto& [k, v] : params->items()) {
       const std::string key = "optimizer.params." + k;
       if (k == "lr") {
-        if (is_auto(v)) auto_note(key, "learning-rate");
-        else set("learning-rate", detail::format_float(as_double(v, key)), key);
+        if (is_auto(v))
+          auto_note(key, "learning-rate");
+        else
+          set("learning-rate", detail::format_float(as_double(v, key)), key);
       } else if (k == "betas") {
         if (is_auto(v)) {
           auto_note(key, "adam-beta1");
@@ -225,11 +238,15 @@ class Translator {
           set("adam-beta2", detail::format_float(as_double(v[1], key)), key);
         }
       } else if (k == "eps") {
-        if (is_auto(v)) auto_note(key, "adam-eps");
-        else set("adam-eps", detail::format_float(as_double(v, key)), key);
+        if (is_auto(v))
+          auto_note(key, "adam-eps");
+        else
+          set("adam-eps", detail::format_float(as_double(v, key)), key);
       } else if (k == "weight_decay") {
-        if (is_auto(v)) auto_note(key, "weight-decay");
-        else set("weight-decay", detail::format_float(as_double(v, key)), key);
+        if (is_auto(v))
+          auto_note(key, "weight-decay");
+        else
+          set("weight-decay", detail::format_float(as_double(v, key)), key);
       } else if (k == "adam_w_mode" || k == "torch_adam" || k == "fused") {
         note(key, "accepted (fsdp-train's AdamW is fused and native)");
       } else {
@@ -245,9 +262,12 @@ class Translator {
     const std::string t = type && type->is_string() ? type->get<std::string>() : "";
     const json* params = find(*sch, "params");
     std::string kind;
-    if (t == "WarmupLR") kind = "constant";
-    else if (t == "WarmupDecayLR") kind = "linear";
-    else if (t == "WarmupCosineLR") kind = "cosine";
+    if (t == "WarmupLR")
+      kind = "constant";
+    else if (t == "WarmupDecayLR")
+      kind = "linear";
+    else if (t == "WarmupCosineLR")
+      kind = "cosine";
     if (kind.empty()) {
       warn("scheduler.type", str("'", t, "' has no equivalent; keeping --lr-scheduler ",
                                  to_string(ctx_.base->optim.lr_scheduler)));
@@ -258,22 +278,30 @@ class Translator {
     for (const auto& [k, v] : params->items()) {
       const std::string key = "scheduler.params." + k;
       if (k == "warmup_num_steps") {
-        if (is_auto(v)) note(key, "auto -> --warmup-ratio x total steps");
-        else set("warmup-steps", std::to_string(as_int(v, key)), key);
+        if (is_auto(v))
+          note(key, "auto -> --warmup-ratio x total steps");
+        else
+          set("warmup-steps", std::to_string(as_int(v, key)), key);
       } else if (k == "total_num_steps") {
-        if (is_auto(v)) auto_note(key, "total-steps");
-        else set("total-steps", std::to_string(as_int(v, key)), key);
+        if (is_auto(v))
+          auto_note(key, "total-steps");
+        else
+          set("total-steps", std::to_string(as_int(v, key)), key);
       } else if (k == "warmup_max_lr") {
-        if (is_auto(v)) auto_note(key, "learning-rate");
-        else set("learning-rate", detail::format_float(as_double(v, key)), key);
+        if (is_auto(v))
+          auto_note(key, "learning-rate");
+        else
+          set("learning-rate", detail::format_float(as_double(v, key)), key);
       } else if (k == "warmup_min_lr" || k == "warmup_min_ratio" || k == "cos_min_ratio") {
         if (!is_auto(v) && as_double(v, key) != 0)
           warn(key, "ignored: fsdp-train warms up from 0 and decays to 0");
         else
           note(key, "0 (fsdp-train's behaviour)");
       } else if (k == "warmup_type") {
-        if (fmt(v) != "linear") warn(key, str("'", fmt(v), "' approximated by linear warmup"));
-        else note(key, "linear");
+        if (fmt(v) != "linear")
+          warn(key, str("'", fmt(v), "' approximated by linear warmup"));
+        else
+          note(key, "linear");
       } else if (k == "last_batch_iteration") {
         note(key, "ignored: resume restores the scheduler state from the checkpoint");
       } else {
@@ -301,16 +329,19 @@ class Translator {
     if (d == "cpu") {
       set("cpu-offload", "true", key + ".device", "cpu");
       if (params) {
-        note(key, "parameters: their fp32 master shard lives on the host; the bf16 compute shard "
-                  "is gathered to the device per unit");
+        note(key,
+             "parameters: their fp32 master shard lives on the host; the bf16 compute shard "
+             "is gathered to the device per unit");
       }
     } else {
       note(key + ".device", str(d, ": no offload"));
     }
     for (const auto& [k, v] : sec.items()) {
       if (k == "device") continue;
-      if (k == "pin_memory") note(key + ".pin_memory", "host buffers are pinned on GPU hosts");
-      else warn(key + "." + k, "ignored");
+      if (k == "pin_memory")
+        note(key + ".pin_memory", "host buffers are pinned on GPU hosts");
+      else
+        warn(key + "." + k, "ignored");
     }
   }
 
@@ -326,8 +357,9 @@ class Translator {
         FSDP_USAGE_CHECK(s >= 0 && s <= 3, str(src_, " ", key, " ", s, " is not 0..3"), "");
         set("sharding-strategy", kMap[s], key, fmt(v));
         if (s == 1) {
-          note(key, "ZeRO-1 maps to shard_grad_op (ZeRO-2): gradients are sharded too, which "
-                    "needs no more memory and no more traffic than ZeRO-1");
+          note(key,
+               "ZeRO-1 maps to shard_grad_op (ZeRO-2): gradients are sharded too, which "
+               "needs no more memory and no more traffic than ZeRO-1");
         }
       } else if (k == "offload_optimizer") {
         offload(v, key, false);
@@ -351,8 +383,9 @@ class Translator {
         const int64_t n = is_auto(v) ? 1 : as_int(v, key);
         if (n > 1) {
           set("sharding-strategy", "hybrid_shard", key, std::to_string(n));
-          note(key, "ZeRO++ hpZ -> shard inside each node, replicate across nodes (the shard "
-                    "group is the node's ranks)");
+          note(key,
+               "ZeRO++ hpZ -> shard inside each node, replicate across nodes (the shard "
+               "group is the node's ranks)");
         } else {
           note(key, "1: no secondary partition");
         }
@@ -381,8 +414,9 @@ class Translator {
     const bool on = en && !is_auto(*en) && as_bool(*en, name + ".enabled");
     if (on) {
       if (sink_name.empty()) {
-        warn(name, "CSV output is not produced; metrics.jsonl (always written) has the same "
-                   "values");
+        warn(name,
+             "CSV output is not produced; metrics.jsonl (always written) has the same "
+             "values");
       } else {
         sinks_.push_back(sink_name);
         note(name + ".enabled", "true -> --report-to " + sink_name);
@@ -419,8 +453,10 @@ class Translator {
       out_.setting_source["report-to"] = "tensorboard/wandb.enabled";
     }
     if (const json* sp = top("steps_per_print")) {
-      if (is_auto(*sp)) auto_note("steps_per_print", "log-steps");
-      else set("log-steps", std::to_string(as_int(*sp, "steps_per_print")), "steps_per_print");
+      if (is_auto(*sp))
+        auto_note("steps_per_print", "log-steps");
+      else
+        set("log-steps", std::to_string(as_int(*sp, "steps_per_print")), "steps_per_print");
     }
     if (top("wall_clock_breakdown")) {
       note("wall_clock_breakdown", "always on: data/communication/compute time shares are logged");
@@ -441,20 +477,27 @@ class Translator {
     }
     if (const json* cdt = top("communication_data_type")) {
       const std::string d = detail::to_lower(fmt(*cdt));
-      if (d == "fp32" || d == "float32" || d == "float") set("reduce-dtype", "fp32", "communication_data_type");
-      else if (d == "bf16" || d == "bfloat16") set("reduce-dtype", "bf16", "communication_data_type");
-      else if (d == "auto") auto_note("communication_data_type", "reduce-dtype");
-      else FSDP_USAGE_CHECK(false, str(src_, " communication_data_type '", d, "' is not supported"),
-                            "use \"fp32\" (default, exact) or \"bf16\"");
+      if (d == "fp32" || d == "float32" || d == "float")
+        set("reduce-dtype", "fp32", "communication_data_type");
+      else if (d == "bf16" || d == "bfloat16")
+        set("reduce-dtype", "bf16", "communication_data_type");
+      else if (d == "auto")
+        auto_note("communication_data_type", "reduce-dtype");
+      else
+        FSDP_USAGE_CHECK(false, str(src_, " communication_data_type '", d, "' is not supported"),
+                         "use \"fp32\" (default, exact) or \"bf16\"");
     }
     for (const char* k : {"gradient_predivide_factor", "prescale_gradients"}) {
       if (const json* v = top(k)) {
-        const bool neutral = (std::string(k) == "prescale_gradients" && v->is_boolean() &&
-                              !v->get<bool>()) ||
-                             (v->is_number() && v->get<double>() == 1.0);
-        if (neutral) note(k, "default: nothing to do");
-        else warn(k, "ignored: gradients are averaged in --reduce-dtype (fp32 by default), so "
-                     "no pre-division is needed against overflow");
+        const bool neutral =
+            (std::string(k) == "prescale_gradients" && v->is_boolean() && !v->get<bool>()) ||
+            (v->is_number() && v->get<double>() == 1.0);
+        if (neutral)
+          note(k, "default: nothing to do");
+        else
+          warn(k,
+               "ignored: gradients are averaged in --reduce-dtype (fp32 by default), so "
+               "no pre-division is needed against overflow");
       }
     }
     for (const char* k : {"zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer"}) {
@@ -497,8 +540,8 @@ DeepSpeedTranslation translate_deepspeed_text(const std::string& json_text,
   try {
     return Translator(root, source_name, ctx).run();
   } catch (const json::exception& e) {
-    FSDP_USAGE_CHECK(false, str("--deepspeed ", source_name, ": unexpected value type (", e.what(),
-                                ")"),
+    FSDP_USAGE_CHECK(false,
+                     str("--deepspeed ", source_name, ": unexpected value type (", e.what(), ")"),
                      "compare the file with the examples in docs/migration-from-deepspeed.md");
   }
   return {};

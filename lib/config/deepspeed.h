@@ -20,16 +20,16 @@ struct DeepSpeedContext {
   // Option names the user set explicitly (flags or YAML): a ds value that disagrees with one of
   // these is an error naming both.
   std::vector<std::string> explicit_options;
-  int world_size = 0;                   // 0: unknown
-  std::optional<int64_t> hidden_size;   // for h*h bucket sizes; unset: "n/a" in the report
+  int world_size = 0;                  // 0: unknown
+  std::optional<int64_t> hidden_size;  // for h*h bucket sizes; unset: "n/a" in the report
 };
 
 struct DeepSpeedTranslation {
   // option name -> value, applied through the option table (source "<file> <json key>").
   std::vector<std::pair<std::string, OptionValue>> settings;
   std::map<std::string, std::string> setting_source;  // option name -> ds key it came from
-  std::vector<std::string> report;    // one line per ds key: what it became
-  std::vector<std::string> warnings;  // accepted but ignored or approximated keys
+  std::vector<std::string> report;                    // one line per ds key: what it became
+  std::vector<std::string> warnings;                  // accepted but ignored or approximated keys
 };
 
 // Parses and translates; throws UsageError for unreadable JSON, NVMe offload, fp16 and values
@@ -37,7 +37,6 @@ struct DeepSpeedTranslation {
 DeepSpeedTranslation translate_deepspeed_text(const std::string& json_text,
                                               const std::string& source_name,
                                               const DeepSpeedContext& ctx);
-DeepSpeedTranslation translate_deepspeed_file(const std::string& path,
-                                              const DeepSpeedContext& ctx);
+DeepSpeedTranslation translate_deepspeed_file(const std::string& path, const DeepSpeedContext& ctx);
 
 }  // namespace fsdp::config

@@ -11,14 +11,22 @@ namespace {
 
 std::string kind_text(const OptionSpec& s) {
   switch (s.kind) {
-    case OptionKind::kString: return "text";
-    case OptionKind::kPath: return "path";
-    case OptionKind::kInt: return "integer";
-    case OptionKind::kFloat: return "number";
-    case OptionKind::kBool: return "bool";
-    case OptionKind::kOptInt: return "integer or none";
-    case OptionKind::kOptFloat: return "number or none";
-    case OptionKind::kResume: return "auto, none or path";
+    case OptionKind::kString:
+      return "text";
+    case OptionKind::kPath:
+      return "path";
+    case OptionKind::kInt:
+      return "integer";
+    case OptionKind::kFloat:
+      return "number";
+    case OptionKind::kBool:
+      return "bool";
+    case OptionKind::kOptInt:
+      return "integer or none";
+    case OptionKind::kOptFloat:
+      return "number or none";
+    case OptionKind::kResume:
+      return "auto, none or path";
     case OptionKind::kEnum:
     case OptionKind::kList: {
       std::string t = s.kind == OptionKind::kList ? "list of " : "";
@@ -33,8 +41,10 @@ std::string kind_text(const OptionSpec& s) {
 std::string cell(std::string s) {
   std::string out;
   for (char c : s) {
-    if (c == '|') out += "\\|";
-    else out += c;
+    if (c == '|')
+      out += "\\|";
+    else
+      out += c;
   }
   return out;
 }
@@ -100,9 +110,15 @@ std::string usage_flags_markdown() {
     }
     os << "- `" << spec.flag();
     switch (spec.kind) {
-      case OptionKind::kBool: os << "[=true|false]"; break;
-      case OptionKind::kResume: os << " [auto|none|PATH]"; break;
-      case OptionKind::kList: os << " SINK..."; break;
+      case OptionKind::kBool:
+        os << "[=true|false]";
+        break;
+      case OptionKind::kResume:
+        os << " [auto|none|PATH]";
+        break;
+      case OptionKind::kList:
+        os << " SINK...";
+        break;
       case OptionKind::kEnum: {
         os << " {";
         for (size_t i = 0; i < spec.choices.size(); ++i) os << (i ? "," : "") << spec.choices[i];
@@ -110,11 +126,19 @@ std::string usage_flags_markdown() {
         break;
       }
       case OptionKind::kInt:
-      case OptionKind::kOptInt: os << " N"; break;
+      case OptionKind::kOptInt:
+        os << " N";
+        break;
       case OptionKind::kFloat:
-      case OptionKind::kOptFloat: os << " X"; break;
-      case OptionKind::kPath: os << " PATH"; break;
-      case OptionKind::kString: os << " TEXT"; break;
+      case OptionKind::kOptFloat:
+        os << " X";
+        break;
+      case OptionKind::kPath:
+        os << " PATH";
+        break;
+      case OptionKind::kString:
+        os << " TEXT";
+        break;
     }
     os << "`: " << spec.help;
     if (!spec.secret && !spec.cli_only) os << " (default `" << spec.default_text() << "`)";

@@ -135,7 +135,10 @@ OptionSpec row(std::string name, OptionKind kind, std::string group, std::string
   return s;
 }
 
-#define FIELD(expr) +[](TrainConfig& c) -> auto& { return c.expr; }
+#define FIELD(expr)               \
+  +[](TrainConfig & c) -> auto& { \
+    return c.expr;                \
+  }
 
 // --report-to: several of tensorboard, wandb; "jsonl" (always on) and "none" are accepted.
 OptionSpec report_to_row() {
@@ -202,9 +205,12 @@ OptionSpec resume_row() {
   };
   s.get = [](const TrainConfig& c) {
     switch (c.checkpoint.resume) {
-      case ResumeMode::kAuto: return OptionValue{false, "auto", {}};
-      case ResumeMode::kPath: return OptionValue{false, c.checkpoint.resume_path, {}};
-      case ResumeMode::kNone: break;
+      case ResumeMode::kAuto:
+        return OptionValue{false, "auto", {}};
+      case ResumeMode::kPath:
+        return OptionValue{false, c.checkpoint.resume_path, {}};
+      case ResumeMode::kNone:
+        break;
     }
     return OptionValue{false, "none", {}};
   };
@@ -274,10 +280,9 @@ std::vector<OptionSpec> build_table() {
                                "SpecForge's raw evaluation jsonl" + unused,
                                FIELD(data.eval_data_path)));
   t.push_back(row<std::string>("chat-template", K::kString, da,
-                               "SpecForge chat template name" + unused,
-                               FIELD(data.chat_template)));
-  t.push_back(row<int64_t>("max-length", K::kInt, da,
-                           "truncate samples to this many tokens", FIELD(data.max_length)));
+                               "SpecForge chat template name" + unused, FIELD(data.chat_template)));
+  t.push_back(row<int64_t>("max-length", K::kInt, da, "truncate samples to this many tokens",
+                           FIELD(data.max_length)));
   t.push_back(row<std::string>("cache-dir", K::kPath, da,
                                "where the vocab mapping and other derived data are cached",
                                FIELD(data.cache_dir)));
@@ -307,8 +312,8 @@ std::vector<OptionSpec> build_table() {
       "max-steps", K::kOptInt, tr,
       "stop after this optimizer step (saving a checkpoint) without changing the LR schedule",
       FIELD(loop.max_steps)));
-  t.push_back(row<int64_t>("seed", K::kInt, tr, "seed of initialisation and data order",
-                           FIELD(loop.seed)));
+  t.push_back(
+      row<int64_t>("seed", K::kInt, tr, "seed of initialisation and data order", FIELD(loop.seed)));
   t.push_back(row<LossNormalization>(
       "loss-normalization", K::kEnum, tr,
       "batch: divide by B*S, padding included (SpecForge); tokens: by the valid tokens",
@@ -320,8 +325,7 @@ std::vector<OptionSpec> build_table() {
   t.push_back(row<double>("learning-rate", K::kFloat, op, "peak learning rate",
                           FIELD(optim.learning_rate)));
   t.push_back(row<double>("warmup-ratio", K::kFloat, op,
-                          "warmup steps as a fraction of total steps",
-                          FIELD(optim.warmup_ratio)));
+                          "warmup steps as a fraction of total steps", FIELD(optim.warmup_ratio)));
   t.push_back(row<std::optional<int64_t>>("warmup-steps", K::kOptInt, op,
                                           "warmup steps; when set it replaces --warmup-ratio",
                                           FIELD(optim.warmup_steps)));
@@ -363,8 +367,7 @@ std::vector<OptionSpec> build_table() {
   t.push_back(row<int64_t>("save-interval", K::kInt, ck,
                            "save a checkpoint every N epochs (0: off)",
                            FIELD(checkpoint.save_interval)));
-  t.push_back(row<int64_t>("save-steps", K::kInt, ck,
-                           "also save every N optimizer steps (0: off)",
+  t.push_back(row<int64_t>("save-steps", K::kInt, ck, "also save every N optimizer steps (0: off)",
                            FIELD(checkpoint.save_steps)));
   t.push_back(row<int64_t>("keep-last", K::kInt, ck,
                            "keep only the newest N complete checkpoints (0: keep all)",
@@ -384,10 +387,10 @@ std::vector<OptionSpec> build_table() {
   t.push_back(row<std::string>("tensorboard-dir", K::kPath, lg,
                                "TensorBoard event directory (default: <output-dir>/tensorboard)",
                                FIELD(metrics.tensorboard_dir)));
-  t.push_back(row<std::string>("wandb-project", K::kString, lg,
-                               "W&B project (default: fsdp-train)", FIELD(metrics.wandb_project)));
-  t.push_back(row<std::string>("wandb-name", K::kString, lg, "W&B run name",
-                               FIELD(metrics.wandb_name)));
+  t.push_back(row<std::string>("wandb-project", K::kString, lg, "W&B project (default: fsdp-train)",
+                               FIELD(metrics.wandb_project)));
+  t.push_back(
+      row<std::string>("wandb-name", K::kString, lg, "W&B run name", FIELD(metrics.wandb_name)));
   t.push_back(row<std::string>("wandb-key", K::kString, lg,
                                "W&B API key (prefer the WANDB_API_KEY environment variable); "
                                "never printed, logged or saved",

@@ -45,13 +45,13 @@ struct OptionValue {
 };
 
 struct OptionSpec {
-  std::string name;   // flag without dashes, e.g. "draft-micro-batch-size"
+  std::string name;  // flag without dashes, e.g. "draft-micro-batch-size"
   OptionKind kind;
   std::string group;  // heading in --help and the docs: "Model", "Data", ...
   std::string help;   // one line; says "(unused: ...)" for accepted-but-unused SpecForge flags
   std::vector<std::string> choices;  // kEnum / kList
-  bool cli_only = false;  // not a YAML key and not saved (--config)
-  bool secret = false;    // never printed, saved or logged (--wandb-key)
+  bool cli_only = false;             // not a YAML key and not saved (--config)
+  bool secret = false;               // never printed, saved or logged (--wandb-key)
   // Parses the text form into the typed field; throws UsageError naming `source`
   // ("--learning-rate" or "run.yaml:12 learning_rate").
   std::function<void(TrainConfig&, const OptionValue&, const std::string& source)> set;

@@ -14,30 +14,42 @@ namespace fsdp::config {
 
 const char* to_string(ShardingStrategy v) {
   switch (v) {
-    case ShardingStrategy::kFullShard: return "full_shard";
-    case ShardingStrategy::kShardGradOp: return "shard_grad_op";
-    case ShardingStrategy::kNoShard: return "no_shard";
-    case ShardingStrategy::kHybridShard: return "hybrid_shard";
+    case ShardingStrategy::kFullShard:
+      return "full_shard";
+    case ShardingStrategy::kShardGradOp:
+      return "shard_grad_op";
+    case ShardingStrategy::kNoShard:
+      return "no_shard";
+    case ShardingStrategy::kHybridShard:
+      return "hybrid_shard";
   }
   return "?";
 }
-const char* to_string(Precision v) { return v == Precision::kBF16 ? "bf16" : "fp32"; }
+const char* to_string(Precision v) {
+  return v == Precision::kBF16 ? "bf16" : "fp32";
+}
 const char* to_string(LossNormalization v) {
   return v == LossNormalization::kBatch ? "batch" : "tokens";
 }
 const char* to_string(DeviceKind v) {
   switch (v) {
-    case DeviceKind::kAuto: return "auto";
-    case DeviceKind::kCpu: return "cpu";
-    case DeviceKind::kCuda: return "cuda";
+    case DeviceKind::kAuto:
+      return "auto";
+    case DeviceKind::kCpu:
+      return "cpu";
+    case DeviceKind::kCuda:
+      return "cuda";
   }
   return "?";
 }
 const char* to_string(LrScheduler v) {
   switch (v) {
-    case LrScheduler::kCosine: return "cosine";
-    case LrScheduler::kLinear: return "linear";
-    case LrScheduler::kConstant: return "constant";
+    case LrScheduler::kCosine:
+      return "cosine";
+    case LrScheduler::kLinear:
+      return "linear";
+    case LrScheduler::kConstant:
+      return "constant";
   }
   return "?";
 }
@@ -58,23 +70,22 @@ BatchPlan batch_plan(const TrainConfig& cfg, int world_size) {
                    str("--draft-micro-batch-size must be positive, got ", p.micro_batch), "");
   FSDP_USAGE_CHECK(world_size > 0, str("world size must be positive, got ", world_size), "");
   const int64_t per_step = p.micro_batch * world_size;
-  FSDP_USAGE_CHECK(
-      p.global_batch % per_step == 0,
-      str("--draft-global-batch-size ", p.global_batch, " is not a multiple of ",
-          "--draft-micro-batch-size ", p.micro_batch, " x ", world_size,
-          " data-parallel ranks = ", per_step),
-      str("set --draft-global-batch-size to a multiple of ", per_step, " (e.g. ",
-          std::max<int64_t>(per_step, p.global_batch / per_step * per_step),
-          "), or change --draft-micro-batch-size or the number of ranks"));
+  FSDP_USAGE_CHECK(p.global_batch % per_step == 0,
+                   str("--draft-global-batch-size ", p.global_batch, " is not a multiple of ",
+                       "--draft-micro-batch-size ", p.micro_batch, " x ", world_size,
+                       " data-parallel ranks = ", per_step),
+                   str("set --draft-global-batch-size to a multiple of ", per_step, " (e.g. ",
+                       std::max<int64_t>(per_step, p.global_batch / per_step * per_step),
+                       "), or change --draft-micro-batch-size or the number of ranks"));
   p.accumulation_steps = p.global_batch / per_step;
   if (cfg.loop.gradient_accumulation_steps) {
-    FSDP_USAGE_CHECK(*cfg.loop.gradient_accumulation_steps == p.accumulation_steps,
-                     str("--gradient-accumulation-steps ", *cfg.loop.gradient_accumulation_steps,
-                         " disagrees with --draft-global-batch-size ", p.global_batch, " / (",
-                         world_size, " ranks x --draft-micro-batch-size ", p.micro_batch,
-                         ") = ", p.accumulation_steps),
-                     "drop --gradient-accumulation-steps (it is derived) or make the global "
-                     "batch equal micro x accumulation x ranks");
+    FSDP_USAGE_CHECK(
+        *cfg.loop.gradient_accumulation_steps == p.accumulation_steps,
+        str("--gradient-accumulation-steps ", *cfg.loop.gradient_accumulation_steps,
+            " disagrees with --draft-global-batch-size ", p.global_batch, " / (", world_size,
+            " ranks x --draft-micro-batch-size ", p.micro_batch, ") = ", p.accumulation_steps),
+        "drop --gradient-accumulation-steps (it is derived) or make the global "
+        "batch equal micro x accumulation x ranks");
   }
   return p;
 }
@@ -100,8 +111,8 @@ bool is_file(const std::string& p) {
 void check_dir(const std::string& p, const char* flag) {
   FSDP_USAGE_CHECK(is_dir(p), str(flag, " '", p, "' is not a directory"),
                    str("check the path given to ", flag));
-  FSDP_USAGE_CHECK(::access(p.c_str(), R_OK | X_OK) == 0,
-                   str(flag, " '", p, "' is not readable"), "fix the permissions");
+  FSDP_USAGE_CHECK(::access(p.c_str(), R_OK | X_OK) == 0, str(flag, " '", p, "' is not readable"),
+                   "fix the permissions");
 }
 void check_file(const std::string& p, const char* flag) {
   FSDP_USAGE_CHECK(is_file(p), str(flag, " '", p, "' is not a file"),
@@ -142,21 +153,19 @@ void validate(const TrainConfig& cfg, int world_size, const ValidateOptions& opt
                    str("--warmup-ratio ", o.warmup_ratio, " is outside [0, 1]"), "");
   if (o.warmup_steps) check_non_negative(*o.warmup_steps, "--warmup-steps");
   if (o.warmup_steps && cfg.loop.total_steps) {
-    FSDP_USAGE_CHECK(*o.warmup_steps <= *cfg.loop.total_steps,
-                     str("--warmup-steps ", *o.warmup_steps, " exceeds --total-steps ",
-                         *cfg.loop.total_steps),
-                     "lower --warmup-steps");
+    FSDP_USAGE_CHECK(
+        *o.warmup_steps <= *cfg.loop.total_steps,
+        str("--warmup-steps ", *o.warmup_steps, " exceeds --total-steps ", *cfg.loop.total_steps),
+        "lower --warmup-steps");
   }
-  FSDP_USAGE_CHECK(o.max_grad_norm >= 0,
-                   str("--max-grad-norm ", o.max_grad_norm, " is negative"),
+  FSDP_USAGE_CHECK(o.max_grad_norm >= 0, str("--max-grad-norm ", o.max_grad_norm, " is negative"),
                    "use 0 to disable clipping");
   FSDP_USAGE_CHECK(o.adam_beta1 >= 0 && o.adam_beta1 < 1,
                    str("--adam-beta1 ", o.adam_beta1, " is outside [0, 1)"), "");
   FSDP_USAGE_CHECK(o.adam_beta2 >= 0 && o.adam_beta2 < 1,
                    str("--adam-beta2 ", o.adam_beta2, " is outside [0, 1)"), "");
   FSDP_USAGE_CHECK(o.adam_eps > 0, str("--adam-eps ", o.adam_eps, " must be positive"), "");
-  FSDP_USAGE_CHECK(o.weight_decay >= 0,
-                   str("--weight-decay ", o.weight_decay, " is negative"), "");
+  FSDP_USAGE_CHECK(o.weight_decay >= 0, str("--weight-decay ", o.weight_decay, " is negative"), "");
 
   check_non_negative(cfg.checkpoint.save_interval, "--save-interval");
   check_non_negative(cfg.checkpoint.save_steps, "--save-steps");
@@ -172,17 +181,18 @@ void validate(const TrainConfig& cfg, int world_size, const ValidateOptions& opt
                      "give the device's dense bf16 peak, e.g. 989 for an H100 SXM");
   }
   static const char* kLevels[] = {"trace", "debug", "info", "warn", "error", "off"};
-  FSDP_USAGE_CHECK(std::find(std::begin(kLevels), std::end(kLevels), cfg.runtime.log_level) !=
-                       std::end(kLevels),
-                   str("--log-level '", cfg.runtime.log_level, "' is not one of trace, debug, "
-                       "info, warn, error, off"),
-                   "");
+  FSDP_USAGE_CHECK(
+      std::find(std::begin(kLevels), std::end(kLevels), cfg.runtime.log_level) != std::end(kLevels),
+      str("--log-level '", cfg.runtime.log_level,
+          "' is not one of trace, debug, "
+          "info, warn, error, off"),
+      "");
 
   if (cfg.shard.strategy == ShardingStrategy::kHybridShard && ranks_per_node > 0) {
     FSDP_USAGE_CHECK(world_size % ranks_per_node == 0,
                      str("--sharding-strategy hybrid_shard needs the same number of ranks on "
-                         "every node; ", world_size, " ranks with ", ranks_per_node,
-                         " on this node"),
+                         "every node; ",
+                         world_size, " ranks with ", ranks_per_node, " on this node"),
                      "start the same number of ranks per node, or use full_shard");
   }
   if (cfg.shard.reduce_dtype == Precision::kBF16 && cfg.shard.mixed_precision == Precision::kFP32) {
@@ -194,21 +204,22 @@ void validate(const TrainConfig& cfg, int world_size, const ValidateOptions& opt
 
   // Required inputs.
   if (train) {
-    FSDP_USAGE_CHECK(!cfg.checkpoint.output_dir.empty(), "--output-dir is required for training",
-                     "give a directory for checkpoints and metrics, e.g. --output-dir ./outputs/run1");
+    FSDP_USAGE_CHECK(
+        !cfg.checkpoint.output_dir.empty(), "--output-dir is required for training",
+        "give a directory for checkpoints and metrics, e.g. --output-dir ./outputs/run1");
     FSDP_USAGE_CHECK(!cfg.data.train_hidden_states_path.empty(),
                      "--train-hidden-states-path is required for training",
                      "point it at the directory of precomputed hidden states");
   }
   if (cfg.loop.eval_only && options.training) {
-    FSDP_USAGE_CHECK(!cfg.data.eval_hidden_states_path.empty() ||
-                         !cfg.data.train_hidden_states_path.empty(),
-                     "--eval-only needs --eval-hidden-states-path (or --train-hidden-states-path)",
-                     "give the hidden states to evaluate on");
-    FSDP_USAGE_CHECK(!cfg.model.init_checkpoint.empty() ||
-                         cfg.checkpoint.resume != ResumeMode::kNone,
-                     "--eval-only has no weights to evaluate",
-                     "give --init-checkpoint DIR (an exported draft) or --resume auto|PATH");
+    FSDP_USAGE_CHECK(
+        !cfg.data.eval_hidden_states_path.empty() || !cfg.data.train_hidden_states_path.empty(),
+        "--eval-only needs --eval-hidden-states-path (or --train-hidden-states-path)",
+        "give the hidden states to evaluate on");
+    FSDP_USAGE_CHECK(
+        !cfg.model.init_checkpoint.empty() || cfg.checkpoint.resume != ResumeMode::kNone,
+        "--eval-only has no weights to evaluate",
+        "give --init-checkpoint DIR (an exported draft) or --resume auto|PATH");
   }
   FSDP_USAGE_CHECK(!cfg.model.target_model_path.empty(), "--target-model-path is required",
                    "point it at the target model's Hugging Face directory");
@@ -228,10 +239,8 @@ void validate(const TrainConfig& cfg, int world_size, const ValidateOptions& opt
     check_dir(cfg.data.eval_hidden_states_path, "--eval-hidden-states-path");
   if (!cfg.model.vocab_mapping_path.empty())
     check_file(cfg.model.vocab_mapping_path, "--vocab-mapping-path");
-  if (!cfg.model.init_checkpoint.empty())
-    check_dir(cfg.model.init_checkpoint, "--init-checkpoint");
-  if (cfg.checkpoint.resume == ResumeMode::kPath)
-    check_dir(cfg.checkpoint.resume_path, "--resume");
+  if (!cfg.model.init_checkpoint.empty()) check_dir(cfg.model.init_checkpoint, "--init-checkpoint");
+  if (cfg.checkpoint.resume == ResumeMode::kPath) check_dir(cfg.checkpoint.resume_path, "--resume");
   // SpecForge-only inputs are validated (spec section 8) but never opened.
   if (!cfg.data.train_data_path.empty()) check_file(cfg.data.train_data_path, "--train-data-path");
   if (!cfg.data.eval_data_path.empty()) check_file(cfg.data.eval_data_path, "--eval-data-path");

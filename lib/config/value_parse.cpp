@@ -48,8 +48,7 @@ bool parse_bool(const std::string& text, const std::string& source) {
   const std::string t = to_lower(text);
   if (t == "true" || t == "1" || t == "yes" || t == "on") return true;
   if (t == "false" || t == "0" || t == "no" || t == "off") return false;
-  FSDP_USAGE_CHECK(false, str(source, ": '", text, "' is not a boolean"),
-                   "write true or false");
+  FSDP_USAGE_CHECK(false, str(source, ": '", text, "' is not a boolean"), "write true or false");
   return false;
 }
 

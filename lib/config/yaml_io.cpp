@@ -1,7 +1,7 @@
 // YAML run files in, effective configuration out (YAML, JSON, banner) for the option table
 // (options.h). Keys are flat: one per option. Never writes secret options (--wandb-key).
-#include <nlohmann/json.hpp>
 #include <yaml-cpp/yaml.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <fstream>
@@ -40,9 +40,9 @@ OptionValue node_value(const YAML::Node& node, const OptionSpec& spec, const std
     }
     return v;
   }
-  FSDP_USAGE_CHECK(false, str(src, ": expected a single value, got a ",
-                              node.IsSequence() ? "list" : "mapping"),
-                   str("keys are flat, one per flag: write ", spec.yaml_key(), ": <value>"));
+  FSDP_USAGE_CHECK(
+      false, str(src, ": expected a single value, got a ", node.IsSequence() ? "list" : "mapping"),
+      str("keys are flat, one per flag: write ", spec.yaml_key(), ": <value>"));
   return v;
 }
 
@@ -54,8 +54,9 @@ std::vector<std::string> apply_yaml_text(const std::string& text, const std::str
   try {
     root = YAML::Load(text);
   } catch (const YAML::Exception& e) {
-    FSDP_USAGE_CHECK(false, str(where(source_name, e.mark), ": YAML syntax error: ", e.msg),
-                     "fix the file (keys are flag names with '_' or '-', e.g. learning_rate: 1e-4)");
+    FSDP_USAGE_CHECK(
+        false, str(where(source_name, e.mark), ": YAML syntax error: ", e.msg),
+        "fix the file (keys are flag names with '_' or '-', e.g. learning_rate: 1e-4)");
   }
   std::vector<std::string> set;
   if (root.IsNull()) return set;  // an empty file sets nothing
@@ -70,9 +71,9 @@ std::vector<std::string> apply_yaml_text(const std::string& text, const std::str
     if (spec == nullptr) {
       std::string guess = closest_option(key);
       std::replace(guess.begin(), guess.end(), '-', '_');
-      FSDP_USAGE_CHECK(false, str(src0, ": unknown key '", key, "'"),
-                       str("did you mean '", guess,
-                           "'? Every key is listed in docs/configuration.md"));
+      FSDP_USAGE_CHECK(
+          false, str(src0, ": unknown key '", key, "'"),
+          str("did you mean '", guess, "'? Every key is listed in docs/configuration.md"));
     }
     const std::string src = str(src0, " ", spec->yaml_key());
     FSDP_USAGE_CHECK(!(spec->secret),
@@ -80,10 +81,10 @@ std::vector<std::string> apply_yaml_text(const std::string& text, const std::str
                      "keep secrets out of files: export WANDB_API_KEY instead");
     FSDP_USAGE_CHECK(!spec->cli_only, str(src0, ": '", key, "' is a command-line-only option"),
                      "pass it as a flag, e.g. --config FILE");
-    FSDP_USAGE_CHECK(seen.insert(spec->name).second,
-                     str(src0, ": '", key, "' is given twice (as ", spec->yaml_key(), " and ",
-                         spec->name, ")"),
-                     "keep one of them");
+    FSDP_USAGE_CHECK(
+        seen.insert(spec->name).second,
+        str(src0, ": '", key, "' is given twice (as ", spec->yaml_key(), " and ", spec->name, ")"),
+        "keep one of them");
     spec->set(*cfg, node_value(kv.second, *spec, src), src);
     set.push_back(spec->name);
   }
@@ -106,7 +107,9 @@ bool unquoted_kind(OptionKind k) {
          k == OptionKind::kOptInt || k == OptionKind::kOptFloat;
 }
 
-bool saved(const OptionSpec& s) { return !s.secret && !s.cli_only; }
+bool saved(const OptionSpec& s) {
+  return !s.secret && !s.cli_only;
+}
 
 }  // namespace
 

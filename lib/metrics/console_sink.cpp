@@ -49,8 +49,7 @@ std::string ConsoleSink::format_line(int64_t step, const Scalars& scalars) const
   std::string line = "step " + std::to_string(step);
   if (total_steps_ > 0) {
     line += "/" + std::to_string(total_steps_) +
-            num(100.0 * static_cast<double>(step) / static_cast<double>(total_steps_),
-                " (%.1f%%)");
+            num(100.0 * static_cast<double>(step) / static_cast<double>(total_steps_), " (%.1f%%)");
   }
   const double* loss = find(scalars, "train/loss");
   if (!loss) loss = find(scalars, "train/ploss_0");

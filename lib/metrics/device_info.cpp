@@ -12,7 +12,8 @@ std::string device_name(const c10::Device& device) {
   if (device.is_cpu()) return "cpu";
 #ifdef FSDP_HAVE_CUDA_RUNTIME
   if (device.is_cuda()) {
-    const cudaDeviceProp* prop = at::cuda::getDeviceProperties(device.has_index() ? device.index() : 0);
+    const cudaDeviceProp* prop =
+        at::cuda::getDeviceProperties(device.has_index() ? device.index() : 0);
     if (prop != nullptr) return prop->name;
   }
 #endif

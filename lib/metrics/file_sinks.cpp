@@ -1,9 +1,9 @@
 // File sinks (sinks.h): metrics.jsonl and native TensorBoard event files (TFRecord framing with
 // masked CRC32C around hand-encoded Event/Summary protobufs). Writes only the scalars given;
 // never depends on TensorFlow or protobuf libraries.
-#include <nlohmann/json.hpp>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <nlohmann/json.hpp>
 
 #include <array>
 #include <cerrno>
@@ -103,7 +103,9 @@ JsonlSink::JsonlSink(const std::string& path) : path_(path) {
              "check --output-dir and free disk space");
 }
 
-JsonlSink::~JsonlSink() { close(); }
+JsonlSink::~JsonlSink() {
+  close();
+}
 
 void JsonlSink::log(int64_t step, const Scalars& scalars) {
   if (!file_) return;
@@ -146,7 +148,9 @@ TensorBoardSink::TensorBoardSink(const std::string& dir) {
   std::fflush(file_);
 }
 
-TensorBoardSink::~TensorBoardSink() { close(); }
+TensorBoardSink::~TensorBoardSink() {
+  close();
+}
 
 void TensorBoardSink::write_record(const std::string& payload) {
   std::string rec;

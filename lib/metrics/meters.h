@@ -61,7 +61,7 @@ class ThroughputMeter {
 };
 
 struct MemoryStats {
-  int64_t host_peak_rss_bytes = 0;   // getrusage maxrss of this process
+  int64_t host_peak_rss_bytes = 0;           // getrusage maxrss of this process
   int64_t device_peak_allocated_bytes = -1;  // caching allocator peak; -1 on the CPU
   int64_t device_peak_reserved_bytes = -1;
 };

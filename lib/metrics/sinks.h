@@ -89,10 +89,10 @@ class TensorBoardSink : public MetricsSink {
 };
 
 struct WandbOptions {
-  std::string python;   // interpreter with wandb installed; empty: $FSDP_PYTHON, else python3
-  std::string project;  // --wandb-project (empty: "fsdp-train")
-  std::string name;     // --wandb-name (empty: W&B picks)
-  std::string dir;      // where W&B writes its run directory (the output dir)
+  std::string python;       // interpreter with wandb installed; empty: $FSDP_PYTHON, else python3
+  std::string project;      // --wandb-project (empty: "fsdp-train")
+  std::string name;         // --wandb-name (empty: W&B picks)
+  std::string dir;          // where W&B writes its run directory (the output dir)
   std::string config_json;  // the effective configuration (no secrets) for wandb.init(config=)
   std::string api_key;      // --wandb-key: put in the side process's environment only
 };
@@ -133,10 +133,10 @@ class MetricsLogger : public MetricsSink {
 };
 
 struct SinkContext {
-  int rank = 0;               // only rank 0 gets sinks; other ranks get an empty logger
+  int rank = 0;  // only rank 0 gets sinks; other ranks get an empty logger
   int64_t total_steps = 0;
-  std::string output_dir;     // metrics.jsonl, tensorboard/, wandb/ live here
-  std::string config_json;    // effective configuration for W&B
+  std::string output_dir;   // metrics.jsonl, tensorboard/, wandb/ live here
+  std::string config_json;  // effective configuration for W&B
 };
 
 // The sinks --report-to asks for: console + metrics.jsonl always, plus tensorboard and wandb.

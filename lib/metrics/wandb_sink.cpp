@@ -1,7 +1,6 @@
 // W&B sink (sinks.h): runs the embedded bridge script under Python with the official wandb SDK
 // and streams JSON lines to it over a socket pair (send() with MSG_NOSIGNAL, so a dead bridge
 // never kills the trainer with SIGPIPE). The API key only ever goes into the child's environment.
-#include <nlohmann/json.hpp>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -9,6 +8,7 @@
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <nlohmann/json.hpp>
 
 #include <cerrno>
 #include <chrono>
@@ -29,8 +29,8 @@ namespace {
 // Reads one line from fd with a deadline; empty string on EOF or timeout.
 std::string read_line(int fd, double timeout_s) {
   std::string line;
-  const auto deadline =
-      std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<int>(timeout_s * 1e3));
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::milliseconds(static_cast<int>(timeout_s * 1e3));
   while (std::chrono::steady_clock::now() < deadline) {
     pollfd p{fd, POLLIN, 0};
     const int r = ::poll(&p, 1, 200);
@@ -46,8 +46,8 @@ std::string read_line(int fd, double timeout_s) {
 }
 
 int wait_child(int pid, double timeout_s) {
-  const auto deadline =
-      std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<int>(timeout_s * 1e3));
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::milliseconds(static_cast<int>(timeout_s * 1e3));
   int status = 0;
   while (true) {
     const int r = ::waitpid(pid, &status, WNOHANG);
@@ -115,7 +115,7 @@ WandbSink::WandbSink(const WandbOptions& options) {
   init["name"] = options.name;
   init["dir"] = options.dir;
   init["config"] = options.config_json.empty() ? nlohmann::json::object()
-                                                : nlohmann::json::parse(options.config_json);
+                                               : nlohmann::json::parse(options.config_json);
   send(nlohmann::json{{"init", init}}.dump() + "\n");
   // wandb.init can take a while (it starts its own service process); offline it is seconds.
   const std::string ready = read_line(out_pipe[0], 180.0);
@@ -137,7 +137,9 @@ WandbSink::WandbSink(const WandbOptions& options) {
   }
 }
 
-WandbSink::~WandbSink() { close(); }
+WandbSink::~WandbSink() {
+  close();
+}
 
 void WandbSink::send(const std::string& line) {
   if (fd_ < 0) return;

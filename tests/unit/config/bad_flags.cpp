@@ -9,9 +9,9 @@ using fsdp::config::test::resolve_args;
 
 namespace {
 
-const std::vector<std::string> kBase = {"--target-model-path", "/t", "--draft-model-config",
-                                        "d.json", "--train-hidden-states-path", "/h",
-                                        "--output-dir", "/o"};
+const std::vector<std::string> kBase = {
+    "--target-model-path",        "/t", "--draft-model-config", "d.json",
+    "--train-hidden-states-path", "/h", "--output-dir",         "/o"};
 
 void check_bad(std::vector<std::string> extra, int world, const std::string& needle) {
   INFO("flags: " << [&] {
@@ -43,17 +43,20 @@ TEST_CASE("bad values are rejected with the flag and what is wrong", "[config]")
       {{"--learning-rate", "fast"}, 1, "--learning-rate: 'fast' is not a number"},
       {{"--num-epochs", "2.5"}, 1, "--num-epochs: '2.5' is not an integer"},
       {{"--num-epochs", "0"}, 1, "--num-epochs must be positive"},
-      {{"--sharding-strategy", "zero3"}, 1,
+      {{"--sharding-strategy", "zero3"},
+       1,
        "'zero3' is not one of full_shard, shard_grad_op, no_shard, hybrid_shard"},
       {{"--mixed-precision", "fp16"}, 1, "--mixed-precision: 'fp16' is not one of bf16, fp32"},
       {{"--report-to", "mlflow"}, 1, "'mlflow' is not one of jsonl, tensorboard, wandb, none"},
       {{"--report-to", "none", "wandb"}, 1, "'none' cannot be combined with wandb"},
       {{"--cpu-offload=maybe"}, 1, "--cpu-offload: 'maybe' is not a boolean"},
-      {{"--draft-global-batch-size", "16", "--draft-micro-batch-size", "3"}, 1,
+      {{"--draft-global-batch-size", "16", "--draft-micro-batch-size", "3"},
+       1,
        "--draft-global-batch-size 16 is not a multiple of --draft-micro-batch-size 3"},
       {{"--draft-global-batch-size", "16"}, 3, "x 3 data-parallel ranks = 3"},
       {{"--draft-global-batch-size", "0"}, 1, "--draft-global-batch-size must be positive"},
-      {{"--gradient-accumulation-steps", "4"}, 2,
+      {{"--gradient-accumulation-steps", "4"},
+       2,
        "--gradient-accumulation-steps 4 disagrees with --draft-global-batch-size 16"},
       {{"--learning-rate", "2"}, 1, "--learning-rate 2 is outside (0, 1)"},
       {{"--warmup-ratio", "1.5"}, 1, "--warmup-ratio 1.5 is outside [0, 1]"},
@@ -72,7 +75,8 @@ TEST_CASE("bad values are rejected with the flag and what is wrong", "[config]")
       {{"--target-model-path", ""}, 1, "--target-model-path is required"},
       {{"--draft-model-config", ""}, 1, "--draft-model-config is required"},
       {{"--eval-only"}, 1, "--eval-only has no weights to evaluate"},
-      {{"--mixed-precision", "fp32", "--reduce-dtype", "bf16"}, 1,
+      {{"--mixed-precision", "fp32", "--reduce-dtype", "bf16"},
+       1,
        "--reduce-dtype bf16 with --mixed-precision fp32"},
       {{"--resume", "auto", "--output-dir", ""}, 1, "--output-dir is required"},
   };
@@ -93,10 +97,9 @@ TEST_CASE("paths are checked and named", "[config]") {
   const std::string dir = fsdp::config::test::scratch_dir("paths");
   fsdp::config::test::write_file(dir + "/draft.json", "{}");
   REQUIRE(std::system(("mkdir -p '" + dir + "/target' '" + dir + "/hs'").c_str()) == 0);
-  std::vector<std::string> good = {"--target-model-path", dir + "/target",
-                                   "--draft-model-config", dir + "/draft.json",
-                                   "--train-hidden-states-path", dir + "/hs",
-                                   "--output-dir", dir + "/out"};
+  std::vector<std::string> good = {
+      "--target-model-path",        dir + "/target", "--draft-model-config", dir + "/draft.json",
+      "--train-hidden-states-path", dir + "/hs",     "--output-dir",         dir + "/out"};
   CHECK_NOTHROW(validate(resolve_args(good), 1));
   auto with = [&](const std::string& flag, const std::string& value) {
     std::vector<std::string> a = good;
@@ -112,8 +115,7 @@ TEST_CASE("paths are checked and named", "[config]") {
                       "--train-data-path");
   require_usage_error([&] { validate(with("--resume", dir + "/ckpt"), 1); },
                       "--resume '" + dir + "/ckpt' is not a directory");
-  require_usage_error([&] { validate(with("--output-dir", dir + "/draft.json"), 1); },
-                      "is a file");
+  require_usage_error([&] { validate(with("--output-dir", dir + "/draft.json"), 1); }, "is a file");
 }
 
 TEST_CASE("hybrid sharding needs equal ranks per node", "[config]") {

@@ -149,9 +149,12 @@ TEST_CASE("ZeRO-3 with explicit values maps every key", "[config]") {
   CHECK_NOTHROW(validate(v, 4, vo));
   // The same file at a world size that breaks its arithmetic.
   ro.world_size = 2;
-  require_usage_error([&] { resolve_args({"--deepspeed", write_ds("z3b", kZero3)}, ro); },
-                      "train_batch_size 32 != train_micro_batch_size_per_gpu 2 x "
-                      "gradient_accumulation_steps 4 x 2 ranks = 16");
+  require_usage_error(
+      [&] {
+        resolve_args({"--deepspeed", write_ds("z3b", kZero3)}, ro);
+      },
+      "train_batch_size 32 != train_micro_batch_size_per_gpu 2 x "
+      "gradient_accumulation_steps 4 x 2 ranks = 16");
 }
 
 TEST_CASE("ZeRO-3 with optimizer and parameter offload and auto batch", "[config]") {
@@ -175,15 +178,14 @@ TEST_CASE("ZeRO-3 with optimizer and parameter offload and auto batch", "[config
 TEST_CASE("ds_config values that cannot be honoured are errors", "[config]") {
   require_usage_error(
       [&] {
-        resolve_args({"--deepspeed",
-                      write_ds("nvme", R"({"zero_optimization": {"stage": 3,
+        resolve_args({"--deepspeed", write_ds("nvme", R"({"zero_optimization": {"stage": 3,
                         "offload_param": {"device": "nvme", "nvme_path": "/local_nvme"}}})")});
       },
       "offload_param.device is nvme: NVMe offload is not supported");
   require_usage_error(
       [&] {
-        resolve_args({"--deepspeed",
-                      write_ds("fp16", R"({"fp16": {"enabled": true, "loss_scale": 0}})")});
+        resolve_args(
+            {"--deepspeed", write_ds("fp16", R"({"fp16": {"enabled": true, "loss_scale": 0}})")});
       },
       "use bf16 instead");
   require_usage_error(
@@ -193,8 +195,7 @@ TEST_CASE("ds_config values that cannot be honoured are errors", "[config]") {
       "optimizer.type 'Lamb' is not supported");
   require_usage_error(
       [&] {
-        resolve_args({"--deepspeed",
-                      write_ds("l2", R"({"optimizer": {"type": "Adam", "params":
+        resolve_args({"--deepspeed", write_ds("l2", R"({"optimizer": {"type": "Adam", "params":
                         {"adam_w_mode": false, "weight_decay": 0.1}}})")});
       },
       "L2 regularisation");
@@ -204,25 +205,31 @@ TEST_CASE("ds_config values that cannot be honoured are errors", "[config]") {
                       "--max-grad-norm", "0.5"});
       },
       "sets --max-grad-norm 2, but the command line or YAML file set 0.5");
-  require_usage_error([&] { resolve_args({"--deepspeed", write_ds("bad", "{ not json")}); },
-                      "not valid JSON");
+  require_usage_error(
+      [&] {
+        resolve_args({"--deepspeed", write_ds("bad", "{ not json")});
+      },
+      "not valid JSON");
   require_usage_error(
       [&] {
         resolve_args({"--deepspeed", write_ds("type", R"({"train_batch_size": "lots"})")});
       },
       "train_batch_size: expected an integer or \"auto\"");
-  require_usage_error([&] { resolve_args({"--deepspeed", "/nonexistent/ds.json"}); },
-                      "--deepspeed '/nonexistent/ds.json' cannot be read");
+  require_usage_error(
+      [&] {
+        resolve_args({"--deepspeed", "/nonexistent/ds.json"});
+      },
+      "--deepspeed '/nonexistent/ds.json' cannot be read");
 }
 
 TEST_CASE("unknown and ignored ds keys are warned about, never dropped silently", "[config]") {
   std::vector<std::string> report;
   ResolveOptions ro;
   ro.report = &report;
-  resolve_args({"--deepspeed",
-                write_ds("unknown", R"({"bf16": {"enabled": true}, "my_custom_key": 1,
+  resolve_args(
+      {"--deepspeed", write_ds("unknown", R"({"bf16": {"enabled": true}, "my_custom_key": 1,
                   "prescale_gradients": true, "csv_monitor": {"enabled": true}})")},
-               ro);
+      ro);
   CHECK(has_line(report, "warning: my_custom_key: unknown to fsdp-train; ignored"));
   CHECK(has_line(report, "warning: prescale_gradients: ignored"));
   CHECK(has_line(report, "warning: csv_monitor: CSV output is not produced"));

@@ -26,20 +26,42 @@ TEST_CASE("every option row is complete and names are unique", "[config]") {
 
 TEST_CASE("SpecForge flags of spec section 8 exist with SpecForge's defaults", "[config]") {
   const std::vector<std::pair<std::string, std::string>> expected = {
-      {"target-model-path", "\"\""}, {"draft-model-config", "\"\""},
-      {"embedding-key", "model.embed_tokens.weight"}, {"lm-head-key", "lm_head.weight"},
-      {"train-data-path", "\"\""}, {"train-hidden-states-path", "\"\""},
-      {"eval-data-path", "\"\""}, {"eval-hidden-states-path", "\"\""},
-      {"num-epochs", "10"}, {"draft-global-batch-size", "16"}, {"draft-micro-batch-size", "1"},
-      {"learning-rate", "0.0001"}, {"max-length", "2048"}, {"warmup-ratio", "0.015"},
-      {"total-steps", "none"}, {"max-grad-norm", "0.5"}, {"log-steps", "50"},
-      {"ttt-length", "7"}, {"chat-template", "\"\""}, {"cache-dir", "./cache"},
-      {"output-dir", "\"\""}, {"eval-interval", "1"}, {"save-interval", "1"}, {"seed", "0"},
-      {"dist-timeout", "20"}, {"resume", "none"}, {"report-to", "none"},
-      {"wandb-project", "\"\""}, {"wandb-name", "\"\""},
+      {"target-model-path", "\"\""},
+      {"draft-model-config", "\"\""},
+      {"embedding-key", "model.embed_tokens.weight"},
+      {"lm-head-key", "lm_head.weight"},
+      {"train-data-path", "\"\""},
+      {"train-hidden-states-path", "\"\""},
+      {"eval-data-path", "\"\""},
+      {"eval-hidden-states-path", "\"\""},
+      {"num-epochs", "10"},
+      {"draft-global-batch-size", "16"},
+      {"draft-micro-batch-size", "1"},
+      {"learning-rate", "0.0001"},
+      {"max-length", "2048"},
+      {"warmup-ratio", "0.015"},
+      {"total-steps", "none"},
+      {"max-grad-norm", "0.5"},
+      {"log-steps", "50"},
+      {"ttt-length", "7"},
+      {"chat-template", "\"\""},
+      {"cache-dir", "./cache"},
+      {"output-dir", "\"\""},
+      {"eval-interval", "1"},
+      {"save-interval", "1"},
+      {"seed", "0"},
+      {"dist-timeout", "20"},
+      {"resume", "none"},
+      {"report-to", "none"},
+      {"wandb-project", "\"\""},
+      {"wandb-name", "\"\""},
       // fsdp-train's own
-      {"sharding-strategy", "full_shard"}, {"mixed-precision", "bf16"}, {"reduce-dtype", "fp32"},
-      {"cpu-offload", "false"}, {"loss-normalization", "batch"}, {"device", "auto"}};
+      {"sharding-strategy", "full_shard"},
+      {"mixed-precision", "bf16"},
+      {"reduce-dtype", "fp32"},
+      {"cpu-offload", "false"},
+      {"loss-normalization", "batch"},
+      {"device", "auto"}};
   for (const auto& [name, def] : expected) {
     INFO(name);
     const OptionSpec* spec = find_option(name);
@@ -62,12 +84,33 @@ TEST_CASE("flag, YAML and dashed spellings find the same option", "[config]") {
 }
 
 TEST_CASE("command line values reach the typed config", "[config]") {
-  const TrainConfig c = resolve_args(
-      {"--target-model-path", "/t", "--draft-model-config", "d.json", "--learning-rate", "3e-4",
-       "--draft-global-batch-size", "32", "--total-steps", "100", "--sharding-strategy",
-       "hybrid_shard", "--mixed-precision", "fp32", "--cpu-offload", "--report-to", "wandb",
-       "tensorboard", "--resume", "--wandb-key", "sekret", "--mfu-peak-tflops", "989",
-       "--loss-normalization", "tokens", "--max-steps", "7"});
+  const TrainConfig c = resolve_args({"--target-model-path",
+                                      "/t",
+                                      "--draft-model-config",
+                                      "d.json",
+                                      "--learning-rate",
+                                      "3e-4",
+                                      "--draft-global-batch-size",
+                                      "32",
+                                      "--total-steps",
+                                      "100",
+                                      "--sharding-strategy",
+                                      "hybrid_shard",
+                                      "--mixed-precision",
+                                      "fp32",
+                                      "--cpu-offload",
+                                      "--report-to",
+                                      "wandb",
+                                      "tensorboard",
+                                      "--resume",
+                                      "--wandb-key",
+                                      "sekret",
+                                      "--mfu-peak-tflops",
+                                      "989",
+                                      "--loss-normalization",
+                                      "tokens",
+                                      "--max-steps",
+                                      "7"});
   CHECK(c.model.target_model_path == "/t");
   CHECK(c.model.draft_model_config == "d.json");
   CHECK(c.optim.learning_rate == 3e-4);

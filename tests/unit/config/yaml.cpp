@@ -9,12 +9,30 @@ using fsdp::config::test::scratch_dir;
 using fsdp::config::test::write_file;
 
 TEST_CASE("the saved YAML reads back to the same configuration", "[config]") {
-  TrainConfig c = resolve_args({"--target-model-path", "/models/llama 3", "--learning-rate",
-                                "3.5e-5", "--adam-eps", "1e-08", "--report-to", "tensorboard",
-                                "wandb", "--total-steps", "1234", "--sharding-strategy",
-                                "shard_grad_op", "--cpu-offload", "--chat-template", "llama3",
-                                "--resume", "/ckpt/epoch_1_step_5", "--wandb-name", "true",
-                                "--mfu-peak-tflops", "312.5", "--lm-head-key", "a: b # c"});
+  TrainConfig c = resolve_args({"--target-model-path",
+                                "/models/llama 3",
+                                "--learning-rate",
+                                "3.5e-5",
+                                "--adam-eps",
+                                "1e-08",
+                                "--report-to",
+                                "tensorboard",
+                                "wandb",
+                                "--total-steps",
+                                "1234",
+                                "--sharding-strategy",
+                                "shard_grad_op",
+                                "--cpu-offload",
+                                "--chat-template",
+                                "llama3",
+                                "--resume",
+                                "/ckpt/epoch_1_step_5",
+                                "--wandb-name",
+                                "true",
+                                "--mfu-peak-tflops",
+                                "312.5",
+                                "--lm-head-key",
+                                "a: b # c"});
   const std::string yaml = to_yaml(c);
   TrainConfig back;
   apply_yaml_text(yaml, "saved.yaml", &back);
@@ -57,9 +75,8 @@ TEST_CASE("bad YAML files stop with the file, line and what to do", "[config]") 
   require_usage_error(
       [&] { apply_yaml_text("seed: 1\ndraft_micro_batchsize: 2\n", "run.yaml", &c); },
       "run.yaml:2: unknown key 'draft_micro_batchsize' | did you mean 'draft_micro_batch_size'?");
-  require_usage_error(
-      [&] { apply_yaml_text("max_length: 10\nmax-length: 20\n", "run.yaml", &c); },
-      "'max-length' is given twice");
+  require_usage_error([&] { apply_yaml_text("max_length: 10\nmax-length: 20\n", "run.yaml", &c); },
+                      "'max-length' is given twice");
   require_usage_error([&] { apply_yaml_text("seed: [1, 2]\n", "run.yaml", &c); },
                       "run.yaml:1 seed: expected a single value, got a list");
   require_usage_error([&] { apply_yaml_text("optimizer:\n  lr: 1\n", "run.yaml", &c); },
@@ -74,8 +91,11 @@ TEST_CASE("bad YAML files stop with the file, line and what to do", "[config]") 
                       "command-line-only option");
   require_usage_error([&] { apply_yaml_text("num_epochs: many\n", "run.yaml", &c); },
                       "run.yaml:1 num_epochs: 'many' is not an integer");
-  require_usage_error([&] { resolve_args({"--config", "/nonexistent/run.yaml"}); },
-                      "--config '/nonexistent/run.yaml' cannot be read");
+  require_usage_error(
+      [&] {
+        resolve_args({"--config", "/nonexistent/run.yaml"});
+      },
+      "--config '/nonexistent/run.yaml' cannot be read");
   // An empty file sets nothing.
   CHECK(apply_yaml_text("", "empty.yaml", &c).empty());
 }

@@ -106,8 +106,8 @@ TEST_CASE("TensorBoard event files read back with the tensorboard package", "[me
     TensorBoardSink tb(dir);
     path = tb.path();
     for (int step = 1; step <= 5; ++step) {
-      tb.log(step * 10, {{"train/loss", 4.0 / step}, {"train/acc_0", 0.1 * step},
-                         {"train/lr", 1e-4 * step}});
+      tb.log(step * 10,
+             {{"train/loss", 4.0 / step}, {"train/acc_0", 0.1 * step}, {"train/lr", 1e-4 * step}});
     }
   }
   CHECK(path.find(dir + "/events.out.tfevents.") == 0);
@@ -123,8 +123,8 @@ TEST_CASE("TensorBoard event files read back with the tensorboard package", "[me
           "        print(tag, e.step, repr(e.value))\n";
   }
   std::string out;
-  const int rc = fsdp::metrics::test::run(
-      std::string(FSDP_PYTHON) + " " + script + " " + dir + " 2>&1", &out);
+  const int rc =
+      fsdp::metrics::test::run(std::string(FSDP_PYTHON) + " " + script + " " + dir + " 2>&1", &out);
   INFO(out);
   REQUIRE(rc == 0);
   std::istringstream in(out);
@@ -134,10 +134,14 @@ TEST_CASE("TensorBoard event files read back with the tensorboard package", "[me
     double value;
     in >> step >> value;
     const int k = step / 10;
-    if (tag == "train/loss") CHECK(value == Approx(4.0 / k).epsilon(1e-6));
-    else if (tag == "train/acc_0") CHECK(value == Approx(0.1 * k).epsilon(1e-6));
-    else if (tag == "train/lr") CHECK(value == Approx(1e-4 * k).epsilon(1e-6));
-    else FAIL("unexpected tag " << tag);
+    if (tag == "train/loss")
+      CHECK(value == Approx(4.0 / k).epsilon(1e-6));
+    else if (tag == "train/acc_0")
+      CHECK(value == Approx(0.1 * k).epsilon(1e-6));
+    else if (tag == "train/lr")
+      CHECK(value == Approx(1e-4 * k).epsilon(1e-6));
+    else
+      FAIL("unexpected tag " << tag);
     ++rows;
   }
   CHECK(rows == 15);

@@ -1,7 +1,8 @@
 // W&B through the official SDK in a side process: an offline run is produced with the logged
 // values, and the API key never lands in the run's files. Skipped (with a message) when wandb is
 // not installed in the venv.
-// GCC 12 reports false -Warray-bounds and -Wstringop-overflow inside std::string concatenation at -O2 (GCC bug 105329).
+// GCC 12 reports false -Warray-bounds and -Wstringop-overflow inside std::string concatenation at
+// -O2 (GCC bug 105329).
 #pragma GCC diagnostic ignored "-Warray-bounds"
 #pragma GCC diagnostic ignored "-Wstringop-overflow"
 
