@@ -30,7 +30,9 @@ std::string version_text() {
 int run_cli(int argc, char** argv) {
   CLI::App app{
       "fsdp-train: train EAGLE3 draft models on precomputed hidden states with a ZeRO-3 sharding "
-      "engine.\nLaunch: mpirun -np N fsdp-train ... | fsdp-train --nproc-per-node N ... "
+      "engine.\nTrain: fsdp-train --target-model-path DIR --draft-model-config FILE "
+      "--train-hidden-states-path DIR --output-dir DIR [...] | fsdp-train --config run.yaml\n"
+      "Launch: mpirun -np N fsdp-train ... | fsdp-train --nproc-per-node N ... "
       "(--hostfile FILE --nnodes K for several nodes)",
       "fsdp-train"};
   app.set_version_flag("--version", version_text());
@@ -39,6 +41,9 @@ int run_cli(int argc, char** argv) {
                  "log level: trace, debug, info, warn, error, off (env FSDP_LOG_LEVEL)");
   Action action;
   add_comm_bench(app, &action);
+  add_convert(app, &action);
+  add_gen_toy_data(app, &action);
+  TrainCommand train = add_train(app);
   app.require_subcommand(0, 1);
 
   log::init_from_env();
@@ -52,8 +57,14 @@ int run_cli(int argc, char** argv) {
   }
   try {
     if (!log_level.empty()) log::set_level(log::parse_level(log_level));
+    if (!action.run && train.requested()) {
+      action.run = train.run;
+      action.needs_mpi = true;
+    }
     if (!action.run) {
       std::cout << app.help();
+      std::cerr << "fsdp-train: nothing to do: give training flags (see above), --config FILE, "
+                   "or a subcommand\n";
       return 2;
     }
     if (action.needs_mpi) comm::init(&argc, &argv);

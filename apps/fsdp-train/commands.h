@@ -15,6 +15,16 @@ struct Action {
   bool needs_mpi = true;
 };
 
+// Training is the root command (SpecForge-compatible flags, no subcommand): add_train adds the
+// option table's flags to the root app; `requested` tells whether any was given.
+struct TrainCommand {
+  std::function<int()> run;
+  std::function<bool()> requested;
+};
+TrainCommand add_train(CLI::App& root);
+
 void add_comm_bench(CLI::App& root, Action* action);
+void add_convert(CLI::App& root, Action* action);
+void add_gen_toy_data(CLI::App& root, Action* action);
 
 }  // namespace fsdp::app

@@ -1,0 +1,78 @@
+// `fsdp-train convert`: SpecForge .ckpt tree -> native safetensors shards (lib/data
+// native_format.h). Parallel over the job's MPI ranks, resumable; never touches the input tree.
+#include <CLI/CLI.hpp>
+
+#include <cstdlib>
+#include <iostream>
+
+#include "comm/communicator.h"
+#include "comm/runtime.h"
+#include "commands.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "data/native_format.h"
+
+namespace fsdp::app {
+
+namespace {
+
+struct ConvertFlags {
+  data::ConvertOptions options;
+  std::string shard_size = "1G";
+  bool no_check_finite = false;
+};
+
+uint64_t parse_size(const std::string& s) {
+  char* end = nullptr;
+  const double v = std::strtod(s.c_str(), &end);
+  const std::string suffix = end ? end : "";
+  double mult = 1;
+  if (suffix == "K" || suffix == "KiB") mult = 1024.0;
+  else if (suffix == "M" || suffix == "MiB") mult = 1024.0 * 1024;
+  else if (suffix == "G" || suffix == "GiB") mult = 1024.0 * 1024 * 1024;
+  else FSDP_USAGE_CHECK(suffix.empty(), "--shard-size: cannot read '" + s + "'", "write e.g. 512M or 2G");
+  FSDP_USAGE_CHECK(v > 0, "--shard-size must be positive, got '" + s + "'", "");
+  return static_cast<uint64_t>(v * mult);
+}
+
+int run_convert(ConvertFlags& f) {
+  f.options.shard_bytes = parse_size(f.shard_size);
+  f.options.dataset.check_finite = !f.no_check_finite;
+  auto comm = comm::make_communicator(comm::Group::kWorld, c10::Device(c10::kCPU));
+  const auto rep = data::convert_ckpt_to_native(f.options, comm.get());
+  for (const auto& line : rep.bad_sample_lines) FSDP_LOG(kWarn) << "skipped bad sample: " << line;
+  FSDP_LOG(kInfo) << "convert: rank " << comm->rank() << " wrote " << rep.shards_written
+                  << " shard(s) (" << rep.samples_written << " samples, "
+                  << (rep.bytes_written >> 20) << " MiB), skipped " << rep.shards_skipped
+                  << " already complete, in " << rep.seconds << " s";
+  if (comm->rank() == 0) {
+    std::cout << "convert: " << rep.shards_total << " shard(s) in " << f.options.output
+              << (rep.bad_samples ? " (" + std::to_string(rep.bad_samples) + " bad sample(s) skipped)" : "")
+              << "\n";
+  }
+  return 0;
+}
+
+}  // namespace
+
+void add_convert(CLI::App& root, Action* action) {
+  auto f = std::make_shared<ConvertFlags>();
+  CLI::App* sub = root.add_subcommand(
+      "convert",
+      "convert SpecForge hidden states (*.ckpt tree) into native memory-mapped safetensors shards; "
+      "run under mpirun to convert in parallel; rerun to resume");
+  sub->add_option("--input", f->options.input, "directory searched recursively for *.ckpt")->required();
+  sub->add_option("--output", f->options.output, "output directory for shards and features.index.json")
+      ->required();
+  sub->add_option("--shard-size", f->shard_size, "target shard size, e.g. 512M, 1G (default 1G)");
+  sub->add_flag("--skip-bad-samples", f->options.skip_bad_samples,
+                "record bad input files in the index (training skips them) instead of stopping");
+  sub->add_flag("--overwrite", f->options.overwrite, "rewrite shards even when already complete");
+  sub->add_flag("--no-check-finite", f->no_check_finite, "do not scan hidden states for NaN/Inf");
+  sub->callback([action, f]() {
+    action->run = [f]() { return run_convert(*f); };
+    action->needs_mpi = true;
+  });
+}
+
+}  // namespace fsdp::app
