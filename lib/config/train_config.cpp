@@ -248,6 +248,7 @@ void validate(const TrainConfig& cfg, int world_size, const ValidateOptions& opt
     FSDP_USAGE_CHECK(false, str("--output-dir '", cfg.checkpoint.output_dir, "' is a file"),
                      "give a directory (it is created when missing)");
   }
+  check_model_files(cfg);
 }
 
 }  // namespace fsdp::config

@@ -166,4 +166,10 @@ struct ValidateOptions {
 void validate(const TrainConfig& cfg, int world_size, const ValidateOptions& options = {},
               int ranks_per_node = 0);
 
+// Reads --draft-model-config and <--target-model-path>/config.json (JSON only, no tensors) and
+// checks that they agree: same vocab_size, the draft's target_hidden_size (else hidden_size)
+// equals the target's hidden_size, draft_vocab_size within vocab_size. validate() calls it when
+// check_paths is set; throws UsageError naming the flag.
+void check_model_files(const TrainConfig& cfg);
+
 }  // namespace fsdp::config

@@ -93,10 +93,14 @@ TEST_CASE("the good base configuration passes validation", "[config]") {
   CHECK(batch_plan(c, 16).accumulation_steps == 1);
 }
 
-TEST_CASE("paths are checked and named", "[config]") {
+TEST_CASE("paths and model files are checked and named", "[config]") {
+  using fsdp::config::test::write_file;
   const std::string dir = fsdp::config::test::scratch_dir("paths");
-  fsdp::config::test::write_file(dir + "/draft.json", "{}");
   REQUIRE(std::system(("mkdir -p '" + dir + "/target' '" + dir + "/hs'").c_str()) == 0);
+  write_file(dir + "/draft.json",
+             R"({"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 64,
+                 "vocab_size": 512, "draft_vocab_size": 256})");
+  write_file(dir + "/target/config.json", R"({"hidden_size": 64, "vocab_size": 512})");
   std::vector<std::string> good = {
       "--target-model-path",        dir + "/target", "--draft-model-config", dir + "/draft.json",
       "--train-hidden-states-path", dir + "/hs",     "--output-dir",         dir + "/out"};
@@ -116,6 +120,29 @@ TEST_CASE("paths are checked and named", "[config]") {
   require_usage_error([&] { validate(with("--resume", dir + "/ckpt"), 1); },
                       "--resume '" + dir + "/ckpt' is not a directory");
   require_usage_error([&] { validate(with("--output-dir", dir + "/draft.json"), 1); }, "is a file");
+  require_usage_error([&] { validate(with("--target-model-path", dir + "/hs"), 1); },
+                      "has no config.json");
+
+  // Sizes that must agree between the draft config and the target.
+  write_file(dir + "/target/config.json", R"({"hidden_size": 64, "vocab_size": 1000})");
+  require_usage_error([&] { validate(resolve_args(good), 1); },
+                      "--draft-model-config vocab_size 512 differs from the target's "
+                      "vocab_size 1000");
+  write_file(dir + "/target/config.json", R"({"text_config": {"hidden_size": 128,
+                                                "vocab_size": 512}})");
+  require_usage_error([&] { validate(resolve_args(good), 1); },
+                      "expects target hidden size 64 (target_hidden_size, else hidden_size) but "
+                      "the target has 128");
+  write_file(dir + "/draft.json",
+             R"({"hidden_size": 64, "target_hidden_size": 128, "vocab_size": 512})");
+  CHECK_NOTHROW(validate(resolve_args(good), 1));
+  write_file(dir + "/draft.json", R"({"hidden_size": 64, "vocab_size": 512,
+                                      "draft_vocab_size": 600})");
+  write_file(dir + "/target/config.json", R"({"hidden_size": 64, "vocab_size": 512})");
+  require_usage_error([&] { validate(resolve_args(good), 1); },
+                      "draft_vocab_size 600 is not in 1..vocab_size 512");
+  write_file(dir + "/draft.json", "{ broken");
+  require_usage_error([&] { validate(resolve_args(good), 1); }, "is not valid JSON");
 }
 
 TEST_CASE("hybrid sharding needs equal ranks per node", "[config]") {
