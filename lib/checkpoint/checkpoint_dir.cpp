@@ -12,6 +12,7 @@
 #include <regex>
 
 #include "core/error.h"
+#include "core/fs_util.h"
 
 namespace fs = std::filesystem;
 
@@ -103,7 +104,7 @@ CheckpointWriter::CheckpointWriter(std::string output_dir, int64_t epoch, int64_
 void CheckpointWriter::begin() {
   ensure_directory(output_dir_);
   std::error_code ec;
-  fs::remove_all(temp_dir_, ec);  // left over from an interrupted save
+  remove_tree(temp_dir_);  // left over from an interrupted save
   fs::create_directory(temp_dir_, ec);
   FSDP_CHECK(!ec, "cannot create checkpoint directory '" + temp_dir_ + "': " + ec.message(),
              "check free space and permissions of --output-dir");
@@ -122,11 +123,11 @@ std::string CheckpointWriter::commit(int64_t keep_last) {
   if (fs::exists(final_dir_, ec)) {
     // Same step saved again (e.g. a SIGTERM save right after a periodic one): replace it.
     const std::string old = final_dir_ + ".old";
-    fs::remove_all(old, ec);
+    remove_tree(old);
     fs::rename(final_dir_, old, ec);
     fs::rename(temp_dir_, final_dir_, ec);
     FSDP_CHECK(!ec, "cannot rename '" + temp_dir_ + "' to '" + final_dir_ + "': " + ec.message(), "");
-    fs::remove_all(old, ec);
+    remove_tree(old);
   } else {
     fs::rename(temp_dir_, final_dir_, ec);
     FSDP_CHECK(!ec, "cannot rename '" + temp_dir_ + "' to '" + final_dir_ + "': " + ec.message(),
@@ -148,7 +149,7 @@ std::vector<std::string> prune(const std::string& output_dir, int64_t keep_last,
     std::error_code ec;
     // Remove the marker first: a crash mid-removal leaves an incomplete, ignored directory.
     fs::remove(fs::path(all[i].path) / kCompleteMarker, ec);
-    fs::remove_all(all[i].path, ec);
+    remove_tree(all[i].path);
     removed.push_back(all[i].path);
   }
   return removed;

@@ -3,7 +3,13 @@
 
 #include <thread>
 
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
 #include "core/dtype.h"
+#include "core/fs_util.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/timer.h"
@@ -79,4 +85,14 @@ TEST_CASE("dtype tables round-trip", "[cpu]") {
   CHECK(dtype_size(c10::kBFloat16) == 2);
   CHECK_THROWS_AS(parse_dtype("int3"), UsageError);
   CHECK_THROWS_AS(dtype_from_safetensors("F8_E4M3"), UsageError);
+}
+
+TEST_CASE("remove_tree removes nested directories without std::filesystem::remove_all", "[cpu]") {
+  const std::string root = "/tmp/fsdp_remove_tree_test_" + std::to_string(::getpid());
+  std::filesystem::create_directories(root + "/a/b/c");
+  { std::ofstream(root + "/a/b/c/file") << "x"; }
+  { std::ofstream(root + "/a/top") << "y"; }
+  CHECK(remove_tree(root));
+  CHECK_FALSE(std::filesystem::exists(root));
+  CHECK(remove_tree(root));  // absent: fine
 }
