@@ -1,0 +1,71 @@
+# Shared helpers for the e2e training scripts: toy data (generated once per build directory),
+# the mpirun wrapper, and numeric comparisons of exported checkpoints through the venv's Python.
+BUILD="$1"
+SRC="$2"
+BIN="$BUILD/fsdp-train"
+PY="${FSDP_PYTHON:-python3}"
+MPIEXEC="${FSDP_MPIEXEC:-mpiexec}"
+export OMP_NUM_THREADS=1
+
+fail() { echo "FAIL: $*"; exit 1; }
+
+# toy_data NAME ARGS...: generates toy data into $BUILD/e2e_data/NAME once; the last
+# rows_* folder of samples is held out as $dir/eval_hidden_states.
+toy_data() {
+  local name="$1"; shift
+  local dir="$BUILD/e2e_data/$name"
+  if [ ! -f "$dir/.complete" ]; then
+    rm -rf "$dir"
+    "$BIN" gen-toy-data --out "$dir" "$@" >/dev/null || fail "gen-toy-data $*"
+    mkdir -p "$dir/eval_hidden_states"
+    mv "$(ls -d "$dir"/hidden_states/rows_* | sort -V | tail -n 1)" "$dir/eval_hidden_states/"
+    touch "$dir/.complete"
+  fi
+  echo "$dir"
+}
+
+# run_np N ARGS...: the binary under mpiexec with N ranks (N=1 runs it directly).
+run_np() {
+  local np="$1"; shift
+  if [ "$np" -eq 1 ]; then
+    "$BIN" "$@"
+  else
+    "$MPIEXEC" --allow-run-as-root --oversubscribe --bind-to none -n "$np" "$BIN" "$@"
+  fi
+}
+
+# train_args DATA OUT: the common flags of a small deterministic run.
+train_args() {
+  local data="$1" out="$2"
+  echo "--target-model-path $data/target --draft-model-config $data/draft_config.json" \
+       "--train-hidden-states-path $data/hidden_states --cache-dir $data/cache" \
+       "--output-dir $out --max-length 64 --ttt-length 3 --learning-rate 1e-3" \
+       "--warmup-ratio 0.1 --log-steps 1 --report-to none --device cpu --threads 1"
+}
+
+latest_ckpt() { ls -d "$1"/epoch_*_step_* 2>/dev/null | sort -t_ -k4 -n | tail -n 1; }
+
+# compare_exports A B RTOL: every tensor of A/model.safetensors equals B's within RTOL
+# (max |a-b| / max(|b|, tiny) over each tensor); RTOL 0 means bitwise.
+compare_exports() {
+  "$PY" - "$1/model.safetensors" "$2/model.safetensors" "$3" <<'PYEOF'
+import sys
+from safetensors.torch import load_file
+a, b, rtol = load_file(sys.argv[1]), load_file(sys.argv[2]), float(sys.argv[3])
+assert a.keys() == b.keys(), (sorted(a.keys()), sorted(b.keys()))
+worst = 0.0
+for k in sorted(a):
+    x, y = a[k], b[k]
+    assert x.dtype == y.dtype and x.shape == y.shape, k
+    if rtol == 0:
+        if not (x == y).all():
+            print("differs bitwise:", k); sys.exit(1)
+        continue
+    x, y = x.double(), y.double()
+    rel = ((x - y).abs().max() / y.abs().max().clamp_min(1e-30)).item()
+    worst = max(worst, rel)
+    if rel > rtol:
+        print(f"{k}: relative difference {rel:.3g} > {rtol}"); sys.exit(1)
+print(f"exports agree (worst relative difference {worst:.3g}, tolerance {rtol})")
+PYEOF
+}

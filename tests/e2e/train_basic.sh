@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# Training end to end on toy data: loss falls and acc_0 rises at 1 and 2 ranks; 1 rank and 2
+# ranks with the same global batch reach the same fp32 weights; the export follows the spec
+# and --init-checkpoint --eval-only reproduces the saving run's evaluation; TensorBoard files
+# read back.
+set -uo pipefail
+source "$(dirname "$0")/lib/common.sh"
+DATA=$(toy_data fixed --num-samples 128 --min-len 32 --max-len 32 --samples-per-dir 32 --seed 1)
+W="$BUILD/e2e_work/train_basic"; rm -rf "$W"; mkdir -p "$W"
+
+# 1 vs 2 ranks, fp32, same global batch (4) and data: same weights after 12 steps.
+for np in 1 2; do
+  run_np $np $(train_args "$DATA" "$W/np$np") --mixed-precision fp32 --export-dtype fp32 \
+    --draft-global-batch-size 4 --draft-micro-batch-size 2 --num-epochs 1 --max-steps 12 \
+    --save-interval 0 >"$W/np$np.log" 2>&1 || { cat "$W/np$np.log"; fail "training at $np rank(s)"; }
+done
+compare_exports "$(latest_ckpt "$W/np1")" "$(latest_ckpt "$W/np2")" 1e-5 || fail "1 vs 2 ranks"
+
+# Learning: 2 ranks, bf16, 3 epochs with evaluation; loss falls, acc_0 well above chance.
+run_np 2 $(train_args "$DATA" "$W/learn") --draft-global-batch-size 4 --draft-micro-batch-size 2 \
+  --num-epochs 3 --eval-hidden-states-path "$DATA/eval_hidden_states" --eval-interval 3 \
+  --report-to tensorboard >"$W/learn.log" 2>&1 || { cat "$W/learn.log"; fail "learning run"; }
+"$PY" - "$W/learn/metrics.jsonl" "$DATA/draft_config.json" <<'PYEOF' || fail "learning criteria"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+train = [r for r in rows if "train/ploss_0" in r]
+evals = [r for r in rows if "eval/acc_0" in r]
+vd = json.load(open(sys.argv[2]))["draft_vocab_size"]
+first, last = train[0]["train/ploss_0"], train[-1]["train/ploss_0"]
+acc = evals[-1]["eval/acc_0"]
+print(f"ploss_0 {first:.3f} -> {last:.3f}; eval acc_0 {acc:.3f} (chance {1/vd:.4f})")
+# The toy Markov chain has 4 successors per token: a draft that learned the chain reaches
+# acc_0 near 1/4..1; 10x chance is far beyond what an untrained draft reaches (~1/Vd).
+assert last < 0.7 * first, "loss did not fall by 30%"
+assert acc > 10.0 / vd, "acc_0 not above 10x chance"
+PYEOF
+
+# Export format (spec section 7) and Python interop.
+CK="$(latest_ckpt "$W/learn")"
+"$PY" - "$CK" <<'PYEOF' || fail "export format"
+import json, sys
+from safetensors import safe_open
+d = sys.argv[1]
+cfg = json.load(open(d + "/config.json"))
+assert cfg["architectures"] == ["LlamaForCausalLMEagle3"], cfg["architectures"]
+H, I, V, Vd = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"], cfg["draft_vocab_size"]
+nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+hd = cfg.get("head_dim") or H // nh
+Ht = cfg.get("target_hidden_size") or H
+want = {
+  "fc.weight": [H, 3 * Ht], "midlayer.hidden_norm.weight": [H], "midlayer.input_layernorm.weight": [H],
+  "midlayer.self_attn.q_proj.weight": [nh * hd, 2 * H], "midlayer.self_attn.k_proj.weight": [nkv * hd, 2 * H],
+  "midlayer.self_attn.v_proj.weight": [nkv * hd, 2 * H], "midlayer.self_attn.o_proj.weight": [H, nh * hd],
+  "midlayer.post_attention_layernorm.weight": [H], "midlayer.mlp.gate_proj.weight": [I, H],
+  "midlayer.mlp.up_proj.weight": [I, H], "midlayer.mlp.down_proj.weight": [H, I],
+  "norm.weight": [H], "lm_head.weight": [Vd, H], "d2t": [Vd], "t2d": [V]}
+with safe_open(d + "/model.safetensors", "pt") as f:
+    names = set(f.keys())
+    assert names == set(want), sorted(names ^ set(want))
+    for k, shape in want.items():
+        t = f.get_tensor(k)
+        assert list(t.shape) == shape, (k, list(t.shape), shape)
+        import torch
+        dt = {"d2t": torch.int64, "t2d": torch.bool}.get(k, torch.bfloat16)
+        assert t.dtype == dt, (k, t.dtype)
+    d2t, t2d = f.get_tensor("d2t"), f.get_tensor("t2d")
+    used = torch.arange(Vd) + d2t
+    assert t2d.sum().item() == Vd and t2d[used].all(), "d2t/t2d inconsistent"
+print("export ok:", d)
+PYEOF
+
+# --init-checkpoint + --eval-only reproduce the saving run's final evaluation.
+run_np 2 --init-checkpoint "$CK" --eval-only --target-model-path "$DATA/target" \
+  --draft-model-config "$DATA/draft_config.json" --eval-hidden-states-path "$DATA/eval_hidden_states" \
+  --cache-dir "$DATA/cache" --max-length 64 --ttt-length 3 --draft-global-batch-size 4 \
+  --draft-micro-batch-size 2 --device cpu --threads 1 --output-dir "$W/evalonly" \
+  >"$W/evalonly.log" 2>&1 || { cat "$W/evalonly.log"; fail "eval-only"; }
+"$PY" - "$W/learn/metrics.jsonl" "$W/evalonly/metrics.jsonl" <<'PYEOF' || fail "eval-only metrics differ"
+import json, sys
+a = [json.loads(l) for l in open(sys.argv[1]) if "eval/acc_0" in l][-1]
+b = [json.loads(l) for l in open(sys.argv[2]) if "eval/acc_0" in l][-1]
+for k in a:
+    if k.startswith("eval/"):
+        assert abs(a[k] - b[k]) <= 1e-6 * max(1.0, abs(a[k])), (k, a[k], b[k])
+print("eval-only reproduces", {k: round(v, 4) for k, v in b.items() if k.startswith("eval/acc")})
+PYEOF
+
+# TensorBoard event files hold the logged values.
+"$PY" - "$W/learn" <<'PYEOF' || fail "tensorboard read-back"
+import glob, json, sys
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+d = sys.argv[1]
+ev = EventAccumulator(glob.glob(d + "/tensorboard")[0]); ev.Reload()
+tb = {(e.step, round(e.value, 5)) for e in ev.Scalars("train/acc_0")}
+js = {(r["step"], round(r["train/acc_0"], 5)) for r in map(json.loads, open(d + "/metrics.jsonl")) if "train/acc_0" in r}
+assert tb == js and tb, (sorted(tb)[:3], sorted(js)[:3])
+print("tensorboard: %d points of train/acc_0 match metrics.jsonl" % len(tb))
+PYEOF
+echo PASS
