@@ -22,8 +22,8 @@ const char* kArchitecture = "LlamaForCausalLMEagle3";
 // Error helpers: every message names the key and where the config came from.
 [[noreturn]] void bad_key(const std::string& source, const std::string& key,
                           const std::string& what, const std::string& hint) {
-  throw_usage_error(__FILE__, __LINE__,
-                    str("draft config ", source, ": key '", key, "' ", what), hint);
+  throw_usage_error(__FILE__, __LINE__, str("draft config ", source, ": key '", key, "' ", what),
+                    hint);
 }
 
 int64_t get_int(const json& j, const std::string& key, const std::string& source) {
@@ -109,7 +109,8 @@ RopeScaling parse_rope_scaling(const json& rs, const DraftConfig& cfg) {
     out.original_max_position_embeddings = get_int(rs, "original_max_position_embeddings", src);
   }
   if (out.type == RopeType::kLlama3) {
-    for (const char* k : {"low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}) {
+    for (const char* k :
+         {"low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}) {
       if (!present(rs, k)) {
         bad_key(src, str("rope_scaling.", k), "is missing (required for llama3)",
                 "copy rope_scaling from the target model's config.json");
@@ -147,11 +148,25 @@ RopeScaling parse_rope_scaling(const json& rs, const DraftConfig& cfg) {
 }
 
 const std::set<std::string>& known_keys() {
-  static const std::set<std::string> keys = {
-      "architectures", "hidden_size", "intermediate_size", "num_attention_heads",
-      "num_key_value_heads", "head_dim", "num_hidden_layers", "vocab_size", "draft_vocab_size",
-      "rms_norm_eps", "max_position_embeddings", "rope_theta", "rope_scaling", "hidden_act",
-      "pad_token_id", "target_hidden_size", "eagle_config", "tie_word_embeddings", "torch_dtype"};
+  static const std::set<std::string> keys = {"architectures",
+                                             "hidden_size",
+                                             "intermediate_size",
+                                             "num_attention_heads",
+                                             "num_key_value_heads",
+                                             "head_dim",
+                                             "num_hidden_layers",
+                                             "vocab_size",
+                                             "draft_vocab_size",
+                                             "rms_norm_eps",
+                                             "max_position_embeddings",
+                                             "rope_theta",
+                                             "rope_scaling",
+                                             "hidden_act",
+                                             "pad_token_id",
+                                             "target_hidden_size",
+                                             "eagle_config",
+                                             "tie_word_embeddings",
+                                             "torch_dtype"};
   return keys;
 }
 
@@ -159,10 +174,14 @@ const std::set<std::string>& known_keys() {
 
 std::string rope_type_name(RopeType t) {
   switch (t) {
-    case RopeType::kDefault: return "default";
-    case RopeType::kLinear: return "linear";
-    case RopeType::kLlama3: return "llama3";
-    case RopeType::kYarn: return "yarn";
+    case RopeType::kDefault:
+      return "default";
+    case RopeType::kLinear:
+      return "linear";
+    case RopeType::kLlama3:
+      return "llama3";
+    case RopeType::kYarn:
+      return "yarn";
   }
   return "?";
 }
@@ -172,7 +191,8 @@ DraftConfig parse_draft_config(const std::string& json_text, const std::string& 
   try {
     j = json::parse(json_text);
   } catch (const json::parse_error& e) {
-    throw_usage_error(__FILE__, __LINE__, str("draft config ", source, " is not valid JSON: ", e.what()),
+    throw_usage_error(__FILE__, __LINE__,
+                      str("draft config ", source, " is not valid JSON: ", e.what()),
                       "fix the syntax (a JSON linter such as `python -m json.tool` shows where)");
   }
   FSDP_USAGE_CHECK(j.is_object(), str("draft config ", source, " must be a JSON object"),
@@ -198,7 +218,8 @@ DraftConfig parse_draft_config(const std::string& json_text, const std::string& 
                                 ? get_int(j, "num_key_value_heads", source)
                                 : cfg.num_attention_heads;
   if (present(j, "head_dim")) cfg.head_dim = get_int(j, "head_dim", source);
-  if (present(j, "num_hidden_layers")) cfg.num_hidden_layers = get_int(j, "num_hidden_layers", source);
+  if (present(j, "num_hidden_layers"))
+    cfg.num_hidden_layers = get_int(j, "num_hidden_layers", source);
   if (present(j, "draft_vocab_size")) cfg.draft_vocab_size = get_int(j, "draft_vocab_size", source);
   if (present(j, "rms_norm_eps")) cfg.rms_norm_eps = get_double(j, "rms_norm_eps", source);
   if (present(j, "max_position_embeddings")) {
@@ -221,9 +242,10 @@ DraftConfig parse_draft_config(const std::string& json_text, const std::string& 
       bad_key(source, "tie_word_embeddings", "must be true or false", "write false");
     }
     if (t.get<bool>()) {
-      FSDP_LOG0(kWarn) << "draft config " << source
-                       << ": tie_word_embeddings=true ignored (the EAGLE3 draft has its own lm_head "
-                          "over the draft vocabulary)";
+      FSDP_LOG0(kWarn)
+          << "draft config " << source
+          << ": tie_word_embeddings=true ignored (the EAGLE3 draft has its own lm_head "
+             "over the draft vocabulary)";
     }
   }
   cfg.tie_word_embeddings = false;
@@ -248,9 +270,10 @@ void DraftConfig::validate() const {
   auto positive = [&](const char* key, int64_t v) {
     if (v <= 0) bad_key(source, key, str("must be positive, got ", v), "fix the value");
   };
-  FSDP_USAGE_CHECK(architectures.size() == 1 && architectures[0] == kArchitecture,
-                   str("draft config ", source, ": key 'architectures' must be [\"", kArchitecture, "\"]"),
-                   "use a SpecForge EAGLE3 draft config");
+  FSDP_USAGE_CHECK(
+      architectures.size() == 1 && architectures[0] == kArchitecture,
+      str("draft config ", source, ": key 'architectures' must be [\"", kArchitecture, "\"]"),
+      "use a SpecForge EAGLE3 draft config");
   positive("hidden_size", hidden_size);
   positive("intermediate_size", intermediate_size);
   positive("num_attention_heads", num_attention_heads);
@@ -263,19 +286,22 @@ void DraftConfig::validate() const {
   }
   if (num_attention_heads % num_key_value_heads != 0) {
     bad_key(source, "num_key_value_heads",
-            str("(", num_key_value_heads, ") must divide num_attention_heads (", num_attention_heads, ")"),
+            str("(", num_key_value_heads, ") must divide num_attention_heads (",
+                num_attention_heads, ")"),
             "grouped-query attention needs whole groups");
   }
   if (head_dim) {
     positive("head_dim", *head_dim);
   } else if (hidden_size % num_attention_heads != 0) {
     bad_key(source, "hidden_size",
-            str("(", hidden_size, ") is not divisible by num_attention_heads (", num_attention_heads, ")"),
+            str("(", hidden_size, ") is not divisible by num_attention_heads (",
+                num_attention_heads, ")"),
             "set \"head_dim\" explicitly");
   }
   if (head_dim_value() % 2 != 0) {
     bad_key(source, head_dim ? "head_dim" : "hidden_size",
-            str("gives an odd head dimension ", head_dim_value()), "rotary embedding needs an even head_dim");
+            str("gives an odd head dimension ", head_dim_value()),
+            "rotary embedding needs an even head_dim");
   }
   if (draft_vocab_size) {
     positive("draft_vocab_size", *draft_vocab_size);
@@ -292,7 +318,8 @@ void DraftConfig::validate() const {
     bad_key(source, "hidden_act", str("is '", hidden_act, "'; only 'silu' is supported"),
             "set \"hidden_act\": \"silu\"");
   }
-  if (rope_scaling.type == RopeType::kLlama3 && rope_scaling.original_max_position_embeddings <= 0) {
+  if (rope_scaling.type == RopeType::kLlama3 &&
+      rope_scaling.original_max_position_embeddings <= 0) {
     bad_key(source, "rope_scaling.original_max_position_embeddings", "must be positive for llama3",
             "copy rope_scaling from the target model's config.json");
   }
@@ -312,7 +339,8 @@ std::string DraftConfig::to_json() const {
   j["rms_norm_eps"] = rms_norm_eps;
   j["max_position_embeddings"] = max_position_embeddings;
   j["rope_theta"] = rope_theta;
-  j["rope_scaling"] = rope_scaling_json.empty() ? ordered_json() : ordered_json::parse(rope_scaling_json);
+  j["rope_scaling"] =
+      rope_scaling_json.empty() ? ordered_json() : ordered_json::parse(rope_scaling_json);
   j["hidden_act"] = hidden_act;
   if (pad_token_id) j["pad_token_id"] = *pad_token_id;
   if (target_hidden_size) j["target_hidden_size"] = *target_hidden_size;
@@ -326,14 +354,14 @@ std::string DraftConfig::to_json() const {
 ParamCounts count_parameters(const DraftConfig& c) {
   const int64_t H = c.hidden_size, I = c.intermediate_size;
   ParamCounts p;
-  p.trainable = H * c.fc_in_features()                                 // fc
-                + 2 * H                                                // hidden_norm, input_layernorm
+  p.trainable = H * c.fc_in_features()  // fc
+                + 2 * H                 // hidden_norm, input_layernorm
                 + (c.q_out_features() + 2 * c.kv_out_features()) * 2 * H  // q, k, v
-                + H * c.q_out_features()                               // o_proj
-                + H                                                    // post_attention_layernorm
-                + 3 * H * I                                            // gate, up, down
-                + H                                                    // norm
-                + c.draft_vocab() * H;                                 // lm_head
+                + H * c.q_out_features()                                  // o_proj
+                + H                     // post_attention_layernorm
+                + 3 * H * I             // gate, up, down
+                + H                     // norm
+                + c.draft_vocab() * H;  // lm_head
   p.frozen_embedding = c.vocab_size * H;
   p.buffers = c.draft_vocab() + c.vocab_size;
   return p;

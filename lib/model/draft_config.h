@@ -36,22 +36,22 @@ std::string rope_type_name(RopeType t);
 
 struct DraftConfig {
   std::vector<std::string> architectures{"LlamaForCausalLMEagle3"};
-  int64_t hidden_size = 0;               // H (required)
-  int64_t intermediate_size = 0;         // I (required)
-  int64_t num_attention_heads = 0;       // nh (required)
-  int64_t num_key_value_heads = 0;       // nkv (default nh)
-  std::optional<int64_t> head_dim;       // d; absent means H / nh
-  int64_t num_hidden_layers = 1;         // only 1 is supported
-  int64_t vocab_size = 0;                // V (required)
+  int64_t hidden_size = 0;                  // H (required)
+  int64_t intermediate_size = 0;            // I (required)
+  int64_t num_attention_heads = 0;          // nh (required)
+  int64_t num_key_value_heads = 0;          // nkv (default nh)
+  std::optional<int64_t> head_dim;          // d; absent means H / nh
+  int64_t num_hidden_layers = 1;            // only 1 is supported
+  int64_t vocab_size = 0;                   // V (required)
   std::optional<int64_t> draft_vocab_size;  // Vd; absent or null means V
   double rms_norm_eps = 1e-6;
   int64_t max_position_embeddings = 2048;
   double rope_theta = 10000.0;
-  RopeScaling rope_scaling;              // type kDefault when the key is null or absent
+  RopeScaling rope_scaling;  // type kDefault when the key is null or absent
   std::string hidden_act = "silu";
   std::optional<int64_t> pad_token_id;
   std::optional<int64_t> target_hidden_size;  // fc input is 3 * this (default H)
-  bool tie_word_embeddings = false;      // forced false (a warning is logged if true)
+  bool tie_word_embeddings = false;           // forced false (a warning is logged if true)
   std::string torch_dtype = "bfloat16";
   // JSON text of values carried through untouched: eagle_config (empty = absent), the
   // original rope_scaling object (so unknown sub-keys survive), and every unknown key.
@@ -61,7 +61,9 @@ struct DraftConfig {
   // Where the config came from, used in error messages ("<string>" when parsed from text).
   std::string source = "<string>";
 
-  int64_t head_dim_value() const { return head_dim ? *head_dim : hidden_size / num_attention_heads; }
+  int64_t head_dim_value() const {
+    return head_dim ? *head_dim : hidden_size / num_attention_heads;
+  }
   int64_t draft_vocab() const { return draft_vocab_size ? *draft_vocab_size : vocab_size; }
   int64_t fc_in_features() const {
     return 3 * (target_hidden_size ? *target_hidden_size : hidden_size);
@@ -80,14 +82,15 @@ struct DraftConfig {
 // Reads and validates a draft config file; errors name the file and the key.
 DraftConfig load_draft_config(const std::string& path);
 // Same from JSON text; `source` names the input in error messages.
-DraftConfig parse_draft_config(const std::string& json_text, const std::string& source = "<string>");
+DraftConfig parse_draft_config(const std::string& json_text,
+                               const std::string& source = "<string>");
 
 // Parameter counts implied by a config (closed form, no module needed): used for logging,
 // MFU and the spec's headline numbers (spec 9).
 struct ParamCounts {
-  int64_t trainable = 0;        // fc, midlayer.*, norm, lm_head
-  int64_t frozen_embedding = 0; // embed_tokens [V,H]
-  int64_t buffers = 0;          // d2t [Vd] + t2d [V] elements
+  int64_t trainable = 0;         // fc, midlayer.*, norm, lm_head
+  int64_t frozen_embedding = 0;  // embed_tokens [V,H]
+  int64_t buffers = 0;           // d2t [Vd] + t2d [V] elements
 };
 ParamCounts count_parameters(const DraftConfig& cfg);
 

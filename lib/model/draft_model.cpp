@@ -103,21 +103,21 @@ Eagle3DraftImpl::Eagle3DraftImpl(const DraftConfig& cfg) : cfg_(cfg) {
 }
 
 void Eagle3DraftImpl::load_embedding(const at::Tensor& weight) {
-  FSDP_CHECK(weight.dim() == 2 && weight.size(0) == cfg_.vocab_size &&
-                 weight.size(1) == cfg_.hidden_size,
-             fsdp::str("target embedding has shape ", weight.sizes(), ", draft config ", cfg_.source,
-                 " expects [", cfg_.vocab_size, ", ", cfg_.hidden_size, "]"),
-             "check --embedding-key and that the draft config matches the target model");
+  FSDP_CHECK(
+      weight.dim() == 2 && weight.size(0) == cfg_.vocab_size && weight.size(1) == cfg_.hidden_size,
+      fsdp::str("target embedding has shape ", weight.sizes(), ", draft config ", cfg_.source,
+                " expects [", cfg_.vocab_size, ", ", cfg_.hidden_size, "]"),
+      "check --embedding-key and that the draft config matches the target model");
   at::NoGradGuard guard;
   embed_tokens->weight.copy_(weight);
 }
 
 void Eagle3DraftImpl::set_vocab_mapping(const at::Tensor& new_d2t, const at::Tensor& new_t2d) {
-  FSDP_CHECK(new_d2t.dim() == 1 && new_d2t.size(0) == cfg_.draft_vocab() &&
-                 new_t2d.dim() == 1 && new_t2d.size(0) == cfg_.vocab_size,
+  FSDP_CHECK(new_d2t.dim() == 1 && new_d2t.size(0) == cfg_.draft_vocab() && new_t2d.dim() == 1 &&
+                 new_t2d.size(0) == cfg_.vocab_size,
              fsdp::str("vocab mapping shapes d2t ", new_d2t.sizes(), ", t2d ", new_t2d.sizes(),
-                 " do not match draft_vocab_size ", cfg_.draft_vocab(), " / vocab_size ",
-                 cfg_.vocab_size, " of ", cfg_.source),
+                       " do not match draft_vocab_size ", cfg_.draft_vocab(), " / vocab_size ",
+                       cfg_.vocab_size, " of ", cfg_.source),
              "rebuild the vocab mapping for this config (delete the cached mapping)");
   const int64_t kept = new_t2d.to(at::kLong).sum().item<int64_t>();
   FSDP_CHECK(kept == cfg_.draft_vocab(),
@@ -136,10 +136,11 @@ at::Tensor Eagle3DraftImpl::embed(const at::Tensor& input_ids) {
 }
 
 at::Tensor Eagle3DraftImpl::project_aux(const at::Tensor& aux_hidden) {
-  FSDP_CHECK(aux_hidden.size(-1) == cfg_.fc_in_features(),
-             fsdp::str("aux_hidden has last dim ", aux_hidden.size(-1), ", the fc layer of ", cfg_.source,
-                 " expects ", cfg_.fc_in_features(), " (3 x target hidden size)"),
-             "the hidden states must come from the target this draft config describes");
+  FSDP_CHECK(
+      aux_hidden.size(-1) == cfg_.fc_in_features(),
+      fsdp::str("aux_hidden has last dim ", aux_hidden.size(-1), ", the fc layer of ", cfg_.source,
+                " expects ", cfg_.fc_in_features(), " (3 x target hidden size)"),
+      "the hidden states must come from the target this draft config describes");
   return run_unit(hooks_, "fc", [&] { return fc(aux_hidden.to(fc->weight.scalar_type())); });
 }
 

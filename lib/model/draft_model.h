@@ -95,11 +95,11 @@ class Eagle3DraftImpl : public torch::nn::Module {
   void set_vocab_mapping(const at::Tensor& d2t, const at::Tensor& t2d);
 
   // The pieces of one TTT unroll, each wrapped in its unit (see ttt_loss.h for the unroll).
-  at::Tensor embed(const at::Tensor& input_ids);                 // [B,S] -> [B,S,H]
-  at::Tensor project_aux(const at::Tensor& aux_hidden);          // [B,S,3Ht] -> [B,S,H]
+  at::Tensor embed(const at::Tensor& input_ids);         // [B,S] -> [B,S,H]
+  at::Tensor project_aux(const at::Tensor& aux_hidden);  // [B,S,3Ht] -> [B,S,H]
   at::Tensor decode(const at::Tensor& e, const at::Tensor& h, int64_t step, KVCache& cache,
                     const at::Tensor& attention_mask, AttentionImpl impl);  // -> out [B,S,H]
-  at::Tensor logits(const at::Tensor& out);                      // norm + lm_head -> [B,S,Vd]
+  at::Tensor logits(const at::Tensor& out);  // norm + lm_head -> [B,S,Vd]
 
   // Module::to converts every buffer, integer ones included; these keep d2t int64 and t2d bool
   // (as PyTorch's Python Module.to(dtype) does for non-float buffers).

@@ -71,8 +71,7 @@ RopeFrequencies rope_frequencies(const DraftConfig& cfg) {
       low = std::max(low, 0.0);
       high = std::min(high, static_cast<double>(dim - 1));
       if (low == high) high += 0.001;  // avoid a zero-width ramp
-      at::Tensor ramp =
-          ((at::arange(dim / 2, at::kFloat) - low) / (high - low)).clamp(0, 1);
+      at::Tensor ramp = ((at::arange(dim / 2, at::kFloat) - low) / (high - low)).clamp(0, 1);
       at::Tensor extrapolation_factor = 1 - ramp;
       at::Tensor interp = 1.0 / (rs.factor * pos_freqs);
       at::Tensor extrap = 1.0 / pos_freqs;

@@ -15,8 +15,9 @@ struct RopeFrequencies {
 };
 RopeFrequencies rope_frequencies(const DraftConfig& cfg);
 
-// cos/sin tables [P, d] (fp32; float64 requests get float64 tables) for positions 0..P-1, grown on demand. Starts with
-// max_position_embeddings + ttt_length positions (positions t+i of the TTT unroll).
+// cos/sin tables [P, d] (fp32; float64 requests get float64 tables) for positions 0..P-1, grown on
+// demand. Starts with max_position_embeddings + ttt_length positions (positions t+i of the TTT
+// unroll).
 class RotaryEmbedding {
  public:
   RotaryEmbedding() = default;

@@ -10,28 +10,29 @@
 namespace fsdp::model {
 namespace {
 
-constexpr int64_t kTileElements = int64_t{64} << 20;  // one tile's logits at most 64 Mi elements
+constexpr int64_t kTileElements = int64_t{16} << 20;  // one tile's logits: at most 16 Mi elements
 
 int64_t auto_tile(int64_t rows, int64_t vocab) {
-  return std::clamp<int64_t>(kTileElements / std::max<int64_t>(rows, 1), 1024, vocab);
+  return std::min(std::max<int64_t>(kTileElements / std::max<int64_t>(rows, 1), 1024), vocab);
 }
 
 // Pads target_p [B, S, Vd] with T rows of 1/Vd (spec 4: steps past the end see uniform targets).
 at::Tensor pad_uniform(const at::Tensor& p, int64_t T) {
   if (T == 0) return p;
-  at::Tensor pad = at::full({p.size(0), T, p.size(2)}, 1.0 / static_cast<double>(p.size(2)),
-                            p.options());
+  at::Tensor pad =
+      at::full({p.size(0), T, p.size(2)}, 1.0 / static_cast<double>(p.size(2)), p.options());
   return at::cat({p, pad}, 1);
 }
 
 }  // namespace
 
 TargetHead::TargetHead(const at::Tensor& lm_head_weight, const at::Tensor& t2d) {
-  FSDP_CHECK(lm_head_weight.dim() == 2, fsdp::str("target lm_head must be [V, H], got ", lm_head_weight.sizes()),
+  FSDP_CHECK(lm_head_weight.dim() == 2,
+             fsdp::str("target lm_head must be [V, H], got ", lm_head_weight.sizes()),
              "check --lm-head-key");
   FSDP_CHECK(t2d.dim() == 1 && t2d.size(0) == lm_head_weight.size(0),
-             fsdp::str("t2d has ", t2d.numel(), " entries, the target lm_head has ", lm_head_weight.size(0),
-                 " rows"),
+             fsdp::str("t2d has ", t2d.numel(), " entries, the target lm_head has ",
+                       lm_head_weight.size(0), " rows"),
              "the vocab mapping must be built for this target model's vocabulary");
   weight_ = lm_head_weight.detach().contiguous();
   t2d_ = t2d.to(at::kBool).to(weight_.device());
@@ -102,17 +103,20 @@ TargetDistribution TargetHead::compute(const at::Tensor& target_hidden, const at
                                        int64_t vocab_tile) const {
   FSDP_CHECK(weight_.defined(), "TargetHead used before construction",
              "build it from the target lm_head weight and t2d");
-  FSDP_CHECK(target_hidden.dim() == 3 && target_hidden.size(-1) == weight_.size(1),
-             fsdp::str("target_hidden must be [B, S, ", weight_.size(1), "], got ", target_hidden.sizes()),
-             "the hidden states must come from the target whose lm_head was loaded");
+  FSDP_CHECK(
+      target_hidden.dim() == 3 && target_hidden.size(-1) == weight_.size(1),
+      fsdp::str("target_hidden must be [B, S, ", weight_.size(1), "], got ", target_hidden.sizes()),
+      "the hidden states must come from the target whose lm_head was loaded");
   FSDP_CHECK(loss_mask.dim() == 2 && loss_mask.size(0) == target_hidden.size(0) &&
                  loss_mask.size(1) == target_hidden.size(1),
              fsdp::str("loss_mask ", loss_mask.sizes(), " does not match target_hidden ",
-                 target_hidden.sizes()),
+                       target_hidden.sizes()),
              "pass the batch's loss_mask");
-  FSDP_CHECK(ttt_length >= 0, fsdp::str("ttt_length ", ttt_length, " is negative"), "use --ttt-length >= 1");
-  return impl == TargetImpl::kDense ? compute_dense(target_hidden, loss_mask, ttt_length)
-                                    : compute_tiled(target_hidden, loss_mask, ttt_length, vocab_tile);
+  FSDP_CHECK(ttt_length >= 0, fsdp::str("ttt_length ", ttt_length, " is negative"),
+             "use --ttt-length >= 1");
+  return impl == TargetImpl::kDense
+             ? compute_dense(target_hidden, loss_mask, ttt_length)
+             : compute_tiled(target_hidden, loss_mask, ttt_length, vocab_tile);
 }
 
 }  // namespace fsdp::model

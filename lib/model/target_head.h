@@ -23,7 +23,7 @@ class TargetHead {
   TargetHead(const at::Tensor& lm_head_weight, const at::Tensor& t2d);
 
   // target_hidden [B, S, H] (cast to the weight dtype), loss_mask int64 [B, S]. ttt_length T
-  // is the number of padding rows. vocab_tile 0 = choose so one tile's logits stay <= 64 Mi
+  // is the number of padding rows. vocab_tile 0 = choose so one tile's logits stay <= 16 Mi
   // elements. Runs without gradient.
   TargetDistribution compute(const at::Tensor& target_hidden, const at::Tensor& loss_mask,
                              int64_t ttt_length, TargetImpl impl = TargetImpl::kTiled,

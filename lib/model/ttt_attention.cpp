@@ -45,7 +45,8 @@ Kernel pick_kernel(const at::Tensor& q) {
   }
   if (q.device().is_cuda()) {
     const int64_t d = q.size(-1);
-    if ((dt == at::kBFloat16 || dt == at::kHalf) && d % 8 == 0 && d <= 256) return Kernel::kCudaFlash;
+    if ((dt == at::kBFloat16 || dt == at::kHalf) && d % 8 == 0 && d <= 256)
+      return Kernel::kCudaFlash;
     if (dt == at::kFloat || dt == at::kBFloat16 || dt == at::kHalf) return Kernel::kCudaEfficient;
   }
   return Kernel::kNone;
@@ -100,9 +101,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> causal_backward(
       return at::_scaled_dot_product_flash_attention_for_cpu_backward(grad, q, k, v, out, lse, 0.0,
                                                                       true, {}, scale);
     case Kernel::kCudaFlash:
-      return at::_scaled_dot_product_flash_attention_backward(grad, q, k, v, out, lse, cum_q, cum_k,
-                                                              S, k.size(2), 0.0, true, seed, offset,
-                                                              scale);
+      return at::_scaled_dot_product_flash_attention_backward(
+          grad, q, k, v, out, lse, cum_q, cum_k, S, k.size(2), 0.0, true, seed, offset, scale);
     case Kernel::kCudaEfficient: {
       auto r = at::_scaled_dot_product_efficient_attention_backward(
           grad, q, k, v, at::Tensor(), out, lse, seed, offset, 0.0, {true, true, true, false}, true,
@@ -137,9 +137,9 @@ struct TttAttentionFn : public torch::autograd::Function<TttAttentionFn> {
       out = c.out;
     } else {
       at::Tensor q5 = q.to(acc).reshape({B, nkv, g, S, d});
-      at::Tensor sd = diagonal_scores(q5, kd.to(acc), scale);              // [B,nkv,g,S,i]
+      at::Tensor sd = diagonal_scores(q5, kd.to(acc), scale);  // [B,nkv,g,S,i]
       at::Tensor lse5 = lse_c.reshape({B, nkv, g, S});
-      at::Tensor total = at::logaddexp(lse5, sd.logsumexp(-1));           // [B,nkv,g,S]
+      at::Tensor total = at::logaddexp(lse5, sd.logsumexp(-1));  // [B,nkv,g,S]
       at::Tensor pd = (sd - total.unsqueeze(-1)).exp();
       at::Tensor od = at::einsum("bkgsj,bksjd->bkgsd", {pd, vd.to(acc)});
       at::Tensor wc = (lse5 - total).exp().unsqueeze(-1);
@@ -157,8 +157,8 @@ struct TttAttentionFn : public torch::autograd::Function<TttAttentionFn> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto saved = ctx->get_saved_variables();
-    const at::Tensor &q = saved[0], &k0 = saved[1], &v0 = saved[2], &kd = saved[3],
-                     &vd = saved[4], &out = saved[5], &lse = saved[6];
+    const at::Tensor &q = saved[0], &k0 = saved[1], &v0 = saved[2], &kd = saved[3], &vd = saved[4],
+                     &out = saved[5], &lse = saved[6];
     const double scale = ctx->saved_data["scale"].toDouble();
     const auto kernel = static_cast<Kernel>(ctx->saved_data["kernel"].toInt());
     const int64_t B = q.size(0), nh = q.size(1), S = q.size(2), d = q.size(3);
@@ -166,9 +166,9 @@ struct TttAttentionFn : public torch::autograd::Function<TttAttentionFn> {
     const auto acc = acc_dtype(q);
     at::Tensor grad = grads[0].contiguous();
     at::Tensor dq, dk0e, dv0e;
-    std::tie(dq, dk0e, dv0e) = causal_backward(kernel, grad, q, expand_kv(k0, g), expand_kv(v0, g),
-                                               out, lse, saved[7], saved[8], saved[9], saved[10],
-                                               scale);
+    std::tie(dq, dk0e, dv0e) =
+        causal_backward(kernel, grad, q, expand_kv(k0, g), expand_kv(v0, g), out, lse, saved[7],
+                        saved[8], saved[9], saved[10], scale);
     at::Tensor dkd, dvd;
     if (steps > 0) {
       at::Tensor q5 = q.to(acc).reshape({B, nkv, g, S, d});
@@ -194,7 +194,7 @@ void check_inputs(const at::Tensor& q, const std::vector<at::Tensor>& keys,
              "pass heads before the sequence dimension");
   FSDP_CHECK(!keys.empty() && keys.size() == values.size(),
              fsdp::str("ttt_attention: need one key and value tensor per step (keys ", keys.size(),
-                 ", values ", values.size(), ")"),
+                       ", values ", values.size(), ")"),
              "step 0's keys are always present");
   const int64_t B = q.size(0), nh = q.size(1), S = q.size(2), d = q.size(3);
   for (size_t j = 0; j < keys.size(); ++j) {
@@ -202,13 +202,13 @@ void check_inputs(const at::Tensor& q, const std::vector<at::Tensor>& keys,
       FSDP_CHECK(t->dim() == 4 && t->size(0) == B && t->size(2) == S && t->size(3) == d &&
                      t->size(1) > 0 && nh % t->size(1) == 0 && t->size(1) == keys[0].size(1),
                  fsdp::str("ttt_attention: step ", j, " key/value shape ", t->sizes(),
-                     " does not fit q ", q.sizes()),
+                           " does not fit q ", q.sizes()),
                  "keys/values are [B, nkv, S, d] with nkv dividing nh");
     }
   }
   FSDP_CHECK(mask.dim() == 2 && mask.size(0) == B && mask.size(1) == S,
              fsdp::str("ttt_attention: attention_mask must be [B, S] = [", B, ", ", S, "], got ",
-                 mask.sizes()),
+                       mask.sizes()),
              "pass the batch's attention_mask");
 }
 
@@ -242,9 +242,9 @@ at::Tensor ttt_attention_efficient(const at::Tensor& q, const std::vector<at::Te
     kd = at::zeros({B, nkv, S, 0, d}, keys[0].options());
     vd = at::zeros({B, nkv, S, 0, d}, values[0].options());
   }
-  at::Tensor out = TttAttentionFn::apply(q.contiguous(), keys[0].contiguous(),
-                                         values[0].contiguous(), kd, vd, scale,
-                                         static_cast<int64_t>(kernel));
+  at::Tensor out =
+      TttAttentionFn::apply(q.contiguous(), keys[0].contiguous(), values[0].contiguous(), kd, vd,
+                            scale, static_cast<int64_t>(kernel));
   return out * row_mask(attention_mask, out.scalar_type());
 }
 
@@ -255,7 +255,7 @@ at::Tensor ttt_attention_dense(const at::Tensor& q, const std::vector<at::Tensor
   const int64_t S = q.size(2), nh = q.size(1), g = nh / keys[0].size(1);
   const int64_t steps = static_cast<int64_t>(keys.size());
   const auto acc = acc_dtype(q);
-  at::Tensor K = expand_kv(at::cat(keys, 2), g).to(acc);    // [B, nh, steps*S, d]
+  at::Tensor K = expand_kv(at::cat(keys, 2), g).to(acc);  // [B, nh, steps*S, d]
   at::Tensor V = expand_kv(at::cat(values, 2), g).to(acc);
   at::Tensor scores = at::matmul(q.to(acc), K.transpose(-1, -2)) * scale;  // [B,nh,S,steps*S]
   // Allowed keys: step-0 block causal and valid, step-j blocks only the same position. Rows
@@ -263,15 +263,15 @@ at::Tensor ttt_attention_dense(const at::Tensor& q, const std::vector<at::Tensor
   // empty and no NaN can reach the gradient.
   auto opts = at::TensorOptions().device(q.device()).dtype(at::kBool);
   at::Tensor pos = at::arange(S, opts.dtype(at::kLong));
-  at::Tensor causal = pos.view({1, S}) <= pos.view({S, 1});                  // [t, key]
-  at::Tensor valid = attention_mask.to(at::kBool);                           // [B, S]
+  at::Tensor causal = pos.view({1, S}) <= pos.view({S, 1});  // [t, key]
+  at::Tensor valid = attention_mask.to(at::kBool);           // [B, S]
   at::Tensor row_valid = valid.view({-1, 1, S, 1});
-  at::Tensor block0 = causal.view({1, 1, S, S}) &
-                      (valid.view({-1, 1, 1, S}) | row_valid.logical_not());
+  at::Tensor block0 =
+      causal.view({1, 1, S, S}) & (valid.view({-1, 1, 1, S}) | row_valid.logical_not());
   std::vector<at::Tensor> blocks{block0.expand({valid.size(0), 1, S, S})};
   at::Tensor eye = at::eye(S, opts).view({1, 1, S, S}).expand({valid.size(0), 1, S, S});
   for (int64_t j = 1; j < steps; ++j) blocks.push_back(eye);
-  at::Tensor allowed = at::cat(blocks, -1);                                   // [B,1,S,steps*S]
+  at::Tensor allowed = at::cat(blocks, -1);  // [B,1,S,steps*S]
   at::Tensor p = scores.masked_fill(allowed.logical_not(), -std::numeric_limits<double>::infinity())
                      .softmax(-1);
   at::Tensor out = at::matmul(p, V).to(q.scalar_type());
@@ -287,16 +287,20 @@ at::Tensor ttt_attention(const at::Tensor& q, const std::vector<at::Tensor>& key
 }
 
 void check_right_padded(const at::Tensor& attention_mask, const char* what) {
-  FSDP_USAGE_CHECK(attention_mask.dim() == 2, fsdp::str(what, " must be [B, S], got ", attention_mask.sizes()),
+  FSDP_USAGE_CHECK(attention_mask.dim() == 2,
+                   fsdp::str(what, " must be [B, S], got ", attention_mask.sizes()),
                    "pass one mask row per sample");
   at::Tensor m = attention_mask.to(at::kCPU).to(at::kLong);
   const bool binary = m.eq(0).logical_or(m.eq(1)).all().item<bool>();
-  FSDP_USAGE_CHECK(binary, fsdp::str(what, " must contain only 0 and 1"), "masks are 0/1 per token");
+  FSDP_USAGE_CHECK(binary, fsdp::str(what, " must contain only 0 and 1"),
+                   "masks are 0/1 per token");
   if (m.size(1) > 1) {
-    const bool rises = (m.narrow(1, 1, m.size(1) - 1) > m.narrow(1, 0, m.size(1) - 1)).any().item<bool>();
-    FSDP_USAGE_CHECK(!rises, fsdp::str(what, " is not right-padded (a 0 is followed by a 1)"),
-                     "collate samples as ones followed by zero padding (spec 1.3), or use the dense "
-                     "attention");
+    const bool rises =
+        (m.narrow(1, 1, m.size(1) - 1) > m.narrow(1, 0, m.size(1) - 1)).any().item<bool>();
+    FSDP_USAGE_CHECK(
+        !rises, fsdp::str(what, " is not right-padded (a 0 is followed by a 1)"),
+        "collate samples as ones followed by zero padding (spec 1.3), or use the dense "
+        "attention");
   }
 }
 

@@ -19,9 +19,11 @@ void check_batch(const Eagle3DraftImpl& model, const at::Tensor& input_ids,
              "collate samples into a [B, S] batch");
   const int64_t B = input_ids.size(0), S = input_ids.size(1);
   FSDP_CHECK(input_ids.scalar_type() == at::kLong,
-             fsdp::str("input_ids must be int64, got ", input_ids.scalar_type()), "convert with .to(kLong)");
-  for (auto [name, t] : {std::pair<const char*, const at::Tensor*>{"attention_mask", &attention_mask},
-                         {"loss_mask", &loss_mask}}) {
+             fsdp::str("input_ids must be int64, got ", input_ids.scalar_type()),
+             "convert with .to(kLong)");
+  for (auto [name, t] :
+       {std::pair<const char*, const at::Tensor*>{"attention_mask", &attention_mask},
+        {"loss_mask", &loss_mask}}) {
     FSDP_CHECK(t->dim() == 2 && t->size(0) == B && t->size(1) == S,
                fsdp::str(name, " must be [", B, ", ", S, "] like input_ids, got ", t->sizes()),
                "every batch tensor is padded to the same [B, S]");
@@ -29,7 +31,7 @@ void check_batch(const Eagle3DraftImpl& model, const at::Tensor& input_ids,
   FSDP_CHECK(aux_hidden.dim() == 3 && aux_hidden.size(0) == B && aux_hidden.size(1) == S &&
                  aux_hidden.size(2) == model.config().fc_in_features(),
              fsdp::str("aux_hidden must be [", B, ", ", S, ", ", model.config().fc_in_features(),
-                 "], got ", aux_hidden.sizes()),
+                       "], got ", aux_hidden.sizes()),
              "the hidden states must come from the target this draft config describes");
   FSDP_CHECK(T >= 1, fsdp::str("ttt_length must be >= 1, got ", T), "use --ttt-length 7 (default)");
 }
@@ -78,12 +80,13 @@ StepOutput ttt_step(Eagle3DraftImpl& model, const TargetDistribution& target,
   const int64_t B = input_ids.size(0), S = input_ids.size(1), Vd = model.config().draft_vocab();
   FSDP_CHECK(target.target_p.dim() == 3 && target.target_p.size(0) == B &&
                  target.target_p.size(1) == S + T && target.target_p.size(2) == Vd,
-             fsdp::str("target_p must be [", B, ", ", S + T, ", ", Vd, "] (S + ttt_length rows), got ",
-                 target.target_p.sizes()),
+             fsdp::str("target_p must be [", B, ", ", S + T, ", ", Vd,
+                       "] (S + ttt_length rows), got ", target.target_p.sizes()),
              "compute the target with the same ttt_length and draft vocabulary");
-  FSDP_CHECK(target.position_mask.sizes() == input_ids.sizes(),
-             fsdp::str("position_mask must be [", B, ", ", S, "], got ", target.position_mask.sizes()),
-             "compute the target from this batch");
+  FSDP_CHECK(
+      target.position_mask.sizes() == input_ids.sizes(),
+      fsdp::str("position_mask must be [", B, ", ", S, "], got ", target.position_mask.sizes()),
+      "compute the target from this batch");
   FSDP_CHECK(options.accumulation_steps >= 1,
              fsdp::str("accumulation_steps must be >= 1, got ", options.accumulation_steps),
              "global batch / (dp size * micro batch) is at least 1");
@@ -132,16 +135,16 @@ StepOutput ttt_step(Eagle3DraftImpl& model, const TargetHead& head, const at::Te
   FSDP_CHECK(head.draft_vocab_size() == model.config().draft_vocab() &&
                  head.vocab_size() == model.config().vocab_size,
              fsdp::str("target head has V=", head.vocab_size(), ", Vd=", head.draft_vocab_size(),
-                 "; draft config ", model.config().source, " has V=", model.config().vocab_size,
-                 ", Vd=", model.config().draft_vocab()),
+                       "; draft config ", model.config().source,
+                       " has V=", model.config().vocab_size, ", Vd=", model.config().draft_vocab()),
              "build the target head with the same vocab mapping (t2d) as the draft model");
   FSDP_CHECK(target_hidden.dim() == 3 && target_hidden.size(0) == input_ids.size(0) &&
                  target_hidden.size(1) == input_ids.size(1),
-             fsdp::str("target_hidden must be [B, S, H] matching input_ids ", input_ids.sizes(), ", got ",
-                 target_hidden.sizes()),
+             fsdp::str("target_hidden must be [B, S, H] matching input_ids ", input_ids.sizes(),
+                       ", got ", target_hidden.sizes()),
              "every batch tensor is padded to the same [B, S]");
-  TargetDistribution target =
-      head.compute(target_hidden, loss_mask, options.ttt_length, options.target, options.vocab_tile);
+  TargetDistribution target = head.compute(target_hidden, loss_mask, options.ttt_length,
+                                           options.target, options.vocab_tile);
   return ttt_step(model, target, input_ids, attention_mask, loss_mask, aux_hidden, options);
 }
 

@@ -25,7 +25,7 @@ struct LossOptions {
   LossNormalization normalization = LossNormalization::kBatchTokens;
   AttentionImpl attention = AttentionImpl::kEfficient;
   TargetImpl target = TargetImpl::kTiled;
-  int64_t vocab_tile = 0;          // target-head argmax tile (0 = automatic)
+  int64_t vocab_tile = 0;  // target-head argmax tile (0 = automatic)
   // Check shapes/dtypes of the batch (cheap, no sync). check_padding additionally verifies
   // right padding of attention_mask on the host (one sync on GPU).
   bool check_padding = false;

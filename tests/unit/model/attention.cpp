@@ -89,7 +89,8 @@ TEST_CASE("padded query rows are zero and padded keys are never seen", "[model][
   CHECK(max_diff(out, out2) == 0.0);
 }
 
-TEST_CASE("efficient attention in fp32 and bf16 stays close to the reference", "[model][attention]") {
+TEST_CASE("efficient attention in fp32 and bf16 stays close to the reference",
+          "[model][attention]") {
   torch::manual_seed(3);
   Inputs in = make_inputs(2, 4, 2, 40, 16, 4, {40, 25}, at::kFloat);
   const double scale = 0.25;
@@ -119,7 +120,8 @@ TEST_CASE("check_right_padded rejects holes and left padding", "[model][attentio
 
 TEST_CASE("bad attention inputs are rejected with a message", "[model][attention]") {
   Inputs in = make_inputs(1, 4, 2, 5, 4, 2, {5}, at::kDouble);
-  CHECK_THROWS_AS(ttt_attention_efficient(in.q, in.keys, {in.values[0]}, in.mask, 1.0), fsdp::Error);
+  CHECK_THROWS_AS(ttt_attention_efficient(in.q, in.keys, {in.values[0]}, in.mask, 1.0),
+                  fsdp::Error);
   CHECK_THROWS_WITH(ttt_attention_dense(in.q, in.keys, in.values, torch::ones({1, 4}), 1.0),
                     Catch::Contains("attention_mask"));
 }

@@ -64,7 +64,8 @@ TEST_CASE("shipped llama3-8B config has the spec's values and parameter count", 
   CHECK(p.buffers == 32000 + 128256);
 }
 
-TEST_CASE("shipped gpt-oss-120B config has the spec's values and parameter count", "[model][config]") {
+TEST_CASE("shipped gpt-oss-120B config has the spec's values and parameter count",
+          "[model][config]") {
   DraftConfig c = load_draft_config(config_path("gpt-oss-120B-eagle3.json"));
   CHECK(c.hidden_size == 2880);
   CHECK(c.num_attention_heads == 64);
@@ -98,7 +99,8 @@ TEST_CASE("tiny configs load", "[model][config]") {
   CHECK(y.rope_theta == 150000.0);
 }
 
-TEST_CASE("defaults: draft_vocab_size null means vocab_size, nkv defaults to nh", "[model][config]") {
+TEST_CASE("defaults: draft_vocab_size null means vocab_size, nkv defaults to nh",
+          "[model][config]") {
   auto j = nlohmann::json::parse(kTiny);
   j["draft_vocab_size"] = nullptr;
   j.erase("num_key_value_heads");
@@ -111,7 +113,8 @@ TEST_CASE("defaults: draft_vocab_size null means vocab_size, nkv defaults to nh"
   CHECK_FALSE(c.tie_word_embeddings);
 }
 
-TEST_CASE("to_json carries unknown keys, eagle_config and rope_scaling through", "[model][config]") {
+TEST_CASE("to_json carries unknown keys, eagle_config and rope_scaling through",
+          "[model][config]") {
   auto j = nlohmann::json::parse(kTiny);
   j["eagle_config"] = nlohmann::json::parse(R"({"eagle_aux_hidden_state_layer_ids": [2, 5, 9]})");
   j["rope_scaling"] = nlohmann::json::parse(

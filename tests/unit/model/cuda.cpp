@@ -11,12 +11,12 @@ using namespace fsdp::model;
 
 // unit_model links only fsdp_model (no comm), so the GPU probe is LibTorch's own; it reports
 // false without a driver, as tests/support/gpu.h does through comm::gpu_count().
-#define MODEL_REQUIRE_GPU()                                                    \
-  do {                                                                         \
-    if (!torch::cuda::is_available()) {                                        \
-      WARN("skipped: no GPU visible (needs CUDA driver + device)");            \
-      return;                                                                  \
-    }                                                                          \
+#define MODEL_REQUIRE_GPU()                                         \
+  do {                                                              \
+    if (!torch::cuda::is_available()) {                             \
+      WARN("skipped: no GPU visible (needs CUDA driver + device)"); \
+      return;                                                       \
+    }                                                               \
   } while (0)
 
 TEST_CASE("cuda: efficient TTT attention matches dense for bf16 and fp32", "[cuda][model]") {
@@ -31,7 +31,8 @@ TEST_CASE("cuda: efficient TTT attention matches dense for bf16 and fp32", "[cud
       keys.push_back(torch::randn({B, nkv, S, d}, opt).requires_grad_(true));
       values.push_back(torch::randn({B, nkv, S, d}, opt).requires_grad_(true));
     }
-    at::Tensor mask = torch::ones({B, S}, torch::TensorOptions().device(torch::kCUDA).dtype(torch::kLong));
+    at::Tensor mask =
+        torch::ones({B, S}, torch::TensorOptions().device(torch::kCUDA).dtype(torch::kLong));
     mask[1].narrow(0, 200, 100).fill_(0);
     const double scale = 0.125;
     at::Tensor eff = ttt_attention_efficient(q, keys, values, mask, scale);

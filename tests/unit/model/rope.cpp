@@ -24,7 +24,9 @@ DraftConfig rope_config(int64_t d, double theta) {
   return c;
 }
 
-double base_freq(int64_t k, int64_t d, double theta) { return std::pow(theta, -2.0 * k / d); }
+double base_freq(int64_t k, int64_t d, double theta) {
+  return std::pow(theta, -2.0 * k / d);
+}
 
 }  // namespace
 
@@ -86,7 +88,9 @@ TEST_CASE("yarn scaling: ramp between interpolation and extrapolation, attention
   c.rope_scaling.truncate = false;
   RopeFrequencies f = rope_frequencies(c);
   CHECK(f.attention_scaling == Approx(0.1 * std::log(32.0) + 1.0));
-  auto corr = [](double rot) { return 32 * std::log(4096 / (rot * 2 * M_PI)) / (2 * std::log(150000.0)); };
+  auto corr = [](double rot) {
+    return 32 * std::log(4096 / (rot * 2 * M_PI)) / (2 * std::log(150000.0));
+  };
   const double low = std::max(corr(32.0), 0.0), high = std::min(corr(1.0), 31.0);
   for (int64_t k = 0; k < 16; ++k) {
     const double inv = base_freq(k, 32, 1.5e5);
@@ -125,9 +129,11 @@ TEST_CASE("rotary embedding: relative positions and table growth", "[model][rope
   for (int64_t j = 0; j < 4; ++j) {
     const double a = 5 * base_freq(j, 8, 1e4);
     CHECK(rot[j].item<double>() ==
-          Approx(qv[j].item<double>() * std::cos(a) - qv[j + 4].item<double>() * std::sin(a)).margin(1e-5));
+          Approx(qv[j].item<double>() * std::cos(a) - qv[j + 4].item<double>() * std::sin(a))
+              .margin(1e-5));
     CHECK(rot[j + 4].item<double>() ==
-          Approx(qv[j + 4].item<double>() * std::cos(a) + qv[j].item<double>() * std::sin(a)).margin(1e-5));
+          Approx(qv[j + 4].item<double>() * std::cos(a) + qv[j].item<double>() * std::sin(a))
+              .margin(1e-5));
   }
   auto [cf, sf] = rope.slice(0, 3, torch::kFloat, torch::kCPU);
   CHECK(cf.scalar_type() == torch::kFloat);

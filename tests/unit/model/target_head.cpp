@@ -41,8 +41,10 @@ TEST_CASE("tiled target head equals the dense reference", "[model][target]") {
   at::Tensor logits = torch::matmul(hidden, W.t());
   CHECK(torch::equal(dense.target_ids, logits.argmax(-1)));
   at::Tensor ref_p = logits.index({torch::indexing::Ellipsis, t2d}).softmax(-1);
-  CHECK((dense.target_p.narrow(1, 0, S).to(torch::kDouble) - ref_p).abs().max().item<double>() < 1e-6);
-  CHECK(torch::equal(dense.position_mask, loss_mask * t2d.index({logits.argmax(-1)}).to(torch::kLong)));
+  CHECK((dense.target_p.narrow(1, 0, S).to(torch::kDouble) - ref_p).abs().max().item<double>() <
+        1e-6);
+  CHECK(torch::equal(dense.position_mask,
+                     loss_mask * t2d.index({logits.argmax(-1)}).to(torch::kLong)));
   // Padding rows for the last steps are uniform.
   CHECK(dense.target_p.size(1) == S + T);
   CHECK((dense.target_p.narrow(1, S, T) - 1.0 / Vd).abs().max().item<double>() < 1e-9);

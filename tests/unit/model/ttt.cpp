@@ -80,13 +80,20 @@ TEST_CASE("state-dict names, buffers and parameter count", "[model][ttt]") {
   Eagle3Draft model(c);
   std::vector<std::string> names;
   for (const auto& p : model->named_parameters()) names.push_back(p.key());
-  std::vector<std::string> expected{
-      "embed_tokens.weight", "fc.weight", "midlayer.hidden_norm.weight",
-      "midlayer.input_layernorm.weight", "midlayer.self_attn.q_proj.weight",
-      "midlayer.self_attn.k_proj.weight", "midlayer.self_attn.v_proj.weight",
-      "midlayer.self_attn.o_proj.weight", "midlayer.post_attention_layernorm.weight",
-      "midlayer.mlp.gate_proj.weight", "midlayer.mlp.up_proj.weight",
-      "midlayer.mlp.down_proj.weight", "norm.weight", "lm_head.weight"};
+  std::vector<std::string> expected{"embed_tokens.weight",
+                                    "fc.weight",
+                                    "midlayer.hidden_norm.weight",
+                                    "midlayer.input_layernorm.weight",
+                                    "midlayer.self_attn.q_proj.weight",
+                                    "midlayer.self_attn.k_proj.weight",
+                                    "midlayer.self_attn.v_proj.weight",
+                                    "midlayer.self_attn.o_proj.weight",
+                                    "midlayer.post_attention_layernorm.weight",
+                                    "midlayer.mlp.gate_proj.weight",
+                                    "midlayer.mlp.up_proj.weight",
+                                    "midlayer.mlp.down_proj.weight",
+                                    "norm.weight",
+                                    "lm_head.weight"};
   CHECK(names == expected);
   auto params = model->named_parameters();
   CHECK(params["fc.weight"].sizes() == at::IntArrayRef({16, 48}));
@@ -165,7 +172,8 @@ TEST_CASE("hand-computed 2-position 2-step unroll (shift, mask, RoPE position, t
       Vec x[2];
       for (int t = 0; t < 2; ++t) {
         Vec e = row(model->embed_tokens->weight[step_ids[i][t]]);
-        Vec a = rmsnorm(e, L.input_layernorm->weight, eps), b = rmsnorm(h[t], L.hidden_norm->weight, eps);
+        Vec a = rmsnorm(e, L.input_layernorm->weight, eps),
+            b = rmsnorm(h[t], L.hidden_norm->weight, eps);
         x[t] = {a[0], a[1], b[0], b[1]};  // embedding first
         // Queries and new keys of step i are rotated with position t + i.
         Q[{i, t}] = rotate(matvec(A.q_proj->weight, x[t]), t + i);
@@ -192,7 +200,8 @@ TEST_CASE("hand-computed 2-position 2-step unroll (shift, mask, RoPE position, t
         Vec y = rmsnorm(h1, L.post_attention_layernorm->weight, eps);
         Vec gate = matvec(L.mlp->gate_proj->weight, y), up = matvec(L.mlp->up_proj->weight, y);
         Vec act(gate.size());
-        for (size_t k = 0; k < gate.size(); ++k) act[k] = gate[k] / (1 + std::exp(-gate[k])) * up[k];
+        for (size_t k = 0; k < gate.size(); ++k)
+          act[k] = gate[k] / (1 + std::exp(-gate[k])) * up[k];
         Vec out = add(h1, matvec(L.mlp->down_proj->weight, act));
         logits_ref[i][t] = matvec(model->lm_head->weight, rmsnorm(out, model->norm->weight, eps));
         h[t] = out;
@@ -294,7 +303,8 @@ TEST_CASE("whole step: efficient and dense attention give the same loss and grad
     f.model->zero_grad();
     LossOptions o = f.opt;
     o.attention = impl;
-    StepOutput r = ttt_step(*f.model, f.head, f.ids, f.mask, f.loss_mask, f.aux, f.target_hidden, o);
+    StepOutput r =
+        ttt_step(*f.model, f.head, f.ids, f.mask, f.loss_mask, f.aux, f.target_hidden, o);
     r.loss.backward();
     losses.push_back(r.loss.item<double>());
     std::vector<at::Tensor> g;
@@ -314,7 +324,8 @@ TEST_CASE("whole step: efficient and dense attention give the same loss and grad
 TEST_CASE("whole step: finite-difference gradients in double", "[model][ttt]") {
   StepFixture f;
   f.model->zero_grad();
-  StepOutput r = ttt_step(*f.model, f.head, f.ids, f.mask, f.loss_mask, f.aux, f.target_hidden, f.opt);
+  StepOutput r =
+      ttt_step(*f.model, f.head, f.ids, f.mask, f.loss_mask, f.aux, f.target_hidden, f.opt);
   r.loss.backward();
   const double h = 1e-5;
   int checked = 0;
@@ -342,7 +353,8 @@ TEST_CASE("whole step: finite-difference gradients in double", "[model][ttt]") {
 
 TEST_CASE("per-valid-token normalisation and bad batches", "[model][ttt]") {
   StepFixture f;
-  StepOutput a = ttt_step(*f.model, f.head, f.ids, f.mask, f.loss_mask, f.aux, f.target_hidden, f.opt);
+  StepOutput a =
+      ttt_step(*f.model, f.head, f.ids, f.mask, f.loss_mask, f.aux, f.target_hidden, f.opt);
   LossOptions o = f.opt;
   o.normalization = LossNormalization::kValidTokens;
   StepOutput b = ttt_step(*f.model, f.head, f.ids, f.mask, f.loss_mask, f.aux, f.target_hidden, o);
