@@ -16,7 +16,8 @@ namespace fsdp::checkpoint {
 
 uint64_t write_draft_export(const std::string& dir, const std::string& config_json,
                             const std::map<std::string, at::Tensor>& full_state,
-                            const at::Tensor& d2t, const at::Tensor& t2d) {
+                            const at::Tensor& d2t, const at::Tensor& t2d,
+                            c10::ScalarType dtype) {
   ensure_directory(dir);
   {
     const std::string path = join_path(dir, "config.json");
@@ -28,7 +29,7 @@ uint64_t write_draft_export(const std::string& dir, const std::string& config_js
   NamedTensors tensors;
   for (const auto& [name, t] : full_state) {  // std::map: sorted by name
     if (name == "embed_tokens.weight") continue;
-    tensors.emplace_back(name, t.detach().to(at::kCPU).to(at::kBFloat16).contiguous());
+    tensors.emplace_back(name, t.detach().to(at::kCPU).to(dtype).contiguous());
   }
   FSDP_CHECK(d2t.defined() && t2d.defined(), "export needs the vocabulary mapping (d2t, t2d)", "");
   tensors.emplace_back("d2t", d2t.to(at::kCPU).to(at::kLong).contiguous());

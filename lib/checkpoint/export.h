@@ -12,11 +12,13 @@
 namespace fsdp::checkpoint {
 
 // Writes `dir`/config.json (config_json verbatim) and `dir`/model.safetensors from full tensors
-// by name (any float dtype: stored as bf16; "embed_tokens.weight" is left out), with d2t and t2d.
-// Tensor order: sorted by name. Returns the bytes of model.safetensors.
+// by name (any float dtype: stored as `dtype`, bf16 by default as spec section 7 says;
+// "embed_tokens.weight" is left out), with d2t and t2d. Tensor order: sorted by name. Returns
+// the bytes of model.safetensors.
 uint64_t write_draft_export(const std::string& dir, const std::string& config_json,
                             const std::map<std::string, at::Tensor>& full_state,
-                            const at::Tensor& d2t, const at::Tensor& t2d);
+                            const at::Tensor& d2t, const at::Tensor& t2d,
+                            c10::ScalarType dtype = c10::kBFloat16);
 
 struct DraftExport {
   std::map<std::string, at::Tensor> weights;  // trainable tensors as stored (bf16)

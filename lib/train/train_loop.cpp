@@ -76,6 +76,19 @@ RunResult Trainer::Impl::train() {
   const auto loss_opts = loss_options(accum);
 
   RunResult result;
+  if (state.step >= stop_at) {
+    // Nothing left to train. A fresh run with --max-steps 0 exports the initial draft (the
+    // starting point of parity checks against other trainers).
+    if (state.step == 0) {
+      result.last_checkpoint = save(state.epoch);
+    } else {
+      FSDP_LOG0(kInfo) << "already at step " << state.step << " (stop at " << stop_at
+                       << "): nothing to train";
+    }
+    logger->close();
+    result.steps = state.step;
+    return result;
+  }
   int consecutive_nonfinite = 0;
   Stopwatch window_clock;
   double window_comm0 = comm_seconds(*engine);

@@ -1,0 +1,69 @@
+"""Summarises the GPU benchmark of run.sh: tokens/s, MFU and peak memory of fsdp-train and of
+the PyTorch FSDP2 reference on the same GPU, from their metrics.jsonl files, and the ratios.
+The first logged window of each run (warm-up, allocator growth) is left out when later ones
+exist. MFU = model FLOPs per step (the same closed form for both trainers) / time / 989 TFLOP/s
+(H100/H200 dense bf16)."""
+import json
+import sys
+
+PEAK = 989e12
+
+
+def rows(path):
+    try:
+        return [json.loads(line) for line in open(path) if line.strip()]
+    except FileNotFoundError:
+        return []
+
+
+def step_flops(cfg, B, S, T):
+    # Mirrors lib/model/flops.cpp: matmuls (2 FLOPs per MAC), fwd + bwd (2x, fc 1x), attention
+    # over S(S+1)/2 causal pairs plus i diagonal keys per query, target head (Vd + V rows).
+    H, I = cfg["hidden_size"], cfg["intermediate_size"]
+    nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    d = cfg.get("head_dim") or H // nh
+    V = cfg["vocab_size"]
+    Vd = cfg.get("draft_vocab_size") or V
+    Ht = cfg.get("target_hidden_size") or H
+    tok = B * S
+    fc = 2 * tok * 3 * Ht * H
+    layer = 2 * tok * (2 * H * (nh * d + 2 * nkv * d) + nh * d * H + 3 * H * I) + 2 * tok * H * Vd
+    attn = sum(2 * 2 * B * nh * d * (S * (S + 1) / 2 + i * S) for i in range(T))
+    fwd = fc + T * layer + attn
+    bwd = fc + 2 * (T * layer + attn)
+    head = 2 * tok * Ht * (V + Vd)
+    return fwd + bwd + head
+
+
+def main():
+    ours, ref = rows(sys.argv[1]), rows(sys.argv[2])
+    cfg = json.load(open(sys.argv[3]))
+    S, T = int(sys.argv[4]), 7
+    flops = step_flops(cfg, 1, S, T)
+
+    o = [r for r in ours if "perf/tokens_per_s" in r]
+    o = o[1:] if len(o) > 1 else o
+    r = [x for x in ref if "perf/tokens_per_s" in x]
+    r = r[2:] if len(r) > 2 else r
+    print(f"llama3-8B-eagle3 draft, S={S}, T={T}, micro-batch 1, bf16, 1 GPU")
+    print(f"model FLOPs per step: {flops / 1e12:.2f} TFLOP")
+    res = {}
+    for name, data in (("fsdp-train", o), ("reference", r)):
+        if not data:
+            print(f"{name:12s} no measurements (see its log)")
+            continue
+        tps = sum(x["perf/tokens_per_s"] for x in data) / len(data)
+        mfu = tps / S * flops / PEAK
+        mem = max((x.get("mem/device_peak_allocated_gib", 0) for x in data), default=0)
+        if name == "reference":
+            mem = max((x.get("mem/cuda_peak_allocated_gib", 0) for x in data), default=mem)
+        res[name] = (tps, mfu, mem)
+        print(f"{name:12s} tokens/s {tps:10.0f}   MFU {100 * mfu:5.1f}%   peak GPU memory {mem:6.1f} GiB")
+    if len(res) == 2:
+        a, b = res["fsdp-train"], res["reference"]
+        print(f"ratio fsdp-train / reference: tokens/s {a[0] / b[0]:.2f}x, memory "
+              f"{(a[2] / b[2]) if b[2] else float('nan'):.2f}x")
+
+
+if __name__ == "__main__":
+    main()
