@@ -4,7 +4,6 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
-#include <torch/serialize.h>
 
 #include <cmath>
 #include <filesystem>
@@ -14,6 +13,7 @@
 
 #include "checkpoint/safetensors.h"
 #include "core/error.h"
+#include "data/torch_save.h"
 
 namespace fsdp::data {
 
@@ -182,7 +182,7 @@ ToyDataPaths generate_toy_data(const ToyDataOptions& o) {
     const int64_t a = (i / o.samples_per_dir) * o.samples_per_dir;
     const fs::path dir = fs::path(paths.hidden_states_dir) / str("rows_", a, "-", a + o.samples_per_dir);
     fs::create_directories(dir);
-    const std::vector<char> bytes = torch::pickle_save(c10::IValue(d));
+    const std::vector<char> bytes = torch_save_bytes(d);
     std::ofstream out(dir / str("data_", i, ".ckpt"), std::ios::binary | std::ios::trunc);
     out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
     FSDP_CHECK(out.good(), (dir / str("data_", i, ".ckpt")).string() + ": write failed",

@@ -14,6 +14,7 @@
 
 #include "comm/communicator.h"
 #include "core/log.h"
+#include "data/torch_save.h"
 
 namespace fsdp::data {
 
@@ -121,15 +122,7 @@ void save_vocab_mapping(const std::string& path, const VocabMapping& m) {
   c10::Dict<std::string, at::Tensor> dict;
   dict.insert("d2t", m.d2t);
   dict.insert("t2d", m.t2d);
-  const std::vector<char> bytes = torch::pickle_save(c10::IValue(dict));
-  const std::string tmp = fsdp::str(path, ".tmp.", ::getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    FSDP_CHECK(out.good(), tmp + ": cannot create", "check that --cache-dir is writable");
-    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    FSDP_CHECK(out.good(), tmp + ": write failed", "check free disk space");
-  }
-  fs::rename(tmp, path);
+  torch_save_file(path, dict);
 }
 
 std::string vocab_cache_file(const std::string& data_path, int64_t max_length, int64_t v, int64_t vd) {

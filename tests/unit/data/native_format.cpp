@@ -1,0 +1,136 @@
+// Toy data -> .ckpt -> native shards: every tensor equal after conversion, resume skips
+// verified shards and redoes damaged ones, and the toy features really carry the chain.
+#include "data/native_format.h"
+
+#include <ATen/ATen.h>
+#include <catch2/catch.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/safetensors.h"
+#include "data/toy_data.h"
+#include "test_util.h"
+
+using namespace fsdp::data;
+using namespace fsdp::data::testing;
+namespace fs = std::filesystem;
+
+namespace {
+ToyDataOptions small_toy(const fs::path& dir) {
+  ToyDataOptions o;
+  o.out_dir = dir.string();
+  o.num_samples = 20;
+  o.min_len = 8;
+  o.max_len = 24;
+  o.hidden_size = 32;
+  o.vocab_size = 64;
+  o.draft_vocab_size = 32;
+  o.samples_per_dir = 8;
+  o.seed = 3;
+  return o;
+}
+}  // namespace
+
+TEST_CASE("toy data: layout, target checkpoint, and hidden states that predict the next token", "[data]") {
+  const auto dir = temp_dir("toy");
+  const auto paths = generate_toy_data(small_toy(dir));
+  const auto files = list_ckpt_files(paths.hidden_states_dir);
+  REQUIRE(files.size() == 20);
+  CHECK(fs::exists(dir / "hidden_states" / "rows_0-8" / "data_0.ckpt"));
+  CHECK(fs::exists(dir / "hidden_states" / "rows_16-24" / "data_19.ckpt"));
+  const auto head = fsdp::checkpoint::read_model_tensors(paths.target_model_dir,
+                                                         {"model.embed_tokens.weight", "lm_head.weight"});
+  CHECK(head.at("lm_head.weight").sizes() == at::IntArrayRef({64, 32}));
+  CHECK(head.at("model.embed_tokens.weight").scalar_type() == at::kBFloat16);
+  const auto cfg = nlohmann::json::parse(std::ifstream(paths.draft_config));
+  CHECK(cfg["architectures"][0] == "LlamaForCausalLMEagle3");
+  CHECK(cfg["draft_vocab_size"] == 32);
+  CHECK(cfg["hidden_size"] == 32);
+
+  // argmax(lm_head . hidden_state[t]) is the token at t+1 far more often than chance (1/64).
+  const at::Tensor w = head.at("lm_head.weight").to(at::kFloat);
+  int64_t hit = 0, total = 0;
+  for (const auto& f : files) {
+    const RawSample s = read_ckpt_sample(f);
+    const at::Tensor pred = at::matmul(s.hidden_state.to(at::kFloat), w.t()).argmax(1);
+    const int64_t n = s.length() - 1;
+    hit += pred.narrow(0, 0, n).eq(s.input_ids.narrow(0, 1, n)).sum().item<int64_t>();
+    total += n;
+  }
+  const double acc = static_cast<double>(hit) / static_cast<double>(total);
+  INFO("target next-token accuracy " << acc);
+  CHECK(acc > 0.3);
+  // Same seed, same bytes.
+  const auto again = temp_dir("toy2");
+  generate_toy_data(small_toy(again));
+  CHECK(at::equal(read_ckpt_sample(files[7]).aux_hidden_state,
+                  read_ckpt_sample((again / fs::relative(files[7], dir)).string()).aux_hidden_state));
+}
+
+TEST_CASE("convert: native shards hold exactly the .ckpt tensors; resume skips verified shards", "[data]") {
+  const auto dir = temp_dir("convert");
+  const auto paths = generate_toy_data(small_toy(dir));
+  ConvertOptions o;
+  o.input = paths.hidden_states_dir;
+  o.output = (dir / "native").string();
+  o.shard_bytes = 20 << 10;  // several shards
+  const auto rep = convert_ckpt_to_native(o);
+  CHECK(rep.shards_total > 2);
+  CHECK(rep.shards_written == rep.shards_total);
+  CHECK(rep.samples_written == 20);
+  REQUIRE(is_native_dataset(o.output));
+
+  auto ckpt = open_feature_dataset(paths.hidden_states_dir);
+  auto native = open_feature_dataset(o.output);
+  CHECK(ckpt->format() == "ckpt");
+  CHECK(native->format() == "native");
+  REQUIRE(native->size() == ckpt->size());
+  for (int64_t i = 0; i < ckpt->size(); ++i) {
+    const RawSample a = ckpt->read(i), b = native->read(i);
+    CHECK(at::equal(a.input_ids, b.input_ids));
+    CHECK(at::equal(a.loss_mask, b.loss_mask));
+    CHECK(at::equal(a.hidden_state, b.hidden_state));
+    CHECK(at::equal(a.aux_hidden_state, b.aux_hidden_state));
+    const TokenSample t = native->read_tokens(i);
+    CHECK(at::equal(t.input_ids, a.input_ids));
+  }
+  CHECK(native->source(3).find("shard_") != std::string::npos);
+
+  // Resume: nothing to do; then damage one shard and drop another's marker: both redone.
+  const auto again = convert_ckpt_to_native(o);
+  CHECK(again.shards_written == 0);
+  CHECK(again.shards_skipped == rep.shards_total);
+  fs::resize_file(fs::path(o.output) / "shard_00001.safetensors", 100);
+  fs::remove(fs::path(o.output) / "shard_00002.done");
+  const auto third = convert_ckpt_to_native(o);
+  CHECK(third.shards_written == 2);
+  auto native2 = open_feature_dataset(o.output);
+  for (int64_t i = 0; i < ckpt->size(); ++i)
+    CHECK(at::equal(ckpt->read(i).hidden_state, native2->read(i).hidden_state));
+
+  // A damaged shard after conversion is reported by the reader with the shard's name.
+  fs::resize_file(fs::path(o.output) / "shard_00000.safetensors", 64);
+  auto damaged = open_native_dataset(o.output);
+  CHECK_THROWS_AS(damaged->read(0), BadSampleError);
+  CHECK(error_of([&] { damaged->read(0); }).find("shard_00000.safetensors") != std::string::npos);
+}
+
+TEST_CASE("convert --skip-bad-samples keeps numbering and marks bad samples in the index", "[data]") {
+  const auto dir = temp_dir("convert_bad");
+  for (int i = 0; i < 6; ++i) write_ckpt(dir / "in" / ("d" + std::to_string(i) + ".ckpt"), make_sample(5, 4, i));
+  std::ofstream(dir / "in" / "d3.ckpt", std::ios::trunc) << "corrupt";
+  ConvertOptions o;
+  o.input = (dir / "in").string();
+  o.output = (dir / "out").string();
+  CHECK_THROWS_AS(convert_ckpt_to_native(o), BadSampleError);
+  o.skip_bad_samples = true;
+  const auto rep = convert_ckpt_to_native(o);
+  CHECK(rep.bad_samples == 1);
+  auto ds = open_feature_dataset(o.output);
+  REQUIRE(ds->size() == 6);
+  CHECK(at::equal(ds->read(4).input_ids, make_sample(5, 4, 4).at("input_ids")));
+  CHECK(error_of([&] { ds->read(3); }).find("marked bad by convert") != std::string::npos);
+  ConvertOptions same = o;
+  same.output = o.input;
+  CHECK_THROWS_WITH(convert_ckpt_to_native(same), Catch::Contains("must differ"));
+}
