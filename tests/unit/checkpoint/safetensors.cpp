@@ -10,6 +10,7 @@
 
 #include "checkpoint/safetensors.h"
 #include "core/error.h"
+#include "core/fs_util.h"
 
 namespace fs = std::filesystem;
 using namespace fsdp::checkpoint;
@@ -18,7 +19,7 @@ namespace {
 
 fs::path temp_dir(const std::string& name) {
   fs::path p = fs::temp_directory_path() / ("fsdp_st_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(p);
+  fsdp::remove_tree(p.string());
   fs::create_directories(p);
   return p;
 }

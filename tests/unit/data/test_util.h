@@ -13,6 +13,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/fs_util.h"
 #include "data/torch_save.h"
 
 namespace fsdp::data::testing {
@@ -22,7 +23,7 @@ inline std::filesystem::path temp_dir(const std::string& name) {
   std::ostringstream leaf;
   leaf << "fsdp_data_" << name << "_" << ::getpid();
   auto p = std::filesystem::temp_directory_path() / leaf.str();
-  std::filesystem::remove_all(p);
+  fsdp::remove_tree(p.string());
   std::filesystem::create_directories(p);
   return p;
 }
