@@ -89,7 +89,7 @@ class Translator {
   }
   void warn(const std::string& key, const std::string& what) {
     out_.warnings.push_back(str(key, ": ", what));
-    out_.report.push_back(str(key, ": ", what));
+    out_.report.push_back(str("warning: ", key, ": ", what));
   }
   // "auto" values keep fsdp-train's current value for `option`.
   void auto_note(const std::string& key, const std::string& option) {

@@ -28,8 +28,10 @@ struct DeepSpeedTranslation {
   // option name -> value, applied through the option table (source "<file> <json key>").
   std::vector<std::pair<std::string, OptionValue>> settings;
   std::map<std::string, std::string> setting_source;  // option name -> ds key it came from
-  std::vector<std::string> report;                    // one line per ds key: what it became
-  std::vector<std::string> warnings;                  // accepted but ignored or approximated keys
+  // One line per ds key: what it became; lines of ignored or approximated keys start with
+  // "warning: " and are also listed (without the prefix) in `warnings`.
+  std::vector<std::string> report;
+  std::vector<std::string> warnings;
 };
 
 // Parses and translates; throws UsageError for unreadable JSON, NVMe offload, fp16 and values

@@ -97,7 +97,8 @@ struct ResolveOptions {
   // Draft hidden size for ds_config "auto" bucket sizes; unset: read hidden_size from
   // --draft-model-config when that file exists.
   std::optional<int64_t> hidden_size;
-  // Receives the ds_config translation report and warnings (printed by rank 0). nullptr: log.
+  // Receives the ds_config translation report, one line per key, warnings prefixed with
+  // "warning: " (print them on rank 0). nullptr: resolve() logs them on rank 0.
   std::vector<std::string>* report = nullptr;
 };
 

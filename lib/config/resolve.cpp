@@ -80,11 +80,15 @@ TrainConfig resolve(const CommandLineValues& cli, const ResolveOptions& options)
   }
   if (options.report) {
     options.report->insert(options.report->end(), tr.report.begin(), tr.report.end());
-    for (const auto& w : tr.warnings) options.report->push_back("warning: " + w);
   } else {
     FSDP_LOG0(kInfo) << "ds_config " << cfg.deepspeed_config << " translated:";
-    for (const auto& line : tr.report) FSDP_LOG0(kInfo) << "  " << line;
-    for (const auto& w : tr.warnings) FSDP_LOG0(kWarn) << "ds_config: " << w;
+    for (const auto& line : tr.report) {
+      if (line.rfind("warning: ", 0) == 0) {
+        FSDP_LOG0(kWarn) << "ds_config " << line.substr(9);
+      } else {
+        FSDP_LOG0(kInfo) << "  " << line;
+      }
+    }
   }
   return cfg;
 }
