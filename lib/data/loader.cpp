@@ -155,6 +155,9 @@ std::optional<Batch> DataLoader::next() {
   if (auto f = failed_.find(want); f != failed_.end()) {
     std::exception_ptr e = f->second;
     failed_.erase(f);
+    // Move past the failed batch so a caller that handles the error cannot wait on it forever.
+    ++next_to_return_;
+    cv_.notify_all();
     std::rethrow_exception(e);
   }
   Batch b = std::move(ready_[want]);

@@ -161,4 +161,5 @@ TEST_CASE("corrupt .ckpt inputs each give their own message", "[data]") {
   DataLoader strict_loader(ds, DistributedSampler(n, 0, 1, n, 0), lo);
   strict_loader.start({0, 0});
   CHECK_THROWS_AS(strict_loader.next(), BadSampleError);
+  CHECK_FALSE(strict_loader.next().has_value());  // the failed batch was the epoch's only one
 }
