@@ -369,6 +369,10 @@ std::vector<OptionSpec> build_table() {
                            FIELD(checkpoint.save_interval)));
   t.push_back(row<int64_t>("save-steps", K::kInt, ck, "also save every N optimizer steps (0: off)",
                            FIELD(checkpoint.save_steps)));
+  t.push_back(row<Precision>("export-dtype", K::kEnum, ck,
+                             "dtype of model.safetensors in checkpoints (bf16 as serving engines "
+                             "expect; fp32 for full-precision exports and parity checks)",
+                             FIELD(checkpoint.export_dtype)));
   t.push_back(row<int64_t>("keep-last", K::kInt, ck,
                            "keep only the newest N complete checkpoints (0: keep all)",
                            FIELD(checkpoint.keep_last)));

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 
 #include "metrics/meters.h"
 #include "metrics/sinks.h"
@@ -18,7 +19,7 @@ double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-const double* find(const Scalars& s, const char* name) {
+const double* find(const Scalars& s, const std::string& name) {
   for (const auto& [k, v] : s)
     if (k == name) return &v;
   return nullptr;
@@ -42,10 +43,33 @@ std::string si(double v) {
 
 ConsoleSink::ConsoleSink(int64_t total_steps, std::FILE* out, int is_tty)
     : total_steps_(total_steps), out_(out ? out : stdout), start_seconds_(now_seconds()) {
-  tty_ = is_tty < 0 ? ::isatty(::fileno(out_)) == 1 : is_tty == 1;
+  if (is_tty >= 0) {
+    tty_ = is_tty == 1;
+  } else if (const char* mode = std::getenv("FSDP_PROGRESS"); mode && *mode) {
+    tty_ = std::string(mode) == "tty";  // "lines" (or anything else): one line per log
+  } else {
+    // mpirun and srun hand ranks a pseudo-terminal even when their own output goes to a file:
+    // under a launcher, in-place updates would flood logs, so print whole lines.
+    const bool launched = std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") ||
+                          std::getenv("SLURM_STEP_ID");
+    tty_ = !launched && ::isatty(::fileno(out_)) == 1;
+  }
 }
 
 std::string ConsoleSink::format_line(int64_t step, const Scalars& scalars) const {
+  // Evaluation and epoch summaries: every step's accuracy on one line.
+  for (const char* prefix : {"eval", "train_epoch"}) {
+    const std::string p = prefix;
+    if (!find(scalars, p + "/acc_0")) continue;
+    std::string line = (p == "eval" ? "eval at step " : "epoch summary at step ") +
+                       std::to_string(step);
+    if (const double* l = find(scalars, p + "/loss")) line += " | loss " + num(*l, "%.4f");
+    line += " | acc";
+    for (int i = 0; const double* a = find(scalars, p + "/acc_" + std::to_string(i)); ++i) {
+      line += num(*a, " %.3f");
+    }
+    return line;
+  }
   std::string line = "step " + std::to_string(step);
   if (total_steps_ > 0) {
     line += "/" + std::to_string(total_steps_) +

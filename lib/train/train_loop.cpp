@@ -165,6 +165,7 @@ RunResult Trainer::Impl::train() {
         scalars.emplace_back("train/epoch", static_cast<double>(epoch));
         scalars.emplace_back("perf/tokens_per_s", secs > 0 ? tokens / secs : 0.0);
         if (auto mfu = meter.mfu()) scalars.emplace_back("perf/mfu", *mfu);
+        scalars.emplace_back("perf/eta_s", meter.eta_seconds(stop_at - n));
         scalars.emplace_back("perf/step_time_s", meter.window_steps() ? secs / meter.window_steps() : 0.0);
         for (const auto& [k, v] : metrics::time_shares(shares, secs)) {
           scalars.emplace_back("perf/" + k + "_share", v);

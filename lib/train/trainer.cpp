@@ -251,7 +251,7 @@ std::string Trainer::Impl::save(int64_t epoch_for_name) {
   auto full = engine->full_state(/*rank0_only=*/true);
   if (rank == 0) {
     checkpoint::write_draft_export(writer.temp_dir(), draft_cfg.to_json(), full, mapping.d2t,
-                                   mapping.t2d);
+                                   mapping.t2d, to_dtype(cfg.checkpoint.export_dtype));
   }
   shard::save_state(*engine, checkpoint::join_path(writer.temp_dir(), "train_state"));
   if (rank == 0) save_run_state(writer.temp_dir(), state);
