@@ -123,6 +123,7 @@ MpiCommunicator::~MpiCommunicator() {
   }
   cv_.notify_all();
   if (worker_.joinable()) worker_.join();
+  tracker_->finish(seq_);
 }
 
 WorkPtr MpiCommunicator::enqueue(std::unique_ptr<Task> task) {

@@ -115,6 +115,7 @@ class NcclCommunicator final : public Communicator {
     cv_.notify_all();
     if (watchdog_.joinable()) watchdog_.join();
     if (aborted_) return;
+    tracker_.finish(seq_);
     // Destroy only after outstanding work finished; abort otherwise (c10d does the same).
     if (cudaStreamQuery(stream_->stream()) == cudaSuccess) {
       ncclCommDestroy(comm_);

@@ -1,7 +1,9 @@
 // Arrival tracking behind collective timeouts (comm/watchdog.h).
 #include "comm/watchdog.h"
 
+#include <chrono>
 #include <sstream>
+#include <thread>
 
 #include "comm/mpi_util.h"
 
@@ -19,18 +21,32 @@ ArrivalTracker::ArrivalTracker(MPI_Comm comm) {
 }
 
 ArrivalTracker::~ArrivalTracker() {
-  std::lock_guard<std::mutex> lock(mu_);
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (finalized) return;
-  for (auto& [req, buf] : sends_) {
-    MPI_Cancel(&req);
-    MPI_Request_free(&req);
-    // The cancelled request may still reference buf; leaking a few bytes at shutdown is safer.
-    (void)buf;
-  }
-  sends_.clear();
+  if (finalized || !clean_) return;  // see finish(): never free with messages in flight
   MPI_Comm_free(&comm_);
+}
+
+void ArrivalTracker::finish(int64_t last_seq) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (!sends_.empty() && std::chrono::steady_clock::now() < deadline) {
+    reap_sends();
+    if (!sends_.empty()) std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+  auto all_in = [&]() {
+    if (size_ == 1) return true;
+    for (int64_t v : last_seen_) {
+      if (v < last_seq) return false;
+    }
+    return true;
+  };
+  drain();
+  while (!all_in() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+    drain();
+  }
+  clean_ = sends_.empty() && all_in();
 }
 
 void ArrivalTracker::reap_sends() {

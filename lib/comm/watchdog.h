@@ -30,6 +30,12 @@ class ArrivalTracker {
   std::string describe_timeout(int64_t seq, const std::string& what, double seconds);
   // True once rank 0's announcement for `seq` was received (always true on rank 0).
   bool root_arrived(int64_t seq);
+  // Called when the owning communicator is destroyed after collective `last_seq` completed on
+  // this rank: completes this rank's sends and receives every announcement addressed to it (all
+  // were sent before that collective could complete), so no message is left in flight when the
+  // duplicate communicator is freed. Gives up after a few seconds (error paths) and then leaves
+  // the communicator allocated rather than free it with traffic pending.
+  void finish(int64_t last_seq);
 
  private:
   void drain();
@@ -40,6 +46,7 @@ class ArrivalTracker {
   int size_ = 1;
   std::vector<int64_t> last_seen_;      // rank 0: per rank; others: index 0 holds rank 0's
   std::deque<std::pair<MPI_Request, int64_t*>> sends_;
+  bool clean_ = false;
   std::mutex mu_;
 };
 
