@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Bad flags, configurations and inputs through the binary: each gets its own message naming
+# what to change and exit code 2; a corrupt feature file met mid-run stops the run without
+# leaving a half-written checkpoint.
+set -uo pipefail
+source "$(dirname "$0")/lib/common.sh"
+DATA=$(toy_data fixed --num-samples 128 --min-len 32 --max-len 32 --samples-per-dir 32 --seed 1)
+W="$BUILD/e2e_work/train_errors"; rm -rf "$W"; mkdir -p "$W"
+BASE="$(train_args "$DATA" "$W/out") --draft-global-batch-size 4 --draft-micro-batch-size 2 --num-epochs 1 --max-steps 2"
+
+expect2() {  # expect2 PATTERN ARGS...: exit code 2 and PATTERN in the output
+  local pat="$1"; shift
+  local out; out="$("$BIN" "$@" 2>&1)"; local rc=$?
+  [ $rc -eq 2 ] || { echo "$out" | tail -5; fail "exit $rc (expected 2) for: $*"; }
+  echo "$out" | grep -qi -- "$pat" || { echo "$out" | tail -5; fail "message lacks '$pat' for: $*"; }
+  echo "ok: $pat"
+}
+expect2 "--learning-rate" $BASE --learning-rate fast
+expect2 "--draft-global-batch-size" $BASE --draft-global-batch-size 5
+expect2 "--target-model-path" $BASE --target-model-path /nonexistent/target
+expect2 "--train-hidden-states-path" $BASE --train-hidden-states-path /nonexistent/features
+expect2 "sharding-strategy" $BASE --sharding-strategy zero9
+expect2 "--config" --config /nonexistent/run.yaml
+printf 'learning_rat: 0.1\n' >"$W/typo.yaml"
+expect2 "learning_rate" --config "$W/typo.yaml"
+printf '{"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme"}}}\n' >"$W/ds.json"
+expect2 "nvme" $BASE --deepspeed "$W/ds.json"
+expect2 "--output-dir" $(train_args "$DATA" "$W/x" | sed 's/--output-dir [^ ]*//') --max-steps 1
+sed 's/"hidden_size": [0-9]*/"hidden_size": 96/' "$DATA/draft_config.json" >"$W/bad_draft.json"
+expect2 "hidden" $BASE --draft-model-config "$W/bad_draft.json"
+
+# A corrupt feature file in the middle of the data: exit 2 naming the file; every checkpoint
+# directory left behind is complete.
+cp -r "$DATA" "$W/data"
+victim="$(ls "$W"/data/hidden_states/rows_*/*.ckpt | sort | sed -n 40p)"
+head -c 300 "$victim" >"$victim.tmp" && mv "$victim.tmp" "$victim"
+out="$("$BIN" $(train_args "$W/data" "$W/corrupt") --draft-global-batch-size 2 --draft-micro-batch-size 2 \
+  --num-epochs 1 --save-steps 1 2>&1)"; rc=$?
+[ $rc -eq 2 ] || { echo "$out" | tail; fail "corrupt input exited $rc"; }
+echo "$out" | grep -q "$(basename "$victim")" || { echo "$out" | tail; fail "message does not name $victim"; }
+for d in "$W"/corrupt/epoch_*; do
+  [ -d "$d" ] || continue
+  [ -f "$d/COMPLETE" ] || fail "incomplete checkpoint $d"
+done
+ls -a "$W/corrupt" | grep -q '^\.tmp_' && fail "temporary checkpoint directory left behind"
+# With --skip-bad-samples the same data trains through and reports the skipped sample.
+out="$("$BIN" $(train_args "$W/data" "$W/skip") --draft-global-batch-size 2 --draft-micro-batch-size 2 \
+  --num-epochs 1 --skip-bad-samples 2>&1)"; rc=$?
+[ $rc -eq 0 ] || { echo "$out" | tail; fail "--skip-bad-samples run exited $rc"; }
+echo "$out" | grep -qi "skipped" || { echo "$out" | tail; fail "no skipped-sample summary"; }
+echo PASS
