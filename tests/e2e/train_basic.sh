@@ -8,10 +8,10 @@ source "$(dirname "$0")/lib/common.sh"
 DATA=$(toy_data fixed --num-samples 128 --min-len 32 --max-len 32 --samples-per-dir 32 --seed 1)
 W="$BUILD/e2e_work/train_basic"; rm -rf "$W"; mkdir -p "$W"
 
-# 1 vs 2 ranks, fp32, same global batch (4) and data: same weights after 12 steps.
+# 1 vs 2 ranks, fp32, same global batch (4) and data: same weights after 6 steps.
 for np in 1 2; do
   run_np $np $(train_args "$DATA" "$W/np$np") --mixed-precision fp32 --export-dtype fp32 \
-    --draft-global-batch-size 4 --draft-micro-batch-size 2 --num-epochs 1 --max-steps 12 \
+    --draft-global-batch-size 4 --draft-micro-batch-size 2 --num-epochs 1 --max-steps 6 \
     --save-interval 0 >"$W/np$np.log" 2>&1 || { cat "$W/np$np.log"; fail "training at $np rank(s)"; }
 done
 compare_exports "$(latest_ckpt "$W/np1")" "$(latest_ckpt "$W/np2")" 1e-5 || fail "1 vs 2 ranks"
@@ -20,18 +20,22 @@ compare_exports "$(latest_ckpt "$W/np1")" "$(latest_ckpt "$W/np2")" 1e-5 || fail
 run_np 2 $(train_args "$DATA" "$W/learn") --draft-global-batch-size 4 --draft-micro-batch-size 2 \
   --num-epochs 3 --eval-hidden-states-path "$DATA/eval_hidden_states" --eval-interval 3 \
   --report-to tensorboard >"$W/learn.log" 2>&1 || { cat "$W/learn.log"; fail "learning run"; }
-"$PY" - "$W/learn/metrics.jsonl" "$DATA/draft_config.json" <<'PYEOF' || fail "learning criteria"
+"$PY" - "$W/learn/metrics.jsonl" "$DATA/draft_config.json" "$DATA/toy_data.json" <<'PYEOF' || fail "learning criteria"
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 train = [r for r in rows if "train/ploss_0" in r]
 evals = [r for r in rows if "eval/acc_0" in r]
 vd = json.load(open(sys.argv[2]))["draft_vocab_size"]
+best = json.load(open(sys.argv[3]))["chain_top1_accuracy"]
 first, last = train[0]["train/ploss_0"], train[-1]["train/ploss_0"]
 acc = evals[-1]["eval/acc_0"]
-print(f"ploss_0 {first:.3f} -> {last:.3f}; eval acc_0 {acc:.3f} (chance {1/vd:.4f})")
-# The toy Markov chain has 4 successors per token: a draft that learned the chain reaches
-# acc_0 near 1/4..1; 10x chance is far beyond what an untrained draft reaches (~1/Vd).
-assert last < 0.7 * first, "loss did not fall by 30%"
+print(f"ploss_0 {first:.3f} -> {last:.3f}; eval acc_0 {acc:.3f} (chance {1/vd:.4f}, "
+      f"best possible on this chain {best:.3f})")
+# The soft cross-entropy cannot fall below the entropy of the target distribution, so the loss
+# only has to fall clearly (10%). The held-out acc_0 must reach half of what a perfect model of
+# the Markov chain gets (gen-toy-data records it): an untrained draft sits near 1/Vd.
+assert last < 0.9 * first, "loss did not fall by 10%"
+assert acc > 0.5 * best, "acc_0 below half of the best possible"
 assert acc > 10.0 / vd, "acc_0 not above 10x chance"
 PYEOF
 
