@@ -68,6 +68,8 @@ def parse_args(argv=None):
     a("--save-final", action="store_true", help="export epoch_<E>_step_<S>/ at the end")
     a("--eval-only", action="store_true", help="skip training: eval --init-weights and exit")
     a("--threads", type=int, default=0, help="torch threads per rank (0: cores / local ranks)")
+    a("--device", choices=["cpu", "cuda"], default="cpu",
+      help="cpu (gloo) or cuda (nccl, one GPU per rank: the GPU benchmark of benchmarks/device)")
     a("--dist-timeout", type=float, default=20, help="minutes")
     args = ap.parse_args(argv)
     for name in ("num_epochs", "draft_global_batch_size", "draft_micro_batch_size", "max_length",
@@ -85,7 +87,10 @@ def init_distributed(args):
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     import datetime
-    dist.init_process_group("gloo", timeout=datetime.timedelta(minutes=args.dist_timeout))
+    if args.device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("nccl" if args.device == "cuda" else "gloo",
+                            timeout=datetime.timedelta(minutes=args.dist_timeout))
     local = int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size()))
     torch.set_num_threads(args.threads or max(1, (os.cpu_count() or 1) // local))
     return dist.get_rank(), dist.get_world_size()
@@ -143,7 +148,8 @@ def build_model(args, cfg, rank):
         if init and missing:
             raise SystemExit(f"error: --init-weights lacks {missing}")
     model.float()
-    return model, head.to(torch.bfloat16), train_files
+    dev = device_of(args)
+    return model.to(dev), head.to(torch.bfloat16).to(dev), train_files
 
 
 def export_weights(model, path, rank):
@@ -152,8 +158,8 @@ def export_weights(model, path, rank):
     for name, p in model.named_parameters():
         full = p.full_tensor() if hasattr(p, "full_tensor") else p
         if name not in EXPORT_SKIP:
-            out[name] = full.detach().to(torch.bfloat16).contiguous()
-    out["d2t"], out["t2d"] = model.d2t.clone(), model.t2d.clone()
+            out[name] = full.detach().to(torch.bfloat16).cpu().contiguous()
+    out["d2t"], out["t2d"] = model.d2t.cpu().clone(), model.t2d.cpu().clone()
     if rank == 0:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         save_file(out, str(path), metadata={"format": "pt"})
@@ -185,11 +191,21 @@ class Logger:
                 print(json.dumps(rec), flush=True)
 
 
+def device_of(args):
+    return torch.device("cuda", torch.cuda.current_device()) if args.device == "cuda" else torch.device("cpu")
+
+
+def to_device(batch, args):
+    dev = device_of(args)
+    return {k: (v.to(dev, non_blocking=True) if torch.is_tensor(v) else v) for k, v in batch.items()}
+
+
 def peak_rss_mib():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
 def run_batch(model, head, batch, args):
+    batch = to_device(batch, args)
     tp, pm = target_distribution(batch["target_hidden"], batch["loss_mask"], head, model.t2d,
                                  args.ttt_length)
     return model(batch, tp, pm, args.ttt_length)
@@ -203,7 +219,7 @@ def evaluate(model, head, files, args, rank, world):
     mbs = [idx[i:i + micro] for i in range(0, len(idx), micro)]
     n_mb = -(-per_rank // micro)
     T = args.ttt_length
-    sums = torch.zeros(3 * T + 1, dtype=torch.float64)
+    sums = torch.zeros(3 * T + 1, dtype=torch.float64, device=device_of(args))
     with torch.no_grad():
         for k in range(n_mb):
             # Ranks with fewer files repeat one batch with weight 0: FSDP needs every rank in
@@ -272,7 +288,7 @@ def main():
     step, micro_seen, epoch = 0, 0, 0
     # Summed over the step's micro-batches and ranks: ploss_i | correct_i | loss tokens_i | tokens.
     # acc_i is token-weighted over the whole step (fsdp-train's StepMetrics does the same).
-    acc_stats = torch.zeros(3 * T + 1, dtype=torch.float64)
+    acc_stats = torch.zeros(3 * T + 1, dtype=torch.float64, device=device_of(args))
     run_t0 = t0 = time.perf_counter()
     steady = {"tokens": 0.0, "seconds": 0.0, "steps": 0}
     while step < total and not args.eval_only:
@@ -299,8 +315,8 @@ def main():
             step += 1
             dist.all_reduce(acc_stats)
             dt = time.perf_counter() - t0
-            rss = torch.tensor([peak_rss_mib()])
-            rss_all = [torch.zeros(1) for _ in range(world)]
+            rss = torch.tensor([peak_rss_mib()], device=device_of(args))
+            rss_all = [torch.zeros(1, device=device_of(args)) for _ in range(world)]
             dist.all_gather(rss_all, rss)
             tokens = float(acc_stats[3 * T])
             rec = {"step": step, "epoch": epoch}
@@ -312,6 +328,8 @@ def main():
             rec.update({"train/lr": lr, "train/grad_norm": float(gn), "perf/step_s": dt,
                         "perf/tokens": tokens, "perf/tokens_per_s": tokens / dt,
                         "mem/peak_rss_mib": [round(float(r), 1) for r in rss_all]})
+            if args.device == "cuda":
+                rec["mem/cuda_peak_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
             log.write(rec, echo=(step % args.log_steps == 0 or step == total))
             if step > 1:  # the first step pays one-off warm-up costs
                 steady["tokens"] += tokens
@@ -332,8 +350,8 @@ def main():
                         "steady_tokens_per_s": steady["tokens"] / steady["seconds"]})
     if eval_files:
         summary.update(evaluate(model, head, eval_files, args, rank, world))
-    rss_all = [torch.zeros(1) for _ in range(world)]
-    dist.all_gather(rss_all, torch.tensor([peak_rss_mib()]))
+    rss_all = [torch.zeros(1, device=device_of(args)) for _ in range(world)]
+    dist.all_gather(rss_all, torch.tensor([peak_rss_mib()], device=device_of(args)))
     summary["mem/peak_rss_mib"] = [round(float(r), 1) for r in rss_all]
     if args.save_final and not args.eval_only:
         export_draft(model, args, Path(args.output_dir) / f"epoch_{max(epoch - 1, 0)}_step_{step}",
