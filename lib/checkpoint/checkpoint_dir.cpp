@@ -108,6 +108,8 @@ void CheckpointWriter::begin() {
   fs::create_directory(temp_dir_, ec);
   FSDP_CHECK(!ec, "cannot create checkpoint directory '" + temp_dir_ + "': " + ec.message(),
              "check free space and permissions of --output-dir");
+  fs::permissions(temp_dir_, fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec,
+                  fs::perm_options::replace, ec);
 }
 
 std::string CheckpointWriter::commit(int64_t keep_last) {
