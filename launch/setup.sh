@@ -70,6 +70,7 @@ if [ ! -f "$FSDP_BUILD_DIR/build.ninja" ]; then
     fail "cmake configure" "read the CMake error above; delete $FSDP_BUILD_DIR to start clean"
 fi
 say "building (first build: several minutes on 2 cores; ccache makes rebuilds fast)"
+build_start=$(date +%s)
 cmake --build "$FSDP_BUILD_DIR" -j "$(nproc)" ||
   fail "build" "read the compiler error above; delete $FSDP_BUILD_DIR and rerun if the build directory is stale"
-say "ready: $FSDP_BUILD_DIR/fsdp-train"
+say "ready: $FSDP_BUILD_DIR/fsdp-train (build step: $(( $(date +%s) - build_start )) s)"
