@@ -462,8 +462,10 @@ class Translator {
       note("wall_clock_breakdown", "always on: data/communication/compute time shares are logged");
     }
     if (const json* ac = top("activation_checkpointing")) {
-      set("activation-checkpointing", ac->is_object() && !ac->empty() ? "true" : "false",
-          "activation_checkpointing");
+      // Not implemented yet: say so instead of pretending; activations are kept.
+      warn("activation_checkpointing",
+           "ignored: activation checkpointing is not implemented in fsdp-train yet (activations "
+           "of the one decoder layer are kept: more memory, same results)");
       if (ac->is_object()) {
         for (const auto& [k, v] : ac->items()) {
           if (k == "partition_activations" || k == "cpu_checkpointing" ||

@@ -262,8 +262,8 @@ std::vector<OptionSpec> build_table() {
   t.push_back(row<int64_t>("ttt-length", K::kInt, md, "test-time-training unroll steps T",
                            FIELD(model.ttt_length)));
   t.push_back(row<bool>("activation-checkpointing", K::kBool, md,
-                        "recompute the decoder layer's activations in backward (less memory, "
-                        "more compute)",
+                        "recompute the decoder layer's activations in backward: not implemented "
+                        "yet, true is rejected at start-up",
                         FIELD(model.activation_checkpointing)));
 
   t.push_back(row<std::string>("train-hidden-states-path", K::kPath, da,

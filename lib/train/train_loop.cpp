@@ -52,6 +52,22 @@ RunResult Trainer::Impl::train() {
   state.total_steps = total_steps;
   warmup = cfg.optim.warmup_steps ? *cfg.optim.warmup_steps
                                   : optim::warmup_steps(cfg.optim.warmup_ratio, total_steps);
+  // Warmup, then cosine (spec 6), linear or constant: pure functions of the 1-based step.
+  const double base_lr = cfg.optim.learning_rate;
+  auto learning_rate_at = [&](int64_t n) {
+    switch (cfg.optim.lr_scheduler) {
+      case config::LrScheduler::kCosine:
+        return optim::warmup_cosine_lr(base_lr, n, total_steps, warmup);
+      case config::LrScheduler::kLinear:
+        if (n <= warmup) return base_lr * static_cast<double>(n) / static_cast<double>(warmup);
+        return base_lr * static_cast<double>(std::max<int64_t>(total_steps - n, 0)) /
+               static_cast<double>(std::max<int64_t>(total_steps - warmup, 1));
+      case config::LrScheduler::kConstant:
+        if (n <= warmup) return base_lr * static_cast<double>(n) / static_cast<double>(warmup);
+        return base_lr;
+    }
+    return base_lr;
+  };
   const int64_t stop_at = cfg.loop.max_steps ? std::min(*cfg.loop.max_steps, total_steps) : total_steps;
 
   if (rank == 0) {
@@ -126,7 +142,7 @@ RunResult Trainer::Impl::train() {
 
       // One optimizer step.
       const int64_t n = state.step + 1;
-      last_lr = optim::warmup_cosine_lr(cfg.optim.learning_rate, n, total_steps, warmup);
+      last_lr = learning_rate_at(n);
       auto r = engine->step(last_lr, cfg.optim.max_grad_norm);
       last_grad_norm = r.grad_norm;
       state.step = n;

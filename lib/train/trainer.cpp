@@ -78,6 +78,10 @@ void Trainer::Impl::setup() {
   vo.training = !cfg.loop.eval_only;
   config::validate(cfg, world, vo, topo.local_size);
   plan = config::batch_plan(cfg, world);
+  FSDP_USAGE_CHECK(!cfg.model.activation_checkpointing,
+                   "--activation-checkpointing is not implemented yet",
+                   "drop the flag (or activation_checkpointing: false in the YAML); the draft's "
+                   "single decoder layer keeps its activations");
   device = pick_device(cfg.runtime.device);
   const int threads = cfg.runtime.threads > 0
                           ? static_cast<int>(cfg.runtime.threads)
