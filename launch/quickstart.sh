@@ -44,10 +44,11 @@ echo "[quickstart] held-out accuracy of the trained draft (acc_i: step i of the 
 "$BIN" --init-checkpoint "$ckpt" --eval-only \
   --target-model-path "$DATA/target" --draft-model-config "$DATA/draft_config.json" \
   --eval-hidden-states-path "$DATA/eval_hidden_states" --cache-dir "$DATA/cache" \
-  --max-length 128 --draft-micro-batch-size 2 --draft-global-batch-size 2 --device cpu |
+  --max-length 128 --draft-micro-batch-size 2 --draft-global-batch-size 2 --device cpu \
+  2>"$OUT/eval.log" |
   tr ' ' '\n' | grep -E '^eval/acc_' | while IFS='=' read -r k v; do
     awk -v k="$k" -v v="$v" -v vd="$vd" 'BEGIN { printf "  %-12s %.3f   (chance: %.4f = 1/%d)\n", k, v, 1 / vd, vd }' 
   done
 echo
 echo "[quickstart] checkpoint (serving format: config.json + model.safetensors): $ckpt"
-echo "[quickstart] metrics: $OUT/metrics.jsonl, TensorBoard: $OUT/tensorboard"
+echo "[quickstart] metrics: $OUT/metrics.jsonl, TensorBoard: $OUT/tensorboard (evaluation log: $OUT/eval.log)"
