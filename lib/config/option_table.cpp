@@ -359,6 +359,11 @@ std::vector<OptionSpec> build_table() {
                         "accumulate gradients without communication until the last micro-batch "
                         "(more memory, less traffic)",
                         FIELD(shard.accumulate_locally)));
+  t.push_back(row<bool>("reshard-between-uses", K::kBool, sh,
+                        "full_shard/hybrid_shard: free and re-gather a unit around each of its "
+                        "ttt_length uses per forward (least memory, ttt_length times the forward "
+                        "all-gathers); default keeps it gathered from its first to its last use",
+                        FIELD(shard.reshard_between_uses)));
 
   t.push_back(row<std::string>("output-dir", K::kPath, ck,
                                "checkpoints, metrics.jsonl and logs go here (required for "

@@ -2,9 +2,23 @@
 // work (norms, RoPE, softmax, loss) is left out: it is a rounding error next to the matmuls.
 #include "model/flops.h"
 
+#include <algorithm>
+
+#include "core/error.h"
+
 namespace fsdp::model {
 
 StepFlops count_step_flops(const DraftConfig& cfg, int64_t batch, int64_t seq, int64_t ttt_length) {
+  return count_step_flops(cfg, batch, seq, ttt_length,
+                          std::vector<int64_t>(static_cast<size_t>(std::max<int64_t>(ttt_length, 0)),
+                                               batch * seq));
+}
+
+StepFlops count_step_flops(const DraftConfig& cfg, int64_t batch, int64_t seq, int64_t ttt_length,
+                           const std::vector<int64_t>& head_rows) {
+  FSDP_CHECK(static_cast<int64_t>(head_rows.size()) == ttt_length,
+             fsdp::str("head_rows has ", head_rows.size(), " entries, ttt_length is ", ttt_length),
+             "pass one row count per TTT step");
   const double N = static_cast<double>(batch) * static_cast<double>(seq);  // tokens
   const double H = static_cast<double>(cfg.hidden_size);
   const double I = static_cast<double>(cfg.intermediate_size);
@@ -17,7 +31,9 @@ StepFlops count_step_flops(const DraftConfig& cfg, int64_t batch, int64_t seq, i
 
   const double fc = 2 * N * static_cast<double>(cfg.fc_in_features()) * H;
   const double layer = 2 * N * (2 * H * (q_out + 2 * kv_out) + q_out * H + 3 * H * I);
-  const double head = 2 * N * H * Vd;
+  const auto head = [&](int64_t i) {
+    return 2 * static_cast<double>(head_rows[static_cast<size_t>(i)]) * H * Vd;
+  };
   // Causal: S(S+1)/2 visible (query, key) pairs per sequence and head; QK^T and PV each cost
   // 2 * d FLOPs per pair. Step i adds i diagonal keys per query.
   const double causal_pairs = static_cast<double>(batch) * S * (S + 1) / 2;
@@ -26,12 +42,13 @@ StepFlops count_step_flops(const DraftConfig& cfg, int64_t batch, int64_t seq, i
     const double pairs = causal_pairs + N * static_cast<double>(i);
     const double attn = 4 * heads_dim * pairs;
     f.attention += attn;
-    f.forward += layer + head + attn;
-    f.backward += 2 * (layer + head + attn);
+    f.forward += layer + head(i) + attn;
+    f.backward += 2 * (layer + head(i) + attn);
   }
   f.forward += fc;
   f.backward += fc;  // weight gradient only: the aux hidden states need no gradient
-  f.target_head = 2 * N * H * (Vd + V);
+  const double target_rows = ttt_length > 0 ? static_cast<double>(head_rows[0]) : N;
+  f.target_head = 2 * target_rows * H * (Vd + V);
   return f;
 }
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "model/draft_config.h"
 
@@ -21,5 +22,11 @@ struct StepFlops {
 // One micro-batch of B sequences padded to S, ttt_length T. Causal attention counts the
 // S(S+1)/2 visible key pairs per head, plus i diagonal keys per query at step i.
 StepFlops count_step_flops(const DraftConfig& cfg, int64_t batch, int64_t seq, int64_t ttt_length);
+
+// What fsdp-train executes: the draft lm_head of step i runs on head_rows[i] rows and the target
+// head on head_rows[0] rows (the loss rows, see LossRows in ttt_loss.h) instead of all B*S.
+// head_rows has ttt_length entries.
+StepFlops count_step_flops(const DraftConfig& cfg, int64_t batch, int64_t seq, int64_t ttt_length,
+                           const std::vector<int64_t>& head_rows);
 
 }  // namespace fsdp::model

@@ -98,6 +98,37 @@ TargetDistribution TargetHead::compute_dense(const at::Tensor& target_hidden,
   return out;
 }
 
+RowTarget TargetHead::compute_rows(const at::Tensor& target_hidden, const at::Tensor& rows,
+                                   TargetImpl impl, int64_t vocab_tile) const {
+  FSDP_CHECK(weight_.defined(), "TargetHead used before construction",
+             "build it from the target lm_head weight and t2d");
+  FSDP_CHECK(
+      target_hidden.dim() == 3 && target_hidden.size(-1) == weight_.size(1),
+      fsdp::str("target_hidden must be [B, S, ", weight_.size(1), "], got ", target_hidden.sizes()),
+      "the hidden states must come from the target whose lm_head was loaded");
+  FSDP_CHECK(rows.dim() == 1 && rows.scalar_type() == at::kLong,
+             fsdp::str("rows must be int64 [N], got ", rows.scalar_type(), " ", rows.sizes()),
+             "build them with LossRows::build");
+  at::NoGradGuard guard;
+  at::Tensor x = target_hidden.reshape({-1, weight_.size(1)})
+                     .index_select(0, rows)
+                     .to(weight_.scalar_type());  // [N, H]
+  RowTarget out;
+  at::Tensor draft_logits;
+  if (impl == TargetImpl::kDense) {
+    at::Tensor logits = at::matmul(x, weight_.t());  // [N, V]
+    out.target_ids = logits.argmax(-1);
+    draft_logits = logits.index({at::indexing::Ellipsis, t2d_});
+  } else {
+    draft_logits = at::matmul(x, draft_weight_.t());  // [N, Vd]
+    out.target_ids = tiled_argmax(x, vocab_tile);
+  }
+  out.target_p = draft_logits.to(at::kFloat).softmax(-1);
+  out.in_draft = t2d_.index({out.target_ids}).to(at::kLong);
+  out.target_best = out.target_p.argmax(-1);
+  return out;
+}
+
 TargetDistribution TargetHead::compute(const at::Tensor& target_hidden, const at::Tensor& loss_mask,
                                        int64_t ttt_length, TargetImpl impl,
                                        int64_t vocab_tile) const {

@@ -15,6 +15,15 @@ struct TargetDistribution {
   at::Tensor target_ids;     // int64 [B, S]: argmax over the full target vocabulary
 };
 
+// The same distribution on selected rows only (see LossRows in ttt_loss.h): row j is the
+// flattened position rows[j] = b*S + t of the batch.
+struct RowTarget {
+  at::Tensor target_p;     // fp32 [N, Vd]
+  at::Tensor target_ids;   // int64 [N]: argmax over the full target vocabulary
+  at::Tensor in_draft;     // int64 [N]: t2d[target_ids] (position_mask where loss_mask is 1)
+  at::Tensor target_best;  // int64 [N]: argmax of target_p (the draft-vocab id acc compares to)
+};
+
 class TargetHead {
  public:
   TargetHead() = default;
@@ -28,6 +37,10 @@ class TargetHead {
   TargetDistribution compute(const at::Tensor& target_hidden, const at::Tensor& loss_mask,
                              int64_t ttt_length, TargetImpl impl = TargetImpl::kTiled,
                              int64_t vocab_tile = 0) const;
+
+  // Only the rows `rows` (int64 [N], flat b*S + t) of target_hidden [B, S, H].
+  RowTarget compute_rows(const at::Tensor& target_hidden, const at::Tensor& rows,
+                         TargetImpl impl = TargetImpl::kTiled, int64_t vocab_tile = 0) const;
 
   // Dense reference (tests, benchmarks): full [B, S, V] logits, softmax over t2d columns.
   TargetDistribution compute_dense(const at::Tensor& target_hidden, const at::Tensor& loss_mask,

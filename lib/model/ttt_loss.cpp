@@ -36,7 +36,8 @@ void check_batch(const Eagle3DraftImpl& model, const at::Tensor& input_ids,
   FSDP_CHECK(T >= 1, fsdp::str("ttt_length must be >= 1, got ", T), "use --ttt-length 7 (default)");
 }
 
-// Runs the T-step unroll and hands each step's draft logits to `on_step`.
+// Runs the T-step unroll and hands each step's output hidden state (before norm/lm_head) to
+// `on_step`.
 void unroll(Eagle3DraftImpl& model, const at::Tensor& input_ids, const at::Tensor& attention_mask,
             const at::Tensor& aux_hidden, int64_t T, AttentionImpl impl,
             const std::function<void(int64_t, const at::Tensor&)>& on_step) {
@@ -45,9 +46,70 @@ void unroll(Eagle3DraftImpl& model, const at::Tensor& input_ids, const at::Tenso
   for (int64_t i = 0; i < T; ++i) {
     at::Tensor e = model.embed(shift_left(input_ids, i));
     at::Tensor out = model.decode(e, h, i, cache, attention_mask, impl);
-    on_step(i, model.logits(out));
+    on_step(i, out);
     h = out;
   }
+}
+
+// The target on the loss rows: target_p [N, Vd], its argmax, and position_mask0 at those rows.
+struct RowsTarget {
+  at::Tensor target_p, target_best, position;
+};
+
+// The unroll and loss on the loss rows only (see LossRows).
+StepOutput step_on_rows(Eagle3DraftImpl& model, const RowsTarget& target, const LossRows& rows,
+                        const at::Tensor& input_ids, const at::Tensor& attention_mask,
+                        const at::Tensor& aux_hidden, const LossOptions& options) {
+  const int64_t T = options.ttt_length, B = rows.batch, S = rows.seq;
+  FSDP_CHECK(options.accumulation_steps >= 1,
+             fsdp::str("accumulation_steps must be >= 1, got ", options.accumulation_steps),
+             "global batch / (dp size * micro batch) is at least 1");
+  FSDP_CHECK(rows.ttt_length >= T && B == input_ids.size(0) && S == input_ids.size(1),
+             fsdp::str("loss rows were built for [", B, ", ", S, "] and ", rows.ttt_length,
+                       " steps; the batch is ", input_ids.sizes(), " with ", T, " steps"),
+             "build LossRows from this batch's loss_mask and the same ttt_length");
+  if (options.check_padding) check_right_padded(attention_mask);
+
+  StepOutput res;
+  res.batch = B;
+  res.seq = S;
+  std::vector<at::Tensor> ploss, correct, loss_tokens, position_tokens;
+  at::Tensor total;
+  unroll(model, input_ids, attention_mask, aux_hidden, T, options.attention,
+         [&](int64_t i, const at::Tensor& out) {
+           const at::Tensor& take = rows.target[static_cast<size_t>(i)];
+           at::Tensor hidden = out.reshape({B * S, out.size(-1)})
+                                   .index_select(0, rows.draft[static_cast<size_t>(i)]);
+           at::Tensor logits = model.logits(hidden);  // [N_i, Vd]
+           const auto acc = logits.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+           at::Tensor z = logits.to(acc);
+           at::Tensor p = target.target_p.index_select(0, take).to(acc);
+           at::Tensor pm = target.position.index_select(0, take).to(acc);
+           at::Tensor ce = -(p * z.log_softmax(-1)).sum(-1);  // [N_i]
+           at::Tensor sum = (pm * ce).sum();
+           at::Tensor pm_sum = pm.sum();
+           at::Tensor ploss_i = options.normalization == LossNormalization::kBatchTokens
+                                    ? sum / static_cast<double>(B * S)
+                                    : sum / pm_sum.clamp_min(1.0);
+           const double w = std::pow(options.step_decay, static_cast<double>(i));
+           total = total.defined() ? total + w * ploss_i : w * ploss_i;
+           at::NoGradGuard guard;
+           at::Tensor hit = z.argmax(-1).eq(target.target_best.index_select(0, take));
+           ploss.push_back(ploss_i.detach().to(at::kFloat));
+           correct.push_back((hit.to(acc) * pm).sum().to(at::kFloat));
+           loss_tokens.push_back(at::scalar_tensor(
+               static_cast<double>(rows.count[static_cast<size_t>(i)]),
+               at::TensorOptions().dtype(at::kFloat).device(z.device())));
+           position_tokens.push_back(pm_sum.to(at::kFloat));
+         });
+  res.loss = total / static_cast<double>(options.accumulation_steps);
+  res.ploss = at::stack(ploss);
+  res.correct = at::stack(correct);
+  res.loss_tokens = at::stack(loss_tokens);
+  res.position_tokens = at::stack(position_tokens);
+  res.acc = res.correct / res.loss_tokens.clamp_min(1e-6);
+  res.valid_tokens = attention_mask.to(at::kLong).sum();
+  return res;
 }
 
 }  // namespace
@@ -67,8 +129,42 @@ std::vector<at::Tensor> ttt_logits(Eagle3DraftImpl& model, const at::Tensor& inp
   check_batch(model, input_ids, attention_mask, attention_mask, aux_hidden, ttt_length);
   std::vector<at::Tensor> out;
   unroll(model, input_ids, attention_mask, aux_hidden, ttt_length, impl,
-         [&](int64_t, const at::Tensor& z) { out.push_back(z); });
+         [&](int64_t, const at::Tensor& h) { out.push_back(model.logits(h)); });
   return out;
+}
+
+LossRows LossRows::build(const at::Tensor& loss_mask, int64_t ttt_length, c10::Device device) {
+  FSDP_CHECK(loss_mask.dim() == 2, fsdp::str("loss_mask must be [B, S], got ", loss_mask.sizes()),
+             "collate samples into a [B, S] batch");
+  FSDP_CHECK(ttt_length >= 1, fsdp::str("ttt_length must be >= 1, got ", ttt_length),
+             "use --ttt-length 7 (default)");
+  LossRows r;
+  r.batch = loss_mask.size(0);
+  r.seq = loss_mask.size(1);
+  r.ttt_length = ttt_length;
+  at::Tensor m = loss_mask.to(at::kCPU).to(at::kLong).contiguous();
+  const int64_t* mp = m.data_ptr<int64_t>();
+  std::vector<int64_t> rows;
+  for (int64_t k = 0; k < m.numel(); ++k) {
+    if (mp[k] != 0) rows.push_back(k);
+  }
+  const auto to_device = [&](std::vector<int64_t>& v) {
+    return at::tensor(v, at::kLong).to(device);
+  };
+  for (int64_t i = 0; i < ttt_length; ++i) {
+    std::vector<int64_t> target, draft;
+    for (size_t j = 0; j < rows.size(); ++j) {
+      if (rows[j] % r.seq >= i) {
+        target.push_back(static_cast<int64_t>(j));
+        draft.push_back(rows[j] - i);
+      }
+    }
+    r.count.push_back(static_cast<int64_t>(target.size()));
+    r.target.push_back(to_device(target));
+    r.draft.push_back(to_device(draft));
+  }
+  r.rows = to_device(rows);
+  return r;
 }
 
 StepOutput ttt_step(Eagle3DraftImpl& model, const TargetDistribution& target,
@@ -87,51 +183,22 @@ StepOutput ttt_step(Eagle3DraftImpl& model, const TargetDistribution& target,
       target.position_mask.sizes() == input_ids.sizes(),
       fsdp::str("position_mask must be [", B, ", ", S, "], got ", target.position_mask.sizes()),
       "compute the target from this batch");
-  FSDP_CHECK(options.accumulation_steps >= 1,
-             fsdp::str("accumulation_steps must be >= 1, got ", options.accumulation_steps),
-             "global batch / (dp size * micro batch) is at least 1");
-  if (options.check_padding) check_right_padded(attention_mask);
-
-  StepOutput res;
-  res.batch = B;
-  res.seq = S;
-  std::vector<at::Tensor> ploss, correct, loss_tokens, position_tokens;
-  at::Tensor total;
-  unroll(model, input_ids, attention_mask, aux_hidden, T, options.attention,
-         [&](int64_t i, const at::Tensor& logits) {
-           const auto acc = logits.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-           at::Tensor z = logits.to(acc);
-           at::Tensor p = target.target_p.narrow(1, i, S).to(acc);
-           at::Tensor pm = shift_left(target.position_mask, i).to(acc);
-           at::Tensor lm = shift_left(loss_mask, i).to(acc);
-           at::Tensor ce = -(p * z.log_softmax(-1)).sum(-1);  // [B, S]
-           at::Tensor sum = (pm * ce).sum();
-           at::Tensor pm_sum = pm.sum();
-           at::Tensor ploss_i = options.normalization == LossNormalization::kBatchTokens
-                                    ? sum / static_cast<double>(B * S)
-                                    : sum / pm_sum.clamp_min(1.0);
-           const double w = std::pow(options.step_decay, static_cast<double>(i));
-           total = total.defined() ? total + w * ploss_i : w * ploss_i;
-           at::NoGradGuard guard;
-           ploss.push_back(ploss_i.detach().to(at::kFloat));
-           correct.push_back((z.argmax(-1).eq(p.argmax(-1)).to(acc) * pm).sum().to(at::kFloat));
-           loss_tokens.push_back(lm.sum().to(at::kFloat));
-           position_tokens.push_back(pm_sum.to(at::kFloat));
-         });
-  res.loss = total / static_cast<double>(options.accumulation_steps);
-  res.ploss = at::stack(ploss);
-  res.correct = at::stack(correct);
-  res.loss_tokens = at::stack(loss_tokens);
-  res.position_tokens = at::stack(position_tokens);
-  res.acc = res.correct / res.loss_tokens.clamp_min(1e-6);
-  res.valid_tokens = attention_mask.to(at::kLong).sum();
-  return res;
+  LossRows rows = LossRows::build(loss_mask, T, input_ids.device());
+  RowsTarget t;
+  {
+    at::NoGradGuard guard;
+    t.target_p = target.target_p.narrow(1, 0, S).reshape({B * S, Vd}).index_select(0, rows.rows);
+    t.target_best = t.target_p.argmax(-1);
+    t.position = target.position_mask.reshape({B * S}).index_select(0, rows.rows);
+  }
+  return step_on_rows(model, t, rows, input_ids, attention_mask, aux_hidden, options);
 }
 
-StepOutput ttt_step(Eagle3DraftImpl& model, const TargetHead& head, const at::Tensor& input_ids,
-                    const at::Tensor& attention_mask, const at::Tensor& loss_mask,
-                    const at::Tensor& aux_hidden, const at::Tensor& target_hidden,
-                    const LossOptions& options) {
+StepOutput ttt_step(Eagle3DraftImpl& model, const TargetHead& head, const LossRows& rows,
+                    const at::Tensor& input_ids, const at::Tensor& attention_mask,
+                    const at::Tensor& loss_mask, const at::Tensor& aux_hidden,
+                    const at::Tensor& target_hidden, const LossOptions& options) {
+  check_batch(model, input_ids, attention_mask, loss_mask, aux_hidden, options.ttt_length);
   FSDP_CHECK(head.draft_vocab_size() == model.config().draft_vocab() &&
                  head.vocab_size() == model.config().vocab_size,
              fsdp::str("target head has V=", head.vocab_size(), ", Vd=", head.draft_vocab_size(),
@@ -143,9 +210,20 @@ StepOutput ttt_step(Eagle3DraftImpl& model, const TargetHead& head, const at::Te
              fsdp::str("target_hidden must be [B, S, H] matching input_ids ", input_ids.sizes(),
                        ", got ", target_hidden.sizes()),
              "every batch tensor is padded to the same [B, S]");
-  TargetDistribution target = head.compute(target_hidden, loss_mask, options.ttt_length,
-                                           options.target, options.vocab_tile);
-  return ttt_step(model, target, input_ids, attention_mask, loss_mask, aux_hidden, options);
+  RowTarget rt = head.compute_rows(target_hidden, rows.rows, options.target, options.vocab_tile);
+  RowsTarget t{rt.target_p, rt.target_best, rt.in_draft};
+  return step_on_rows(model, t, rows, input_ids, attention_mask, aux_hidden, options);
+}
+
+StepOutput ttt_step(Eagle3DraftImpl& model, const TargetHead& head, const at::Tensor& input_ids,
+                    const at::Tensor& attention_mask, const at::Tensor& loss_mask,
+                    const at::Tensor& aux_hidden, const at::Tensor& target_hidden,
+                    const LossOptions& options) {
+  FSDP_CHECK(loss_mask.dim() == 2, fsdp::str("loss_mask must be [B, S], got ", loss_mask.sizes()),
+             "collate samples into a [B, S] batch");
+  LossRows rows = LossRows::build(loss_mask, options.ttt_length, input_ids.device());
+  return ttt_step(model, head, rows, input_ids, attention_mask, loss_mask, aux_hidden,
+                  target_hidden, options);
 }
 
 }  // namespace fsdp::model

@@ -50,7 +50,29 @@ StepOutput ttt_step(Eagle3DraftImpl& model, const TargetHead& head, const at::Te
                     const at::Tensor& aux_hidden, const at::Tensor& target_hidden,
                     const LossOptions& options = {});
 
-// Same unroll from a precomputed target distribution (tests; evaluation can reuse targets).
+// The rows each step's loss and accuracy read. Every term of ploss_i and acc_i is weighted by
+// position_mask_i, which is zero wherever loss_mask_i is (spec 4-5), so the draft lm_head and
+// the target head only need the rows with loss_mask_i = 1: computing just those is exact, and
+// on chat data (about a third of the tokens are the assistant's) it removes most of the lm_head
+// work of the unroll. Built on the host, so the GPU path needs no device-to-host sync for it.
+struct LossRows {
+  int64_t batch = 0, seq = 0, ttt_length = 0;
+  at::Tensor rows;                  // int64 [N]: b*S + t where loss_mask[b, t] = 1, ascending
+  std::vector<at::Tensor> target;   // step i: int64 [N_i], indices into `rows` with t >= i
+  std::vector<at::Tensor> draft;    // step i: int64 [N_i], the draft rows b*S + t - i they feed
+  std::vector<int64_t> count;       // N_i = sum loss_mask_i (host)
+  // loss_mask int64/bool [B, S]: on the host ideally (else one copy to the host); the index
+  // tensors are placed on `device`.
+  static LossRows build(const at::Tensor& loss_mask, int64_t ttt_length, c10::Device device);
+};
+
+// Same step with the rows precomputed from the host copy of loss_mask (the trainer's path).
+StepOutput ttt_step(Eagle3DraftImpl& model, const TargetHead& head, const LossRows& rows,
+                    const at::Tensor& input_ids, const at::Tensor& attention_mask,
+                    const at::Tensor& loss_mask, const at::Tensor& aux_hidden,
+                    const at::Tensor& target_hidden, const LossOptions& options = {});
+
+// Same unroll from a precomputed dense target distribution (tests).
 StepOutput ttt_step(Eagle3DraftImpl& model, const TargetDistribution& target,
                     const at::Tensor& input_ids, const at::Tensor& attention_mask,
                     const at::Tensor& loss_mask, const at::Tensor& aux_hidden,

@@ -207,7 +207,12 @@ void ShardEngine::release(Unit& u) {
 void ShardEngine::pre_forward(const std::string& name) {
   Unit& u = unit(name);
   const bool training = at::GradMode::is_enabled();
-  if (training) current_order_.push_back(&u);
+  if (training) {
+    const size_t pos = current_order_.size();
+    if (pos == 0) order_matches_ = true;
+    order_matches_ = order_matches_ && pos < forward_order_.size() && forward_order_[pos] == &u;
+    current_order_.push_back(&u);
+  }
   gather(u, /*blocking=*/true);
   if (training && options_.prefetch) prefetch_after(current_order_.size() - 1);
 }
@@ -226,7 +231,15 @@ void ShardEngine::post_forward(const std::string& name, const at::Tensor& output
     Unit* up = &u;
     output.register_hook([this, up](const at::Tensor&) { pre_backward(*up); });
   }
-  if (frees_after_forward(options_.strategy)) release(u);
+  if (frees_after_forward(options_.strategy) && !runs_again(u)) release(u);
+}
+
+bool ShardEngine::runs_again(const Unit& u) const {
+  // Only with a recorded order that this forward has followed so far: every rank then makes
+  // the same choice, because all ranks record the same order.
+  if (options_.reshard_between_uses || !at::GradMode::is_enabled() || !order_matches_) return false;
+  const size_t pos = current_order_.size() - 1;
+  return pos < used_later_.size() && current_order_[pos] == &u && used_later_[pos];
 }
 
 void ShardEngine::pre_backward(Unit& u) {
@@ -278,6 +291,12 @@ void ShardEngine::finish_backward() {
   if (!current_order_.empty()) {
     forward_order_ = current_order_;
     current_order_.clear();
+    used_later_.assign(forward_order_.size(), false);
+    std::set<const Unit*> seen;
+    for (size_t i = forward_order_.size(); i-- > 0;) {
+      used_later_[i] = seen.count(forward_order_[i]) > 0;
+      seen.insert(forward_order_[i]);
+    }
   }
   if (!in_backward_) return;
   // Units whose parameters were not all reached still reduce (zeros), in unit order on all ranks.

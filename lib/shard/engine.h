@@ -116,6 +116,7 @@ class ShardEngine final : public UnitHooks {
   void on_grad_ready(Unit& u);
   void reduce_unit(Unit& u);
   void prefetch_after(size_t position);
+  bool runs_again(const Unit& u) const;
   void prefetch_before(Unit& u);
   void track_memory();
 
@@ -128,6 +129,8 @@ class ShardEngine final : public UnitHooks {
   std::vector<const FlatLayout*> layouts_;
   std::vector<Unit*> forward_order_;    // unit of each use, recorded during the last forward
   std::vector<Unit*> current_order_;    // being recorded
+  std::vector<bool> used_later_;        // forward_order_[i] runs again after position i
+  bool order_matches_ = true;           // current_order_ is a prefix of forward_order_
   bool in_backward_ = false;
   bool sync_gradients_ = true;
   int64_t step_count_ = 0;

@@ -43,6 +43,12 @@ struct EngineOptions {
   bool cpu_offload = false;
   // Issue the next unit's all-gather while the current unit computes (forward and backward).
   bool prefetch = true;
+  // FULL_SHARD/HYBRID_SHARD: a unit that the previous forward ran again later (the TTT unroll
+  // runs every unit T times per micro-batch) stays gathered from its first to its last use in
+  // the forward instead of being freed and re-gathered around each use. More gathered memory
+  // between uses (at most the whole model), T times fewer forward all-gathers. The first
+  // forward (no recorded order yet) frees after every use.
+  bool reshard_between_uses = false;
   // Units: names of submodules (paths like "model.layers.0" allowed). Empty: one unit per
   // direct child that has parameters. Every parameter must fall in exactly one unit.
   std::vector<std::string> units;

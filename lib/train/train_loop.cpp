@@ -126,10 +126,12 @@ RunResult Trainer::Impl::train() {
       const bool last_in_group = in_group == accum - 1 || b_index == per_epoch - 1;
       engine->set_sync_gradients(!cfg.shard.accumulate_locally || last_in_group);
       step_tokens += batch->attention_mask.sum().item<int64_t>();
+      // Loss rows from the host copy of loss_mask: no device sync (see model::LossRows).
+      const auto rows = model::LossRows::build(batch->loss_mask, cfg.model.ttt_length, device);
       step_flops += model::count_step_flops(draft_cfg, batch->batch_size(), batch->seq_len(),
-                                            cfg.model.ttt_length)
+                                            cfg.model.ttt_length, rows.count)
                         .total();
-      auto out = model::ttt_step(*draft, head, batch->input_ids.to(device, true),
+      auto out = model::ttt_step(*draft, head, rows, batch->input_ids.to(device, true),
                                  batch->attention_mask.to(device, true),
                                  batch->loss_mask.to(device, true),
                                  batch->aux_hidden.to(device, true),

@@ -178,6 +178,7 @@ void Trainer::Impl::build_model() {
   eo.mixed_precision.reduce_dtype = to_dtype(cfg.shard.reduce_dtype);
   eo.device = device;
   eo.cpu_offload = cfg.shard.cpu_offload;
+  eo.reshard_between_uses = cfg.shard.reshard_between_uses;
   eo.adamw.beta1 = cfg.optim.adam_beta1;
   eo.adamw.beta2 = cfg.optim.adam_beta2;
   eo.adamw.eps = cfg.optim.adam_eps;
@@ -234,7 +235,8 @@ std::vector<std::pair<std::string, double>> Trainer::Impl::evaluate(const std::s
   StepMetrics m(cfg.model.ttt_length);
   at::NoGradGuard no_grad;
   while (auto b = loader->next()) {
-    auto out = model::ttt_step(*draft, head, b->input_ids.to(device, true),
+    const auto rows = model::LossRows::build(b->loss_mask, cfg.model.ttt_length, device);
+    auto out = model::ttt_step(*draft, head, rows, b->input_ids.to(device, true),
                                b->attention_mask.to(device, true), b->loss_mask.to(device, true),
                                b->aux_hidden.to(device, true), b->target_hidden.to(device, true),
                                loss_options(1));

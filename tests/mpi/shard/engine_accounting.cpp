@@ -50,25 +50,33 @@ TEST_CASE("communication volume per step matches theory", "[mpi][shard]") {
   const int w = comm::topology().world_size;
   auto world = world_comm();
   for (Strategy s : {Strategy::kFullShard, Strategy::kShardGradOp, Strategy::kNoShard}) {
-    for (bool local_acc : {false, true}) {
-      INFO(shard::strategy_name(s) << " local accumulation " << local_acc);
+    for (int variant = 0; variant < 3; ++variant) {
+      const bool local_acc = variant == 1, between_uses = variant == 2;
+      INFO(shard::strategy_name(s) << " local accumulation " << local_acc
+                                   << " reshard between uses " << between_uses);
       TrainSetup c;
       c.local_accumulation = local_acc;
       const uint64_t A = c.micro_batches, syncs = local_acc ? 1 : A;
       TinyModel m(7);
-      shard::ShardEngine e(*m, groups_for(s, world), engine_options(s, c));
+      shard::EngineOptions eo = engine_options(s, c);
+      eo.reshard_between_uses = between_uses;
+      shard::ShardEngine e(*m, groups_for(s, world), eo);
       m->set_unit_hooks(&e);
       const Volume v = measure(e, m, c);
       Volume want;
       if (w > 1 && s != Strategy::kNoShard) {
         for (const auto* l : e.layouts()) {
-          // ZeRO-3: every forward use gathers, plus one re-gather before backward. ZeRO-2: one
-          // gather per micro-batch (kept until the end of backward).
-          const int gathers = s == Strategy::kFullShard
-                                  ? forward_uses(l->unit) + (needs_backward(l->unit) ? 1 : 0)
-                                  : 1;
-          want.ag_calls += A * gathers;
-          want.ag_bytes += A * gathers * l->padded_numel * 4;
+          // ZeRO-3: one gather per forward use, plus one re-gather before backward; by default
+          // a unit that runs twice stays gathered between its uses once the engine has seen
+          // one forward (the first micro-batch of the engine's life gathers at every use).
+          // ZeRO-2: one gather per micro-batch (kept until the end of backward).
+          const uint64_t bwd = needs_backward(l->unit) ? 1 : 0;
+          const uint64_t gathers =
+              s != Strategy::kFullShard ? A
+              : between_uses           ? A * (forward_uses(l->unit) + bwd)
+                                       : forward_uses(l->unit) + bwd + (A - 1) * (1 + bwd);
+          want.ag_calls += gathers;
+          want.ag_bytes += gathers * l->padded_numel * 4;
           if (l->trainable) {
             want.rs_calls += syncs;
             want.rs_bytes += syncs * l->padded_numel * 4;
@@ -97,7 +105,9 @@ TEST_CASE("communication volume per step matches theory", "[mpi][shard]") {
     // gradient shard across nodes.
     TrainSetup c;
     TinyModel m(7);
-    shard::ShardEngine e(*m, hybrid_groups(2), engine_options(Strategy::kHybridShard, c));
+    shard::EngineOptions eo = engine_options(Strategy::kHybridShard, c);
+    eo.reshard_between_uses = true;  // every use gathers: the count below
+    shard::ShardEngine e(*m, hybrid_groups(2), eo);
     m->set_unit_hooks(&e);
     const Volume v = measure(e, m, c);
     uint64_t ag = 0, rs = 0, ar = 8;

@@ -180,4 +180,15 @@ TEST_CASE("FLOP count matches the closed form", "[model][flops]") {
   CHECK(f.backward == Approx(fc + 2 * 3 * (layer + head) + 2 * attn));
   CHECK(f.target_head == Approx(2 * N * H * (Vd + V)));
   CHECK(f.total() == Approx(f.forward + f.backward + f.target_head));
+
+  // Executed FLOPs with the heads on the loss rows only: 7, 6, 4 rows at steps 0, 1, 2.
+  StepFlops r = count_step_flops(c, B, S, T, {7, 6, 4});
+  const double row_head = 2 * H * Vd;
+  CHECK(r.attention == Approx(attn));
+  CHECK(r.forward == Approx(fc + 3 * layer + 17 * row_head + attn));
+  CHECK(r.backward == Approx(fc + 2 * 3 * layer + 2 * 17 * row_head + 2 * attn));
+  CHECK(r.target_head == Approx(2 * 7 * H * (Vd + V)));
+  StepFlops all = count_step_flops(c, B, S, T, {B * S, B * S, B * S});
+  CHECK(all.total() == Approx(f.total()));
+  CHECK_THROWS_WITH(count_step_flops(c, B, S, T, {1, 2}), Catch::Contains("head_rows has 2"));
 }

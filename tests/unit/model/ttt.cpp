@@ -373,3 +373,71 @@ TEST_CASE("per-valid-token normalisation and bad batches", "[model][ttt]") {
   CHECK_THROWS_WITH(ttt_step(*f.model, f.head, f.ids, left, f.loss_mask, f.aux, f.target_hidden, o),
                     Catch::Contains("right-padded"));
 }
+
+TEST_CASE("loss rows: indices of each step's rows", "[model][ttt]") {
+  // B=2, S=4. Loss rows (flat b*4+t): 1, 2, 5, 7.
+  at::Tensor lm = torch::tensor({0, 1, 1, 0, 0, 1, 0, 1}, torch::kLong).view({2, 4});
+  LossRows r = LossRows::build(lm, 3, torch::kCPU);
+  auto vec = [](const at::Tensor& t) {
+    return std::vector<int64_t>(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel());
+  };
+  CHECK(vec(r.rows) == std::vector<int64_t>{1, 2, 5, 7});
+  // Step i keeps the rows with t >= i and feeds them from draft row b*4 + t - i.
+  CHECK(vec(r.target[0]) == std::vector<int64_t>{0, 1, 2, 3});
+  CHECK(vec(r.draft[0]) == std::vector<int64_t>{1, 2, 5, 7});
+  CHECK(vec(r.target[1]) == std::vector<int64_t>{0, 1, 2, 3});
+  CHECK(vec(r.draft[1]) == std::vector<int64_t>{0, 1, 4, 6});
+  CHECK(vec(r.target[2]) == std::vector<int64_t>{1, 3});
+  CHECK(vec(r.draft[2]) == std::vector<int64_t>{0, 5});
+  CHECK(r.count == std::vector<int64_t>{4, 4, 2});
+  // Each count is sum(loss_mask shifted left by i), the acc denominator of spec 5.
+  for (int64_t i = 0; i < 3; ++i) CHECK(shift_left(lm, i).sum().item<int64_t>() == r.count[i]);
+  CHECK_THROWS_WITH(LossRows::build(lm.view({-1}), 3, torch::kCPU),
+                    Catch::Contains("loss_mask must be [B, S]"));
+}
+
+TEST_CASE("loss rows: the step equals the all-rows loss of spec 5 (values and gradients)",
+          "[model][ttt]") {
+  StepFixture f;
+  const int64_t T = f.opt.ttt_length, B = 2, S = 5;
+  // All-rows formula: logits on every position, masks shifted, sums over all B*S positions.
+  f.model->zero_grad();
+  std::vector<at::Tensor> logits =
+      ttt_logits(*f.model, f.ids, f.mask, f.aux, T, AttentionImpl::kEfficient);
+  TargetDistribution target = f.head.compute_dense(f.target_hidden, f.loss_mask, T);
+  at::Tensor want_loss = torch::zeros({}, torch::kDouble);
+  std::vector<double> want_ploss, want_correct, want_pos;
+  for (int64_t i = 0; i < T; ++i) {
+    at::Tensor p = target.target_p.narrow(1, i, S).to(torch::kDouble);
+    at::Tensor pm = shift_left(target.position_mask, i).to(torch::kDouble);
+    at::Tensor ce = -(p * logits[i].log_softmax(-1)).sum(-1);
+    at::Tensor ploss = (pm * ce).sum() / static_cast<double>(B * S);
+    want_loss = want_loss + std::pow(0.8, static_cast<double>(i)) * ploss;
+    want_ploss.push_back(ploss.item<double>());
+    want_correct.push_back(
+        (logits[i].argmax(-1).eq(p.argmax(-1)).to(torch::kDouble) * pm).sum().item<double>());
+    want_pos.push_back(pm.sum().item<double>());
+  }
+  want_loss.backward();
+  std::vector<at::Tensor> want_grads;
+  for (auto& p : f.model->trainable_parameters()) want_grads.push_back(p.grad().clone());
+
+  f.model->zero_grad();
+  StepOutput r =
+      ttt_step(*f.model, f.head, f.ids, f.mask, f.loss_mask, f.aux, f.target_hidden, f.opt);
+  r.loss.backward();
+  CHECK(r.loss.item<double>() == Approx(want_loss.item<double>()).epsilon(1e-12));
+  for (int64_t i = 0; i < T; ++i) {
+    INFO("step " << i);
+    CHECK(r.ploss[i].item<double>() == Approx(want_ploss[i]).epsilon(1e-6));
+    CHECK(r.correct[i].item<double>() == want_correct[i]);
+    CHECK(r.position_tokens[i].item<double>() == want_pos[i]);
+    CHECK(r.loss_tokens[i].item<double>() == shift_left(f.loss_mask, i).sum().item<double>());
+  }
+  CHECK(want_pos[0] > 0);
+  const auto params = f.model->trainable_parameters();
+  for (size_t k = 0; k < params.size(); ++k) {
+    INFO("parameter " << k);
+    CHECK((params[k].grad() - want_grads[k]).abs().max().item<double>() < 1e-12);
+  }
+}
