@@ -93,7 +93,7 @@ for W in $RANKS; do
       --init-weights "$INIT" --threads "$threads" --output-dir "$out" --save-final \
       --cache-dir "$WORK/cache" >"$out.log" 2>&1 || { tail "$out.log"; exit 1; }
   record "$W" reference perf "$("$PY" "$HERE/metrics.py" perf "$out/metrics.jsonl")"
-  record "$W" reference eval "$(ref_eval "$(ls -d "$out"/epoch_*_step_* | tail -1)" "$out-eval")"
+  record "$W" reference eval "$(ref_eval "$(ls -d "$out"/epoch_*_step_* | sort -V | tail -1)" "$out-eval")"
   [[ "${REFERENCE_ONLY:-0}" == 1 ]] && continue
   echo "== fsdp-train, $W rank(s), $threads thread(s) each"
   out="$WORK/cpp-w$W"

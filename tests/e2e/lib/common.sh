@@ -43,7 +43,14 @@ train_args() {
        "--warmup-ratio 0.1 --log-steps 1 --device cpu --threads 1"
 }
 
-latest_ckpt() { ls -d "$1"/epoch_*_step_* 2>/dev/null | sort -t_ -k4 -n | tail -n 1; }
+# latest_ckpt DIR: the checkpoint with the highest step (numerically: step_12 after step_9; the
+# directory path itself may contain underscores).
+latest_ckpt() {
+  local d
+  for d in "$1"/epoch_*_step_*; do
+    [ -d "$d" ] && echo "${d##*_step_} $d"
+  done | sort -n -k1,1 | tail -n 1 | cut -d' ' -f2-
+}
 
 # compare_exports A B RTOL: every tensor of A/model.safetensors equals B's: RTOL 0 means
 # bitwise; otherwise the relative L2 difference ||a-b||/||b|| must be <= RTOL and the largest
