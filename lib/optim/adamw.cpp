@@ -3,10 +3,13 @@
 #include "optim/adamw.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/ops/_fused_adamw.h>
 #include <ATen/ops/addcdiv.h>
+#include <ATen/ops/full.h>
 #include <ATen/ops/sqrt.h>
 
 #include <cmath>
+#include <map>
 
 #include "core/error.h"
 
@@ -82,6 +85,46 @@ void adamw_update(const at::Tensor& param, const at::Tensor& grad, const at::Ten
   exp_avg_sq.mul_(o.beta2).addcmul_(g, g, 1.0 - o.beta2);
   at::Tensor denom = (exp_avg_sq.sqrt() / bc2_sqrt).add_(o.eps);
   param.addcdiv_(exp_avg, denom, -step_size);
+}
+
+void adamw_update_all(const std::vector<AdamWPiece>& pieces, const AdamWOptions& o,
+                      const AdamWStep& s, AdamWImpl impl) {
+  if (pieces.empty()) return;
+  const bool fused = impl == AdamWImpl::kFused ||
+                     (impl == AdamWImpl::kAuto && !pieces.front().param.device().is_cpu());
+  if (!fused) {
+    for (const AdamWPiece& p : pieces) {
+      adamw_update(p.param, p.grad, p.exp_avg, p.exp_avg_sq, o, p.weight_decay, s);
+    }
+    return;
+  }
+  const c10::Device device = pieces.front().param.device();
+  const auto scalar = [&](double x) {
+    return at::full({}, x, at::TensorOptions().dtype(at::kFloat).device(device));
+  };
+  // The kernel divides the gradient by grad_scale (AMP's unscale): pass 1/clip coefficient.
+  std::optional<at::Tensor> grad_scale;
+  if (s.grad_scale != 1.0) grad_scale = scalar(1.0 / s.grad_scale);
+  std::map<double, std::vector<const AdamWPiece*>> by_decay;
+  for (const AdamWPiece& p : pieces) {
+    FSDP_ASSERT(p.param.device() == device && p.param.scalar_type() == at::kFloat &&
+                    p.grad.scalar_type() == at::kFloat && p.param.numel() == p.grad.numel(),
+                "adamw_update_all: pieces must be fp32 on one device");
+    if (p.param.numel() > 0) by_decay[p.weight_decay].push_back(&p);
+  }
+  for (const auto& [decay, group] : by_decay) {
+    std::vector<at::Tensor> params, grads, avgs, avg_sqs, steps;
+    for (const AdamWPiece* p : group) {
+      params.push_back(p->param);
+      grads.push_back(p->grad);
+      avgs.push_back(p->exp_avg);
+      avg_sqs.push_back(p->exp_avg_sq);
+      steps.push_back(scalar(static_cast<double>(s.step)));  // read, not incremented, by the kernel
+    }
+    at::_fused_adamw_(params, grads, avgs, avg_sqs, /*max_exp_avg_sqs=*/{}, steps, s.lr, o.beta1,
+                      o.beta2, decay, o.eps, /*amsgrad=*/false, /*maximize=*/false, grad_scale,
+                      /*found_inf=*/std::nullopt);
+  }
 }
 
 }  // namespace fsdp::optim

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace fsdp::optim {
 
@@ -39,6 +40,25 @@ struct AdamWStep {
 void adamw_update(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,
                   const at::Tensor& exp_avg_sq, const AdamWOptions& options, double weight_decay,
                   const AdamWStep& step);
+
+// One contiguous piece of a flat shard and the weight decay it gets.
+struct AdamWPiece {
+  at::Tensor param, grad, exp_avg, exp_avg_sq;  // fp32, same numel, contiguous, same device
+  double weight_decay = 0.0;
+};
+
+enum class AdamWImpl {
+  kAuto,   // CPU pieces: adamw_update's loop; other devices: the fused kernel
+  kLoop,   // adamw_update per piece
+  kFused,  // torch's fused multi-tensor AdamW kernel (at::_fused_adamw_, the kernel behind
+           // torch.optim.AdamW(fused=True)): one launch per weight-decay value for all pieces
+           // instead of ~8 elementwise kernels per piece. Same formula; `grad` is overwritten
+           // with the scaled gradient.
+};
+
+// Updates every piece for one step (see adamw_update for the arithmetic).
+void adamw_update_all(const std::vector<AdamWPiece>& pieces, const AdamWOptions& options,
+                      const AdamWStep& step, AdamWImpl impl = AdamWImpl::kAuto);
 
 // True when a parameter of this shape gets weight decay under `options`.
 bool decays(const AdamWOptions& options, int64_t dim);
