@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 
@@ -148,22 +149,36 @@ LossRows LossRows::build(const at::Tensor& loss_mask, int64_t ttt_length, c10::D
   for (int64_t k = 0; k < m.numel(); ++k) {
     if (mp[k] != 0) rows.push_back(k);
   }
-  const auto to_device = [&](std::vector<int64_t>& v) {
-    return at::tensor(v, at::kLong).to(device);
-  };
+  // All index lists go in one host buffer (pinned for a GPU) and one asynchronous copy; the
+  // lists are views of the device copy. No per-list blocking copies, no stream sync.
+  std::vector<int64_t> all(rows);
+  std::vector<std::pair<size_t, size_t>> target_span, draft_span;  // (offset, length)
   for (int64_t i = 0; i < ttt_length; ++i) {
-    std::vector<int64_t> target, draft;
+    const size_t t0 = all.size();
     for (size_t j = 0; j < rows.size(); ++j) {
-      if (rows[j] % r.seq >= i) {
-        target.push_back(static_cast<int64_t>(j));
-        draft.push_back(rows[j] - i);
-      }
+      if (rows[j] % r.seq >= i) all.push_back(static_cast<int64_t>(j));
     }
-    r.count.push_back(static_cast<int64_t>(target.size()));
-    r.target.push_back(to_device(target));
-    r.draft.push_back(to_device(draft));
+    const size_t n = all.size() - t0;
+    const size_t d0 = all.size();
+    for (size_t j = 0; j < rows.size(); ++j) {
+      if (rows[j] % r.seq >= i) all.push_back(rows[j] - i);
+    }
+    target_span.emplace_back(t0, n);
+    draft_span.emplace_back(d0, n);
+    r.count.push_back(static_cast<int64_t>(n));
   }
-  r.rows = to_device(rows);
+  at::Tensor host = at::empty({static_cast<int64_t>(all.size())},
+                              at::TensorOptions().dtype(at::kLong).pinned_memory(device.is_cuda()));
+  std::copy(all.begin(), all.end(), host.data_ptr<int64_t>());
+  at::Tensor dev = host.to(device, /*non_blocking=*/true);
+  const auto view = [&](size_t offset, size_t length) {
+    return dev.narrow(0, static_cast<int64_t>(offset), static_cast<int64_t>(length));
+  };
+  r.rows = view(0, rows.size());
+  for (int64_t i = 0; i < ttt_length; ++i) {
+    r.target.push_back(view(target_span[i].first, target_span[i].second));
+    r.draft.push_back(view(draft_span[i].first, draft_span[i].second));
+  }
   return r;
 }
 
