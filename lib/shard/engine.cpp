@@ -349,9 +349,16 @@ StepResult ShardEngine::step(double lr, double max_grad_norm) {
   r.clip_coef = optim::clip_coefficient(r.grad_norm, max_grad_norm);
   ++step_count_;
   optim::AdamWStep s{lr, step_count_, r.clip_coef};
-  // All pieces of all units in one call: on a GPU that is one fused kernel launch per weight
-  // decay value; on the CPU (and with offload) the per-piece loop.
+  // Device-resident state: all pieces of all units in one call (one fused kernel launch per
+  // weight-decay value on a GPU). Host-resident state (CPU runs, --cpu-offload): unit by unit,
+  // so the asynchronous copy of one unit's updated shard to the device (refresh_after_update)
+  // overlaps the CPU step of the next unit.
   std::vector<optim::AdamWPiece> pieces;
+  const auto flush = [&] {
+    optim::adamw_update_all(pieces, options_.adamw, s);
+    pieces.clear();
+  };
+  std::vector<FlatParam*> updated;
   for (const auto& u : units_) {
     if (!u->trainable) continue;
     FlatParam& f = *u->trainable;
@@ -362,11 +369,15 @@ StepResult ShardEngine::step(double lr, double max_grad_norm) {
                         f.exp_avg_sq().narrow(0, run.offset, run.length),
                         run.decay ? options_.adamw.weight_decay : 0.0});
     }
+    if (f.master().device().is_cpu()) {
+      flush();
+      f.refresh_after_update();
+    } else {
+      updated.push_back(&f);
+    }
   }
-  optim::adamw_update_all(pieces, options_.adamw, s);
-  for (const auto& u : units_) {
-    if (u->trainable) u->trainable->refresh_after_update();
-  }
+  flush();
+  for (FlatParam* f : updated) f->refresh_after_update();
   zero_grad();
   current_order_.clear();
   r.step = step_count_;
