@@ -82,9 +82,14 @@ struct MpiCommunicator::Task {
 
 class MpiCommunicator::MpiWork final : public Work {
  public:
+  explicit MpiWork(std::shared_ptr<std::atomic<int>> waiters) : waiters_(std::move(waiters)) {}
   void wait() override {
     std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return done_; });
+    if (!done_) {
+      waiters_->fetch_add(1);
+      cv_.wait(lock, [&] { return done_; });
+      waiters_->fetch_sub(1);
+    }
     if (error_) std::rethrow_exception(error_);
   }
   bool is_completed() override {
@@ -102,6 +107,7 @@ class MpiCommunicator::MpiWork final : public Work {
   }
 
  private:
+  std::shared_ptr<std::atomic<int>> waiters_;
   std::mutex mu_;
   std::condition_variable cv_;
   bool done_ = false;
@@ -127,7 +133,7 @@ MpiCommunicator::~MpiCommunicator() {
 }
 
 WorkPtr MpiCommunicator::enqueue(std::unique_ptr<Task> task) {
-  auto work = std::make_shared<MpiWork>();
+  auto work = std::make_shared<MpiWork>(waiters_);
   task->work = work;
   if (task->timeout.count() <= 0) task->timeout = default_timeout();
   {
@@ -186,8 +192,11 @@ void MpiCommunicator::run_task(Task& task) {
                     "only if a step legitimately takes longer",
                 4);
     }
-    // Spin briefly for latency-bound calls, then back off so the compute threads get the core.
-    if (++spins > 200) std::this_thread::sleep_for(std::chrono::microseconds(spins > 2000 ? 200 : 20));
+    // Spin briefly for latency-bound calls, then back off so the compute threads get the core,
+    // unless a host thread is blocked waiting for this communicator (its core is free).
+    if (++spins > 200 && waiters_->load(std::memory_order_relaxed) == 0) {
+      std::this_thread::sleep_for(std::chrono::microseconds(spins > 2000 ? 200 : 20));
+    }
   }
   if (task.finish) task.finish();
   stats_.record(task.type, task.bytes, watch.seconds());

@@ -6,6 +6,7 @@
 
 #include <mpi.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -72,6 +73,10 @@ class MpiCommunicator final : public Communicator {
   std::deque<std::unique_ptr<Task>> queue_;
   std::shared_ptr<Work> last_;
   bool stop_ = false;
+  // Host threads blocked in wait() on this communicator's work: while > 0 the worker polls MPI
+  // without backing off (the waiting thread's core is idle, and MPI only progresses inside
+  // MPI calls).
+  std::shared_ptr<std::atomic<int>> waiters_ = std::make_shared<std::atomic<int>>(0);
   std::thread worker_;
 };
 
