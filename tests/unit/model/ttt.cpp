@@ -441,3 +441,20 @@ TEST_CASE("loss rows: the step equals the all-rows loss of spec 5 (values and gr
     CHECK((params[k].grad() - want_grads[k]).abs().max().item<double>() < 1e-12);
   }
 }
+
+TEST_CASE("loss rows: a micro-batch without loss tokens gives zero loss and zero gradients",
+          "[model][ttt]") {
+  StepFixture f;
+  f.model->zero_grad();
+  at::Tensor none = torch::zeros_like(f.loss_mask);
+  StepOutput r = ttt_step(*f.model, f.head, f.ids, f.mask, none, f.aux, f.target_hidden, f.opt);
+  CHECK(r.loss.item<double>() == 0.0);
+  r.loss.backward();
+  for (auto& p : f.model->trainable_parameters()) {
+    INFO(p.sizes());
+    CHECK((!p.grad().defined() || p.grad().abs().max().item<double>() == 0.0));
+  }
+  CHECK(r.loss_tokens.sum().item<double>() == 0.0);
+  CHECK(r.acc.sum().item<double>() == 0.0);
+  CHECK(r.valid_tokens.item<int64_t>() == 8);
+}
