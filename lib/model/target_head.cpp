@@ -72,57 +72,63 @@ at::Tensor TargetHead::tiled_argmax(const at::Tensor& hidden, int64_t vocab_tile
   return best_idx.view(sizes);
 }
 
+std::pair<at::Tensor, at::Tensor> TargetHead::draft_logits_and_ids(const at::Tensor& hidden,
+                                                                   TargetImpl impl,
+                                                                   int64_t vocab_tile) const {
+  at::NoGradGuard guard;
+  at::Tensor x = hidden.to(weight_.scalar_type());
+  if (impl == TargetImpl::kDense) {
+    at::Tensor logits = at::matmul(x, weight_.t());  // [..., V]
+    return {logits.index({at::indexing::Ellipsis, t2d_}), logits.argmax(-1)};
+  }
+  // [..., Vd] in the weight dtype; the full-vocab argmax in tiles.
+  return {at::matmul(x, draft_weight_.t()), tiled_argmax(x, vocab_tile)};
+}
+
+TargetDistribution TargetHead::compute_with(const at::Tensor& target_hidden,
+                                            const at::Tensor& loss_mask, int64_t ttt_length,
+                                            TargetImpl impl, int64_t vocab_tile) const {
+  at::NoGradGuard guard;
+  TargetDistribution out;
+  auto [draft_logits, ids] = draft_logits_and_ids(target_hidden, impl, vocab_tile);
+  out.target_p = pad_uniform(draft_logits.to(at::kFloat).softmax(-1), ttt_length);
+  out.target_ids = ids;
+  out.position_mask = loss_mask.to(at::kLong) * t2d_.index({out.target_ids}).to(at::kLong);
+  return out;
+}
+
 TargetDistribution TargetHead::compute_tiled(const at::Tensor& target_hidden,
                                              const at::Tensor& loss_mask, int64_t ttt_length,
                                              int64_t vocab_tile) const {
-  at::NoGradGuard guard;
-  TargetDistribution out;
-  at::Tensor x = target_hidden.to(weight_.scalar_type());
-  at::Tensor logits = at::matmul(x, draft_weight_.t());  // [B, S, Vd] in the weight dtype
-  out.target_p = pad_uniform(logits.to(at::kFloat).softmax(-1), ttt_length);
-  out.target_ids = tiled_argmax(x, vocab_tile);
-  out.position_mask = loss_mask.to(at::kLong) * t2d_.index({out.target_ids}).to(at::kLong);
-  return out;
+  return compute_with(target_hidden, loss_mask, ttt_length, TargetImpl::kTiled, vocab_tile);
 }
 
 TargetDistribution TargetHead::compute_dense(const at::Tensor& target_hidden,
                                              const at::Tensor& loss_mask,
                                              int64_t ttt_length) const {
-  at::NoGradGuard guard;
-  TargetDistribution out;
-  at::Tensor logits = at::matmul(target_hidden.to(weight_.scalar_type()), weight_.t());  // [B,S,V]
-  out.target_ids = logits.argmax(-1);
-  at::Tensor draft_logits = logits.index({at::indexing::Ellipsis, t2d_});
-  out.target_p = pad_uniform(draft_logits.to(at::kFloat).softmax(-1), ttt_length);
-  out.position_mask = loss_mask.to(at::kLong) * t2d_.index({out.target_ids}).to(at::kLong);
-  return out;
+  return compute_with(target_hidden, loss_mask, ttt_length, TargetImpl::kDense, 0);
 }
 
-RowTarget TargetHead::compute_rows(const at::Tensor& target_hidden, const at::Tensor& rows,
-                                   TargetImpl impl, int64_t vocab_tile) const {
+void TargetHead::check_hidden(const at::Tensor& target_hidden) const {
   FSDP_CHECK(weight_.defined(), "TargetHead used before construction",
              "build it from the target lm_head weight and t2d");
   FSDP_CHECK(
       target_hidden.dim() == 3 && target_hidden.size(-1) == weight_.size(1),
       fsdp::str("target_hidden must be [B, S, ", weight_.size(1), "], got ", target_hidden.sizes()),
       "the hidden states must come from the target whose lm_head was loaded");
+}
+
+RowTarget TargetHead::compute_rows(const at::Tensor& target_hidden, const at::Tensor& rows,
+                                   TargetImpl impl, int64_t vocab_tile) const {
+  check_hidden(target_hidden);
   FSDP_CHECK(rows.dim() == 1 && rows.scalar_type() == at::kLong,
              fsdp::str("rows must be int64 [N], got ", rows.scalar_type(), " ", rows.sizes()),
              "build them with LossRows::build");
   at::NoGradGuard guard;
-  at::Tensor x = target_hidden.reshape({-1, weight_.size(1)})
-                     .index_select(0, rows)
-                     .to(weight_.scalar_type());  // [N, H]
+  at::Tensor x = target_hidden.reshape({-1, weight_.size(1)}).index_select(0, rows);  // [N, H]
   RowTarget out;
-  at::Tensor draft_logits;
-  if (impl == TargetImpl::kDense) {
-    at::Tensor logits = at::matmul(x, weight_.t());  // [N, V]
-    out.target_ids = logits.argmax(-1);
-    draft_logits = logits.index({at::indexing::Ellipsis, t2d_});
-  } else {
-    draft_logits = at::matmul(x, draft_weight_.t());  // [N, Vd]
-    out.target_ids = tiled_argmax(x, vocab_tile);
-  }
+  auto [draft_logits, ids] = draft_logits_and_ids(x, impl, vocab_tile);
+  out.target_ids = ids;
   out.target_p = draft_logits.to(at::kFloat).softmax(-1);
   out.in_draft = t2d_.index({out.target_ids}).to(at::kLong);
   out.target_best = out.target_p.argmax(-1);
@@ -132,12 +138,7 @@ RowTarget TargetHead::compute_rows(const at::Tensor& target_hidden, const at::Te
 TargetDistribution TargetHead::compute(const at::Tensor& target_hidden, const at::Tensor& loss_mask,
                                        int64_t ttt_length, TargetImpl impl,
                                        int64_t vocab_tile) const {
-  FSDP_CHECK(weight_.defined(), "TargetHead used before construction",
-             "build it from the target lm_head weight and t2d");
-  FSDP_CHECK(
-      target_hidden.dim() == 3 && target_hidden.size(-1) == weight_.size(1),
-      fsdp::str("target_hidden must be [B, S, ", weight_.size(1), "], got ", target_hidden.sizes()),
-      "the hidden states must come from the target whose lm_head was loaded");
+  check_hidden(target_hidden);
   FSDP_CHECK(loss_mask.dim() == 2 && loss_mask.size(0) == target_hidden.size(0) &&
                  loss_mask.size(1) == target_hidden.size(1),
              fsdp::str("loss_mask ", loss_mask.sizes(), " does not match target_hidden ",

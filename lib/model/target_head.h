@@ -5,6 +5,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <utility>
+
 namespace fsdp::model {
 
 enum class TargetImpl { kTiled, kDense };
@@ -62,6 +64,13 @@ class TargetHead {
   const at::Tensor& t2d() const { return t2d_; }
 
  private:
+  void check_hidden(const at::Tensor& target_hidden) const;
+  // Draft-vocab logits [..., Vd] (weight dtype) and full-vocab argmax [...] of hidden [..., H].
+  std::pair<at::Tensor, at::Tensor> draft_logits_and_ids(const at::Tensor& hidden, TargetImpl impl,
+                                                         int64_t vocab_tile) const;
+  TargetDistribution compute_with(const at::Tensor& target_hidden, const at::Tensor& loss_mask,
+                                  int64_t ttt_length, TargetImpl impl, int64_t vocab_tile) const;
+
   at::Tensor weight_;        // [V, H]
   at::Tensor draft_weight_;  // [Vd, H] = weight_[t2d]
   at::Tensor t2d_;           // bool [V]
