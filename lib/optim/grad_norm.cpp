@@ -4,6 +4,8 @@
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
+#include <ATen/ops/linalg_vector_norm.h>
+#include <ATen/ops/zeros.h>
 
 #include <cmath>
 #include <functional>
@@ -33,6 +35,18 @@ double global_norm(double local_sum_sq, comm::Communicator* comm, c10::Device de
   at::Tensor v = at::full({1}, local_sum_sq, at::TensorOptions().dtype(at::kDouble).device(device));
   comm->all_reduce(v, comm::ReduceOp::kSum)->wait();
   return std::sqrt(v.cpu().item<double>());
+}
+
+double global_norm_on_device(const std::vector<at::Tensor>& pieces, comm::Communicator* comm) {
+  FSDP_CHECK(!pieces.empty(), "global_norm_on_device: no gradient pieces",
+             "pass the valid part of every gradient shard");
+  at::Tensor total = at::zeros({1}, pieces.front().options().dtype(at::kDouble));
+  for (const at::Tensor& p : pieces) {
+    if (p.numel() == 0) continue;
+    total.add_(at::linalg_vector_norm(p, 2, {}, false, at::kDouble).square());
+  }
+  if (comm != nullptr && comm->size() > 1) comm->all_reduce(total, comm::ReduceOp::kSum)->wait();
+  return std::sqrt(total.item<double>());
 }
 
 double clip_coefficient(double norm, double max_norm) {

@@ -6,6 +6,8 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
+#include <vector>
+
 namespace fsdp::comm {
 class Communicator;
 }
@@ -20,6 +22,12 @@ double sum_of_squares(const at::Tensor& t);
 // where the communicator's tensors live (CUDA for NCCL).
 double global_norm(double local_sum_sq, comm::Communicator* comm,
                    c10::Device device = c10::Device(c10::kCPU));
+
+// The same global norm for pieces on an accelerator: the local sum of squares stays on the
+// device (accumulated in fp64 without an fp64 copy of the gradients), is all-reduced there, and
+// the host reads one value: one synchronisation per step instead of one per piece. Works on
+// any device (the CPU too).
+double global_norm_on_device(const std::vector<at::Tensor>& pieces, comm::Communicator* comm);
 
 // min(1, max_norm / (norm + 1e-6)) as torch.nn.utils.clip_grad_norm_; 1 when max_norm <= 0
 // (clipping off). The caller multiplies gradients by it.

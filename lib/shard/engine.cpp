@@ -326,17 +326,24 @@ void ShardEngine::zero_grad() {
 StepResult ShardEngine::step(double lr, double max_grad_norm) {
   finish_backward();
   StepResult r;
-  double local = 0.0;
+  // Replicas hold identical gradient shards after their all-reduce: sum over the shard group only.
+  std::vector<at::Tensor> valid_grads;
   for (const auto& u : units_) {
     if (!u->trainable) continue;
     const FlatParam& f = *u->trainable;
-    const int64_t valid = f.layout().valid_numel(f.shard_rank());
-    local += optim::sum_of_squares(f.grad_shard().narrow(0, 0, valid));
+    valid_grads.push_back(f.grad_shard().narrow(0, 0, f.layout().valid_numel(f.shard_rank())));
   }
-  // Replicas hold identical gradient shards after their all-reduce: sum over the shard group only.
-  const c10::Device norm_device =
-      groups_.shard && groups_.shard->backend() != "mpi" ? options_.device : c10::Device(c10::kCPU);
-  r.grad_norm = optim::global_norm(local, groups_.shard.get(), norm_device);
+  if (!valid_grads.empty() && !valid_grads.front().device().is_cpu()) {
+    // Device-resident gradients (NCCL): one host read per step.
+    r.grad_norm = optim::global_norm_on_device(valid_grads, groups_.shard.get());
+  } else {
+    double local = 0.0;
+    for (const at::Tensor& g : valid_grads) local += optim::sum_of_squares(g);
+    const c10::Device norm_device = groups_.shard && groups_.shard->backend() != "mpi"
+                                        ? options_.device
+                                        : c10::Device(c10::kCPU);
+    r.grad_norm = optim::global_norm(local, groups_.shard.get(), norm_device);
+  }
   if (!std::isfinite(r.grad_norm)) {
     r.skipped = true;
     r.step = step_count_;

@@ -45,4 +45,11 @@ TEST_CASE("clip coefficient and sum of squares", "[optim]") {
   REQUIRE(sum_of_squares(t) == Approx(30.0));
   REQUIRE(global_norm(sum_of_squares(t), nullptr) == Approx(std::sqrt(30.0)));
   REQUIRE(std::isnan(global_norm(sum_of_squares(torch::tensor({NAN})), nullptr)));
+  // The device variant (one host read per step) agrees on the CPU too, empty pieces included.
+  torch::manual_seed(5);
+  std::vector<torch::Tensor> pieces{torch::randn({1000}), torch::zeros({0}), torch::randn({7})};
+  double ss = 0;
+  for (const auto& p : pieces) ss += sum_of_squares(p);
+  REQUIRE(fsdp::optim::global_norm_on_device(pieces, nullptr) == Approx(std::sqrt(ss)).epsilon(1e-12));
+  REQUIRE(std::isinf(fsdp::optim::global_norm_on_device({torch::tensor({INFINITY, 1.0f})}, nullptr)));
 }
