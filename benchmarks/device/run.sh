@@ -17,7 +17,7 @@ STEPS="${FSDP_DEVICE_STEPS:-12}"
 SEQ="${FSDP_DEVICE_SEQ:-2048}"
 T0=$(date +%s)
 stamp() { echo "[device +$(( $(date +%s) - T0 ))s] $*"; }
-PY=/opt/torch/.venv/bin/python
+PY="${FSDP_PYTHON:-/opt/torch/.venv/bin/python}"
 [ -x "$PY" ] || PY=python3
 stamp "host: $(hostname), $(nproc) cores; $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null)"
 "$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.is_available())'
@@ -45,12 +45,13 @@ else
 fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
-# 2. Build against the machine's torch.
+# 2. Build against the machine's torch. Warnings do not stop this one-shot build (another
+# compiler version may warn where Debian's GCC 12 does not); they stay in build.log.
 TORCH_PREFIX="$("$PY" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')"
 stamp "configure"
 cmake -S "$REPO" -B "$REPO/build-gpu" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_PREFIX_PATH="$TORCH_PREFIX;$PREFIXES" -DFSDP_PYTHON="$PY" -DFSDP_GPU=CUDA \
-  -DTORCH_CUDA_ARCH_LIST=9.0 "${EXTRA_CMAKE[@]}" >"$OUT/cmake.log" 2>&1 ||
+  -DTORCH_CUDA_ARCH_LIST=9.0 -DFSDP_WERROR=OFF "${EXTRA_CMAKE[@]}" >"$OUT/cmake.log" 2>&1 ||
   { tail -40 "$OUT/cmake.log"; exit 1; }
 stamp "build"
 ninja -C "$REPO/build-gpu" -j "$(nproc)" fsdp-train mpi_comm unit_model unit_shard \
