@@ -72,7 +72,7 @@ def perf_summary(path, skip=1):
     if not steps:
         sys.exit(f"error: {path}: fewer than {skip + 1} logged steps")
     secs = tokens = 0.0
-    rss = 0.0
+    rss = dev = 0.0
     for s in steps:
         r = recs[s]
         dt = r.get("perf/step_s", r.get("perf/step_time_s"))
@@ -86,8 +86,13 @@ def perf_summary(path, skip=1):
             rss = max(rss, max(m))
         elif "mem/host_peak_rss_gib" in r:
             rss = max(rss, r["mem/host_peak_rss_gib"] * 1024)
-    return {"steps": len(steps), "seconds": secs, "steps_per_s": len(steps) / secs,
-            "tokens_per_s": tokens / secs, "peak_rss_mib_per_rank": rss}
+        if "mem/device_peak_allocated_gib" in r:
+            dev = max(dev, r["mem/device_peak_allocated_gib"] * 1024)
+    out = {"steps": len(steps), "seconds": secs, "steps_per_s": len(steps) / secs,
+           "tokens_per_s": tokens / secs, "peak_rss_mib_per_rank": rss}
+    if dev:
+        out["peak_device_allocated_mib"] = dev
+    return out
 
 
 def eval_summary(path):

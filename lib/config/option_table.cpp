@@ -262,8 +262,9 @@ std::vector<OptionSpec> build_table() {
   t.push_back(row<int64_t>("ttt-length", K::kInt, md, "test-time-training unroll steps T",
                            FIELD(model.ttt_length)));
   t.push_back(row<bool>("activation-checkpointing", K::kBool, md,
-                        "recompute the decoder layer's activations in backward: not implemented "
-                        "yet, true is rejected at start-up",
+                        "keep only the decoder layer's inputs and outputs in forward and recompute "
+                        "its activations in backward: less memory at long sequences, about one "
+                        "more layer forward per TTT step, same results",
                         FIELD(model.activation_checkpointing)));
 
   t.push_back(row<std::string>("train-hidden-states-path", K::kPath, da,

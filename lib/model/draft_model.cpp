@@ -4,6 +4,10 @@
 #include "model/draft_model.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/ivalue.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/custom_class.h>
 #include <torch/nn/init.h>
 
 #include <cmath>
@@ -16,6 +20,86 @@ namespace {
 torch::nn::Linear linear(int64_t in, int64_t out) {
   return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false));
 }
+
+// What a checkpointed decoder-layer call needs besides its tensor inputs; held by the autograd
+// node (as a capsule in its saved data) until backward has recomputed the layer.
+struct LayerCall : torch::CustomClassHolder {
+  Eagle3DecoderLayer layer{nullptr};
+  at::Tensor cos, sin, attention_mask;
+  AttentionImpl impl = AttentionImpl::kEfficient;
+  int64_t past = 0;  // cached steps before this one
+};
+
+// Activation checkpointing of one decoder-layer use. Inputs (one flat list): e, h, the past
+// keys [past], the past values [past], then the layer's trainable parameters. Outputs: out,
+// and this step's keys and values. Forward runs without a graph and keeps only the inputs;
+// backward reruns the layer with a graph and takes its gradients with autograd::grad. The
+// parameter gradients are returned to the outer graph rather than accumulated here, so each
+// parameter's AccumulateGrad still runs once per backward, after all TTT steps' contributions
+// are summed (the sharding engine's gradient-ready hooks rely on that).
+struct CheckpointedLayer : torch::autograd::Function<CheckpointedLayer> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
+                                                at::TensorList inputs,
+                                                const c10::intrusive_ptr<LayerCall>& call) {
+    const int64_t past = call->past;
+    KVCache cache;
+    cache.keys.assign(inputs.begin() + 2, inputs.begin() + 2 + past);
+    cache.values.assign(inputs.begin() + 2 + past, inputs.begin() + 2 + 2 * past);
+    at::Tensor out = call->layer->forward(inputs[0], inputs[1], call->cos, call->sin, cache,
+                                          call->attention_mask, call->impl);
+    ctx->save_for_backward(std::vector<at::Tensor>(inputs.begin(), inputs.begin() + 2 + 2 * past));
+    ctx->saved_data["call"] = c10::IValue::make_capsule(call);
+    return {out, cache.keys.back(), cache.values.back()};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto call = c10::static_intrusive_pointer_cast<LayerCall>(ctx->saved_data["call"].toCapsule());
+    const std::vector<at::Tensor> saved = ctx->get_saved_variables();
+    const int64_t past = call->past;
+    const std::vector<at::Tensor> params = call->layer->parameters(/*recurse=*/true);
+    const size_t n_in = saved.size() + params.size();
+
+    // Fresh leaves for the saved inputs that need a gradient; the parameters are the live
+    // (re-gathered) ones, used as grad() inputs so nothing accumulates into their .grad here.
+    std::vector<at::Tensor> leaves(saved.size());
+    std::vector<at::Tensor> wrt;
+    std::vector<size_t> wrt_index;
+    for (size_t i = 0; i < saved.size(); ++i) {
+      leaves[i] = saved[i].detach();
+      if (ctx->needs_input_grad(i)) {
+        leaves[i].requires_grad_(true);
+        wrt.push_back(leaves[i]);
+        wrt_index.push_back(i);
+      }
+    }
+    for (size_t j = 0; j < params.size(); ++j) {
+      if (ctx->needs_input_grad(saved.size() + j)) {
+        wrt.push_back(params[j]);
+        wrt_index.push_back(saved.size() + j);
+      }
+    }
+    torch::autograd::variable_list result(n_in + 1);  // + the LayerCall argument (no gradient)
+    if (wrt.empty()) return result;
+
+    at::Tensor out, k, v;
+    {
+      at::AutoGradMode enable(true);
+      KVCache cache;
+      cache.keys.assign(leaves.begin() + 2, leaves.begin() + 2 + past);
+      cache.values.assign(leaves.begin() + 2 + past, leaves.begin() + 2 + 2 * past);
+      out = call->layer->forward(leaves[0], leaves[1], call->cos, call->sin, cache,
+                                 call->attention_mask, call->impl);
+      k = cache.keys.back();
+      v = cache.values.back();
+    }
+    const torch::autograd::variable_list g = torch::autograd::grad(
+        {out, k, v}, wrt, {grads[0], grads[1], grads[2]}, /*retain_graph=*/false,
+        /*create_graph=*/false, /*allow_unused=*/true);
+    for (size_t i = 0; i < wrt_index.size(); ++i) result[wrt_index[i]] = g[i];
+    return result;
+  }
+};
 
 }  // namespace
 
@@ -151,8 +235,27 @@ at::Tensor Eagle3DraftImpl::decode(const at::Tensor& e, const at::Tensor& h, int
              fsdp::str("decode step ", step, " with ", cache.steps(), " cached steps"),
              "run steps 0, 1, ... in order with one KVCache per micro-batch");
   auto [cos, sin] = rope_.slice(step, e.size(1), e.scalar_type(), e.device());
-  return run_unit(hooks_, "midlayer",
-                  [&] { return midlayer(e, h, cos, sin, cache, attention_mask, impl); });
+  if (!checkpoint_layer_ || !at::GradMode::is_enabled()) {
+    return run_unit(hooks_, "midlayer",
+                    [&] { return midlayer(e, h, cos, sin, cache, attention_mask, impl); });
+  }
+  return run_unit(hooks_, "midlayer", [&] {
+    auto call = c10::make_intrusive<LayerCall>();
+    call->layer = midlayer;
+    call->cos = cos;
+    call->sin = sin;
+    call->attention_mask = attention_mask;
+    call->impl = impl;
+    call->past = step;
+    std::vector<at::Tensor> inputs{e, h};
+    inputs.insert(inputs.end(), cache.keys.begin(), cache.keys.end());
+    inputs.insert(inputs.end(), cache.values.begin(), cache.values.end());
+    for (const at::Tensor& p : midlayer->parameters(/*recurse=*/true)) inputs.push_back(p);
+    torch::autograd::variable_list r = CheckpointedLayer::apply(at::TensorList(inputs), call);
+    cache.keys.push_back(r[1]);
+    cache.values.push_back(r[2]);
+    return r[0];
+  });
 }
 
 at::Tensor Eagle3DraftImpl::logits(const at::Tensor& out) {

@@ -101,6 +101,13 @@ class Eagle3DraftImpl : public torch::nn::Module {
                     const at::Tensor& attention_mask, AttentionImpl impl);  // -> out [B,S,H]
   at::Tensor logits(const at::Tensor& out);  // norm + lm_head -> [B,S,Vd]
 
+  // Activation checkpointing of the decoder layer: when on (and grad mode is enabled), each
+  // decode() keeps only its inputs (e, h, the cache) and its outputs; backward recomputes the
+  // layer's activations before taking its gradients. Same values and gradients, less memory:
+  // the attention, MLP and norm activations of all TTT steps are never held at once.
+  void set_checkpoint_layer(bool on) { checkpoint_layer_ = on; }
+  bool checkpoint_layer() const { return checkpoint_layer_; }
+
   // Module::to converts every buffer, integer ones included; these keep d2t int64 and t2d bool
   // (as PyTorch's Python Module.to(dtype) does for non-float buffers).
   void to(torch::Device device, torch::Dtype dtype, bool non_blocking = false) override;
@@ -124,6 +131,7 @@ class Eagle3DraftImpl : public torch::nn::Module {
   DraftConfig cfg_;
   RotaryEmbedding rope_;
   fsdp::UnitHooks* hooks_ = nullptr;
+  bool checkpoint_layer_ = false;
 };
 TORCH_MODULE(Eagle3Draft);
 

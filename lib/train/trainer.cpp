@@ -78,10 +78,6 @@ void Trainer::Impl::setup() {
   vo.training = !cfg.loop.eval_only;
   config::validate(cfg, world, vo, topo.local_size);
   plan = config::batch_plan(cfg, world);
-  FSDP_USAGE_CHECK(!cfg.model.activation_checkpointing,
-                   "--activation-checkpointing is not implemented yet",
-                   "drop the flag (or activation_checkpointing: false in the YAML); the draft's "
-                   "single decoder layer keeps its activations");
   device = pick_device(cfg.runtime.device);
   const int threads = cfg.runtime.threads > 0
                           ? static_cast<int>(cfg.runtime.threads)
@@ -170,6 +166,7 @@ void Trainer::Impl::build_model() {
   draft = model::Eagle3Draft(draft_cfg);
   draft->load_embedding(emb);
   draft->set_vocab_mapping(mapping.d2t, mapping.t2d);
+  draft->set_checkpoint_layer(cfg.model.activation_checkpointing);
   draft->to(device);
 
   shard::EngineOptions eo;

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Training end to end on toy data: loss falls and acc_0 rises at 1 and 2 ranks; 1 rank and 2
-# ranks with the same global batch reach the same fp32 weights; the export follows the spec
+# ranks with the same global batch reach the same fp32 weights, and the same bitwise with
+# --activation-checkpointing; the export follows the spec
 # and --init-checkpoint --eval-only reproduces the saving run's evaluation; TensorBoard files
 # read back.
 set -uo pipefail
@@ -15,6 +16,11 @@ for np in 1 2; do
     --save-interval 0 >"$W/np$np.log" 2>&1 || { cat "$W/np$np.log"; fail "training at $np rank(s)"; }
 done
 compare_exports "$(latest_ckpt "$W/np1")" "$(latest_ckpt "$W/np2")" 1e-5 || fail "1 vs 2 ranks"
+# Activation checkpointing recomputes the layer in backward: bit-identical weights.
+run_np 2 $(train_args "$DATA" "$W/ckpt") --mixed-precision fp32 --export-dtype fp32 \
+  --draft-global-batch-size 4 --draft-micro-batch-size 2 --num-epochs 1 --max-steps 6 \
+  --save-interval 0 --activation-checkpointing >"$W/ckpt.log" 2>&1 || { cat "$W/ckpt.log"; fail "training with --activation-checkpointing"; }
+compare_exports "$(latest_ckpt "$W/np2")" "$(latest_ckpt "$W/ckpt")" 0 || fail "activation checkpointing changed the weights"
 
 # Learning: 2 ranks, bf16, 3 epochs with evaluation; loss falls, acc_0 well above chance.
 run_np 2 $(train_args "$DATA" "$W/learn") --draft-global-batch-size 4 --draft-micro-batch-size 2 \

@@ -169,8 +169,10 @@ TEST_CASE("ZeRO-3 with optimizer and parameter offload and auto batch", "[config
   CHECK(c.loop.gradient_accumulation_steps == 2);
   CHECK(c.reports_to("wandb"));
   CHECK(c.metrics.wandb_project == "eagle3-draft");
-  CHECK_FALSE(c.model.activation_checkpointing);  // not implemented: reported, not set
-  CHECK(has_line(report, "warning: activation_checkpointing: ignored"));
+  CHECK(c.model.activation_checkpointing);
+  CHECK(has_line(
+      report, "activation_checkpointing = (section present)  ->  --activation-checkpointing true"));
+  CHECK(has_line(report, "warning: activation_checkpointing.partition_activations: ignored"));
   CHECK(has_line(report, "warning: wandb.team: ignored"));
   CHECK(has_line(report, "pin_memory"));
   CHECK(has_line(report, "hpZ"));

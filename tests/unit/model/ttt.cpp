@@ -3,6 +3,8 @@
 // efficient vs dense for the whole step, and finite-difference gradients in double.
 #include <catch2/catch.hpp>
 
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
 #include <torch/torch.h>
 
 #include <cmath>
@@ -457,4 +459,107 @@ TEST_CASE("loss rows: a micro-batch without loss tokens gives zero loss and zero
   CHECK(r.loss_tokens.sum().item<double>() == 0.0);
   CHECK(r.acc.sum().item<double>() == 0.0);
   CHECK(r.valid_tokens.item<int64_t>() == 8);
+}
+
+namespace {
+
+struct CheckpointRun {
+  std::vector<double> ploss;
+  std::vector<at::Tensor> grads;
+  int64_t post_acc_calls = 0;
+};
+
+// One step with the decoder layer checkpointed or not; counts how often autograd accumulated
+// into each trainable parameter (the sharding engine expects once per backward).
+CheckpointRun checkpoint_run(StepFixture& f, bool checkpoint, AttentionImpl impl) {
+  f.model->zero_grad();
+  f.model->set_checkpoint_layer(checkpoint);
+  LossOptions o = f.opt;
+  o.attention = impl;
+  CheckpointRun run;
+  std::vector<at::Tensor> params = f.model->trainable_parameters();
+  struct Count final : torch::autograd::PostAccumulateGradHook {
+    int64_t* n;
+    explicit Count(int64_t* c) : n(c) {}
+    void operator()(const torch::autograd::Variable&) override { ++*n; }
+  };
+  for (auto& p : params)
+    torch::autograd::impl::set_post_acc_grad_hooks(p, std::make_unique<Count>(&run.post_acc_calls));
+  StepOutput r = ttt_step(*f.model, f.head, f.ids, f.mask, f.loss_mask, f.aux, f.target_hidden, o);
+  r.loss.backward();
+  for (auto& p : params) torch::autograd::impl::set_post_acc_grad_hooks(p, nullptr);
+  for (int64_t i = 0; i < f.opt.ttt_length; ++i) run.ploss.push_back(r.ploss[i].item<double>());
+  for (auto& p : params) run.grads.push_back(p.grad().clone());
+  f.model->set_checkpoint_layer(false);
+  return run;
+}
+
+}  // namespace
+
+TEST_CASE("activation checkpointing: same losses and gradients, one accumulation per parameter",
+          "[model][ttt]") {
+  for (auto impl : {AttentionImpl::kEfficient, AttentionImpl::kDense}) {
+    INFO((impl == AttentionImpl::kEfficient ? "efficient" : "dense") << " attention");
+    StepFixture f;
+    f.opt.ttt_length = 4;  // the fixture's positions allow 4 steps; 3 cached steps at the last
+    const CheckpointRun plain = checkpoint_run(f, false, impl);
+    const CheckpointRun ckpt = checkpoint_run(f, true, impl);
+    const int64_t n_params = static_cast<int64_t>(f.model->trainable_parameters().size());
+    CHECK(plain.post_acc_calls == n_params);
+    CHECK(ckpt.post_acc_calls == n_params);
+    REQUIRE(ckpt.ploss.size() == plain.ploss.size());
+    for (size_t i = 0; i < plain.ploss.size(); ++i) CHECK(ckpt.ploss[i] == plain.ploss[i]);
+    for (size_t k = 0; k < plain.grads.size(); ++k) {
+      INFO("parameter " << k);
+      CHECK((ckpt.grads[k] - plain.grads[k]).abs().max().item<double>() <= 1e-14);
+    }
+  }
+}
+
+TEST_CASE("activation checkpointing: fp32 gradients are bit-identical; no graph without grad",
+          "[model][ttt]") {
+  StepFixture f;
+  f.model->to(torch::kFloat);
+  f.head = TargetHead(torch::randn({20, 8}), f.model->t2d);
+  f.aux = f.aux.to(torch::kFloat);
+  f.target_hidden = f.target_hidden.to(torch::kFloat);
+  const CheckpointRun plain = checkpoint_run(f, false, AttentionImpl::kEfficient);
+  const CheckpointRun ckpt = checkpoint_run(f, true, AttentionImpl::kEfficient);
+  for (size_t k = 0; k < plain.grads.size(); ++k) {
+    INFO("parameter " << k);
+    CHECK(torch::equal(ckpt.grads[k], plain.grads[k]));
+  }
+  // The graph holds no node from inside the layer (SiLU of the MLP, softmax/attention) when
+  // checkpointed: those activations are not kept; the checkpoint nodes stand for the layer.
+  for (bool checkpoint : {false, true}) {
+    INFO("checkpoint " << checkpoint);
+    f.model->set_checkpoint_layer(checkpoint);
+    StepOutput r =
+        ttt_step(*f.model, f.head, f.ids, f.mask, f.loss_mask, f.aux, f.target_hidden, f.opt);
+    std::multiset<std::string> names;
+    std::set<const torch::autograd::Node*> seen;
+    std::vector<torch::autograd::Node*> todo{r.loss.grad_fn().get()};
+    while (!todo.empty()) {
+      torch::autograd::Node* n = todo.back();
+      todo.pop_back();
+      if (!n || !seen.insert(n).second) continue;
+      names.insert(n->name());
+      for (const auto& edge : n->next_edges()) todo.push_back(edge.function.get());
+    }
+    const auto with = [&](const std::string& part) {
+      int64_t c = 0;
+      for (const auto& name : names) c += name.find(part) != std::string::npos;
+      return c;
+    };
+    CHECK(with("SiluBackward") == (checkpoint ? 0 : f.opt.ttt_length));
+    CHECK(with("CheckpointedLayer") == (checkpoint ? f.opt.ttt_length : 0));
+    CHECK(with("LogSoftmaxBackward") > 0);  // the heads outside the layer keep their graph
+  }
+  // Evaluation (no grad mode) takes the plain path: nothing is saved for a backward.
+  f.model->set_checkpoint_layer(true);
+  torch::NoGradGuard g;
+  StepOutput r =
+      ttt_step(*f.model, f.head, f.ids, f.mask, f.loss_mask, f.aux, f.target_hidden, f.opt);
+  CHECK_FALSE(r.loss.requires_grad());
+  CHECK(r.ploss[0].item<double>() == plain.ploss[0]);
 }
