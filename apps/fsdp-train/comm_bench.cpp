@@ -63,7 +63,7 @@ int run_bench(const BenchOptions& o) {
   if (o.device == "cuda" || (o.device == "auto" && comm::gpu_count() > 0)) {
     FSDP_USAGE_CHECK(comm::gpu_count() > 0, "--device cuda: no GPU visible on this host",
                      "use --device cpu, or check the driver and CUDA_VISIBLE_DEVICES");
-    device = c10::Device(c10::kCUDA, topo.local_rank % comm::gpu_count());
+    device = c10::Device(c10::kCUDA, topo.machine_local_rank % comm::gpu_count());
   } else {
     FSDP_USAGE_CHECK(o.device == "cpu" || o.device == "auto",
                      "--device: '" + o.device + "' is not one of auto, cpu, cuda", "");

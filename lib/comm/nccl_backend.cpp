@@ -27,13 +27,12 @@
 
 namespace fsdp::comm::detail {
 
-#define FSDP_NCCL_CHECK(call)                                                           \
-  do {                                                                                  \
-    ncclResult_t fsdp_nccl_rc_ = (call);                                                \
-    FSDP_CHECK(fsdp_nccl_rc_ == ncclSuccess,                                            \
-               ::fsdp::str("NCCL call failed: ", #call, ": ",                           \
-                           ncclGetErrorString(fsdp_nccl_rc_)),                          \
-               "rerun with NCCL_DEBUG=INFO; check NCCL_SOCKET_IFNAME and GPU visibility"); \
+#define FSDP_NCCL_CHECK(call)                                                                     \
+  do {                                                                                            \
+    ncclResult_t fsdp_nccl_rc_ = (call);                                                          \
+    FSDP_CHECK(fsdp_nccl_rc_ == ncclSuccess,                                                      \
+               ::fsdp::str("NCCL call failed: ", #call, ": ", ncclGetErrorString(fsdp_nccl_rc_)), \
+               "rerun with NCCL_DEBUG=INFO; check NCCL_SOCKET_IFNAME and GPU visibility");        \
   } while (0)
 
 int cuda_device_count() {
@@ -50,32 +49,46 @@ namespace {
 
 ncclDataType_t nccl_type(c10::ScalarType t, const char* what) {
   switch (t) {
-    case c10::kFloat: return ncclFloat32;
-    case c10::kDouble: return ncclFloat64;
-    case c10::kHalf: return ncclFloat16;
-    case c10::kBFloat16: return ncclBfloat16;
-    case c10::kLong: return ncclInt64;
-    case c10::kInt: return ncclInt32;
-    case c10::kChar: return ncclInt8;
-    case c10::kByte: return ncclUint8;
-    case c10::kBool: return ncclUint8;
-    default: break;
+    case c10::kFloat:
+      return ncclFloat32;
+    case c10::kDouble:
+      return ncclFloat64;
+    case c10::kHalf:
+      return ncclFloat16;
+    case c10::kBFloat16:
+      return ncclBfloat16;
+    case c10::kLong:
+      return ncclInt64;
+    case c10::kInt:
+      return ncclInt32;
+    case c10::kChar:
+      return ncclInt8;
+    case c10::kByte:
+      return ncclUint8;
+    case c10::kBool:
+      return ncclUint8;
+    default:
+      break;
   }
   FSDP_CHECK(false, str("nccl backend: ", what, " does not support dtype ", dtype_name(t)), "");
 }
 
 ncclRedOp_t nccl_op(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return ncclSum;
-    case ReduceOp::kAvg: return ncclAvg;
-    case ReduceOp::kMax: return ncclMax;
+    case ReduceOp::kSum:
+      return ncclSum;
+    case ReduceOp::kAvg:
+      return ncclAvg;
+    case ReduceOp::kMax:
+      return ncclMax;
   }
   return ncclSum;
 }
 
 class NcclWork final : public Work {
  public:
-  NcclWork(std::shared_ptr<at::cuda::CUDAEvent> done, int device) : done_(std::move(done)), device_(device) {}
+  NcclWork(std::shared_ptr<at::cuda::CUDAEvent> done, int device)
+      : done_(std::move(done)), device_(device) {}
   void wait() override {
     c10::cuda::CUDAGuard guard(device_);
     done_->block(at::cuda::getCurrentCUDAStream(device_));
@@ -127,11 +140,17 @@ class NcclCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
 #ifdef FSDP_RCCL
-  std::string backend() const override { return "rccl"; }
+  std::string backend() const override {
+    return "rccl";
+  }
 #else
-  std::string backend() const override { return "nccl"; }
+  std::string backend() const override {
+    return "nccl";
+  }
 #endif
-  std::string group_name() const override { return comm::group_name(group_); }
+  std::string group_name() const override {
+    return comm::group_name(group_);
+  }
 
   WorkPtr all_gather(const at::Tensor& shard, const at::Tensor& out,
                      const CollectiveOptions& opts) override {
@@ -162,11 +181,12 @@ class NcclCommunicator final : public Communicator {
                "");
     at::Tensor src = in.contiguous();
     at::Tensor buf = out.is_contiguous() ? out : at::empty({out.numel()}, out.options());
-    auto work = launch(OpType::kReduceScatter, "reduce_scatter", in.nbytes(), opts, {src, buf}, [&] {
-      FSDP_NCCL_CHECK(ncclReduceScatter(src.data_ptr(), buf.data_ptr(), buf.numel(),
-                                        nccl_type(src.scalar_type(), "reduce_scatter"),
-                                        nccl_op(op), comm_, stream_->stream()));
-    });
+    auto work =
+        launch(OpType::kReduceScatter, "reduce_scatter", in.nbytes(), opts, {src, buf}, [&] {
+          FSDP_NCCL_CHECK(ncclReduceScatter(src.data_ptr(), buf.data_ptr(), buf.numel(),
+                                            nccl_type(src.scalar_type(), "reduce_scatter"),
+                                            nccl_op(op), comm_, stream_->stream()));
+        });
     if (!buf.is_same(out)) work->finish_ = [buf, out] { out.copy_(buf.view(out.sizes())); };
     return work;
   }
@@ -202,7 +222,9 @@ class NcclCommunicator final : public Communicator {
     at::cuda::getCurrentCUDAStream(device_).synchronize();
   }
 
-  void synchronize() override { stream_->synchronize(); }
+  void synchronize() override {
+    stream_->synchronize();
+  }
 
  private:
   void check(const at::Tensor& t, const char* what) {
@@ -239,8 +261,22 @@ class NcclCommunicator final : public Communicator {
     return std::make_shared<NcclWork>(done, device_);
   }
 
-  // Retires finished collectives (recording their time) and aborts on timeouts.
+  // The watchdog thread's body. A sticky CUDA error (an illegal address in any kernel) makes
+  // the event queries throw; uncaught on this thread that would be std::terminate without the
+  // message, so it ends the job with the message instead.
   void watch() {
+    try {
+      watch_loop();
+    } catch (const std::exception& e) {
+      aborted_ = true;
+      abort_job(str("CUDA error seen by the NCCL watchdog of group '", comm::group_name(group_),
+                    "': ", e.what()),
+                4);
+    }
+  }
+
+  // Retires finished collectives (recording their time) and aborts on timeouts.
+  void watch_loop() {
     std::unique_lock<std::mutex> lock(mu_);
     while (true) {
       cv_.wait_for(lock, std::chrono::milliseconds(50));
@@ -255,9 +291,9 @@ class NcclCommunicator final : public Communicator {
           aborted_ = true;
           ncclCommAbort(comm_);
           abort_job("collective timeout: " +
-                        tracker_.describe_timeout(p.seq, str(p.name, " on group '",
-                                                             comm::group_name(group_), "' (nccl)"),
-                                                  std::chrono::duration<double>(p.timeout).count()),
+                        tracker_.describe_timeout(
+                            p.seq, str(p.name, " on group '", comm::group_name(group_), "' (nccl)"),
+                            std::chrono::duration<double>(p.timeout).count()),
                     4);
         }
         break;
@@ -299,10 +335,10 @@ class NcclCommunicator final : public Communicator {
 }  // namespace
 
 std::shared_ptr<Communicator> make_nccl_communicator(Group group, int device_index) {
-  FSDP_CHECK(cuda_device_count() > device_index,
-             str("nccl backend: no CUDA device ", device_index, " (", cuda_device_count(),
-                 " visible)"),
-             "run one rank per GPU; check CUDA_VISIBLE_DEVICES and the driver");
+  FSDP_CHECK(
+      cuda_device_count() > device_index,
+      str("nccl backend: no CUDA device ", device_index, " (", cuda_device_count(), " visible)"),
+      "run one rank per GPU; check CUDA_VISIBLE_DEVICES and the driver");
   return std::make_shared<NcclCommunicator>(group, raw_comm(group), device_index);
 }
 

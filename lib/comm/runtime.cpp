@@ -39,9 +39,12 @@ int env_int(const char* name, int fallback) {
 
 const char* group_name(Group g) {
   switch (g) {
-    case Group::kWorld: return "world";
-    case Group::kNode: return "node";
-    case Group::kCrossNode: return "cross-node";
+    case Group::kWorld:
+      return "world";
+    case Group::kNode:
+      return "node";
+    case Group::kCrossNode:
+      return "cross-node";
   }
   return "?";
 }
@@ -63,9 +66,10 @@ void init(int* argc, char*** argv) {
     int rc = MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
     FSDP_CHECK(rc == MPI_SUCCESS, "MPI_Init_thread failed: " + detail::mpi_error_string(rc),
                "check the Open MPI installation (launch/setup.sh installs it)");
-    FSDP_CHECK(provided >= MPI_THREAD_MULTIPLE,
-               str("MPI provides thread level ", provided, ", fsdp-train needs MPI_THREAD_MULTIPLE"),
-               "use an MPI built with thread support (Debian's Open MPI has it)");
+    FSDP_CHECK(
+        provided >= MPI_THREAD_MULTIPLE,
+        str("MPI provides thread level ", provided, ", fsdp-train needs MPI_THREAD_MULTIPLE"),
+        "use an MPI built with thread support (Debian's Open MPI has it)");
     s.we_initialized = true;
   }
   FSDP_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &s.world));
@@ -74,12 +78,19 @@ void init(int* argc, char*** argv) {
   MPI_Comm_rank(s.world, &t.world_rank);
   MPI_Comm_size(s.world, &t.world_size);
 
+  {
+    MPI_Comm machine = MPI_COMM_NULL;
+    FSDP_MPI_CHECK(
+        MPI_Comm_split_type(s.world, MPI_COMM_TYPE_SHARED, t.world_rank, MPI_INFO_NULL, &machine));
+    MPI_Comm_rank(machine, &t.machine_local_rank);
+    MPI_Comm_free(&machine);
+  }
   const int pretend = env_int("FSDP_PRETEND_NODES", 0);
   if (pretend > 0) {
-    FSDP_USAGE_CHECK(t.world_size % pretend == 0,
-                     str("FSDP_PRETEND_NODES=", pretend, " does not divide the world size ",
-                         t.world_size),
-                     "choose a number of pretend nodes that divides the number of ranks");
+    FSDP_USAGE_CHECK(
+        t.world_size % pretend == 0,
+        str("FSDP_PRETEND_NODES=", pretend, " does not divide the world size ", t.world_size),
+        "choose a number of pretend nodes that divides the number of ranks");
     const int per_node = t.world_size / pretend;
     FSDP_MPI_CHECK(MPI_Comm_split(s.world, t.world_rank / per_node, t.world_rank, &s.node));
     t.pretend_nodes = true;
@@ -98,7 +109,9 @@ void init(int* argc, char*** argv) {
   log::set_rank(t.world_rank, t.world_size);
 }
 
-bool initialized() { return state().ready; }
+bool initialized() {
+  return state().ready;
+}
 
 void finalize() {
   State& s = state();
@@ -118,16 +131,23 @@ const Topology& topology() {
   return state().topo;
 }
 
-void set_default_timeout(std::chrono::milliseconds timeout) { state().timeout = timeout; }
-std::chrono::milliseconds default_timeout() { return state().timeout; }
+void set_default_timeout(std::chrono::milliseconds timeout) {
+  state().timeout = timeout;
+}
+std::chrono::milliseconds default_timeout() {
+  return state().timeout;
+}
 
 MPI_Comm detail::raw_comm(Group group) {
   State& s = state();
   FSDP_ASSERT(s.ready, "comm::init() must run before communicators are created");
   switch (group) {
-    case Group::kWorld: return s.world;
-    case Group::kNode: return s.node;
-    case Group::kCrossNode: return s.cross;
+    case Group::kWorld:
+      return s.world;
+    case Group::kNode:
+      return s.node;
+    case Group::kCrossNode:
+      return s.cross;
   }
   return MPI_COMM_NULL;
 }

@@ -26,6 +26,9 @@ struct Topology {
   int node_index = 0;   // which node, 0..num_nodes-1
   int num_nodes = 1;
   bool pretend_nodes = false;  // split by FSDP_PRETEND_NODES rather than by shared memory
+  // Rank among the processes of this machine (shared memory), whatever the node split: picks
+  // the GPU. Equals local_rank unless FSDP_PRETEND_NODES splits one machine into nodes.
+  int machine_local_rank = 0;
 };
 
 // Initialises MPI (idempotent; a no-op when already initialised by someone else, e.g. a test

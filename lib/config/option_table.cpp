@@ -375,6 +375,11 @@ std::vector<OptionSpec> build_table() {
                            FIELD(checkpoint.save_interval)));
   t.push_back(row<int64_t>("save-steps", K::kInt, ck, "also save every N optimizer steps (0: off)",
                            FIELD(checkpoint.save_steps)));
+  t.push_back(row<bool>("save-final", K::kBool, ck,
+                        "save a checkpoint when training ends, unless one was saved at that step; "
+                        "false only for benchmarks and throwaway runs (the final weights are then "
+                        "not written; a stop by signal still saves)",
+                        FIELD(checkpoint.save_final)));
   t.push_back(row<Precision>("export-dtype", K::kEnum, ck,
                              "dtype of model.safetensors in checkpoints (bf16 as serving engines "
                              "expect; fp32 for full-precision exports and parity checks)",

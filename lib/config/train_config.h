@@ -106,6 +106,7 @@ struct CheckpointConfig {
   std::string output_dir;     // required for training
   int64_t save_interval = 1;  // epochs between saves (SpecForge); 0: no per-epoch save
   int64_t save_steps = 0;     // optimizer steps between saves; 0: off
+  bool save_final = true;     // save when training ends (a signal-triggered save is separate)
   int64_t keep_last = 0;      // complete checkpoints kept; 0: keep all
   Precision export_dtype = Precision::kBF16;  // model.safetensors dtype (spec 7: bf16)
   ResumeMode resume = ResumeMode::kNone;

@@ -41,7 +41,7 @@ std::vector<std::pair<std::string, double>> StepMetrics::report(comm::Communicat
     buf = at::cat({ploss_, correct_, loss_tokens_, valid_tokens_,
                    at::full({1}, static_cast<double>(micro_batches_), ploss_.options())});
   } else {
-    buf = at::zeros({3 * T + 2}, at::kDouble);
+    buf = at::zeros({3 * T + 2}, at::TensorOptions().dtype(at::kDouble).device(device_));
   }
   // The communicator's device decides where the reduction runs.
   buf = buf.contiguous();

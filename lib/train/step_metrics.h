@@ -5,6 +5,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 
 #include <memory>
 #include <string>
@@ -22,7 +23,10 @@ namespace fsdp::train {
 
 class StepMetrics {
  public:
-  explicit StepMetrics(int64_t ttt_length) : ttt_(ttt_length) {}
+  // `device`: where report()'s buffer lives when nothing was added (the metrics
+  // communicator's device: NCCL reduces device tensors only).
+  explicit StepMetrics(int64_t ttt_length, c10::Device device = c10::Device(c10::kCPU))
+      : ttt_(ttt_length), device_(device) {}
   void add(const model::StepOutput& out);
   bool empty() const { return micro_batches_ == 0; }
   // All-reduces the sums over `comm` (every rank must call) and returns
@@ -35,6 +39,7 @@ class StepMetrics {
 
  private:
   int64_t ttt_;
+  c10::Device device_;
   int64_t micro_batches_ = 0;
   at::Tensor ploss_, correct_, loss_tokens_, valid_tokens_;
 };

@@ -36,12 +36,13 @@ RunResult Trainer::Impl::train() {
   const int64_t per_epoch = loader->batches_per_epoch();
   FSDP_USAGE_CHECK(per_epoch > 0,
                    fsdp::str("training data (", train_ds->root(), ") has ", train_ds->size(),
-                       " samples: fewer than one micro-batch (", plan.micro_batch, ") per rank (",
-                       world, " ranks)"),
+                             " samples: fewer than one micro-batch (", plan.micro_batch,
+                             ") per rank (", world, " ranks)"),
                    "use more samples, fewer ranks or a smaller --draft-micro-batch-size");
   const int64_t accum = plan.accumulation_steps;
   const int64_t steps_per_epoch = (per_epoch + accum - 1) / accum;
-  total_steps = cfg.loop.total_steps ? *cfg.loop.total_steps : cfg.loop.num_epochs * steps_per_epoch;
+  total_steps =
+      cfg.loop.total_steps ? *cfg.loop.total_steps : cfg.loop.num_epochs * steps_per_epoch;
   checkpoint::ensure_directory(cfg.checkpoint.output_dir);
   state.world_size = world;
   state.accumulation_steps = accum;
@@ -68,7 +69,8 @@ RunResult Trainer::Impl::train() {
     }
     return base_lr;
   };
-  const int64_t stop_at = cfg.loop.max_steps ? std::min(*cfg.loop.max_steps, total_steps) : total_steps;
+  const int64_t stop_at =
+      cfg.loop.max_steps ? std::min(*cfg.loop.max_steps, total_steps) : total_steps;
 
   if (rank == 0) {
     std::ofstream(checkpoint::join_path(cfg.checkpoint.output_dir, "run_config.yaml"))
@@ -87,7 +89,8 @@ RunResult Trainer::Impl::train() {
   sc.config_json = config_json;
   logger = metrics::make_logger(cfg.metrics, sc);
   metrics::ThroughputMeter meter(metrics::resolve_peak_tflops(cfg.metrics.mfu_peak_tflops, device));
-  StepMetrics window(cfg.model.ttt_length), epoch_metrics(cfg.model.ttt_length);
+  StepMetrics window(cfg.model.ttt_length, metrics_device()),
+      epoch_metrics(cfg.model.ttt_length, metrics_device());
   TimeAccumulator shares;
   const auto loss_opts = loss_options(accum);
 
@@ -131,11 +134,10 @@ RunResult Trainer::Impl::train() {
       step_flops += model::count_step_flops(draft_cfg, batch->batch_size(), batch->seq_len(),
                                             cfg.model.ttt_length, rows.count)
                         .total();
-      auto out = model::ttt_step(*draft, head, rows, batch->input_ids.to(device, true),
-                                 batch->attention_mask.to(device, true),
-                                 batch->loss_mask.to(device, true),
-                                 batch->aux_hidden.to(device, true),
-                                 batch->target_hidden.to(device, true), loss_opts);
+      auto out = model::ttt_step(
+          *draft, head, rows, batch->input_ids.to(device, true),
+          batch->attention_mask.to(device, true), batch->loss_mask.to(device, true),
+          batch->aux_hidden.to(device, true), batch->target_hidden.to(device, true), loss_opts);
       out.loss.backward();
       window.add(out);
       epoch_metrics.add(out);
@@ -162,7 +164,8 @@ RunResult Trainer::Impl::train() {
                          << "); step skipped, weights unchanged";
         FSDP_CHECK(consecutive_nonfinite < kMaxConsecutiveNonFinite,
                    fsdp::str("aborting: ", consecutive_nonfinite,
-                       " consecutive optimizer steps had non-finite gradients (last at step ", n, ")"),
+                             " consecutive optimizer steps had non-finite gradients (last at step ",
+                             n, ")"),
                    "lower --learning-rate, check the features for outliers, or resume from the "
                    "last checkpoint with --mixed-precision fp32");
       } else {
@@ -184,7 +187,8 @@ RunResult Trainer::Impl::train() {
         scalars.emplace_back("perf/tokens_per_s", secs > 0 ? tokens / secs : 0.0);
         if (auto mfu = meter.mfu()) scalars.emplace_back("perf/mfu", *mfu);
         scalars.emplace_back("perf/eta_s", meter.eta_seconds(stop_at - n));
-        scalars.emplace_back("perf/step_time_s", meter.window_steps() ? secs / meter.window_steps() : 0.0);
+        scalars.emplace_back("perf/step_time_s",
+                             meter.window_steps() ? secs / meter.window_steps() : 0.0);
         for (const auto& [k, v] : metrics::time_shares(shares, secs)) {
           scalars.emplace_back("perf/" + k + "_share", v);
         }
@@ -236,7 +240,12 @@ RunResult Trainer::Impl::train() {
       saved_at_step = true;
     }
   }
-  if (!saved_at_step && state.step > 0) result.last_checkpoint = save(state.epoch);
+  if (cfg.checkpoint.save_final && !saved_at_step && state.step > 0) {
+    result.last_checkpoint = save(state.epoch);
+  } else if (!saved_at_step && state.step > 0) {
+    FSDP_LOG0(kWarn) << "--save-final false: the weights of step " << state.step
+                     << " are not saved";
+  }
   if (rank == 0) {
     const std::string bad = loader->bad_sample_summary();
     if (!bad.empty()) {

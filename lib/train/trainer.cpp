@@ -45,17 +45,24 @@ c10::Device pick_device(config::DeviceKind kind) {
   }
   FSDP_USAGE_CHECK(gpus > 0, "--device cuda: no GPU is visible to this process",
                    "use --device cpu, or check the driver and CUDA_VISIBLE_DEVICES");
-  c10::Device dev(c10::kCUDA, static_cast<c10::DeviceIndex>(comm::topology().local_rank % gpus));
+  // The machine's rank, not the (possibly pretend) node's: two pretend nodes on one machine
+  // must not share a GPU (NCCL refuses a communicator with a GPU twice).
+  c10::Device dev(c10::kCUDA,
+                  static_cast<c10::DeviceIndex>(comm::topology().machine_local_rank % gpus));
   c10::impl::getDeviceGuardImpl(c10::kCUDA)->setDevice(dev);
   return dev;
 }
 
 shard::Strategy to_engine(config::ShardingStrategy s) {
   switch (s) {
-    case config::ShardingStrategy::kFullShard: return shard::Strategy::kFullShard;
-    case config::ShardingStrategy::kShardGradOp: return shard::Strategy::kShardGradOp;
-    case config::ShardingStrategy::kNoShard: return shard::Strategy::kNoShard;
-    case config::ShardingStrategy::kHybridShard: return shard::Strategy::kHybridShard;
+    case config::ShardingStrategy::kFullShard:
+      return shard::Strategy::kFullShard;
+    case config::ShardingStrategy::kShardGradOp:
+      return shard::Strategy::kShardGradOp;
+    case config::ShardingStrategy::kNoShard:
+      return shard::Strategy::kNoShard;
+    case config::ShardingStrategy::kHybridShard:
+      return shard::Strategy::kHybridShard;
   }
   return shard::Strategy::kFullShard;
 }
@@ -96,8 +103,8 @@ void Trainer::Impl::setup() {
   draft_cfg = model::load_draft_config(cfg.model.draft_model_config);
   data::DatasetOptions dso;
   dso.vocab_size = draft_cfg.vocab_size;
-  dso.hidden_size = draft_cfg.target_hidden_size ? *draft_cfg.target_hidden_size
-                                                 : draft_cfg.hidden_size;
+  dso.hidden_size =
+      draft_cfg.target_hidden_size ? *draft_cfg.target_hidden_size : draft_cfg.hidden_size;
   if (!cfg.data.train_hidden_states_path.empty()) {
     train_ds = data::open_feature_dataset(cfg.data.train_hidden_states_path, dso);
   }
@@ -113,16 +120,16 @@ void Trainer::Impl::setup() {
 
 void Trainer::Impl::build_model() {
   const int64_t V = draft_cfg.vocab_size, Vd = draft_cfg.draft_vocab();
-  const int64_t Ht = draft_cfg.target_hidden_size ? *draft_cfg.target_hidden_size
-                                                  : draft_cfg.hidden_size;
+  const int64_t Ht =
+      draft_cfg.target_hidden_size ? *draft_cfg.target_hidden_size : draft_cfg.hidden_size;
   // Vocabulary mapping: from the initial checkpoint (it defines what its lm_head rows mean),
   // else a mapping file, the cache, or the features.
   if (have_init_export && init_export.d2t.defined() && init_export.t2d.defined()) {
-    FSDP_USAGE_CHECK(init_export.d2t.numel() == Vd && init_export.t2d.numel() == V,
-                     fsdp::str("--init-checkpoint: d2t/t2d have ", init_export.d2t.numel(), "/",
-                         init_export.t2d.numel(), " entries, the draft config says Vd=", Vd,
-                         " V=", V),
-                     "use the draft config the checkpoint was trained with");
+    FSDP_USAGE_CHECK(
+        init_export.d2t.numel() == Vd && init_export.t2d.numel() == V,
+        fsdp::str("--init-checkpoint: d2t/t2d have ", init_export.d2t.numel(), "/",
+                  init_export.t2d.numel(), " entries, the draft config says Vd=", Vd, " V=", V),
+        "use the draft config the checkpoint was trained with");
     mapping.d2t = init_export.d2t;
     mapping.t2d = init_export.t2d;
   } else {
@@ -144,20 +151,21 @@ void Trainer::Impl::build_model() {
                                                {cfg.model.embedding_key, cfg.model.lm_head_key});
   const at::Tensor& emb = target.at(cfg.model.embedding_key);
   const at::Tensor& lmh = target.at(cfg.model.lm_head_key);
-  for (const auto& [key, t, flag] :
-       {std::tuple{cfg.model.embedding_key, emb, "--embedding-key"},
-        std::tuple{cfg.model.lm_head_key, lmh, "--lm-head-key"}}) {
+  for (const auto& [key, t, flag] : {std::tuple{cfg.model.embedding_key, emb, "--embedding-key"},
+                                     std::tuple{cfg.model.lm_head_key, lmh, "--lm-head-key"}}) {
     FSDP_USAGE_CHECK(t.dim() == 2 && t.size(0) == V && t.size(1) == Ht,
-                     fsdp::str("target tensor '", key, "' in ", cfg.model.target_model_path, " has shape ",
-                         t.sizes(), ", the draft config (", cfg.model.draft_model_config,
-                         ") needs [", V, ", ", Ht, "]"),
-                     fsdp::str("check ", flag, " and that vocab_size/hidden_size of the draft config "
-                         "match the target model"));
+                     fsdp::str("target tensor '", key, "' in ", cfg.model.target_model_path,
+                               " has shape ", t.sizes(), ", the draft config (",
+                               cfg.model.draft_model_config, ") needs [", V, ", ", Ht, "]"),
+                     fsdp::str("check ", flag,
+                               " and that vocab_size/hidden_size of the draft config "
+                               "match the target model"));
   }
-  FSDP_USAGE_CHECK(Ht == draft_cfg.hidden_size,
-                   fsdp::str("draft hidden_size ", draft_cfg.hidden_size, " differs from the target's ",
-                       Ht, "; the draft embeds target tokens with the target embedding"),
-                   "set hidden_size in --draft-model-config to the target's hidden size");
+  FSDP_USAGE_CHECK(
+      Ht == draft_cfg.hidden_size,
+      fsdp::str("draft hidden_size ", draft_cfg.hidden_size, " differs from the target's ", Ht,
+                "; the draft embeds target tokens with the target embedding"),
+      "set hidden_size in --draft-model-config to the target's hidden size");
   head = model::TargetHead(lmh.to(c10::kBFloat16), mapping.t2d);
   head.to(device);
 
@@ -190,10 +198,10 @@ void Trainer::Impl::build_model() {
     for (const auto& item : draft->named_parameters()) {
       const std::string& name = item.key();
       if (name == "embed_tokens.weight") continue;
-      FSDP_USAGE_CHECK(weights.count(name),
-                       fsdp::str("--init-checkpoint ", cfg.model.init_checkpoint, " lacks tensor '", name,
-                           "'"),
-                       "use an export written by fsdp-train (or SpecForge) for this draft config");
+      FSDP_USAGE_CHECK(
+          weights.count(name),
+          fsdp::str("--init-checkpoint ", cfg.model.init_checkpoint, " lacks tensor '", name, "'"),
+          "use an export written by fsdp-train (or SpecForge) for this draft config");
     }
     engine->load_full_state(weights, /*allow_missing=*/true);
   }
@@ -224,12 +232,13 @@ model::LossOptions Trainer::Impl::loss_options(int64_t accumulation) const {
 std::vector<std::pair<std::string, double>> Trainer::Impl::evaluate(const std::string& prefix) {
   auto ds = eval_ds ? eval_ds : train_ds;
   auto loader = make_loader(ds, /*shuffle=*/false);
-  FSDP_USAGE_CHECK(loader->batches_per_epoch() > 0,
-                   fsdp::str("evaluation data (", ds->root(), ") has ", ds->size(),
-                       " samples: fewer than one micro-batch per rank"),
-                   "use more evaluation samples, fewer ranks or a smaller --draft-micro-batch-size");
+  FSDP_USAGE_CHECK(
+      loader->batches_per_epoch() > 0,
+      fsdp::str("evaluation data (", ds->root(), ") has ", ds->size(),
+                " samples: fewer than one micro-batch per rank"),
+      "use more evaluation samples, fewer ranks or a smaller --draft-micro-batch-size");
   loader->start({0, 0});
-  StepMetrics m(cfg.model.ttt_length);
+  StepMetrics m(cfg.model.ttt_length, metrics_device());
   at::NoGradGuard no_grad;
   while (auto b = loader->next()) {
     const auto rows = model::LossRows::build(b->loss_mask, cfg.model.ttt_length, device);
@@ -312,8 +321,7 @@ RunResult Trainer::run() {
 
 RunResult Trainer::Impl::eval_only() {
   if (cfg.checkpoint.resume != config::ResumeMode::kNone) resume_if_asked();
-  FSDP_USAGE_CHECK(have_init_export || state.step > 0,
-                   "--eval-only needs weights to evaluate",
+  FSDP_USAGE_CHECK(have_init_export || state.step > 0, "--eval-only needs weights to evaluate",
                    "give --init-checkpoint DIR (an exported checkpoint) or --resume");
   RunResult r;
   r.final_eval = evaluate("eval");

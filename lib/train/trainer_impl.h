@@ -33,7 +33,9 @@ struct Trainer::Impl {
   model::Eagle3Draft draft{nullptr};
   std::unique_ptr<shard::ShardEngine> engine;
   std::shared_ptr<comm::Communicator> metrics_comm;  // world, on the compute device
-  std::shared_ptr<comm::Communicator> control;       // world, CPU: flags and barriers
+  // Where metrics_comm reduces (the CPU when it is the MPI control communicator).
+  c10::Device metrics_device() const { return device.is_cpu() ? c10::Device(c10::kCPU) : device; }
+  std::shared_ptr<comm::Communicator> control;  // world, CPU: flags and barriers
   std::unique_ptr<metrics::MetricsLogger> logger;
   config::BatchPlan plan;
   int64_t total_steps = 0, warmup = 0;

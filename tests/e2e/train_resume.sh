@@ -25,10 +25,16 @@ run_np 1 $(train_args "$DATA" "$W/part_np1") $COMMON --num-epochs 2 --max-steps 
   >"$W/np1.log" 2>&1 || { cat "$W/np1.log"; fail "resume on 1 rank"; }
 compare_exports "$(latest_ckpt "$W/full")" "$(latest_ckpt "$W/part_np1")" 1e-4 || fail "resharded resume"
 
-# SIGTERM: the run finishes its step, saves and exits 0; resuming reaches the same weights as
-# a run that was never interrupted.
+# --save-final false: the end of training writes nothing (and says so).
+"$BIN" $(train_args "$DATA" "$W/nofinal") $COMMON --num-epochs 1 --max-steps 2 --save-final false \
+  >"$W/nofinal.log" 2>&1 || { cat "$W/nofinal.log"; fail "--save-final false run"; }
+ls "$W/nofinal" | grep -q "^epoch_" && fail "--save-final false wrote $(ls "$W/nofinal")"
+grep -q "weights of step 2 are not saved" "$W/nofinal.log" || fail "no --save-final false warning"
+
+# SIGTERM: the run finishes its step, saves (even with --save-final false) and exits 0;
+# resuming reaches the same weights as a run that was never interrupted.
 LONG="--num-epochs 200 --total-steps 4000"
-"$BIN" $(train_args "$DATA" "$W/sig") $COMMON $LONG >"$W/sig.log" 2>&1 &
+"$BIN" $(train_args "$DATA" "$W/sig") $COMMON $LONG --save-final false >"$W/sig.log" 2>&1 &
 pid=$!
 for _ in $(seq 1 300); do
   [ -f "$W/sig/metrics.jsonl" ] && [ "$(wc -l <"$W/sig/metrics.jsonl")" -ge 5 ] && break

@@ -236,12 +236,15 @@ TEST_CASE("topology is consistent across groups", "[mpi][comm]") {
   CHECK(cross->size() == t.num_nodes);
   CHECK(cross->rank() == t.node_index);
   CHECK(t.local_size * t.num_nodes == t.world_size);
+  // All test ranks run on this one machine: the machine rank (which picks the GPU) is the world
+  // rank, also when FSDP_PRETEND_NODES splits the machine into nodes.
+  CHECK(t.machine_local_rank == t.world_rank);
 }
 
 TEST_CASE("nccl collectives on the GPU", "[nccl][cuda]") {
   FSDP_REQUIRE_GPU();
   const auto& topo = comm::topology();
-  c10::Device dev(c10::kCUDA, topo.local_rank % comm::gpu_count());
+  c10::Device dev(c10::kCUDA, topo.machine_local_rank % comm::gpu_count());
   auto c = comm::make_communicator(Group::kWorld, dev);
   const int W = c->size(), R = c->rank();
   for (auto dt : {at::kFloat, at::kBFloat16}) {
