@@ -4,7 +4,10 @@ The first logged window of each run (warm-up, allocator growth) is left out when
 exist. MFU = model FLOPs per step (the same closed form for both trainers) / time / 989 TFLOP/s
 (H100/H200 dense bf16). That count is the dense formulation (every row through the draft and
 target heads), i.e. what the reference executes; fsdp-train runs the heads only on loss-mask
-rows, so for it the script also prints the MFU of the FLOPs it executed (its own perf/mfu)."""
+rows, so for it the script also prints the MFU of the FLOPs it executed (its own perf/mfu).
+
+compare.py OURS.jsonl REFERENCE.jsonl DRAFT_CONFIG.json SEQ
+compare.py --checkpointing PLAIN.jsonl CHECKPOINTED.jsonl   (two fsdp-train runs)"""
 import json
 import sys
 
@@ -37,7 +40,35 @@ def step_flops(cfg, B, S, T):
     return fwd + bwd + head
 
 
+def steady(path):
+    """(tokens/s averaged over the logged windows after the first, peak device GiB)."""
+    data = [x for x in rows(path) if "perf/tokens_per_s" in x]
+    data = data[1:] if len(data) > 1 else data
+    if not data:
+        return None
+    tps = sum(x["perf/tokens_per_s"] for x in data) / len(data)
+    mem = max(x.get("mem/device_peak_allocated_gib", 0) for x in data)
+    return tps, mem, {x["step"]: x.get("train/ploss_0") for x in data if "step" in x}
+
+
+def checkpointing(plain_path, ckpt_path):
+    a, b = steady(plain_path), steady(ckpt_path)
+    if not a or not b:
+        print("checkpointing: no measurements (see the logs)")
+        return
+    print(f"plain        tokens/s {a[0]:10.0f}   peak GPU memory {a[1]:6.1f} GiB")
+    print(f"checkpointed tokens/s {b[0]:10.0f}   peak GPU memory {b[1]:6.1f} GiB")
+    ratio_mem = b[1] / a[1] if a[1] else float("nan")
+    print(f"checkpointed / plain: tokens/s {b[0] / a[0]:.2f}x, peak memory {ratio_mem:.2f}x")
+    common = [s for s in a[2] if s in b[2] and a[2][s] is not None and b[2][s] is not None]
+    if common:
+        worst = max(abs(a[2][s] - b[2][s]) / max(abs(a[2][s]), 1e-30) for s in common)
+        print(f"train/ploss_0 at steps {common}: worst relative difference {worst:.2e}")
+
+
 def main():
+    if sys.argv[1] == "--checkpointing":
+        return checkpointing(sys.argv[2], sys.argv[3])
     ours, ref = rows(sys.argv[1]), rows(sys.argv[2])
     cfg = json.load(open(sys.argv[3]))
     S, T = int(sys.argv[4]), 7

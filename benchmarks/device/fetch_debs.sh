@@ -1,23 +1,30 @@
 #!/usr/bin/env bash
 # Run HERE (Debian 12, with apt) before a GPU session: downloads the Debian packages the GPU
-# machine lacks (Open MPI, yaml-cpp, CLI11, nlohmann-json, Catch2 and their library
-# dependencies) as .deb files into <repo>/.deb (ignored by git). run.sh unpacks them there with
-# dpkg -x when the machine has no MPI of its own. Pass `.deb` in the device tool's `carry`.
+# machine lacks (Open MPI, yaml-cpp, CLI11, nlohmann-json, Catch2) as .deb files into
+# <repo>/.deb (ignored by git). run.sh unpacks them there with dpkg -x when the machine has no
+# MPI of its own. Pass `.deb` in the device tool's `carry` (at most 64 MiB travel in all).
+#
+# The list is explicit, not `apt-cache depends --recurse`: that walk follows libopenmpi-dev's
+# gfortran alternative into flang/LLVM/MLIR (106 packages, 296 MB). These are the libraries the
+# Open MPI, PMIx and yaml-cpp binaries need (readelf NEEDED) beyond what any glibc/zlib/udev
+# system has, plus the header-only and static packages the build uses.
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 DEST="$REPO/.deb"
+rm -rf "$DEST"
 mkdir -p "$DEST"
 grep -qx '/.deb/' "$REPO/.git/info/exclude" 2>/dev/null || echo '/.deb/' >>"$REPO/.git/info/exclude"
-ROOTS=(openmpi-bin libopenmpi-dev libopenmpi3 openmpi-common libyaml-cpp-dev libyaml-cpp0.7
-  libcli11-dev nlohmann-json3-dev catch2)
-# Never carry the C runtime or anything the GPU machine's own system provides.
-SKIP='^(libc6|libc6-dev|libgcc-s1|libstdc\+\+6|libstdc\+\+-.*-dev|gcc-.*|g\+\+-.*|cpp-.*|libgcc-.*-dev|zlib1g|zlib1g-dev|perl.*|libperl.*|debconf.*|dpkg|tar|coreutils|bash|dash|sensible-utils|init-system-helpers|libcrypt1|libcrypt-dev|linux-libc-dev|libselinux1|libpcre2-8-0|python3.*|libpython3.*|libexpat1|libffi8|libssl3|openssl|ca-certificates|libgfortran5|gfortran.*|libgfortran-.*-dev|libquadmath0|libgomp1|libatomic1|libasan.*|liblsan.*|libtsan.*|libubsan.*|libitm1|libcc1-0|binutils.*|libbinutils|libctf.*|libgprofng0|libjansson4|libisl23|libmpc3|libmpfr6|libgmp10|libzstd1|liblzma5|libbz2-1.0|libtinfo6|libsystemd0|libudev1|libcap2|libmd0|libbsd0|libdb5.3|libgdbm.*|netbase|mime-support|media-types|tzdata|readline-common|libreadline8|libsqlite3-0|libncursesw6|libuuid1|libblkid1|libmount1|libsmartcols1)$'
-mapfile -t pkgs < <(apt-cache depends --recurse --no-recommends --no-suggests --no-conflicts \
-  --no-breaks --no-replaces --no-enhances "${ROOTS[@]}" 2>/dev/null |
-  grep -E '^[a-zA-Z0-9]' | sed 's/:any$//' | sort -u | grep -Ev "$SKIP" || true)
-echo "downloading ${#pkgs[@]} packages into $DEST"
+PKGS=(openmpi-bin openmpi-common libopenmpi3 libopenmpi-dev libpmix2 libmunge2 libhwloc15
+  libevent-core-2.1-7 libevent-pthreads-2.1-7 libyaml-cpp-dev libyaml-cpp0.7 libcli11-dev
+  nlohmann-json3-dev catch2)
+echo "downloading ${#PKGS[@]} packages into $DEST"
 cd "$DEST"
-for p in "${pkgs[@]}"; do
-  apt-get download "$p" >/dev/null 2>&1 || echo "  (no candidate for $p, skipped)"
-done
-du -sh "$DEST"
+apt-get download "${PKGS[@]}" >/dev/null
+ls -1 "$DEST"/*.deb | wc -l
+size_mb=$(du -sm "$DEST" | cut -f1)
+echo "$DEST: ${size_mb} MB"
+if (( size_mb > 40 )); then
+  echo "fetch_debs.sh: error: $DEST is ${size_mb} MB; the device tool carries at most 64 MiB with" \
+       "the working tree: drop packages the GPU machine already has" >&2
+  exit 1
+fi

@@ -1,32 +1,43 @@
 #!/usr/bin/env bash
 # THE script for the GPU machine (one H200; torch 2.11.0+cu130 in /opt/torch/.venv; CUDA 13.0;
 # CMake + ninja; no internet, no apt). Call it through the device tool from the repo root with
-# carry [".deb"] (made by benchmarks/device/fetch_debs.sh here), e.g.
-#   bash benchmarks/device/run.sh          (budget: well inside 10 minutes)
+# carry [".deb"] (made here by benchmarks/device/fetch_debs.sh, about 6 MB) and timeout_s 590:
+#   bash benchmarks/device/run.sh
 # It: 1) uses the machine's MPI or unpacks the carried Debian packages, 2) builds fsdp-train
-# against the machine's torch, 3) runs the [cuda]/[nccl] tests, 4) benchmarks one training
-# step loop of the llama3-8B-eagle3 draft at sequence length 2048 on synthetic features for
-# fsdp-train and for the PyTorch FSDP2 reference on the same GPU, and prints tokens/s, MFU and
-# peak memory for both and their ratio. Everything is logged to $OUT/device.log.
+# against the machine's torch, 3) benchmarks the llama3-8B-eagle3 draft at sequence length 2048
+# on synthetic features for fsdp-train and for the PyTorch FSDP2 reference on the same GPU and
+# prints tokens/s, MFU and peak memory for both and their ratio, 4) measures
+# --activation-checkpointing, 5) runs the [cuda]/[nccl] tests. The benchmarks come before the
+# tests because they are what a session cannot get elsewhere; every stage has a time limit so
+# one hang cannot spend the call, and a failed stage does not stop the later ones.
+# $OUT gets at most 8 files (the device tool's limit): device.log (everything printed),
+# build.log (configure, build, feature generation), fsdp-train.log, reference.log,
+# checkpointed.log and the three runs' metrics.jsonl.
 set -uo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 OUT="${OUT:-$REPO/out/device}"
 mkdir -p "$OUT"
 exec > >(tee "$OUT/device.log") 2>&1
-STEPS="${FSDP_DEVICE_STEPS:-12}"
+STEPS="${FSDP_DEVICE_STEPS:-40}"   # dry runs on a CPU machine: FSDP_DEVICE_SEQ=128
+# FSDP_DEVICE_STEPS=2 FSDP_DEVICE_BUILD_LIMIT=900 FSDP_PYTHON=<venv python>
 SEQ="${FSDP_DEVICE_SEQ:-2048}"
 T0=$(date +%s)
 stamp() { echo "[device +$(( $(date +%s) - T0 ))s] $*"; }
 PY="${FSDP_PYTHON:-/opt/torch/.venv/bin/python}"
 [ -x "$PY" ] || PY=python3
-stamp "host: $(hostname), $(nproc) cores; $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null)"
-"$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.is_available())'
+stamp "host: $(hostname), $(nproc) cores; $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null)"
+timeout 60 "$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.is_available())'
+NVCC="$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null || true)"
+echo "nvcc: ${NVCC:-none} $( [ -n "$NVCC" ] && "$NVCC" --version | tail -1); g++: $(g++ --version | head -1)"
 
 # 1. MPI and the other Debian dependencies.
 DEBROOT="$REPO/.deb/root"
 PREFIXES=""
 EXTRA_CMAKE=()
-if command -v mpicxx >/dev/null && [ -f /usr/include/yaml-cpp/yaml.h ] && [ -f /usr/include/CLI/CLI.hpp ]; then
+# FSDP_DEVICE_FORCE_DEB=1: use the carried packages even where the machine has its own (for a
+# dry run of this path on a development machine).
+if [ "${FSDP_DEVICE_FORCE_DEB:-0}" != 1 ] && command -v mpicxx >/dev/null &&
+   [ -f /usr/include/yaml-cpp/yaml.h ] && [ -f /usr/include/CLI/CLI.hpp ]; then
   stamp "using the machine's MPI and libraries"
 else
   [ -d "$REPO/.deb" ] || { echo "no MPI here and no carried .deb folder: run benchmarks/device/fetch_debs.sh and carry .deb"; exit 1; }
@@ -37,6 +48,9 @@ else
   export LD_LIBRARY_PATH="$DEBROOT/usr/lib/x86_64-linux-gnu:$DEBROOT/usr/lib/x86_64-linux-gnu/openmpi/lib:${LD_LIBRARY_PATH:-}"
   export OPAL_PREFIX="$DEBROOT/usr"          # relocates Open MPI's wrappers and help files
   export OPAL_LIBDIR="$DEBROOT/usr/lib/x86_64-linux-gnu/openmpi/lib"
+  # /etc/openmpi is absolute (OPAL_PREFIX does not move it): Debian's MCA defaults from there.
+  export OPAL_SYSCONFDIR="$DEBROOT/etc/openmpi"
+  export OMPI_MCA_mca_base_component_show_load_errors=0 OMPI_MCA_pml=ob1
   # Debian's mpicxx is a symlink chain through /etc/alternatives: point at the real wrapper.
   MPICXX="$DEBROOT/usr/bin/mpicxx.openmpi"
   PREFIXES="$DEBROOT/usr;$DEBROOT/usr/lib/x86_64-linux-gnu/cmake;$DEBROOT/usr/share/cmake;$DEBROOT/usr/lib/cmake"
@@ -44,58 +58,78 @@ else
     -DCMAKE_CXX_FLAGS="-isystem $DEBROOT/usr/include")
 fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+[ -n "$NVCC" ] && [ ! -d /usr/local/cuda ] && EXTRA_CMAKE+=(-DCUDAToolkit_ROOT="$(dirname "$(dirname "$NVCC")")")
 
 # 2. Build against the machine's torch. Warnings do not stop this one-shot build (another
 # compiler version may warn where Debian's GCC 12 does not); they stay in build.log.
 TORCH_PREFIX="$("$PY" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')"
-stamp "configure"
-cmake -S "$REPO" -B "$REPO/build-gpu" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DCMAKE_PREFIX_PATH="$TORCH_PREFIX;$PREFIXES" -DFSDP_PYTHON="$PY" -DFSDP_GPU=CUDA \
-  -DTORCH_CUDA_ARCH_LIST=9.0 -DFSDP_WERROR=OFF "${EXTRA_CMAKE[@]}" >"$OUT/cmake.log" 2>&1 ||
-  { tail -40 "$OUT/cmake.log"; exit 1; }
-stamp "build"
-ninja -C "$REPO/build-gpu" -j "$(nproc)" fsdp-train mpi_comm unit_model unit_shard \
-  >"$OUT/build.log" 2>&1 || { grep -E "error|FAILED" "$OUT/build.log" | head -40; exit 1; }
 B="$REPO/build-gpu"
+stamp "configure"
+timeout 150 cmake -S "$REPO" -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_PREFIX_PATH="$TORCH_PREFIX;$PREFIXES" -DFSDP_PYTHON="$PY" -DFSDP_GPU=CUDA \
+  -DTORCH_CUDA_ARCH_LIST=9.0 -DFSDP_WERROR=OFF "${EXTRA_CMAKE[@]}" >"$OUT/build.log" 2>&1 ||
+  { tail -40 "$OUT/build.log"; exit 1; }
+grep -E "^(NCCL_INCLUDE_DIR|NCCL_LIBRARY|CUDAToolkit_ROOT|MPI_CXX_COMPILER)[:=]" "$B/CMakeCache.txt"
+grep "fsdp-train: Torch" "$OUT/build.log"
+stamp "build"
+timeout "${FSDP_DEVICE_BUILD_LIMIT:-360}" ninja -C "$B" -j "$(nproc)" fsdp-train mpi_comm unit_model unit_shard \
+  >>"$OUT/build.log" 2>&1 || { grep -E "error|FAILED" "$OUT/build.log" | head -40; exit 1; }
+ldd "$B/fsdp-train" | grep -E "not found|nccl|cudart|libmpi" 
+stamp "built"
 
-# 3. GPU tests (they skip nothing here: a GPU is present).
-stamp "GPU tests"
-rc_tests=0
-# Test executables live in build-gpu/tests/ (the same layout as build/tests/ here).
-for t in "unit_model [cuda]" "unit_shard [cuda]" "mpi_comm [nccl]"; do
-  exe="$B/tests/${t%% *}"
-  [ -x "$exe" ] || { echo "missing test executable $exe"; rc_tests=1; continue; }
-  "$exe" "${t#* }" || rc_tests=1
-done
-stamp "GPU tests: $([ $rc_tests -eq 0 ] && echo passed || echo FAILED)"
-
-# 4. Synthetic llama3-8B features at S=$SEQ (hidden 4096, vocab 128256, draft vocab 32000).
+# 3. Synthetic llama3-8B features at S=$SEQ (hidden 4096, vocab 128256, draft vocab 32000).
 DATA=/tmp/fsdp-device-data
-stamp "generating synthetic features"
-"$B/fsdp-train" gen-toy-data --out "$DATA" --num-samples 16 --min-len "$SEQ" --max-len "$SEQ" \
-  --hidden-size 4096 --vocab-size 128256 --draft-vocab-size 32000 --samples-per-dir 16 \
-  >"$OUT/gen.log" 2>&1 || { tail -20 "$OUT/gen.log"; exit 1; }
 DRAFT="$REPO/configs/models/llama3-8B-eagle3.json"
+stamp "generating synthetic features"
+timeout 150 "$B/fsdp-train" gen-toy-data --out "$DATA" --num-samples 16 --min-len "$SEQ" \
+  --max-len "$SEQ" --hidden-size 4096 --vocab-size 128256 --draft-vocab-size 32000 \
+  --samples-per-dir 16 >>"$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; exit 1; }
 
+# Same data, batches (micro-batch 1, global batch 1), schedule and step count for both.
+# --save-final false: the benchmark needs no 7 GB checkpoint at the end.
+fsdp_run() {  # $1 name, $2 time limit, then extra flags
+  local name="$1" limit="$2"; shift 2
+  timeout "$limit" "$B/fsdp-train" --target-model-path "$DATA/target" --draft-model-config "$DRAFT" \
+    --train-hidden-states-path "$DATA/hidden_states" --cache-dir "$DATA/cache" \
+    --output-dir "/tmp/fsdp-device-$name" --max-length "$SEQ" --draft-global-batch-size 1 \
+    --draft-micro-batch-size 1 --num-epochs 4 --max-steps "$STEPS" --log-steps 10 \
+    --save-interval 0 --save-final false --report-to none --device cuda --mixed-precision bf16 \
+    "$@" >"$OUT/$name.log" 2>&1
+  local rc=$?
+  cp "/tmp/fsdp-device-$name/metrics.jsonl" "$OUT/$name-metrics.jsonl" 2>/dev/null
+  [ $rc -eq 0 ] || { echo "$name: exit code $rc (124: time limit)"; tail -30 "$OUT/$name.log"; }
+  return $rc
+}
 stamp "fsdp-train: $STEPS steps, bf16, 1 GPU"
-"$B/fsdp-train" --target-model-path "$DATA/target" --draft-model-config "$DRAFT" \
-  --train-hidden-states-path "$DATA/hidden_states" --cache-dir "$DATA/cache" \
-  --output-dir /tmp/fsdp-device-out --max-length "$SEQ" --draft-global-batch-size 1 \
-  --draft-micro-batch-size 1 --num-epochs 1 --max-steps "$STEPS" --log-steps 4 \
-  --save-interval 0 --report-to none --device cuda --mixed-precision bf16 \
-  >"$OUT/fsdp-train.log" 2>&1 || { tail -40 "$OUT/fsdp-train.log"; exit 1; }
-cp /tmp/fsdp-device-out/metrics.jsonl "$OUT/fsdp-train-metrics.jsonl" 2>/dev/null
+fsdp_run fsdp-train 150
 
 stamp "reference (PyTorch FSDP2): $STEPS steps, bf16, 1 GPU"
-"$PY" -m torch.distributed.run --standalone --nproc-per-node 1 "$REPO/benchmarks/reference/train.py" \
-  --device cuda --target-model-path "$DATA/target" --draft-model-config "$DRAFT" \
-  --train-hidden-states-path "$DATA/hidden_states" --cache-dir "$DATA/cache-ref" \
-  --output-dir /tmp/fsdp-device-ref --max-length "$SEQ" --draft-global-batch-size 1 \
-  --draft-micro-batch-size 1 --num-epochs 1 --total-steps "$STEPS" --param-dtype bf16 \
-  >"$OUT/reference.log" 2>&1 || { tail -40 "$OUT/reference.log"; }
+timeout 180 "$PY" -m torch.distributed.run --standalone --nproc-per-node 1 \
+  "$REPO/benchmarks/reference/train.py" --device cuda --target-model-path "$DATA/target" \
+  --draft-model-config "$DRAFT" --train-hidden-states-path "$DATA/hidden_states" \
+  --cache-dir "$DATA/cache-ref" --output-dir /tmp/fsdp-device-ref --max-length "$SEQ" \
+  --draft-global-batch-size 1 --draft-micro-batch-size 1 --num-epochs 4 --total-steps "$STEPS" \
+  --log-steps 10 --param-dtype bf16 --loader-workers 4 >"$OUT/reference.log" 2>&1 ||
+  { echo "reference: exit code $? (124: time limit)"; tail -30 "$OUT/reference.log"; }
 cp /tmp/fsdp-device-ref/metrics.jsonl "$OUT/reference-metrics.jsonl" 2>/dev/null
 
 stamp "comparison"
 "$PY" "$REPO/benchmarks/device/compare.py" "$OUT/fsdp-train-metrics.jsonl" \
-  "$OUT/reference-metrics.jsonl" "$DRAFT" "$SEQ" | tee "$OUT/summary.txt"
+  "$OUT/reference-metrics.jsonl" "$DRAFT" "$SEQ"
+
+# 4. Activation checkpointing on the same run: tokens/s and peak memory against the plain run.
+stamp "fsdp-train --activation-checkpointing"
+fsdp_run checkpointed 120 --activation-checkpointing &&
+  "$PY" "$REPO/benchmarks/device/compare.py" --checkpointing "$OUT/fsdp-train-metrics.jsonl" \
+    "$OUT/checkpointed-metrics.jsonl"
+
+# 5. GPU tests (they skip nothing here: a GPU is present).
+stamp "GPU tests"
+rc_tests=0
+for t in "unit_model [cuda]" "unit_shard [cuda]" "mpi_comm [nccl]"; do
+  exe="$B/tests/${t%% *}"
+  [ -x "$exe" ] || { echo "missing test executable $exe"; rc_tests=1; continue; }
+  timeout 90 "$exe" "${t#* }" || { echo "$t: exit code $?"; rc_tests=1; }
+done
+stamp "GPU tests: $([ $rc_tests -eq 0 ] && echo passed || echo FAILED)"
 stamp "done"

@@ -71,6 +71,10 @@ def parse_args(argv=None):
     a("--device", choices=["cpu", "cuda"], default="cpu",
       help="cpu (gloo) or cuda (nccl, one GPU per rank: the GPU benchmark of benchmarks/device)")
     a("--dist-timeout", type=float, default=20, help="minutes")
+    a("--loader-workers", type=int, default=0,
+      help="0: load and collate each micro-batch inline, inside the timed step (the CPU "
+      "benchmarks); N > 0: a torch DataLoader with N worker processes prefetches them (pinned on "
+      "cuda), as SpecForge's training loop does: the GPU benchmark uses it")
     args = ap.parse_args(argv)
     for name in ("num_epochs", "draft_global_batch_size", "draft_micro_batch_size", "max_length",
                  "ttt_length"):
@@ -200,6 +204,30 @@ def to_device(batch, args):
     return {k: (v.to(dev, non_blocking=True) if torch.is_tensor(v) else v) for k, v in batch.items()}
 
 
+class _MicroBatches(torch.utils.data.Dataset):
+    """Micro-batch k of one epoch, loaded and collated (for DataLoader workers)."""
+
+    def __init__(self, files, order, max_length):
+        self.files, self.order, self.max_length = files, order, max_length
+
+    def __len__(self):
+        return len(self.order)
+
+    def __getitem__(self, k):
+        return collate([load_sample(self.files[i], self.max_length) for i in self.order[k]])
+
+
+def epoch_batches(files, epoch, rank, world, args):
+    """This rank's collated micro-batches of one epoch, in the sampler's order."""
+    order = epoch_microbatches(len(files), epoch, args.seed, rank, world,
+                               args.draft_micro_batch_size)
+    if args.loader_workers <= 0:
+        return (collate([load_sample(files[i], args.max_length) for i in mb]) for mb in order)
+    return torch.utils.data.DataLoader(
+        _MicroBatches(files, order, args.max_length), batch_size=None, shuffle=False,
+        num_workers=args.loader_workers, pin_memory=args.device == "cuda", prefetch_factor=2)
+
+
 def peak_rss_mib():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
@@ -292,8 +320,7 @@ def main():
     run_t0 = t0 = time.perf_counter()
     steady = {"tokens": 0.0, "seconds": 0.0, "steps": 0}
     while step < total and not args.eval_only:
-        for mb in epoch_microbatches(n, epoch, args.seed, rank, world, micro):
-            batch = collate([load_sample(train_files[i], args.max_length) for i in mb])
+        for batch in epoch_batches(train_files, epoch, rank, world, args):
             pl, co, de = run_batch(model, head, batch, args)
             loss = sum((0.8 ** i) * pl[i] for i in range(T)) / accum
             loss.backward()
