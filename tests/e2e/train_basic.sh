@@ -16,10 +16,12 @@ for np in 1 2; do
     --save-interval 0 >"$W/np$np.log" 2>&1 || { cat "$W/np$np.log"; fail "training at $np rank(s)"; }
 done
 compare_exports "$(latest_ckpt "$W/np1")" "$(latest_ckpt "$W/np2")" 1e-5 || fail "1 vs 2 ranks"
-# Activation checkpointing recomputes the layer in backward: bit-identical weights.
+# Activation checkpointing recomputes the layer in backward (here with the midlayer re-gathered
+# for each use, so the recomputation runs on parameters gathered by the backward hook):
+# bit-identical weights.
 run_np 2 $(train_args "$DATA" "$W/ckpt") --mixed-precision fp32 --export-dtype fp32 \
   --draft-global-batch-size 4 --draft-micro-batch-size 2 --num-epochs 1 --max-steps 6 \
-  --save-interval 0 --activation-checkpointing >"$W/ckpt.log" 2>&1 || { cat "$W/ckpt.log"; fail "training with --activation-checkpointing"; }
+  --save-interval 0 --activation-checkpointing --reshard-between-uses >"$W/ckpt.log" 2>&1 || { cat "$W/ckpt.log"; fail "training with --activation-checkpointing"; }
 compare_exports "$(latest_ckpt "$W/np2")" "$(latest_ckpt "$W/ckpt")" 0 || fail "activation checkpointing changed the weights"
 
 # Learning: 2 ranks, bf16, 3 epochs with evaluation; loss falls, acc_0 well above chance.
