@@ -263,8 +263,9 @@ std::vector<OptionSpec> build_table() {
                            FIELD(model.ttt_length)));
   t.push_back(row<bool>("activation-checkpointing", K::kBool, md,
                         "keep only the decoder layer's inputs and outputs in forward and recompute "
-                        "its activations in backward: less memory at long sequences, about one "
-                        "more layer forward per TTT step, same results",
+                        "its activations in backward, and keep only each step's logits for the "
+                        "loss (log_softmax recomputed): less memory at long sequences, about one "
+                        "more layer forward per TTT step, bit-identical results",
                         FIELD(model.activation_checkpointing)));
 
   t.push_back(row<std::string>("train-hidden-states-path", K::kPath, da,

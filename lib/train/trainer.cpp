@@ -223,6 +223,7 @@ model::LossOptions Trainer::Impl::loss_options(int64_t accumulation) const {
   model::LossOptions lo;
   lo.ttt_length = cfg.model.ttt_length;
   lo.accumulation_steps = accumulation;
+  lo.recompute_loss = cfg.model.activation_checkpointing;
   lo.normalization = cfg.loop.loss_normalization == config::LossNormalization::kTokens
                          ? model::LossNormalization::kValidTokens
                          : model::LossNormalization::kBatchTokens;

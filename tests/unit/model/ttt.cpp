@@ -534,8 +534,10 @@ TEST_CASE("activation checkpointing: fp32 gradients are bit-identical; no graph 
   for (bool checkpoint : {false, true}) {
     INFO("checkpoint " << checkpoint);
     f.model->set_checkpoint_layer(checkpoint);
+    LossOptions o = f.opt;
+    o.recompute_loss = checkpoint;
     StepOutput r =
-        ttt_step(*f.model, f.head, f.ids, f.mask, f.loss_mask, f.aux, f.target_hidden, f.opt);
+        ttt_step(*f.model, f.head, f.ids, f.mask, f.loss_mask, f.aux, f.target_hidden, o);
     std::multiset<std::string> names;
     std::set<const torch::autograd::Node*> seen;
     std::vector<torch::autograd::Node*> todo{r.loss.grad_fn().get()};
@@ -553,7 +555,10 @@ TEST_CASE("activation checkpointing: fp32 gradients are bit-identical; no graph 
     };
     CHECK(with("SiluBackward") == (checkpoint ? 0 : f.opt.ttt_length));
     CHECK(with("CheckpointedLayer") == (checkpoint ? f.opt.ttt_length : 0));
-    CHECK(with("LogSoftmaxBackward") > 0);  // the heads outside the layer keep their graph
+    // With recompute_loss each step's loss is one node that holds only the step's logits (no
+    // log_softmax output, no gathered target rows); without it, the plain composition.
+    CHECK(with("WeightedSoftCrossEntropy") == (checkpoint ? f.opt.ttt_length : 0));
+    CHECK(with("LogSoftmaxBackward") == (checkpoint ? 0 : f.opt.ttt_length));
   }
   // Evaluation (no grad mode) takes the plain path: nothing is saved for a backward.
   f.model->set_checkpoint_layer(true);
@@ -562,4 +567,63 @@ TEST_CASE("activation checkpointing: fp32 gradients are bit-identical; no graph 
       ttt_step(*f.model, f.head, f.ids, f.mask, f.loss_mask, f.aux, f.target_hidden, f.opt);
   CHECK_FALSE(r.loss.requires_grad());
   CHECK(r.ploss[0].item<double>() == plain.ploss[0]);
+}
+
+TEST_CASE("loss rows: the recomputing loss node is bit-identical to the plain composition",
+          "[model][ttt]") {
+  // With recompute_loss the soft cross-entropy keeps only the logits for backward and
+  // recomputes log_softmax there; written out with plain autograd ops it must give the same
+  // bits (and so must the default path).
+  for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    INFO("model dtype " << dtype);
+    StepFixture f;
+    f.model->to(dtype);
+    f.head = TargetHead(torch::randn({20, 8}), f.model->t2d);
+    f.aux = f.aux.to(torch::kFloat);
+    f.target_hidden = f.target_hidden.to(torch::kFloat);
+    const int64_t T = f.opt.ttt_length, B = 2, S = 5;
+    LossRows rows = LossRows::build(f.loss_mask, T, torch::kCPU);
+    const auto params = f.model->trainable_parameters();
+
+    f.model->zero_grad();
+    RowTarget rt = f.head.compute_rows(f.target_hidden, rows.rows);
+    at::Tensor h = f.model->project_aux(f.aux), want;
+    KVCache cache;
+    std::vector<double> want_ploss;
+    for (int64_t i = 0; i < T; ++i) {
+      at::Tensor e = f.model->embed(shift_left(f.ids, i));
+      at::Tensor out = f.model->decode(e, h, i, cache, f.mask, AttentionImpl::kEfficient);
+      const at::Tensor& take = rows.target[static_cast<size_t>(i)];
+      at::Tensor logits = f.model->logits(
+          out.reshape({B * S, -1}).index_select(0, rows.draft[static_cast<size_t>(i)]));
+      at::Tensor p = rt.target_p.index_select(0, take).to(torch::kFloat);
+      at::Tensor pm = rt.in_draft.index_select(0, take).to(torch::kFloat);
+      at::Tensor ce = -(p * logits.to(torch::kFloat).log_softmax(-1)).sum(-1);
+      at::Tensor ploss = (pm * ce).sum() / static_cast<double>(B * S);
+      want_ploss.push_back(ploss.item<double>());
+      const double w = std::pow(f.opt.step_decay, static_cast<double>(i));
+      want = want.defined() ? want + w * ploss : w * ploss;
+      h = out;
+    }
+    (want / 1.0).backward();
+    std::vector<at::Tensor> want_grads;
+    for (auto& p : params) want_grads.push_back(p.grad().clone());
+
+    for (bool recompute : {false, true}) {
+      INFO("recompute_loss " << recompute);
+      f.model->zero_grad();
+      LossOptions o = f.opt;
+      o.recompute_loss = recompute;
+      StepOutput r =
+          ttt_step(*f.model, f.head, rows, f.ids, f.mask, f.loss_mask, f.aux, f.target_hidden, o);
+      r.loss.backward();
+      CHECK(r.loss.item<double>() == (want / 1.0).item<double>());
+      for (int64_t i = 0; i < T; ++i) CHECK(r.ploss[i].item<double>() == want_ploss[i]);
+      CHECK(r.loss_tokens[0].item<double>() > 0);
+      for (size_t k = 0; k < params.size(); ++k) {
+        INFO("parameter " << k);
+        CHECK(torch::equal(params[k].grad(), want_grads[k]));
+      }
+    }
+  }
 }
