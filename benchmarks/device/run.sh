@@ -92,7 +92,7 @@ fsdp_run() {  # $1 name, $2 time limit, then extra flags
   timeout "$limit" "$B/fsdp-train" --target-model-path "$DATA/target" --draft-model-config "$DRAFT" \
     --train-hidden-states-path "$DATA/hidden_states" --cache-dir "$DATA/cache" \
     --output-dir "/tmp/fsdp-device-$name" --max-length "$SEQ" --draft-global-batch-size 1 \
-    --draft-micro-batch-size 1 --num-epochs 4 --max-steps "$STEPS" --log-steps 10 \
+    --draft-micro-batch-size 1 --num-epochs 4 --total-steps "$STEPS" --log-steps 10 \
     --save-interval 0 --save-final false --report-to none --device cuda --mixed-precision bf16 \
     "$@" >"$OUT/$name.log" 2>&1
   local rc=$?
