@@ -7,12 +7,12 @@
 # against the machine's torch, 3) benchmarks the llama3-8B-eagle3 draft at sequence length 2048
 # on synthetic features for fsdp-train and for the PyTorch FSDP2 reference on the same GPU and
 # prints tokens/s, MFU and peak memory for both and their ratio, 4) measures
-# --activation-checkpointing, 5) runs the [cuda]/[nccl] tests. The benchmarks come before the
-# tests because they are what a session cannot get elsewhere; every stage has a time limit so
-# one hang cannot spend the call, and a failed stage does not stop the later ones.
-# $OUT gets at most 8 files (the device tool's limit): device.log (everything printed),
-# build.log (configure, build, feature generation), fsdp-train.log, reference.log,
-# checkpointed.log and the three runs' metrics.jsonl.
+# --activation-checkpointing, 5) runs the [cuda]/[nccl] tests, 6) measures --cpu-offload. The
+# benchmarks come before the tests because they are what a session cannot get elsewhere; every
+# stage has a time limit so one hang cannot spend the call, and a failed stage does not stop
+# the later ones. $OUT gets 7 files (the device tool returns at most 8): device.log (everything
+# printed), build.log (configure, build, feature generation), runs.log (the four training runs'
+# output) and the metrics.jsonl of fsdp-train, reference, checkpointed and offload.
 set -uo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 OUT="${OUT:-$REPO/out/device}"
@@ -94,10 +94,11 @@ fsdp_run() {  # $1 name, $2 time limit, then extra flags
     --output-dir "/tmp/fsdp-device-$name" --max-length "$SEQ" --draft-global-batch-size 1 \
     --draft-micro-batch-size 1 --num-epochs 4 --total-steps "$STEPS" --log-steps 10 \
     --save-interval 0 --save-final false --report-to none --device cuda --mixed-precision bf16 \
-    "$@" >"$OUT/$name.log" 2>&1
+    "$@" >"/tmp/fsdp-device-$name.log" 2>&1
   local rc=$?
+  { echo "===== $name (exit code $rc)"; cat "/tmp/fsdp-device-$name.log"; } >>"$OUT/runs.log"
   cp "/tmp/fsdp-device-$name/metrics.jsonl" "$OUT/$name-metrics.jsonl" 2>/dev/null
-  [ $rc -eq 0 ] || { echo "$name: exit code $rc (124: time limit)"; tail -30 "$OUT/$name.log"; }
+  [ $rc -eq 0 ] || { echo "$name: exit code $rc (124: time limit)"; tail -30 "/tmp/fsdp-device-$name.log"; }
   return $rc
 }
 stamp "fsdp-train: $STEPS steps, bf16, 1 GPU"
@@ -109,8 +110,10 @@ timeout 180 "$PY" -m torch.distributed.run --standalone --nproc-per-node 1 \
   --draft-model-config "$DRAFT" --train-hidden-states-path "$DATA/hidden_states" \
   --cache-dir "$DATA/cache-ref" --output-dir /tmp/fsdp-device-ref --max-length "$SEQ" \
   --draft-global-batch-size 1 --draft-micro-batch-size 1 --num-epochs 4 --total-steps "$STEPS" \
-  --log-steps 10 --param-dtype bf16 --loader-workers 4 >"$OUT/reference.log" 2>&1 ||
-  { echo "reference: exit code $? (124: time limit)"; tail -30 "$OUT/reference.log"; }
+  --log-steps 10 --param-dtype bf16 --loader-workers 4 >/tmp/fsdp-device-reference.log 2>&1
+rc=$?
+{ echo "===== reference (exit code $rc)"; cat /tmp/fsdp-device-reference.log; } >>"$OUT/runs.log"
+[ $rc -eq 0 ] || { echo "reference: exit code $rc (124: time limit)"; tail -30 /tmp/fsdp-device-reference.log; }
 cp /tmp/fsdp-device-ref/metrics.jsonl "$OUT/reference-metrics.jsonl" 2>/dev/null
 
 stamp "comparison"
@@ -132,4 +135,18 @@ for t in "unit_model [cuda]" "unit_shard [cuda]" "mpi_comm [nccl]"; do
   timeout 90 "$exe" "${t#* }" || { echo "$t: exit code $?"; rc_tests=1; }
 done
 stamp "GPU tests: $([ $rc_tests -eq 0 ] && echo passed || echo FAILED)"
+
+# 6. CPU offload on the GPU host: optimizer state in pinned host memory, AdamW on the CPU
+# overlapped with the uploads. Fewer steps (the CPU step of 0.42 B parameters is the cost).
+stamp "fsdp-train --cpu-offload: 10 steps"
+STEPS=10 fsdp_run offload 120 --cpu-offload &&
+  "$PY" - "$OUT/offload-metrics.jsonl" <<'PYEOF'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+rows = [r for r in rows if "perf/tokens_per_s" in r]
+for r in rows:
+    print(f"cpu offload step {r['step']}: tokens/s {r['perf/tokens_per_s']:.0f}, peak GPU memory "
+          f"{r.get('mem/device_peak_allocated_gib', 0):.1f} GiB, host RSS "
+          f"{r.get('mem/host_peak_rss_gib', 0):.1f} GiB")
+PYEOF
 stamp "done"
