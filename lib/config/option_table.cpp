@@ -38,6 +38,10 @@ struct EnumNames<DeviceKind> {
   static constexpr const char* names[] = {"auto", "cpu", "cuda"};
 };
 template <>
+struct EnumNames<StepScalars> {
+  static constexpr const char* names[] = {"auto", "host", "device"};
+};
+template <>
 struct EnumNames<LrScheduler> {
   static constexpr const char* names[] = {"cosine", "linear", "constant"};
 };
@@ -427,6 +431,13 @@ std::vector<OptionSpec> build_table() {
   t.push_back(row<int64_t>("threads", K::kInt, rt,
                            "CPU threads per rank (0: cores divided by ranks on the node)",
                            FIELD(runtime.threads)));
+  t.push_back(row<StepScalars>(
+      "step-scalars", K::kEnum, rt,
+      "where the optimizer step's gradient norm, clip coefficient, skip flag and step count "
+      "live: auto = on the GPU when the optimizer state is there (no host synchronisation per "
+      "step; skipped steps are reported at logging steps), host = read every step, device = on "
+      "the state's device even on the CPU; results are identical",
+      FIELD(runtime.step_scalars)));
   t.push_back(row<int64_t>("dist-timeout", K::kInt, rt,
                            "minutes a collective may wait before the job is aborted",
                            FIELD(runtime.dist_timeout_minutes)));

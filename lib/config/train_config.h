@@ -19,6 +19,8 @@ enum class Precision { kBF16, kFP32 };
 // compatible); kTokens divides by the number of valid (loss_mask == 1) tokens.
 enum class LossNormalization { kBatch, kTokens };
 enum class DeviceKind { kAuto, kCpu, kCuda };
+// Where the optimizer step's scalars live (shard::EngineOptions::StepScalars).
+enum class StepScalars { kAuto, kHost, kDevice };
 // After warmup: cosine to 0 (spec section 6), linear to 0, or constant.
 enum class LrScheduler { kCosine, kLinear, kConstant };
 // --resume: kNone starts fresh, kAuto takes the newest complete checkpoint in --output-dir
@@ -100,6 +102,7 @@ struct RuntimeConfig {
   int64_t threads = 0;  // intra-op threads per rank; 0: cores / ranks on the node
   int64_t dist_timeout_minutes = 20;
   std::string log_level = "info";
+  StepScalars step_scalars = StepScalars::kAuto;
 };
 
 struct CheckpointConfig {

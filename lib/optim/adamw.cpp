@@ -127,4 +127,38 @@ void adamw_update_all(const std::vector<AdamWPiece>& pieces, const AdamWOptions&
   }
 }
 
+void adamw_update_all_device(const std::vector<AdamWPiece>& pieces, const AdamWOptions& o,
+                             const AdamWDeviceStep& s) {
+  if (pieces.empty()) return;
+  const c10::Device device = pieces.front().param.device();
+  FSDP_ASSERT(s.step.defined() && s.clip.defined() && s.found_inf.defined() &&
+                  s.step.device() == device && s.clip.device() == device &&
+                  s.found_inf.device() == device,
+              "adamw_update_all_device: step, clip and found_inf must be on the pieces' device");
+  // The kernel divides the gradient by grad_scale (AMP's unscale): 1/clip coefficient, computed
+  // in double and rounded to fp32 as the host path does.
+  const at::Tensor grad_scale = s.clip.reciprocal().to(at::kFloat);
+  const at::Tensor found_inf = s.found_inf.to(at::kFloat);
+  std::map<double, std::vector<const AdamWPiece*>> by_decay;
+  for (const AdamWPiece& p : pieces) {
+    FSDP_ASSERT(p.param.device() == device && p.param.scalar_type() == at::kFloat &&
+                    p.grad.scalar_type() == at::kFloat && p.param.numel() == p.grad.numel(),
+                "adamw_update_all_device: pieces must be fp32 on one device");
+    if (p.param.numel() > 0) by_decay[p.weight_decay].push_back(&p);
+  }
+  for (const auto& [decay, group] : by_decay) {
+    std::vector<at::Tensor> params, grads, avgs, avg_sqs, steps;
+    for (const AdamWPiece* p : group) {
+      params.push_back(p->param);
+      grads.push_back(p->grad);
+      avgs.push_back(p->exp_avg);
+      avg_sqs.push_back(p->exp_avg_sq);
+      steps.push_back(s.step);  // read, not incremented, by the kernel
+    }
+    at::_fused_adamw_(params, grads, avgs, avg_sqs, /*max_exp_avg_sqs=*/{}, steps, s.lr, o.beta1,
+                      o.beta2, decay, o.eps, /*amsgrad=*/false, /*maximize=*/false, grad_scale,
+                      found_inf);
+  }
+}
+
 }  // namespace fsdp::optim

@@ -60,6 +60,20 @@ enum class AdamWImpl {
 void adamw_update_all(const std::vector<AdamWPiece>& pieces, const AdamWOptions& options,
                       const AdamWStep& step, AdamWImpl impl = AdamWImpl::kAuto);
 
+// One step whose scalars stay on the device (no host synchronisation), for the fused kernel:
+// `step` fp32 0-dim holds the 1-based step count the update uses; `clip` fp64 0-dim multiplies
+// the gradients (the clip coefficient); `found_inf` fp32 0-dim: when 1 the kernel leaves every
+// parameter, moment and gradient untouched (a skipped step). All on the pieces' device.
+struct AdamWDeviceStep {
+  double lr = 0.0;
+  at::Tensor step, clip, found_inf;
+};
+
+// The fused kernel (AdamWImpl::kFused) for every piece with device-resident scalars: the same
+// arithmetic and bits as adamw_update_all with the host values of the same scalars.
+void adamw_update_all_device(const std::vector<AdamWPiece>& pieces, const AdamWOptions& options,
+                             const AdamWDeviceStep& step);
+
 // True when a parameter of this shape gets weight decay under `options`.
 bool decays(const AdamWOptions& options, int64_t dim);
 

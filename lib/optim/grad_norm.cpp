@@ -37,8 +37,8 @@ double global_norm(double local_sum_sq, comm::Communicator* comm, c10::Device de
   return std::sqrt(v.cpu().item<double>());
 }
 
-double global_norm_on_device(const std::vector<at::Tensor>& pieces, comm::Communicator* comm) {
-  FSDP_CHECK(!pieces.empty(), "global_norm_on_device: no gradient pieces",
+at::Tensor global_norm_tensor(const std::vector<at::Tensor>& pieces, comm::Communicator* comm) {
+  FSDP_CHECK(!pieces.empty(), "global_norm_tensor: no gradient pieces",
              "pass the valid part of every gradient shard");
   at::Tensor total = at::zeros({1}, pieces.front().options().dtype(at::kDouble));
   for (const at::Tensor& p : pieces) {
@@ -46,7 +46,16 @@ double global_norm_on_device(const std::vector<at::Tensor>& pieces, comm::Commun
     total.add_(at::linalg_vector_norm(p, 2, {}, false, at::kDouble).square());
   }
   if (comm != nullptr && comm->size() > 1) comm->all_reduce(total, comm::ReduceOp::kSum)->wait();
-  return std::sqrt(total.item<double>());
+  return total.sqrt().squeeze(0);
+}
+
+double global_norm_on_device(const std::vector<at::Tensor>& pieces, comm::Communicator* comm) {
+  return global_norm_tensor(pieces, comm).item<double>();
+}
+
+at::Tensor clip_coefficient_tensor(const at::Tensor& norm, double max_norm) {
+  if (max_norm <= 0.0) return at::ones_like(norm);
+  return (max_norm / (norm + 1e-6)).clamp_max(1.0);
 }
 
 double clip_coefficient(double norm, double max_norm) {

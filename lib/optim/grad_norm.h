@@ -28,9 +28,15 @@ double global_norm(double local_sum_sq, comm::Communicator* comm,
 // the host reads one value: one synchronisation per step instead of one per piece. Works on
 // any device (the CPU too).
 double global_norm_on_device(const std::vector<at::Tensor>& pieces, comm::Communicator* comm);
+// The same norm left on the pieces' device as a 0-dim fp64 tensor (no host read at all; the
+// same bits as global_norm_on_device).
+at::Tensor global_norm_tensor(const std::vector<at::Tensor>& pieces, comm::Communicator* comm);
 
 // min(1, max_norm / (norm + 1e-6)) as torch.nn.utils.clip_grad_norm_; 1 when max_norm <= 0
 // (clipping off). The caller multiplies gradients by it.
 double clip_coefficient(double norm, double max_norm);
+// The same coefficient computed on norm's device (fp64, same bits as the host formula); NaN
+// when norm is not finite.
+at::Tensor clip_coefficient_tensor(const at::Tensor& norm, double max_norm);
 
 }  // namespace fsdp::optim

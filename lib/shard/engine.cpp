@@ -3,6 +3,7 @@
 // the end of backward, and the optimizer step over the shards. Never branches on data.
 #include "shard/engine.h"
 
+#include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function_hook.h>
@@ -16,6 +17,7 @@
 #include "comm/communicator.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "optim/adamw.h"
 #include "optim/grad_norm.h"
 #include "shard/flat_param.h"
 
@@ -323,6 +325,83 @@ void ShardEngine::zero_grad() {
   for (FlatParam* f : flat_params()) f->zero_grad();
 }
 
+void StepResult::resolve() {
+  if (resolved) return;
+  at::Tensor host = at::stack({grad_norm_t, clip_coef_t, skipped_t.to(at::kDouble),
+                               step_t.to(at::kDouble)})
+                        .to(at::kCPU);
+  const double* v = host.data_ptr<double>();
+  grad_norm = v[0];
+  clip_coef = v[1];
+  skipped = v[2] != 0.0;
+  step = static_cast<int64_t>(v[3]);
+  resolved = true;
+}
+
+int64_t ShardEngine::step_count() const {
+  return step_dev_.defined() ? static_cast<int64_t>(step_dev_.item<float>()) : step_count_;
+}
+
+void ShardEngine::set_step_count(int64_t s) {
+  step_count_ = s;
+  if (step_dev_.defined()) step_dev_.fill_(static_cast<double>(s));
+}
+
+bool ShardEngine::device_step_scalars(const at::Tensor& grad) const {
+  using S = EngineOptions::StepScalars;
+  if (options_.step_scalars == S::kHost) return false;
+  if (options_.step_scalars == S::kDevice) {
+    FSDP_USAGE_CHECK(!grad.device().is_cpu() || !groups_.shard || groups_.shard->size() == 1 ||
+                         groups_.shard->backend() == "mpi",
+                     "device step scalars with host-resident gradients need the mpi backend",
+                     "use StepScalars::kAuto (host scalars with cpu offload)");
+    return true;
+  }
+  return !grad.device().is_cpu();
+}
+
+StepResult ShardEngine::step_on_device(const std::vector<at::Tensor>& valid_grads, double lr,
+                                       double max_grad_norm) {
+  // Nothing here reads a value on the host: the norm, the skip flag and the clip coefficient
+  // stay on the device and the fused kernel reads them there (a non-finite norm makes it leave
+  // everything untouched, as the host path's skip does).
+  const at::Tensor norm = optim::global_norm_tensor(valid_grads, groups_.shard.get());
+  const at::Tensor found_inf = norm.isfinite().logical_not().to(at::kFloat);
+  const at::Tensor clip =
+      at::where(found_inf.to(at::kBool), at::ones_like(norm),
+                optim::clip_coefficient_tensor(norm, max_grad_norm));
+  if (!step_dev_.defined()) {
+    step_dev_ = at::full({}, static_cast<double>(step_count_),
+                         norm.options().dtype(at::kFloat));
+  }
+  step_dev_.add_(1.0);
+  std::vector<optim::AdamWPiece> pieces;
+  for (const auto& u : units_) {
+    if (!u->trainable) continue;
+    FlatParam& f = *u->trainable;
+    for (const DecayRun& run : f.decay_runs()) {
+      pieces.push_back({f.master().narrow(0, run.offset, run.length),
+                        f.grad_shard().narrow(0, run.offset, run.length),
+                        f.exp_avg().narrow(0, run.offset, run.length),
+                        f.exp_avg_sq().narrow(0, run.offset, run.length),
+                        run.decay ? options_.adamw.weight_decay : 0.0});
+    }
+  }
+  optim::adamw_update_all_device(pieces, options_.adamw, {lr, step_dev_, clip, found_inf});
+  step_dev_.sub_(found_inf);
+  for (const auto& u : units_)
+    if (u->trainable) u->trainable->refresh_after_update();
+  zero_grad();
+  current_order_.clear();
+  StepResult r;
+  r.resolved = false;
+  r.grad_norm_t = norm;
+  r.clip_coef_t = clip;
+  r.skipped_t = found_inf;
+  r.step_t = step_dev_.clone();
+  return r;
+}
+
 StepResult ShardEngine::step(double lr, double max_grad_norm) {
   finish_backward();
   StepResult r;
@@ -332,6 +411,14 @@ StepResult ShardEngine::step(double lr, double max_grad_norm) {
     if (!u->trainable) continue;
     const FlatParam& f = *u->trainable;
     valid_grads.push_back(f.grad_shard().narrow(0, 0, f.layout().valid_numel(f.shard_rank())));
+  }
+  if (!valid_grads.empty() && device_step_scalars(valid_grads.front()) &&
+      !units_.empty()) {
+    return step_on_device(valid_grads, lr, max_grad_norm);
+  }
+  if (step_dev_.defined()) {  // back from device scalars (not a path the trainer takes)
+    step_count_ = step_count();
+    step_dev_ = at::Tensor();
   }
   if (!valid_grads.empty() && !valid_grads.front().device().is_cpu()) {
     // Device-resident gradients (NCCL): one host read per step.
@@ -362,7 +449,7 @@ StepResult ShardEngine::step(double lr, double max_grad_norm) {
   // overlaps the CPU step of the next unit.
   std::vector<optim::AdamWPiece> pieces;
   const auto flush = [&] {
-    optim::adamw_update_all(pieces, options_.adamw, s);
+    optim::adamw_update_all(pieces, options_.adamw, s, options_.adamw_impl);
     pieces.clear();
   };
   std::vector<FlatParam*> updated;

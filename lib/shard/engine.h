@@ -36,11 +36,19 @@ namespace fsdp::shard {
 class FlatParam;
 
 // Result of one optimizer step.
+// With device-resident step scalars (EngineOptions::step_scalars) the host fields are filled
+// only by resolve(), which reads the 0-dim device tensors (one synchronisation); until then
+// `resolved` is false.
 struct StepResult {
   double grad_norm = 0.0;    // global L2 norm before clipping (NaN/Inf when not finite)
   double clip_coef = 1.0;    // factor applied to the gradients (1 when not clipped)
   bool skipped = false;      // true: non-finite gradients, weights and moments unchanged
   int64_t step = 0;          // optimizer steps applied so far (skipped steps not counted)
+  bool resolved = true;
+  // The same values on the device (defined only when the step ran with device scalars):
+  // grad_norm fp64, clip_coef fp64, skipped fp32 (0 or 1), step fp32.
+  at::Tensor grad_norm_t, clip_coef_t, skipped_t, step_t;
+  void resolve();
 };
 
 // Bytes held per rank. Persistent: state that lives for the whole run (master, gradient and
@@ -84,8 +92,9 @@ class ShardEngine final : public UnitHooks {
   StepResult step(double lr, double max_grad_norm);
   // Clears gradient shards and local accumulators (step() does this itself).
   void zero_grad();
-  int64_t step_count() const { return step_count_; }
-  void set_step_count(int64_t s) { step_count_ = s; }
+  // Optimizer steps applied so far (reads the device counter with device step scalars).
+  int64_t step_count() const;
+  void set_step_count(int64_t s);
 
   MemoryStats memory() const;
   const std::vector<const FlatLayout*>& layouts() const { return layouts_; }
@@ -119,6 +128,9 @@ class ShardEngine final : public UnitHooks {
   bool runs_again(const Unit& u) const;
   void prefetch_before(Unit& u);
   void track_memory();
+  bool device_step_scalars(const at::Tensor& grad) const;
+  StepResult step_on_device(const std::vector<at::Tensor>& valid_grads, double lr,
+                            double max_grad_norm);
 
   torch::nn::Module& model_;
   CommGroups groups_;
@@ -134,6 +146,7 @@ class ShardEngine final : public UnitHooks {
   bool in_backward_ = false;
   bool sync_gradients_ = true;
   int64_t step_count_ = 0;
+  at::Tensor step_dev_;  // fp32 0-dim step count on the device (device step scalars only)
   int64_t peak_gathered_ = 0;
   int64_t peak_grad_ = 0;
 };

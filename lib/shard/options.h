@@ -53,6 +53,18 @@ struct EngineOptions {
   // direct child that has parameters. Every parameter must fall in exactly one unit.
   std::vector<std::string> units;
   optim::AdamWOptions adamw;
+  // Host-scalar steps: kAuto = the per-piece loop on the CPU, the fused kernel elsewhere (device
+  // step scalars always use the fused kernel).
+  optim::AdamWImpl adamw_impl = optim::AdamWImpl::kAuto;
+  // Where the optimizer step's scalars live (gradient norm, clip coefficient, non-finite check,
+  // step count). kAuto: on the device when the trainable state is device-resident (a GPU
+  // without cpu_offload), so the step never synchronises with the host: the fused AdamW kernel
+  // reads the clip coefficient, the step count and the skip flag from device memory, and the
+  // host reads them only when asked (StepResult::resolve(), step_count()). Otherwise on the
+  // host, read every step. kHost / kDevice force one path (kDevice on the CPU: tests). Both
+  // paths give the same bits.
+  enum class StepScalars { kAuto, kHost, kDevice };
+  StepScalars step_scalars = StepScalars::kAuto;
 
   // Throws fsdp::UsageError naming the option for unsupported dtypes or combinations.
   void validate() const;

@@ -15,6 +15,7 @@
 #include "model/flops.h"
 #include "optim/lr_schedule.h"
 #include "train/signals.h"
+#include "train/step_health.h"
 #include "train/step_metrics.h"
 #include "train/trainer_impl.h"
 
@@ -108,10 +109,12 @@ RunResult Trainer::Impl::train() {
     result.steps = state.step;
     return result;
   }
-  int consecutive_nonfinite = 0;
+  // Skipped steps and the gradient norm: read at logging steps, saves and the end when the
+  // engine keeps its step scalars on the device (no host synchronisation per step).
+  StepHealth health(kMaxConsecutiveNonFinite, &state.skipped_steps);
   Stopwatch window_clock;
   double window_comm0 = comm_seconds(*engine);
-  double last_grad_norm = 0, last_lr = 0;
+  double last_lr = 0;
   bool stop = false;
   bool saved_at_step = false;
   at::Tensor flag = at::zeros({1}, at::kInt);
@@ -147,8 +150,7 @@ RunResult Trainer::Impl::train() {
       // One optimizer step.
       const int64_t n = state.step + 1;
       last_lr = learning_rate_at(n);
-      auto r = engine->step(last_lr, cfg.optim.max_grad_norm);
-      last_grad_norm = r.grad_norm;
+      health.add(engine->step(last_lr, cfg.optim.max_grad_norm), n);
       state.step = n;
       state.epoch = epoch;
       state.position = b_index + 1;
@@ -157,20 +159,6 @@ RunResult Trainer::Impl::train() {
       step_flops = 0;
       step_tokens = 0;
       step_clock.reset();
-      if (r.skipped) {
-        ++consecutive_nonfinite;
-        ++state.skipped_steps;
-        FSDP_LOG0(kWarn) << "step " << n << ": gradients are not finite (norm " << r.grad_norm
-                         << "); step skipped, weights unchanged";
-        FSDP_CHECK(consecutive_nonfinite < kMaxConsecutiveNonFinite,
-                   fsdp::str("aborting: ", consecutive_nonfinite,
-                             " consecutive optimizer steps had non-finite gradients (last at step ",
-                             n, ")"),
-                   "lower --learning-rate, check the features for outliers, or resume from the "
-                   "last checkpoint with --mixed-precision fp32");
-      } else {
-        consecutive_nonfinite = 0;
-      }
       logger->heartbeat(n);
       if (n % cfg.metrics.log_steps == 0 || n == stop_at) {
         int64_t tokens = 0;
@@ -182,7 +170,8 @@ RunResult Trainer::Impl::train() {
         shares.add("comm", comm_now - window_comm0);
         window_comm0 = comm_now;
         scalars.emplace_back("train/lr", last_lr);
-        scalars.emplace_back("train/grad_norm", last_grad_norm);
+        health.flush();
+        scalars.emplace_back("train/grad_norm", health.last_grad_norm());
         scalars.emplace_back("train/epoch", static_cast<double>(epoch));
         scalars.emplace_back("perf/tokens_per_s", secs > 0 ? tokens / secs : 0.0);
         if (auto mfu = meter.mfu()) scalars.emplace_back("perf/mfu", *mfu);
@@ -207,6 +196,7 @@ RunResult Trainer::Impl::train() {
         logger->log(n, evaluate("eval"));
       }
       if (cfg.checkpoint.save_steps > 0 && n % cfg.checkpoint.save_steps == 0) {
+        health.flush();
         result.last_checkpoint = save(epoch);
         saved_at_step = true;
       }
@@ -216,6 +206,7 @@ RunResult Trainer::Impl::train() {
       if (flag.item<int>() != 0) {
         FSDP_LOG0(kWarn) << "stop requested (signal " << stop_signal() << "): saving at step " << n
                          << " and exiting";
+        health.flush();
         if (!saved_at_step) result.last_checkpoint = save(epoch);
         saved_at_step = true;
         result.stopped_by_signal = true;
@@ -236,10 +227,12 @@ RunResult Trainer::Impl::train() {
       logger->log(state.step, result.final_eval);
     }
     if (cfg.checkpoint.save_interval > 0 && (epoch + 1) % cfg.checkpoint.save_interval == 0) {
+      health.flush();
       result.last_checkpoint = save(epoch);
       saved_at_step = true;
     }
   }
+  health.flush();
   if (cfg.checkpoint.save_final && !saved_at_step && state.step > 0) {
     result.last_checkpoint = save(state.epoch);
   } else if (!saved_at_step && state.step > 0) {

@@ -184,6 +184,11 @@ void Trainer::Impl::build_model() {
   eo.device = device;
   eo.cpu_offload = cfg.shard.cpu_offload;
   eo.reshard_between_uses = cfg.shard.reshard_between_uses;
+  eo.step_scalars = cfg.runtime.step_scalars == config::StepScalars::kHost
+                        ? shard::EngineOptions::StepScalars::kHost
+                    : cfg.runtime.step_scalars == config::StepScalars::kDevice
+                        ? shard::EngineOptions::StepScalars::kDevice
+                        : shard::EngineOptions::StepScalars::kAuto;
   eo.adamw.beta1 = cfg.optim.adam_beta1;
   eo.adamw.beta2 = cfg.optim.adam_beta2;
   eo.adamw.eps = cfg.optim.adam_eps;

@@ -35,7 +35,13 @@ TEST_CASE("engine on CUDA matches the CPU engine", "[cuda][shard]") {
             logits.reshape({-1, kVocab}), b.targets.narrow(0, a * mb, mb).reshape({-1}).to(torch::kCUDA));
         (loss * (static_cast<double>(mb) / kGlobalBatch)).backward();
       }
-      e.step(c.lr, c.max_grad_norm);
+      // Device-resident state keeps the step's scalars on the GPU (nothing read on the host);
+      // offloaded state steps on the host.
+      auto r = e.step(c.lr, c.max_grad_norm);
+      CHECK(r.resolved == offload);
+      r.resolve();
+      CHECK_FALSE(r.skipped);
+      CHECK(r.step == s + 1);
     }
     CHECK(max_rel_diff(e.full_state(false), want) < 1e-4);
   }
