@@ -57,9 +57,10 @@ void unroll(Eagle3DraftImpl& model, const at::Tensor& input_ids, const at::Tenso
 // fp32 (fp64 for double logits) and p = target_p[take]. The forward and backward are exactly the
 // kernels autograd runs for that composition, in the same order, so values and gradients are
 // bit-identical to it; what differs is what the graph keeps until backward. Autograd would keep
-// log_softmax's fp32 output and the gathered fp32 p, 8 bytes per logit; this keeps the logits
-// in their own dtype (2 bytes in bf16) and recomputes log_softmax and the gather in backward.
-// For the llama3-8B draft at S=2048 that is 0.52 GB less per TTT step. Used when
+// log_softmax's fp32 output and this step's gathered fp32 p, 8 bytes per logit; this keeps the
+// logits in their own dtype (2 bytes in bf16) and the loss rows' target (shared by all steps),
+// and recomputes log_softmax and the gather in backward. For the llama3-8B draft at S=2048 with
+// every row a loss row: 3.7 GB -> 1.2 GB held per micro-batch over the 7 steps. Used when
 // LossOptions::recompute_loss is set; otherwise the composition itself runs (no recomputation).
 struct WeightedSoftCrossEntropy : torch::autograd::Function<WeightedSoftCrossEntropy> {
   static at::ScalarType wide(const at::Tensor& logits) {
