@@ -3,6 +3,7 @@
 // message naming the flag. Reads only the two small JSON files; never opens safetensors.
 #include <nlohmann/json.hpp>
 
+#include <cstdint>
 #include <fstream>
 
 #include "config/train_config.h"

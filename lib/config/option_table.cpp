@@ -2,6 +2,7 @@
 // defaults live in train_config.h's member initialisers and are read back from a default
 // TrainConfig, so help, docs and the struct cannot disagree. Never add an option elsewhere.
 #include <algorithm>
+#include <cstdint>
 #include <type_traits>
 
 #include "config/options.h"
