@@ -87,6 +87,39 @@ void adamw_update(const at::Tensor& param, const at::Tensor& grad, const at::Ten
   param.addcdiv_(exp_avg, denom, -step_size);
 }
 
+namespace {
+
+// torch's fused multi-tensor kernel over every piece: one launch per weight-decay value. `step`
+// (fp32 0-dim, the 1-based count the update uses) is read, not incremented, by the kernel;
+// grad_scale divides the gradient (AMP's unscale); found_inf = 1 leaves everything untouched.
+void fused_adamw(const std::vector<AdamWPiece>& pieces, const AdamWOptions& o, double lr,
+                 const at::Tensor& step, const std::optional<at::Tensor>& grad_scale,
+                 const std::optional<at::Tensor>& found_inf) {
+  const c10::Device device = pieces.front().param.device();
+  std::map<double, std::vector<const AdamWPiece*>> by_decay;
+  for (const AdamWPiece& p : pieces) {
+    FSDP_ASSERT(p.param.device() == device && p.param.scalar_type() == at::kFloat &&
+                    p.grad.scalar_type() == at::kFloat && p.param.numel() == p.grad.numel(),
+                "fused AdamW: pieces must be fp32 on one device");
+    if (p.param.numel() > 0) by_decay[p.weight_decay].push_back(&p);
+  }
+  for (const auto& [decay, group] : by_decay) {
+    std::vector<at::Tensor> params, grads, avgs, avg_sqs, steps;
+    for (const AdamWPiece* p : group) {
+      params.push_back(p->param);
+      grads.push_back(p->grad);
+      avgs.push_back(p->exp_avg);
+      avg_sqs.push_back(p->exp_avg_sq);
+      steps.push_back(step);
+    }
+    at::_fused_adamw_(params, grads, avgs, avg_sqs, /*max_exp_avg_sqs=*/{}, steps, lr, o.beta1,
+                      o.beta2, decay, o.eps, /*amsgrad=*/false, /*maximize=*/false, grad_scale,
+                      found_inf);
+  }
+}
+
+}  // namespace
+
 void adamw_update_all(const std::vector<AdamWPiece>& pieces, const AdamWOptions& o,
                       const AdamWStep& s, AdamWImpl impl) {
   if (pieces.empty()) return;
@@ -98,33 +131,13 @@ void adamw_update_all(const std::vector<AdamWPiece>& pieces, const AdamWOptions&
     }
     return;
   }
-  const c10::Device device = pieces.front().param.device();
   const auto scalar = [&](double x) {
-    return at::full({}, x, at::TensorOptions().dtype(at::kFloat).device(device));
+    return at::full({}, x, pieces.front().param.options().dtype(at::kFloat));
   };
-  // The kernel divides the gradient by grad_scale (AMP's unscale): pass 1/clip coefficient.
+  // The kernel divides the gradient by grad_scale: pass 1/clip coefficient.
   std::optional<at::Tensor> grad_scale;
   if (s.grad_scale != 1.0) grad_scale = scalar(1.0 / s.grad_scale);
-  std::map<double, std::vector<const AdamWPiece*>> by_decay;
-  for (const AdamWPiece& p : pieces) {
-    FSDP_ASSERT(p.param.device() == device && p.param.scalar_type() == at::kFloat &&
-                    p.grad.scalar_type() == at::kFloat && p.param.numel() == p.grad.numel(),
-                "adamw_update_all: pieces must be fp32 on one device");
-    if (p.param.numel() > 0) by_decay[p.weight_decay].push_back(&p);
-  }
-  for (const auto& [decay, group] : by_decay) {
-    std::vector<at::Tensor> params, grads, avgs, avg_sqs, steps;
-    for (const AdamWPiece* p : group) {
-      params.push_back(p->param);
-      grads.push_back(p->grad);
-      avgs.push_back(p->exp_avg);
-      avg_sqs.push_back(p->exp_avg_sq);
-      steps.push_back(scalar(static_cast<double>(s.step)));  // read, not incremented, by the kernel
-    }
-    at::_fused_adamw_(params, grads, avgs, avg_sqs, /*max_exp_avg_sqs=*/{}, steps, s.lr, o.beta1,
-                      o.beta2, decay, o.eps, /*amsgrad=*/false, /*maximize=*/false, grad_scale,
-                      /*found_inf=*/std::nullopt);
-  }
+  fused_adamw(pieces, o, s.lr, scalar(static_cast<double>(s.step)), grad_scale, std::nullopt);
 }
 
 void adamw_update_all_device(const std::vector<AdamWPiece>& pieces, const AdamWOptions& o,
@@ -135,30 +148,9 @@ void adamw_update_all_device(const std::vector<AdamWPiece>& pieces, const AdamWO
                   s.step.device() == device && s.clip.device() == device &&
                   s.found_inf.device() == device,
               "adamw_update_all_device: step, clip and found_inf must be on the pieces' device");
-  // The kernel divides the gradient by grad_scale (AMP's unscale): 1/clip coefficient, computed
-  // in double and rounded to fp32 as the host path does.
-  const at::Tensor grad_scale = s.clip.reciprocal().to(at::kFloat);
-  const at::Tensor found_inf = s.found_inf.to(at::kFloat);
-  std::map<double, std::vector<const AdamWPiece*>> by_decay;
-  for (const AdamWPiece& p : pieces) {
-    FSDP_ASSERT(p.param.device() == device && p.param.scalar_type() == at::kFloat &&
-                    p.grad.scalar_type() == at::kFloat && p.param.numel() == p.grad.numel(),
-                "adamw_update_all_device: pieces must be fp32 on one device");
-    if (p.param.numel() > 0) by_decay[p.weight_decay].push_back(&p);
-  }
-  for (const auto& [decay, group] : by_decay) {
-    std::vector<at::Tensor> params, grads, avgs, avg_sqs, steps;
-    for (const AdamWPiece* p : group) {
-      params.push_back(p->param);
-      grads.push_back(p->grad);
-      avgs.push_back(p->exp_avg);
-      avg_sqs.push_back(p->exp_avg_sq);
-      steps.push_back(s.step);  // read, not incremented, by the kernel
-    }
-    at::_fused_adamw_(params, grads, avgs, avg_sqs, /*max_exp_avg_sqs=*/{}, steps, s.lr, o.beta1,
-                      o.beta2, decay, o.eps, /*amsgrad=*/false, /*maximize=*/false, grad_scale,
-                      found_inf);
-  }
+  // 1/clip computed in double and rounded to fp32, as the host path does.
+  fused_adamw(pieces, o, s.lr, s.step, s.clip.reciprocal().to(at::kFloat),
+              s.found_inf.to(at::kFloat));
 }
 
 }  // namespace fsdp::optim

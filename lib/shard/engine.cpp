@@ -54,6 +54,18 @@ class GradReadyHook final : public torch::autograd::PostAccumulateGradHook {
   std::function<void()> fn_;
 };
 
+// The optimizer's pieces of one flat parameter: its runs of equal weight-decay setting.
+void append_adamw_pieces(FlatParam& f, double weight_decay,
+                         std::vector<optim::AdamWPiece>& pieces) {
+  for (const DecayRun& run : f.decay_runs()) {
+    pieces.push_back({f.master().narrow(0, run.offset, run.length),
+                      f.grad_shard().narrow(0, run.offset, run.length),
+                      f.exp_avg().narrow(0, run.offset, run.length),
+                      f.exp_avg_sq().narrow(0, run.offset, run.length),
+                      run.decay ? weight_decay : 0.0});
+  }
+}
+
 bool frees_after_forward(Strategy s) {
   return s == Strategy::kFullShard || s == Strategy::kHybridShard;
 }
@@ -379,13 +391,7 @@ StepResult ShardEngine::step_on_device(const std::vector<at::Tensor>& valid_grad
   for (const auto& u : units_) {
     if (!u->trainable) continue;
     FlatParam& f = *u->trainable;
-    for (const DecayRun& run : f.decay_runs()) {
-      pieces.push_back({f.master().narrow(0, run.offset, run.length),
-                        f.grad_shard().narrow(0, run.offset, run.length),
-                        f.exp_avg().narrow(0, run.offset, run.length),
-                        f.exp_avg_sq().narrow(0, run.offset, run.length),
-                        run.decay ? options_.adamw.weight_decay : 0.0});
-    }
+    append_adamw_pieces(f, options_.adamw.weight_decay, pieces);
   }
   optim::adamw_update_all_device(pieces, options_.adamw, {lr, step_dev_, clip, found_inf});
   step_dev_.sub_(found_inf);
@@ -456,13 +462,7 @@ StepResult ShardEngine::step(double lr, double max_grad_norm) {
   for (const auto& u : units_) {
     if (!u->trainable) continue;
     FlatParam& f = *u->trainable;
-    for (const DecayRun& run : f.decay_runs()) {
-      pieces.push_back({f.master().narrow(0, run.offset, run.length),
-                        f.grad_shard().narrow(0, run.offset, run.length),
-                        f.exp_avg().narrow(0, run.offset, run.length),
-                        f.exp_avg_sq().narrow(0, run.offset, run.length),
-                        run.decay ? options_.adamw.weight_decay : 0.0});
-    }
+    append_adamw_pieces(f, options_.adamw.weight_decay, pieces);
     if (f.master().device().is_cpu()) {
       flush();
       f.refresh_after_update();

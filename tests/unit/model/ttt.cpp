@@ -540,13 +540,13 @@ TEST_CASE("activation checkpointing: fp32 gradients are bit-identical; no graph 
         ttt_step(*f.model, f.head, f.ids, f.mask, f.loss_mask, f.aux, f.target_hidden, o);
     std::multiset<std::string> names;
     std::set<const torch::autograd::Node*> seen;
-    std::vector<torch::autograd::Node*> todo{r.loss.grad_fn().get()};
-    while (!todo.empty()) {
-      torch::autograd::Node* n = todo.back();
-      todo.pop_back();
+    std::vector<torch::autograd::Node*> pending{r.loss.grad_fn().get()};
+    while (!pending.empty()) {
+      torch::autograd::Node* n = pending.back();
+      pending.pop_back();
       if (!n || !seen.insert(n).second) continue;
       names.insert(n->name());
-      for (const auto& edge : n->next_edges()) todo.push_back(edge.function.get());
+      for (const auto& edge : n->next_edges()) pending.push_back(edge.function.get());
     }
     const auto with = [&](const std::string& part) {
       int64_t c = 0;
