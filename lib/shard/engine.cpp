@@ -418,13 +418,9 @@ StepResult ShardEngine::step(double lr, double max_grad_norm) {
     const FlatParam& f = *u->trainable;
     valid_grads.push_back(f.grad_shard().narrow(0, 0, f.layout().valid_numel(f.shard_rank())));
   }
-  if (!valid_grads.empty() && device_step_scalars(valid_grads.front()) &&
-      !units_.empty()) {
+  // (The gradients' device never changes, so an engine takes the same path every step.)
+  if (!valid_grads.empty() && device_step_scalars(valid_grads.front())) {
     return step_on_device(valid_grads, lr, max_grad_norm);
-  }
-  if (step_dev_.defined()) {  // back from device scalars (not a path the trainer takes)
-    step_count_ = step_count();
-    step_dev_ = at::Tensor();
   }
   if (!valid_grads.empty() && !valid_grads.front().device().is_cpu()) {
     // Device-resident gradients (NCCL): one host read per step.
