@@ -7,7 +7,8 @@
 # Env:   FSDP_PYTHON (venv python), DATA (features root with train/, target/, draft-config.json;
 #        default: toy features generated here), STEPS (3), GLOBAL_BATCH (2), MAX_LENGTH (512),
 #        RANKS ("1 2"), RTOL (1e-4), WORK (scratch dir), LR (1e-3: large, so drift shows early),
-#        REFERENCE_ONLY=1 (only the reference at each world size, compared across world sizes).
+#        REFERENCE_ONLY=1 (only the reference at each world size, compared across world sizes),
+#        DEVICE (cpu; cuda: both trainers on the GPU, one rank per GPU: benchmarks/device/run.sh).
 #
 # Assumptions about fsdp-train (its flags were not final when this was written; adjust here):
 #   - SpecForge flag names of spec section 8 at the root level (no subcommand), launched as
@@ -24,7 +25,8 @@ set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(cd "$HERE/../.." && pwd)"
 PY="${FSDP_PYTHON:-$HOME/.cache/fsdp-train/venv/bin/python}"
-TORCHRUN="$(dirname "$PY")/torchrun"
+TORCHRUN=("$(dirname "$PY")/torchrun")
+[[ -x "${TORCHRUN[0]}" ]] || TORCHRUN=("$PY" -m torch.distributed.run)
 BIN="${1:-${FSDP_TRAIN:-}}"
 STEPS="${STEPS:-3}"
 GB="${GLOBAL_BATCH:-2}"
@@ -53,7 +55,7 @@ COMMON=(--target-model-path "$DATA/target" --draft-model-config "$DATA/draft-con
         --lm-head-key "$LMKEY" --train-hidden-states-path "$DATA/train"
         --draft-global-batch-size "$GB" --draft-micro-batch-size 1 --max-length "$MAXLEN"
         --ttt-length 7 --total-steps "$STEPS" --num-epochs 1 --seed 0 --learning-rate "$LR"
-        --warmup-ratio 0.015 --max-grad-norm 0.5 --log-steps 1)
+        --warmup-ratio 0.015 --max-grad-norm 0.5 --log-steps 1 --device "${DEVICE:-cpu}")
 
 INIT="${INIT:-}"
 if [[ -z "$INIT" ]]; then
@@ -69,7 +71,7 @@ first_ref=""
 for W in $RANKS; do
   echo "== reference, $W rank(s)"
   threads=$(( $(nproc) / W )); (( threads >= 1 )) || threads=1
-  "$TORCHRUN" --nproc-per-node "$W" --master-port $((29500 + RANDOM % 1000)) \
+  "${TORCHRUN[@]}" --nproc-per-node "$W" --master-port $((29500 + RANDOM % 1000)) \
       "$REPO/benchmarks/reference/train.py" "${COMMON[@]}" --param-dtype fp32 \
       --init-weights "$INIT" --threads "$threads" --output-dir "$WORK/ref-w$W" \
       --cache-dir "$WORK/cache" >"$WORK/ref-w$W.log" 2>&1 || { tail "$WORK/ref-w$W.log"; exit 1; }

@@ -7,7 +7,8 @@
 # against the machine's torch, 3) benchmarks the llama3-8B-eagle3 draft at sequence length 2048
 # on synthetic features for fsdp-train and for the PyTorch FSDP2 reference on the same GPU and
 # prints tokens/s, MFU and peak memory for both and their ratio, 4) measures
-# --activation-checkpointing, 5) runs the [cuda]/[nccl] tests, 6) measures --cpu-offload. The
+# --activation-checkpointing, 5) checks parity with the reference on the GPU in fp32, 6) runs
+# the [cuda]/[nccl] tests, 7) measures --cpu-offload. The
 # benchmarks come before the tests because they are what a session cannot get elsewhere; every
 # stage has a time limit so one hang cannot spend the call, and a failed stage does not stop
 # the later ones. $OUT gets 7 files (the device tool returns at most 8): device.log (everything
@@ -126,7 +127,16 @@ fsdp_run checkpointed 120 --activation-checkpointing &&
   "$PY" "$REPO/benchmarks/device/compare.py" --checkpointing "$OUT/fsdp-train-metrics.jsonl" \
     "$OUT/checkpointed-metrics.jsonl"
 
-# 5. GPU tests (they skip nothing here: a GPU is present).
+# 5. Exactness on the GPU: fsdp-train against the reference in fp32 on small toy features, same
+# initial weights and batches, ploss_i/acc_i of 3 steps to 1e-4 (benchmarks/compare/parity.sh;
+# one rank, started without mpirun as above).
+stamp "parity with the reference on the GPU (fp32, 3 steps)"
+printf '#!/bin/sh\nshift 2\nexec "$@"\n' >/tmp/fsdp-single-rank.sh   # drops parity.sh's "-n 1"
+timeout 150 env DEVICE=cuda RANKS=1 FSDP_PYTHON="$PY" MPIRUN="sh /tmp/fsdp-single-rank.sh" \
+  WORK=/tmp/fsdp-device-parity bash "$REPO/benchmarks/compare/parity.sh" "$B/fsdp-train" 2>&1 |
+  tail -8
+
+# 6. GPU tests (they skip nothing here: a GPU is present).
 stamp "GPU tests"
 rc_tests=0
 for t in "unit_model [cuda]" "unit_shard [cuda]" "mpi_comm [nccl]"; do
@@ -136,7 +146,7 @@ for t in "unit_model [cuda]" "unit_shard [cuda]" "mpi_comm [nccl]"; do
 done
 stamp "GPU tests: $([ $rc_tests -eq 0 ] && echo passed || echo FAILED)"
 
-# 6. CPU offload on the GPU host: optimizer state in pinned host memory, AdamW on the CPU
+# 7. CPU offload on the GPU host: optimizer state in pinned host memory, AdamW on the CPU
 # overlapped with the uploads. Fewer steps (the CPU step of 0.42 B parameters is the cost).
 stamp "fsdp-train --cpu-offload: 10 steps"
 STEPS=10 fsdp_run offload 120 --cpu-offload &&
