@@ -85,6 +85,14 @@ ShardEngine::ShardEngine(torch::nn::Module& model, CommGroups groups, EngineOpti
                    str(strategy_name(options_.strategy), " was given a replicate group"),
                    "use HYBRID_SHARD to replicate across nodes");
 
+  // Device step scalars keep the gradient norm where the gradient shards are; offloaded shards
+  // are on the host, which a GPU communicator cannot reduce.
+  FSDP_USAGE_CHECK(options_.step_scalars != EngineOptions::StepScalars::kDevice ||
+                       !options_.cpu_offload || !groups_.shard || groups_.shard->size() == 1 ||
+                       groups_.shard->backend() == "mpi",
+                   "--step-scalars device with --cpu-offload: the offloaded gradient shards are "
+                   "in host memory and the gpu communicator cannot reduce their norm",
+                   "use --step-scalars auto (or host) with --cpu-offload");
   // Units: the named submodules, or one per direct child with parameters.
   std::vector<std::string> names = options_.units;
   std::unordered_map<std::string, std::shared_ptr<torch::nn::Module>> modules;
@@ -362,13 +370,7 @@ void ShardEngine::set_step_count(int64_t s) {
 bool ShardEngine::device_step_scalars(const at::Tensor& grad) const {
   using S = EngineOptions::StepScalars;
   if (options_.step_scalars == S::kHost) return false;
-  if (options_.step_scalars == S::kDevice) {
-    FSDP_USAGE_CHECK(!grad.device().is_cpu() || !groups_.shard || groups_.shard->size() == 1 ||
-                         groups_.shard->backend() == "mpi",
-                     "device step scalars with host-resident gradients need the mpi backend",
-                     "use StepScalars::kAuto (host scalars with cpu offload)");
-    return true;
-  }
+  if (options_.step_scalars == S::kDevice) return true;
   return !grad.device().is_cpu();
 }
 
