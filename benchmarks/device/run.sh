@@ -79,17 +79,24 @@ ldd "$B/fsdp-train" | grep -E "not found|nccl|cudart|libmpi"
 stamp "built"
 
 # 3. Synthetic llama3-8B features at S=$SEQ (hidden 4096, vocab 128256, draft vocab 32000).
-DATA=/tmp/fsdp-device-data
+# A second call on the same (still warm) machine reuses them.
+DATA="/tmp/fsdp-device-data-$SEQ"
 DRAFT="$REPO/configs/models/llama3-8B-eagle3.json"
-stamp "generating synthetic features"
-timeout 150 "$B/fsdp-train" gen-toy-data --out "$DATA" --num-samples 16 --min-len "$SEQ" \
-  --max-len "$SEQ" --hidden-size 4096 --vocab-size 128256 --draft-vocab-size 32000 \
-  --samples-per-dir 16 >>"$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; exit 1; }
+if [ -f "$DATA/toy_data.json" ]; then
+  stamp "reusing the synthetic features in $DATA"
+else
+  stamp "generating synthetic features"
+  rm -rf "$DATA"
+  timeout 150 "$B/fsdp-train" gen-toy-data --out "$DATA" --num-samples 16 --min-len "$SEQ" \
+    --max-len "$SEQ" --hidden-size 4096 --vocab-size 128256 --draft-vocab-size 32000 \
+    --samples-per-dir 16 >>"$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; rm -rf "$DATA"; exit 1; }
+fi
 
 # Same data, batches (micro-batch 1, global batch 1), schedule and step count for both.
 # --save-final false: the benchmark needs no 7 GB checkpoint at the end.
 fsdp_run() {  # $1 name, $2 time limit, then extra flags
   local name="$1" limit="$2"; shift 2
+  rm -rf "/tmp/fsdp-device-$name"   # a fresh run and metrics file on every call
   timeout "$limit" "$B/fsdp-train" --target-model-path "$DATA/target" --draft-model-config "$DRAFT" \
     --train-hidden-states-path "$DATA/hidden_states" --cache-dir "$DATA/cache" \
     --output-dir "/tmp/fsdp-device-$name" --max-length "$SEQ" --draft-global-batch-size 1 \
@@ -106,6 +113,7 @@ stamp "fsdp-train: $STEPS steps, bf16, 1 GPU"
 fsdp_run fsdp-train 150
 
 stamp "reference (PyTorch FSDP2): $STEPS steps, bf16, 1 GPU"
+rm -rf /tmp/fsdp-device-ref
 timeout 180 "$PY" -m torch.distributed.run --standalone --nproc-per-node 1 \
   "$REPO/benchmarks/reference/train.py" --device cuda --target-model-path "$DATA/target" \
   --draft-model-config "$DRAFT" --train-hidden-states-path "$DATA/hidden_states" \
@@ -132,6 +140,7 @@ fsdp_run checkpointed 120 --activation-checkpointing &&
 # one rank, started without mpirun as above).
 stamp "parity with the reference on the GPU (fp32, 3 steps)"
 printf '#!/bin/sh\nshift 2\nexec "$@"\n' >/tmp/fsdp-single-rank.sh   # drops parity.sh's "-n 1"
+rm -rf /tmp/fsdp-device-parity
 timeout 150 env DEVICE=cuda RANKS=1 FSDP_PYTHON="$PY" MPIRUN="sh /tmp/fsdp-single-rank.sh" \
   WORK=/tmp/fsdp-device-parity bash "$REPO/benchmarks/compare/parity.sh" "$B/fsdp-train" 2>&1 |
   tail -8
