@@ -19,6 +19,7 @@
 //   shard::save_state(engine, dir) / shard::load_state(engine, dir)  (any saved world size)
 #pragma once
 
+#include <ATen/core/Dict.h>
 #include <torch/nn/module.h>
 
 #include <cstdint>
@@ -156,6 +157,9 @@ class ShardEngine final : public UnitHooks {
 // sizes, step, flat layouts). Collective; the directory is created if missing. lib/checkpoint
 // handles temporary directories, renames and completion markers around these calls.
 void save_state(ShardEngine& engine, const std::string& dir);
+// What save_state writes to this rank's shard file: <unit key>/master, and for trainable flat
+// buffers /exp_avg and /exp_avg_sq, as host tensors.
+c10::Dict<std::string, at::Tensor> shard_state_dict(ShardEngine& engine);
 // Loads a state saved by save_state at any shard group size (resharding when it differs).
 // The flat layouts (parameter names, shapes, order per unit) must match; throws fsdp::Error
 // naming the file and the mismatch otherwise.

@@ -257,21 +257,25 @@ void check_same_layout(const std::string& path, const FlatLayout& saved, const F
 
 }  // namespace
 
+c10::Dict<std::string, at::Tensor> shard_state_dict(ShardEngine& engine) {
+  c10::Dict<std::string, at::Tensor> dict;
+  for (FlatParam* f : engine.flat_params()) {
+    const std::string k = f->layout().key();
+    dict.insert(k + "/master", f->master().cpu());
+    if (f->trainable()) {
+      dict.insert(k + "/exp_avg", f->exp_avg().cpu());
+      dict.insert(k + "/exp_avg_sq", f->exp_avg_sq().cpu());
+    }
+  }
+  return dict;
+}
+
 void save_state(ShardEngine& engine, const std::string& dir) {
   engine.finish_backward();
   make_dirs(dir);
   // Replicas hold identical shards: only replicate rank 0 writes.
   if (engine.replicate_rank() == 0) {
-    c10::Dict<std::string, at::Tensor> dict;
-    for (FlatParam* f : engine.flat_params()) {
-      const std::string k = f->layout().key();
-      dict.insert(k + "/master", f->master().cpu());
-      if (f->trainable()) {
-        dict.insert(k + "/exp_avg", f->exp_avg().cpu());
-        dict.insert(k + "/exp_avg_sq", f->exp_avg_sq().cpu());
-      }
-    }
-    write_pickle_file(shard_file(dir, engine.shard_rank()), c10::IValue(dict));
+    write_pickle_file(shard_file(dir, engine.shard_rank()), c10::IValue(shard_state_dict(engine)));
     if (engine.shard_rank() == 0) write_manifest(dir + "/manifest.txt", engine);
   }
   // Every file exists before any rank returns.

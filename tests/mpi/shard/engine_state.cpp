@@ -10,7 +10,6 @@
 
 #include "mpi/shard/groups.h"
 #include "mpi/shard/tiny_model.h"
-#include "shard/flat_param.h"
 
 using namespace fsdp;
 using namespace fsdp::testing;
@@ -68,16 +67,8 @@ TEST_CASE("save at N ranks, load at M <= N ranks, continue", "[mpi][shard]") {
   {
     // The shard file is streamed to disk; its bytes are exactly torch::jit::pickle_save's of
     // the same dict (so every reader of the earlier format reads it).
-    c10::Dict<std::string, at::Tensor> dict;
-    for (auto* f : ea.flat_params()) {
-      const std::string k = f->layout().key();
-      dict.insert(k + "/master", f->master().cpu());
-      if (f->trainable()) {
-        dict.insert(k + "/exp_avg", f->exp_avg().cpu());
-        dict.insert(k + "/exp_avg_sq", f->exp_avg_sq().cpu());
-      }
-    }
-    const std::vector<char> want = torch::jit::pickle_save(c10::IValue(dict));
+    const std::vector<char> want =
+        torch::jit::pickle_save(c10::IValue(shard::shard_state_dict(ea)));
     std::ifstream in(dir + "/shard_" + std::to_string(ea.shard_rank()) + ".pt", std::ios::binary);
     const std::vector<char> got((std::istreambuf_iterator<char>(in)),
                                 std::istreambuf_iterator<char>());
