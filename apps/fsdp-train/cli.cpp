@@ -4,10 +4,12 @@
 #include <CLI/CLI.hpp>
 #include <torch/version.h>
 
+#include <algorithm>
 #include <iostream>
 
 #include "comm/runtime.h"
 #include "commands.h"
+#include "config/options.h"
 #include "core/error.h"
 #include "core/log.h"
 
@@ -49,6 +51,18 @@ int run_cli(int argc, char** argv) {
   log::init_from_env();
   try {
     app.parse(argc, argv);
+  } catch (const CLI::ExtrasError&) {
+    // Values after an unknown flag are its own: report the flags, or else the stray words.
+    const auto extras = app.remaining();
+    const bool any_flag = std::any_of(extras.begin(), extras.end(),
+                                      [](const std::string& a) { return a.rfind("--", 0) == 0; });
+    for (const auto& arg : extras) {
+      if (any_flag && arg.rfind("--", 0) != 0) continue;
+      const auto advice = config::advise_unknown_flag(arg);
+      std::cerr << "fsdp-train: error: " << advice.message << "\n---> HINT: " << advice.hint
+                << "\n";
+    }
+    return 2;
   } catch (const CLI::ParseError& e) {
     const int rc = app.exit(e);
     return rc == 0 ? 0 : 2;

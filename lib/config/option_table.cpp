@@ -222,6 +222,92 @@ OptionSpec resume_row() {
   return s;
 }
 
+const char* const kSpecForgeGroup = "SpecForge compatibility";
+
+// Another SpecForge version's name for an option of the table: the same parser and checks, never
+// saved (the saved configuration uses our name).
+OptionSpec alias_row(const std::vector<OptionSpec>& table, std::string name,
+                     const std::string& target, const std::string& help) {
+  const auto it = std::find_if(table.begin(), table.end(),
+                               [&](const OptionSpec& s) { return s.name == target; });
+  FSDP_ASSERT(it != table.end(), "alias of an unknown option " + target);
+  OptionSpec s = *it;
+  s.name = std::move(name);
+  s.group = kSpecForgeGroup;
+  s.help = help;
+  s.cli_only = true;
+  s.alias_of = target;
+  return s;
+}
+
+// A flag of other SpecForge versions that has no effect here: its value is checked by `check`
+// (which refuses values whose SpecForge meaning fsdp-train cannot honour) and recorded in
+// TrainConfig::specforge_flags, i.e. in the run metadata.
+using CompatCheck = void (*)(const std::string& value, const std::string& source);
+OptionSpec recorded_row(std::string name, OptionKind kind, std::string help, CompatCheck check) {
+  OptionSpec s;
+  s.name = name;
+  s.kind = kind;
+  s.group = kSpecForgeGroup;
+  s.help = std::move(help);
+  s.cli_only = true;
+  s.set = [name, kind, check](TrainConfig& c, const OptionValue& v, const std::string& src) {
+    std::string text = v.text;
+    if (kind == OptionKind::kInt) text = std::to_string(parse_int(v.text, src));
+    if (kind == OptionKind::kBool) text = parse_bool(v.text, src) ? "true" : "false";
+    if (check) check(text, src);
+    c.specforge_flags[name] = text;
+  };
+  s.get = [name](const TrainConfig& c) {
+    const auto it = c.specforge_flags.find(name);
+    return OptionValue{false, it == c.specforge_flags.end() ? "" : it->second, {}};
+  };
+  return s;
+}
+
+void must_be_one(const std::string& value, const std::string& src, const std::string& what,
+                 const std::string& hint) {
+  FSDP_USAGE_CHECK(value == "1", str(src, " ", value, ": ", what), hint);
+}
+
+void check_tp_size(const std::string& v, const std::string& src) {
+  must_be_one(v, src,
+              "SpecForge splits the target model with tensor parallelism, and offline training "
+              "never runs the target model, so there is nothing to split",
+              "drop it: every rank trains the draft data-parallel, and "
+              "--draft-global-batch-size counts samples over all ranks");
+}
+void check_sequence_parallel(const std::string& v, const std::string& src) {
+  must_be_one(v, src, "sequence parallelism is not implemented in fsdp-train",
+              "drop it; for long sequences use --activation-checkpointing and "
+              "--sharding-strategy full_shard");
+}
+void check_positive_text(const std::string& v, const std::string& src) {
+  FSDP_USAGE_CHECK(parse_int(v, src) > 0, str(src, " must be positive, got ", v), "");
+}
+void check_attention_backend(const std::string& v, const std::string& src) {
+  const std::string t = detail::to_lower(v);
+  FSDP_USAGE_CHECK(t != "usp",
+                   str(src, " usp: SpecForge's usp backend is sequence parallelism, which "
+                            "fsdp-train does not implement"),
+                   "drop it (fsdp-train's one attention implementation is exact at any length)");
+  FSDP_USAGE_CHECK(t == "sdpa" || t == "flex_attention" || t == "fa" || t == "eager",
+                   str(src, ": '", v, "' is not one of sdpa, flex_attention, fa, eager"),
+                   "drop it: fsdp-train has one exact attention implementation");
+}
+void check_target_backend(const std::string& v, const std::string& src) {
+  const std::string t = detail::to_lower(v);
+  FSDP_USAGE_CHECK(t == "sglang" || t == "hf" || t == "custom",
+                   str(src, ": '", v, "' is not one of sglang, hf, custom"),
+                   "drop it: offline training runs no target model");
+}
+void check_not_vlm(const std::string& v, const std::string& src) {
+  FSDP_USAGE_CHECK(v != "true",
+                   str(src, ": vision-language targets (SpecForge's online VLM training) are "
+                            "not supported"),
+                   "train on a text-only target's hidden states");
+}
+
 std::vector<OptionSpec> build_table() {
   using K = OptionKind;
   std::vector<OptionSpec> t;
@@ -296,6 +382,10 @@ std::vector<OptionSpec> build_table() {
   t.push_back(row<bool>("skip-bad-samples", K::kBool, da,
                         "skip (and count) unreadable or malformed samples instead of stopping",
                         FIELD(data.skip_bad_samples)));
+  t.push_back(row<int64_t>("loader-threads", K::kInt, da,
+                           "threads per rank that read and collate micro-batches ahead of the "
+                           "trainer (0: 1 on the CPU, 4 on a GPU)",
+                           FIELD(data.loader_threads)));
 
   t.push_back(row<int64_t>("num-epochs", K::kInt, tr, "passes over the training data",
                            FIELD(loop.num_epochs)));
@@ -426,6 +516,24 @@ std::vector<OptionSpec> build_table() {
                                "trace, debug, info, warn, error or off (env FSDP_LOG_LEVEL)",
                                FIELD(runtime.log_level)));
 
+  const std::string pf = "Profiling";
+  t.push_back(row<bool>("profile", K::kBool, pf,
+                        "record a LibTorch profiler trace (operators; GPU kernels on a GPU) of "
+                        "optimizer steps --profile-start-step+1 .. +--profile-num-steps: one "
+                        "Chrome/Perfetto trace and a summary table per rank",
+                        FIELD(profile.enabled)));
+  t.push_back(row<int64_t>("profile-start-step", K::kInt, pf,
+                           "the optimizer step after which profiling starts",
+                           FIELD(profile.start_step)));
+  t.push_back(row<int64_t>("profile-num-steps", K::kInt, pf, "optimizer steps to profile",
+                           FIELD(profile.num_steps)));
+  t.push_back(row<bool>("profile-record-shapes", K::kBool, pf,
+                        "record operator input shapes in the trace", FIELD(profile.record_shapes)));
+  t.push_back(row<std::string>("profile-dir", K::kPath, pf,
+                               "trace directory (default: $SGLANG_TORCH_PROFILER_DIR when set, "
+                               "else <output-dir>/profile)",
+                               FIELD(profile.dir)));
+
   t.push_back(row<DeviceKind>("device", K::kEnum, rt,
                               "auto: the GPU of the local rank when there is one, else cpu",
                               FIELD(runtime.device)));
@@ -442,6 +550,97 @@ std::vector<OptionSpec> build_table() {
   t.push_back(row<int64_t>("dist-timeout", K::kInt, rt,
                            "minutes a collective may wait before the job is aborted",
                            FIELD(runtime.dist_timeout_minutes)));
+
+  // Names other SpecForge versions use (their --help differs between releases). Aliases go
+  // through our option's parser; the rest are checked, recorded and otherwise unused.
+  t.push_back(alias_row(t, "batch-size", "draft-micro-batch-size",
+                        "samples per forward/backward on one rank (SpecForge before "
+                        "--draft-micro-batch-size); without --draft-global-batch-size the "
+                        "global batch becomes batch-size x ranks x accumulation steps"));
+  t.push_back(alias_row(t, "draft-accumulation-steps", "gradient-accumulation-steps",
+                        "micro-batches per optimizer step (SpecForge's name for "
+                        "--gradient-accumulation-steps); without --draft-global-batch-size the "
+                        "global batch follows from it"));
+  t.push_back(alias_row(t, "max-num-steps", "max-steps",
+                        "SpecForge's name for --max-steps"));
+  t.push_back(alias_row(t, "log-interval", "log-steps", "SpecForge's name for --log-steps"));
+  t.push_back(alias_row(t, "ckpt-dir", "init-checkpoint",
+                        "SpecForge's name for --init-checkpoint (a draft directory to fine-tune "
+                        "from)"));
+  t.push_back(alias_row(t, "dataloader-num-workers", "loader-threads",
+                        "SpecForge's DataLoader workers: sets --loader-threads (0, SpecForge's "
+                        "'load in the main process', means one reader thread)"));
+  t.back().set = [](TrainConfig& c, const OptionValue& v, const std::string& src) {
+    const int64_t n = parse_int(v.text, src);
+    FSDP_USAGE_CHECK(n >= 0, str(src, " must be 0 or more, got ", n), "");
+    c.data.loader_threads = std::max<int64_t>(n, 1);
+  };
+  t.push_back(alias_row(t, "wandb", "report-to",
+                        "older SpecForge's W&B switch: adds wandb to --report-to"));
+  t.back().kind = K::kBool;
+  t.back().choices.clear();
+  t.back().set = [](TrainConfig& c, const OptionValue& v, const std::string& src) {
+    auto& sinks = c.metrics.report_to;
+    const bool on = parse_bool(v.text, src);
+    const auto it = std::find(sinks.begin(), sinks.end(), "wandb");
+    if (on && it == sinks.end()) sinks.push_back("wandb");
+    if (!on && it != sinks.end()) sinks.erase(it);
+  };
+  t.push_back(alias_row(t, "verbose", "log-level", "SpecForge's switch for --log-level debug"));
+  t.back().kind = K::kBool;
+  t.back().set = [](TrainConfig& c, const OptionValue& v, const std::string& src) {
+    if (parse_bool(v.text, src)) c.runtime.log_level = "debug";
+  };
+
+  t.push_back(recorded_row("tp-size", K::kInt,
+                           "target-model tensor parallelism in SpecForge; only 1 is accepted "
+                           "(offline training runs no target model)",
+                           check_tp_size));
+  t.push_back(recorded_row("dp-size", K::kInt,
+                           "data-parallel size in SpecForge; when given it must equal the number "
+                           "of ranks",
+                           check_positive_text));
+  t.push_back(recorded_row("sp-ulysses-size", K::kInt,
+                           "sequence parallelism in SpecForge; only 1 is accepted",
+                           check_sequence_parallel));
+  t.push_back(recorded_row("sp-ring-size", K::kInt,
+                           "sequence parallelism in SpecForge; only 1 is accepted",
+                           check_sequence_parallel));
+  t.push_back(recorded_row("attention-backend", K::kString,
+                           "SpecForge's draft attention kernel (sdpa, flex_attention, fa, eager; "
+                           "usp is refused); fsdp-train has one exact implementation, so the "
+                           "value only changes speed in SpecForge and is recorded here",
+                           check_attention_backend));
+  t.push_back(recorded_row("draft-attention-backend", K::kString,
+                           "another SpecForge spelling of --attention-backend (recorded)",
+                           check_attention_backend));
+  t.push_back(recorded_row("target-model-backend", K::kString,
+                           "SpecForge's online target engine (sglang, hf, custom); recorded, "
+                           "offline training runs no target model",
+                           check_target_backend));
+  t.push_back(recorded_row("cache-key", K::kString,
+                           "SpecForge's name for its tokenised-dataset cache (recorded; the vocab "
+                           "mapping cache here is keyed by the data path and sizes)",
+                           nullptr));
+  t.push_back(recorded_row("build-dataset-num-proc", K::kInt,
+                           "processes SpecForge tokenises the raw jsonl with (recorded; nothing "
+                           "is tokenised here)",
+                           check_positive_text));
+  t.push_back(recorded_row("is-preformatted", K::kBool,
+                           "SpecForge: the raw jsonl already has the chat template applied "
+                           "(recorded; the raw jsonl is not read here)",
+                           nullptr));
+  t.push_back(recorded_row("model-download-dir", K::kPath,
+                           "SpecForge's Hugging Face download directory (recorded; "
+                           "--target-model-path must be a local directory)",
+                           nullptr));
+  t.push_back(recorded_row("is-vlm", K::kBool,
+                           "SpecForge's vision-language target switch; refused (not supported)",
+                           check_not_vlm));
+  t.push_back(recorded_row("min-pixels", K::kInt, "SpecForge VLM image setting (recorded)",
+                           check_positive_text));
+  t.push_back(recorded_row("max-pixels", K::kInt, "SpecForge VLM image setting (recorded)",
+                           check_positive_text));
   return t;
 }
 
@@ -493,6 +692,27 @@ std::string closest_option(const std::string& name) {
     }
   }
   return best ? best->name : "";
+}
+
+UnknownFlagAdvice advise_unknown_flag(const std::string& arg) {
+  if (arg.rfind("--", 0) != 0) {
+    return {str("unexpected argument '", arg, "'"),
+            "every value belongs to a flag (--name VALUE); fsdp-train --help lists them"};
+  }
+  std::string name = arg.substr(2, arg.find('=') == std::string::npos ? std::string::npos
+                                                                       : arg.find('=') - 2);
+  const auto starts = [&](const char* p) { return name.rfind(p, 0) == 0; };
+  if (starts("swanlab") || starts("mlflow")) {
+    return {str("--", name, ": SpecForge's SwanLab and MLflow trackers are not supported"),
+            "use --report-to wandb and/or tensorboard (metrics.jsonl is always written)"};
+  }
+  if (starts("sglang-") || starts("target-batch-size") || starts("target-micro-batch-size")) {
+    return {str("--", name, " configures SpecForge's online target model, and fsdp-train trains "
+                            "offline on precomputed hidden states"),
+            "drop it; make the hidden states with SpecForge's prepare_hidden_states.py"};
+  }
+  return {str("unknown flag --", name),
+          str("did you mean --", closest_option(name), "? (fsdp-train --help lists every flag)")};
 }
 
 }  // namespace fsdp::config

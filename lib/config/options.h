@@ -52,6 +52,9 @@ struct OptionSpec {
   std::vector<std::string> choices;  // kEnum / kList
   bool cli_only = false;             // not a YAML key and not saved (--config)
   bool secret = false;               // never printed, saved or logged (--wandb-key)
+  // Another spelling (a SpecForge version's name) of the option named here: command line only,
+  // applied after the options it may modify, and an error when both are given differently.
+  std::string alias_of;
   // Parses the text form into the typed field; throws UsageError naming `source`
   // ("--learning-rate" or "run.yaml:12 learning_rate").
   std::function<void(TrainConfig&, const OptionValue&, const std::string& source)> set;
@@ -69,6 +72,15 @@ const std::vector<OptionSpec>& option_table();
 const OptionSpec* find_option(const std::string& name);
 // The known name closest to `name` (edit distance), for "did you mean" messages.
 std::string closest_option(const std::string& name);
+
+// What to tell a user who typed a flag the table does not have: SpecForge flags of features
+// fsdp-train does not offer (SwanLab/MLflow trackers, the SGLang online target backend) get the
+// reason; others a "did you mean". `arg` is the word as typed ("--foo", "--foo=1").
+struct UnknownFlagAdvice {
+  std::string message;
+  std::string hint;
+};
+UnknownFlagAdvice advise_unknown_flag(const std::string& arg);
 
 // Values the user typed, by option name, in command-line order of precedence.
 struct CommandLineValues {

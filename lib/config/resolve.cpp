@@ -35,6 +35,38 @@ bool same_value(const OptionValue& a, const OptionValue& b) {
   return a.is_null == b.is_null && a.text == b.text && a.list == b.list;
 }
 
+// A SpecForge alias given together with the option it names must not say something else
+// ("--log-interval 10 --log-steps 20").
+void check_alias_agrees(const OptionSpec& alias, const OptionValue& value,
+                        const CommandLineValues& cli) {
+  const auto given = cli.given.find(alias.alias_of);
+  if (given == cli.given.end()) return;
+  const OptionSpec* target = find_option(alias.alias_of);
+  TrainConfig probe;
+  target->set(probe, given->second, target->flag());
+  const OptionValue before = target->get(probe);
+  alias.set(probe, value, alias.flag());
+  FSDP_USAGE_CHECK(same_value(before, target->get(probe)),
+                   str(alias.flag(), " (SpecForge's spelling) and ", target->flag(), " ",
+                       before.text, " are both given and disagree"),
+                   str("keep one of them"));
+}
+
+// SpecForge's per-rank batch model: with --batch-size or --draft-accumulation-steps and no
+// global batch, one optimizer step takes micro x ranks x accumulation samples.
+void derive_specforge_global_batch(const CommandLineValues& cli,
+                                   const std::vector<std::string>& explicit_names,
+                                   int world_size, TrainConfig* cfg) {
+  const bool specforge_batch =
+      cli.given.count("batch-size") > 0 || cli.given.count("draft-accumulation-steps") > 0;
+  const bool global_set = std::find(explicit_names.begin(), explicit_names.end(),
+                                    "draft-global-batch-size") != explicit_names.end();
+  if (!specforge_batch || global_set || world_size <= 0) return;
+  const int64_t accumulation = cfg->loop.gradient_accumulation_steps.value_or(1);
+  cfg->loop.draft_global_batch_size =
+      cfg->loop.draft_micro_batch_size * world_size * accumulation;
+}
+
 }  // namespace
 
 TrainConfig resolve(const CommandLineValues& cli, const ResolveOptions& options) {
@@ -44,14 +76,22 @@ TrainConfig resolve(const CommandLineValues& cli, const ResolveOptions& options)
     explicit_names = apply_yaml_file(cli.config_file, &cfg);
     cfg.config_file = cli.config_file;
   }
-  for (const auto& [name, value] : cli.given) {
-    const OptionSpec* spec = find_option(name);
-    FSDP_USAGE_CHECK(spec != nullptr, str("unknown option --", name),
-                     str("did you mean --", closest_option(name), "?"));
-    spec->set(cfg, value, spec->flag());
-    explicit_names.push_back(spec->name);
+  // Our own names first, then the SpecForge aliases (which may add to what they set).
+  for (const bool aliases : {false, true}) {
+    for (const auto& [name, value] : cli.given) {
+      const OptionSpec* spec = find_option(name);
+      FSDP_USAGE_CHECK(spec != nullptr, str("unknown option --", name),
+                       str("did you mean --", closest_option(name), "?"));
+      if (spec->alias_of.empty() == aliases) continue;
+      if (aliases) check_alias_agrees(*spec, value, cli);
+      spec->set(cfg, value, spec->flag());
+      explicit_names.push_back(spec->alias_of.empty() ? spec->name : spec->alias_of);
+    }
   }
-  if (cfg.deepspeed_config.empty()) return cfg;
+  if (cfg.deepspeed_config.empty()) {
+    derive_specforge_global_batch(cli, explicit_names, options.world_size, &cfg);
+    return cfg;
+  }
 
   DeepSpeedContext ctx;
   ctx.base = &cfg;
@@ -79,6 +119,10 @@ TrainConfig resolve(const CommandLineValues& cli, const ResolveOptions& options)
     }
     spec->set(cfg, value, src);
   }
+  // A global batch from the ds_config (train_batch_size) counts as given.
+  std::vector<std::string> given = explicit_names;
+  for (const auto& [name, value] : tr.settings) given.push_back(name);
+  derive_specforge_global_batch(cli, given, options.world_size, &cfg);
   if (options.report) {
     options.report->insert(options.report->end(), tr.report.begin(), tr.report.end());
   } else {

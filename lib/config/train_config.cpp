@@ -176,6 +176,19 @@ void validate(const TrainConfig& cfg, int world_size, const ValidateOptions& opt
   check_positive(cfg.metrics.log_steps, "--log-steps");
   check_non_negative(cfg.runtime.threads, "--threads");
   check_positive(cfg.runtime.dist_timeout_minutes, "--dist-timeout");
+  FSDP_USAGE_CHECK(cfg.data.loader_threads >= 0 && cfg.data.loader_threads <= 64,
+                   str("--loader-threads must be in [0, 64], got ", cfg.data.loader_threads),
+                   "0 picks 1 on the CPU and 4 on a GPU");
+  if (cfg.profile.enabled) {
+    check_non_negative(cfg.profile.start_step, "--profile-start-step");
+    check_positive(cfg.profile.num_steps, "--profile-num-steps");
+  }
+  if (const auto dp = cfg.specforge_flags.find("dp-size"); dp != cfg.specforge_flags.end()) {
+    FSDP_USAGE_CHECK(dp->second == std::to_string(world_size),
+                     str("--dp-size ", dp->second, " but the job has ", world_size,
+                         " data-parallel ranks"),
+                     "drop --dp-size (every rank is data-parallel) or start that many ranks");
+  }
   if (cfg.metrics.mfu_peak_tflops) {
     FSDP_USAGE_CHECK(*cfg.metrics.mfu_peak_tflops > 0,
                      str("--mfu-peak-tflops ", *cfg.metrics.mfu_peak_tflops, " must be positive"),

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -57,6 +58,7 @@ struct DataConfig {
   std::string cache_dir = "./cache";
   int64_t max_length = 2048;
   bool skip_bad_samples = false;
+  int64_t loader_threads = 0;  // reader threads per rank; 0: 1 on the CPU, 4 on a GPU
 };
 
 // Optimizer and learning-rate schedule.
@@ -134,6 +136,16 @@ struct MetricsConfig {
   std::optional<double> mfu_peak_tflops;  // unset: known GPU table, n/a on CPU
 };
 
+// A trace of a few optimizer steps (SpecForge's --profile flags): the LibTorch profiler records
+// operators (and GPU kernels on a GPU) for steps start_step+1 .. start_step+num_steps.
+struct ProfileConfig {
+  bool enabled = false;
+  int64_t start_step = 30;
+  int64_t num_steps = 4;
+  bool record_shapes = false;
+  std::string dir;  // empty: $SGLANG_TORCH_PROFILER_DIR when set, else <output-dir>/profile
+};
+
 struct TrainConfig {
   ModelConfig model;
   DataConfig data;
@@ -144,8 +156,12 @@ struct TrainConfig {
   CheckpointConfig checkpoint;
   EvalConfig eval;
   MetricsConfig metrics;
+  ProfileConfig profile;
   std::string config_file;       // --config, recorded for the run metadata
   std::string deepspeed_config;  // --deepspeed, recorded for the run metadata
+  // Flags of other SpecForge versions that have no effect here (--tp-size 1, --cache-key, ...):
+  // flag name -> value as given, validated when set and recorded in the run metadata.
+  std::map<std::string, std::string> specforge_flags;
 
   bool reports_to(const std::string& sink) const;
 };

@@ -111,6 +111,12 @@ bool saved(const OptionSpec& s) {
   return !s.secret && !s.cli_only;
 }
 
+std::string specforge_text(const TrainConfig& cfg) {
+  std::string s;
+  for (const auto& [name, value] : cfg.specforge_flags) s += " --" + name + " " + value;
+  return s;
+}
+
 }  // namespace
 
 std::string to_yaml(const TrainConfig& cfg) {
@@ -138,7 +144,10 @@ std::string to_yaml(const TrainConfig& cfg) {
     }
   }
   out << YAML::EndMap;
-  return std::string(out.c_str()) + "\n";
+  std::string text = std::string(out.c_str()) + "\n";
+  // SpecForge flags without effect are command-line only: kept as a comment, not as keys.
+  if (!cfg.specforge_flags.empty()) text += "# SpecForge flags given (no effect):" + specforge_text(cfg) + "\n";
+  return text;
 }
 
 std::string to_json(const TrainConfig& cfg, int indent) {
@@ -161,6 +170,10 @@ std::string to_json(const TrainConfig& cfg, int indent) {
       slot = v.text;
     }
   }
+  if (!cfg.specforge_flags.empty()) {
+    auto& sf = j["specforge_flags"];
+    for (const auto& [name, value] : cfg.specforge_flags) sf[name] = value;
+  }
   return j.dump(indent);
 }
 
@@ -178,6 +191,7 @@ std::string to_display(const TrainConfig& cfg) {
                                                       : (v.text.empty() ? "\"\"" : v.text);
     os << "  " << spec.flag() << " " << text << "\n";
   }
+  if (!cfg.specforge_flags.empty()) os << "SpecForge flags (no effect):\n " << specforge_text(cfg) << "\n";
   return os.str();
 }
 

@@ -16,7 +16,7 @@ namespace fsdp::data {
 void LoaderOptions::validate() const {
   FSDP_USAGE_CHECK(max_length >= 2, str("--max-length must be >= 2, got ", max_length), "");
   FSDP_USAGE_CHECK(prefetch_threads >= 1 && prefetch_threads <= 64,
-                   str("--prefetch-threads must be in [1, 64], got ", prefetch_threads), "");
+                   str("--loader-threads must be in [1, 64], got ", prefetch_threads), "");
   FSDP_USAGE_CHECK(prefetch_depth >= 1 && prefetch_depth <= 1024,
                    str("--prefetch-depth must be in [1, 1024], got ", prefetch_depth), "");
 }

@@ -3,6 +3,7 @@
 // step, logging every --log-steps, evaluation and saving at their intervals, stop on signal.
 // Everything here is collective: every rank runs the same steps in the same order.
 #include <ATen/ATen.h>
+#include <ATen/record_function.h>
 
 #include <cmath>
 #include <fstream>
@@ -12,6 +13,7 @@
 #include "core/log.h"
 #include "core/timer.h"
 #include "metrics/meters.h"
+#include "metrics/profiler.h"
 #include "model/flops.h"
 #include "optim/lr_schedule.h"
 #include "train/signals.h"
@@ -118,6 +120,8 @@ RunResult Trainer::Impl::train() {
   bool stop = false;
   bool saved_at_step = false;
   at::Tensor flag = at::zeros({1}, at::kInt);
+  std::unique_ptr<metrics::StepProfiler> profiler;
+  if (cfg.profile.enabled) profiler = std::make_unique<metrics::StepProfiler>(profiler_options());
 
   for (int64_t epoch = state.epoch; epoch < cfg.loop.num_epochs && !stop; ++epoch) {
     loader->start({epoch, epoch == state.epoch ? state.position : 0});
@@ -126,6 +130,7 @@ RunResult Trainer::Impl::train() {
     int64_t step_tokens = 0;
     Stopwatch step_clock;
     while (!stop) {
+      if (profiler && in_group == 0) profiler->before_step(state.step + 1);
       auto batch = loader->next();
       if (!batch) break;
       const int64_t b_index = batch->batch_index;
@@ -137,11 +142,19 @@ RunResult Trainer::Impl::train() {
       step_flops += model::count_step_flops(draft_cfg, batch->batch_size(), batch->seq_len(),
                                             cfg.model.ttt_length, rows.count)
                         .total();
-      auto out = model::ttt_step(
-          *draft, head, rows, batch->input_ids.to(device, true),
-          batch->attention_mask.to(device, true), batch->loss_mask.to(device, true),
-          batch->aux_hidden.to(device, true), batch->target_hidden.to(device, true), loss_opts);
-      out.loss.backward();
+      // fsdp:: scopes name the phases in --profile traces (free when not profiling).
+      auto out = [&] {
+        RECORD_USER_SCOPE("fsdp::forward");
+        return model::ttt_step(*draft, head, rows, batch->input_ids.to(device, true),
+                               batch->attention_mask.to(device, true),
+                               batch->loss_mask.to(device, true),
+                               batch->aux_hidden.to(device, true),
+                               batch->target_hidden.to(device, true), loss_opts);
+      }();
+      {
+        RECORD_USER_SCOPE("fsdp::backward");
+        out.loss.backward();
+      }
       window.add(out);
       epoch_metrics.add(out);
       ++in_group;
@@ -150,11 +163,15 @@ RunResult Trainer::Impl::train() {
       // One optimizer step.
       const int64_t n = state.step + 1;
       last_lr = learning_rate_at(n);
-      health.add(engine->step(last_lr, cfg.optim.max_grad_norm), n);
+      {
+        RECORD_USER_SCOPE("fsdp::optimizer_step");
+        health.add(engine->step(last_lr, cfg.optim.max_grad_norm), n);
+      }
       state.step = n;
       state.epoch = epoch;
       state.position = b_index + 1;
       in_group = 0;
+      if (profiler) profiler->after_step(n);
       meter.add_step(step_tokens, step_flops, step_clock.seconds());
       step_flops = 0;
       step_tokens = 0;
@@ -233,6 +250,7 @@ RunResult Trainer::Impl::train() {
     }
   }
   health.flush();
+  if (profiler) profiler->finish();
   if (cfg.checkpoint.save_final && !saved_at_step && state.step > 0) {
     result.last_checkpoint = save(state.epoch);
   } else if (!saved_at_step && state.step > 0) {

@@ -12,6 +12,7 @@
 #include "data/dataset.h"
 #include "data/loader.h"
 #include "data/vocab_mapping.h"
+#include "metrics/profiler.h"
 #include "metrics/sinks.h"
 #include "model/draft_model.h"
 #include "model/target_head.h"
@@ -51,6 +52,7 @@ struct Trainer::Impl {
   std::unique_ptr<data::DataLoader> make_loader(std::shared_ptr<data::FeatureDataset> ds,
                                                 bool shuffle) const;
   model::LossOptions loss_options(int64_t accumulation) const;
+  metrics::ProfilerOptions profiler_options() const;
   std::vector<std::pair<std::string, double>> evaluate(const std::string& prefix);
   std::string save(int64_t epoch_for_name);
   void resume_if_asked();
