@@ -64,8 +64,9 @@ std::string configuration_markdown() {
         "-->\n\n"
      << "Every option of `fsdp-train` is one row of a single table in the source. The same row "
         "gives the command-line flag, the YAML key, the `--help` text and the entry in the "
-        "effective configuration that each run prints and saves (`config.yaml` and "
-        "`config.json` in the output directory and in every checkpoint).\n\n"
+        "effective configuration that each run prints and saves (`run_config.yaml` in the output "
+        "directory, and the same as JSON under `config` in every checkpoint's "
+        "`trainer_state.json`).\n\n"
      << "## How values are combined\n\n"
      << "1. Built-in defaults (the tables below).\n"
      << "2. `--config FILE.yaml`: a flat mapping of keys to values.\n"
@@ -83,8 +84,8 @@ std::string configuration_markdown() {
         "lists take a YAML sequence (`report_to: [tensorboard, wandb]`). `--config` and "
         "`--wandb-key` exist only on the command line (a key must never sit in a file: prefer "
         "the `WANDB_API_KEY` environment variable).\n\n"
-     << "A saved `config.yaml` is a valid `--config` file: "
-        "`fsdp-train --config outputs/run1/config.yaml` repeats a run.\n";
+     << "A saved `run_config.yaml` is a valid `--config` file: "
+        "`fsdp-train --config outputs/run1/run_config.yaml` repeats a run.\n";
   std::string group;
   for (const auto& spec : option_table()) {
     if (spec.group != group) {

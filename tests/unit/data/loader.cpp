@@ -135,5 +135,5 @@ TEST_CASE("data-wait time is measured and exposed", "[data]") {
 
   LoaderOptions bad;
   bad.prefetch_threads = 0;
-  CHECK_THROWS_WITH(bad.validate(), Catch::Contains("--prefetch-threads"));
+  CHECK_THROWS_WITH(bad.validate(), Catch::Contains("--loader-threads"));
 }
