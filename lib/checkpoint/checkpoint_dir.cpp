@@ -63,6 +63,25 @@ std::vector<CheckpointRef> list_complete(const std::string& output_dir) {
   return out;
 }
 
+std::vector<std::string> list_foreign_exports(const std::string& output_dir) {
+  static const std::regex re(R"(^epoch_\d{1,12}(_step_\d{1,15})?$)");
+  std::vector<std::string> out;
+  std::error_code ec;
+  if (!fs::is_directory(output_dir, ec)) return out;
+  for (const auto& entry : fs::directory_iterator(output_dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (!entry.is_directory() || !std::regex_match(name, re)) continue;
+    const std::string dir = entry.path().string();
+    if (is_complete(dir) || !fs::is_regular_file(entry.path() / "config.json", ec) ||
+        !fs::is_regular_file(entry.path() / "model.safetensors", ec)) {
+      continue;
+    }
+    out.push_back(dir);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 std::optional<CheckpointRef> find_latest(const std::string& output_dir) {
   auto all = list_complete(output_dir);
   if (all.empty()) return std::nullopt;

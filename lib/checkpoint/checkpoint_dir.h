@@ -30,6 +30,11 @@ std::optional<CheckpointRef> parse_checkpoint_name(const std::string& name);
 std::vector<CheckpointRef> list_complete(const std::string& output_dir);
 // The newest complete checkpoint, if any.
 std::optional<CheckpointRef> find_latest(const std::string& output_dir);
+// Draft exports under output_dir that are not fsdp-train checkpoints: directories named
+// epoch_<E> or epoch_<E>_step_<S> without the completion marker that hold config.json and
+// model.safetensors (what SpecForge saves), sorted by name. Resume cannot continue them (no
+// optimizer state); --init-checkpoint can start from their weights.
+std::vector<std::string> list_foreign_exports(const std::string& output_dir);
 // True when `dir` holds the completion marker.
 bool is_complete(const std::string& dir);
 

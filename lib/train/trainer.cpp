@@ -309,12 +309,37 @@ void Trainer::Impl::resume_if_asked() {
     if (auto latest = checkpoint::find_latest(cfg.checkpoint.output_dir)) dir = latest->path;
   } else if (cfg.checkpoint.resume == config::ResumeMode::kPath) {
     dir = cfg.checkpoint.resume_path;
+    const bool export_only = std::filesystem::is_regular_file(dir + "/model.safetensors") &&
+                             !checkpoint::is_complete(dir);
     FSDP_USAGE_CHECK(checkpoint::is_complete(dir),
                      "--resume " + dir + ": not a complete checkpoint directory (no " +
                          checkpoint::kCompleteMarker + " marker)",
-                     "point --resume at an epoch_<E>_step_<S> directory, or use --resume auto");
+                     export_only
+                         ? "it holds weights only (a SpecForge checkpoint or an export), no "
+                           "optimizer state to resume: start from its weights with "
+                           "--init-checkpoint " + dir + " (or --ckpt-dir) instead of --resume"
+                         : "point --resume at an epoch_<E>_step_<S> directory, or use --resume "
+                           "auto");
   }
   if (dir.empty()) {
+    // Never start over silently next to another trainer's checkpoints: that run's epochs would
+    // look resumed and be lost.
+    // (--init-checkpoint says where to start.)
+    const auto foreign =
+        cfg.checkpoint.resume == config::ResumeMode::kAuto && cfg.model.init_checkpoint.empty()
+            ? checkpoint::list_foreign_exports(cfg.checkpoint.output_dir)
+            : std::vector<std::string>{};
+    std::string names;
+    for (size_t i = 0; i < foreign.size() && i < 3; ++i) names += (i ? ", " : "") + foreign[i];
+    if (foreign.size() > 3) names += ", ...";
+    FSDP_USAGE_CHECK(
+        foreign.empty(),
+        "--resume: " + cfg.checkpoint.output_dir + " has no fsdp-train checkpoint to resume, but " +
+            std::to_string(foreign.size()) + " draft checkpoint(s) without optimizer state (" +
+            names + "), e.g. from SpecForge",
+        "to continue from those weights with a fresh optimizer and schedule, pass "
+        "--init-checkpoint <that directory> (or --ckpt-dir) without --resume; to start over, "
+        "use another --output-dir");
     if (cfg.checkpoint.resume == config::ResumeMode::kAuto) {
       FSDP_LOG0(kInfo) << "--resume auto: no complete checkpoint in " << cfg.checkpoint.output_dir
                        << ", starting fresh";

@@ -46,6 +46,19 @@ SGLANG_TORCH_PROFILER_DIR="$W/sglang_traces" run_np 1 $(train_args "$DATA" "$W/e
   --profile-start-step 0 --profile-num-steps 1 >"$W/env.log" 2>&1 || { cat "$W/env.log"; fail "profile into SGLANG_TORCH_PROFILER_DIR"; }
 [ -s "$W/sglang_traces/rank0.trace.json" ] || fail "no trace in SGLANG_TORCH_PROFILER_DIR"
 
+# A SpecForge output directory (epoch_<N>/ with config.json + model.safetensors, no optimizer
+# state): --resume refuses to start over next to it and names --init-checkpoint/--ckpt-dir,
+# which start from its weights.
+mkdir -p "$W/sfout/epoch_0"
+cp "$(latest_ckpt "$W/ours")"/{config.json,model.safetensors} "$W/sfout/epoch_0/"
+"$BIN" $(sf_args "$DATA" "$W/sfout") $COMMON --max-num-steps 1 --resume >"$W/sfresume.log" 2>&1
+[ $? -eq 2 ] || { cat "$W/sfresume.log"; fail "--resume next to SpecForge checkpoints should exit 2"; }
+grep -q "draft checkpoint(s) without optimizer state ($W/sfout/epoch_0)" "$W/sfresume.log" || { cat "$W/sfresume.log"; fail "no reason for refusing --resume"; }
+"$BIN" $(sf_args "$DATA" "$W/sfout") $COMMON --max-num-steps 1 --resume "$W/sfout/epoch_0" >"$W/sfresume.log" 2>&1
+[ $? -eq 2 ] && grep -q -- "--init-checkpoint $W/sfout/epoch_0" "$W/sfresume.log" || { cat "$W/sfresume.log"; fail "--resume PATH of weights only should name --init-checkpoint"; }
+run_np 1 $(sf_args "$DATA" "$W/sfout") $COMMON --max-num-steps 1 --draft-global-batch-size 2   --draft-micro-batch-size 2 --ckpt-dir "$W/sfout/epoch_0" --resume >"$W/sfinit.log" 2>&1 || { cat "$W/sfinit.log"; fail "--ckpt-dir from a SpecForge checkpoint"; }
+grep -q "no complete checkpoint" "$W/sfinit.log" || { cat "$W/sfinit.log"; fail "--ckpt-dir with --resume should start from the weights"; }
+
 # Refused and unknown flags: exit 2 and the reason.
 expect_refusal() {
   local needle="$1"; shift
