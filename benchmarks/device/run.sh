@@ -11,9 +11,10 @@
 # the [cuda]/[nccl] tests, 7) measures --cpu-offload. The
 # benchmarks come before the tests because they are what a session cannot get elsewhere; every
 # stage has a time limit so one hang cannot spend the call, and a failed stage does not stop
-# the later ones. $OUT gets 7 files (the device tool returns at most 8): device.log (everything
+# the later ones. $OUT gets 8 files (the device tool returns at most 8): device.log (everything
 # printed), build.log (configure, build, feature generation), runs.log (the four training runs'
-# output) and the metrics.jsonl of fsdp-train, reference, checkpointed and offload.
+# output), the metrics.jsonl of fsdp-train, reference, checkpointed and offload, and
+# profile-summary.txt (the operators and CUDA kernels of two profiled fsdp-train steps).
 set -uo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 OUT="${OUT:-$REPO/out/device}"
@@ -110,7 +111,15 @@ fsdp_run() {  # $1 name, $2 time limit, then extra flags
   return $rc
 }
 stamp "fsdp-train: $STEPS steps, bf16, 1 GPU"
-fsdp_run fsdp-train 150
+# Steps 9-10 are profiled (operators and CUDA kernels): they lie in the first logged window,
+# which compare.py leaves out as warm-up, so the measured windows are not slowed by it.
+rm -rf /tmp/fsdp-device-profile
+fsdp_run fsdp-train 150 --profile --profile-start-step 8 --profile-num-steps 2 \
+  --profile-dir /tmp/fsdp-device-profile
+if [ -f /tmp/fsdp-device-profile/rank0.summary.txt ]; then
+  cp /tmp/fsdp-device-profile/rank0.summary.txt "$OUT/profile-summary.txt"
+  grep -A 14 "GPU kernels" /tmp/fsdp-device-profile/rank0.summary.txt
+fi
 
 stamp "reference (PyTorch FSDP2): $STEPS steps, bf16, 1 GPU"
 rm -rf /tmp/fsdp-device-ref
