@@ -133,12 +133,7 @@ void CheckpointWriter::begin() {
 
 std::string CheckpointWriter::commit(int64_t keep_last) {
   const std::string marker = join_path(temp_dir_, kCompleteMarker);
-  {
-    std::ofstream f(marker);
-    f << "complete\n";
-    FSDP_CHECK(f.good(), "cannot write '" + marker + "'", "check free space in --output-dir");
-  }
-  fsync_path(marker, false);
+  write_file_durably(marker, std::string("complete\n"));
   fsync_path(temp_dir_, true);
   std::error_code ec;
   if (fs::exists(final_dir_, ec)) {

@@ -9,6 +9,7 @@
 #include "checkpoint/checkpoint_dir.h"
 #include "checkpoint/safetensors.h"
 #include "core/error.h"
+#include "core/fs_util.h"
 
 namespace fs = std::filesystem;
 
@@ -21,10 +22,8 @@ uint64_t write_draft_export(const std::string& dir, const std::string& config_js
   ensure_directory(dir);
   {
     const std::string path = join_path(dir, "config.json");
-    std::ofstream f(path);
-    f << config_json;
-    if (config_json.empty() || config_json.back() != '\n') f << '\n';
-    FSDP_CHECK(f.good(), "cannot write '" + path + "'", "check free space in --output-dir");
+    write_file_durably(path, config_json.empty() || config_json.back() != '\n' ? config_json + "\n"
+                                                                                : config_json);
   }
   NamedTensors tensors;
   for (const auto& [name, t] : full_state) {  // std::map: sorted by name

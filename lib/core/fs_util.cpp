@@ -1,6 +1,7 @@
 // POSIX recursive removal (core/fs_util.h).
 #include "core/fs_util.h"
 
+#include <fcntl.h>
 #include <ftw.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -8,6 +9,8 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+
+#include "core/error.h"
 
 namespace fsdp {
 
@@ -31,6 +34,41 @@ bool remove_tree(const std::string& path, std::string* error) {
   const int rc = ::nftw(path.c_str(), remove_entry, 32, FTW_DEPTH | FTW_PHYS);
   g_error = nullptr;
   return rc == 0;
+}
+
+void write_file_durably(const std::string& path, const void* data, size_t size) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  FSDP_CHECK(fd >= 0, path + ": cannot create (" + std::strerror(errno) + ")",
+             "check that the directory exists and is writable");
+  const char* p = static_cast<const char*>(data);
+  size_t left = size;
+  while (left > 0) {
+    const ssize_t n = ::write(fd, p, left);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const std::string why = n < 0 ? std::strerror(errno) : "no progress";
+      ::close(fd);
+      FSDP_CHECK(false, path + ": write failed (" + why + ")", "check free disk space");
+    }
+    p += n;
+    left -= static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0) {
+    const std::string why = std::strerror(errno);
+    ::close(fd);
+    FSDP_CHECK(false, path + ": fsync failed (" + why + ")", "check free disk space");
+  }
+  FSDP_CHECK(::close(fd) == 0, path + ": close failed (" + std::strerror(errno) + ")",
+             "check free disk space");
+}
+
+void fsync_file(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  FSDP_CHECK(fd >= 0, path + ": cannot open to fsync (" + std::strerror(errno) + ")", "");
+  const bool ok = ::fsync(fd) == 0;
+  const std::string why = ok ? "" : std::strerror(errno);
+  ::close(fd);
+  FSDP_CHECK(ok, path + ": fsync failed (" + why + ")", "check free disk space");
 }
 
 }  // namespace fsdp

@@ -154,8 +154,10 @@ class ShardEngine final : public UnitHooks {
 
 // Per-rank training state in `dir`: shard_<r>.pt per shard rank (masters, moments, frozen
 // shards) written by replicate rank 0, and manifest.txt (format version, strategy, group
-// sizes, step, flat layouts). Collective; the directory is created if missing. lib/checkpoint
-// handles temporary directories, renames and completion markers around these calls.
+// sizes, step, flat layouts). Collective; the directory is created if missing. A write error
+// (full disk) is thrown on the ranks that met it, after the collective part, so no rank is left
+// waiting; the caller agrees on the outcome. lib/checkpoint handles temporary directories,
+// renames and completion markers around these calls.
 void save_state(ShardEngine& engine, const std::string& dir);
 // What save_state writes to this rank's shard file: <unit key>/master, and for trainable flat
 // buffers /exp_avg and /exp_avg_sq, as host tensors.

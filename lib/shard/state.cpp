@@ -12,13 +12,17 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <fstream>
 #include <sstream>
 
 #include "comm/communicator.h"
+#include "comm/runtime.h"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/fs_util.h"
 #include "shard/engine.h"
 #include "shard/flat_param.h"
 
@@ -106,12 +110,7 @@ void make_dirs(const std::string& dir) {
 
 void write_bytes(const std::string& path, const std::vector<char>& bytes) {
   const std::string tmp = path + ".tmp";
-  {
-    std::ofstream os(tmp, std::ios::binary);
-    FSDP_CHECK(os.good(), str("cannot write ", tmp), "check that the directory is writable");
-    os.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    FSDP_CHECK(os.good(), str("write to ", tmp, " failed"), "check free disk space");
-  }
+  write_file_durably(tmp, bytes.data(), bytes.size());
   FSDP_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0,
              str("cannot rename ", tmp, " to ", path, ": ", std::strerror(errno)),
              "check the directory's permissions");
@@ -133,16 +132,20 @@ void write_pickle_file(const std::string& path, const c10::IValue& value) {
   {
     std::ofstream os(tmp, std::ios::binary);
     FSDP_CHECK(os.good(), str("cannot write ", tmp), "check that the directory is writable");
+    // Always report success to the writer: it throws on a short write and then throws again
+    // from its destructor (std::terminate). A failed stream is detected at close below.
     caffe2::serialize::PyTorchStreamWriter writer([&](const void* p, size_t n) -> size_t {
-      os.write(static_cast<const char*>(p), static_cast<std::streamsize>(n));
-      return os.good() ? n : 0;
+      if (os.good()) os.write(static_cast<const char*>(p), static_cast<std::streamsize>(n));
+      return n;
     });
     torch::jit::writeArchiveAndTensors("data", pickle.data(), pickle.size(), pickler.tensorData(),
                                        writer);
     writer.writeEndOfFile();
-    os.flush();
-    FSDP_CHECK(os.good(), str("write to ", tmp, " failed"), "check free disk space");
+    os.close();  // a full disk shows here, when the last buffer is written
+    FSDP_CHECK(!os.fail(), str("write to ", tmp, " failed (", std::strerror(errno), ")"),
+               "check free disk space");
   }
+  fsync_file(tmp);  // on disk before its name says so
   FSDP_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0,
              str("cannot rename ", tmp, " to ", path, ": ", std::strerror(errno)),
              "check the directory's permissions");
@@ -272,15 +275,28 @@ c10::Dict<std::string, at::Tensor> shard_state_dict(ShardEngine& engine) {
 
 void save_state(ShardEngine& engine, const std::string& dir) {
   engine.finish_backward();
-  make_dirs(dir);
-  // Replicas hold identical shards: only replicate rank 0 writes.
-  if (engine.replicate_rank() == 0) {
-    write_pickle_file(shard_file(dir, engine.shard_rank()), c10::IValue(shard_state_dict(engine)));
-    if (engine.shard_rank() == 0) write_manifest(dir + "/manifest.txt", engine);
+  // A write error (full disk) is rethrown after the barriers, so that the other ranks are not
+  // left waiting in them and the caller can agree with them on the failure.
+  std::exception_ptr write_error;
+  try {
+    // Tests make one rank's writes fail (tests/e2e/save_failures.sh).
+    const char* fail_rank = std::getenv("FSDP_TEST_FAIL_WRITES_ON_RANK");
+    FSDP_CHECK(!fail_rank || std::to_string(comm::topology().world_rank) != fail_rank,
+               "state write failed: injected by FSDP_TEST_FAIL_WRITES_ON_RANK", "");
+    make_dirs(dir);
+    // Replicas hold identical shards: only replicate rank 0 writes.
+    if (engine.replicate_rank() == 0) {
+      write_pickle_file(shard_file(dir, engine.shard_rank()),
+                        c10::IValue(shard_state_dict(engine)));
+      if (engine.shard_rank() == 0) write_manifest(dir + "/manifest.txt", engine);
+    }
+  } catch (const std::exception&) {
+    write_error = std::current_exception();
   }
   // Every file exists before any rank returns.
   if (engine.groups().shard) engine.groups().shard->barrier();
   if (engine.groups().replicate) engine.groups().replicate->barrier();
+  if (write_error) std::rethrow_exception(write_error);
 }
 
 void load_state(ShardEngine& engine, const std::string& dir) {

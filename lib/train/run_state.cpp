@@ -12,6 +12,7 @@
 
 #include "checkpoint/checkpoint_dir.h"
 #include "core/error.h"
+#include "core/fs_util.h"
 
 namespace fsdp::train {
 
@@ -29,11 +30,7 @@ void save_run_state(const std::string& dir, const RunState& s) {
   j["config"] = s.config_json.empty() ? nlohmann::json::object()
                                        : nlohmann::json::parse(s.config_json, nullptr, false);
   const std::string path = checkpoint::join_path(dir, "trainer_state.json");
-  {
-    std::ofstream f(path);
-    f << j.dump(2) << "\n";
-    FSDP_CHECK(f.good(), "cannot write '" + path + "'", "check free space in --output-dir");
-  }
+  write_file_durably(path, j.dump(2) + "\n");
   auto gen = at::detail::getDefaultCPUGenerator();
   at::Tensor rng;
   {
@@ -41,9 +38,7 @@ void save_run_state(const std::string& dir, const RunState& s) {
     rng = gen.get_state();
   }
   const std::string rng_path = checkpoint::join_path(dir, "rng_state.bin");
-  std::ofstream r(rng_path, std::ios::binary);
-  r.write(static_cast<const char*>(rng.data_ptr()), static_cast<std::streamsize>(rng.nbytes()));
-  FSDP_CHECK(r.good(), "cannot write '" + rng_path + "'", "check free space in --output-dir");
+  write_file_durably(rng_path, rng.data_ptr(), rng.nbytes());
 }
 
 RunState load_run_state(const std::string& dir, bool restore_rng) {

@@ -98,11 +98,24 @@ RunResult Trainer::Impl::train() {
   const auto loss_opts = loss_options(accum);
 
   RunResult result;
+  // A periodic save that fails leaves training running: the next save tries again.
+  auto save_now = [&](int64_t epoch) {
+    const std::string dir = save(epoch);
+    if (!dir.empty()) result.last_checkpoint = dir;
+    return !dir.empty();
+  };
+  // A save that ends the run must succeed, else the run fails naming what is left.
+  auto save_or_fail = [&](int64_t epoch, const char* when) {
+    FSDP_CHECK(save_now(epoch),
+               fsdp::str(when, ": the checkpoint of step ", state.step,
+                         " could not be written (see the error above); ", newest_checkpoint_text()),
+               "free space in --output-dir (or choose another) and run again with --resume");
+  };
   if (state.step >= stop_at) {
     // Nothing left to train. A fresh run with --max-steps 0 exports the initial draft (the
     // starting point of parity checks against other trainers).
     if (state.step == 0) {
-      result.last_checkpoint = save(state.epoch);
+      save_or_fail(state.epoch, "exporting the initial draft");
     } else {
       FSDP_LOG0(kInfo) << "already at step " << state.step << " (stop at " << stop_at
                        << "): nothing to train";
@@ -214,8 +227,7 @@ RunResult Trainer::Impl::train() {
       }
       if (cfg.checkpoint.save_steps > 0 && n % cfg.checkpoint.save_steps == 0) {
         health.flush();
-        result.last_checkpoint = save(epoch);
-        saved_at_step = true;
+        saved_at_step = save_now(epoch);
       }
       // Agree on stopping: a signal may have reached only some ranks.
       flag.fill_(stop_requested() ? 1 : 0);
@@ -224,7 +236,7 @@ RunResult Trainer::Impl::train() {
         FSDP_LOG0(kWarn) << "stop requested (signal " << stop_signal() << "): saving at step " << n
                          << " and exiting";
         health.flush();
-        if (!saved_at_step) result.last_checkpoint = save(epoch);
+        if (!saved_at_step) save_or_fail(epoch, "stopped by signal");
         saved_at_step = true;
         result.stopped_by_signal = true;
         stop = true;
@@ -245,14 +257,13 @@ RunResult Trainer::Impl::train() {
     }
     if (cfg.checkpoint.save_interval > 0 && (epoch + 1) % cfg.checkpoint.save_interval == 0) {
       health.flush();
-      result.last_checkpoint = save(epoch);
-      saved_at_step = true;
+      saved_at_step = save_now(epoch);
     }
   }
   health.flush();
   if (profiler) profiler->finish();
   if (cfg.checkpoint.save_final && !saved_at_step && state.step > 0) {
-    result.last_checkpoint = save(state.epoch);
+    save_or_fail(state.epoch, "training finished");
   } else if (!saved_at_step && state.step > 0) {
     FSDP_LOG0(kWarn) << "--save-final false: the weights of step " << state.step
                      << " are not saved";

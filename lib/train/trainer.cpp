@@ -16,6 +16,7 @@
 #include "checkpoint/export.h"
 #include "checkpoint/safetensors.h"
 #include "comm/runtime.h"
+#include "core/fs_util.h"
 #include "config/options.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -281,26 +282,75 @@ std::vector<std::pair<std::string, double>> Trainer::Impl::evaluate(const std::s
   return r;
 }
 
+bool Trainer::Impl::any_rank(bool mine) const {
+  at::Tensor f = at::full({1}, mine ? 1 : 0, at::kInt);
+  control->all_reduce(f, comm::ReduceOp::kMax)->wait();
+  return f.item<int>() != 0;
+}
+
 std::string Trainer::Impl::save(int64_t epoch_for_name) {
   Stopwatch w;
   checkpoint::CheckpointWriter writer(cfg.checkpoint.output_dir, epoch_for_name, state.step);
-  if (rank == 0) writer.begin();
+  // A write that fails (full disk, file size limit) on any rank fails the save on every rank:
+  // the collective steps still run everywhere, then the ranks agree, and the partial directory
+  // goes while the earlier checkpoints stay.
+  std::string error;
+  auto attempt = [&](const auto& write) {
+    if (!error.empty()) return;
+    try {
+      write();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  };
+  if (rank == 0) attempt([&] { writer.begin(); });
   control->barrier();
   auto full = engine->full_state(/*rank0_only=*/true);
   if (rank == 0) {
-    checkpoint::write_draft_export(writer.temp_dir(), draft_cfg.to_json(), full, mapping.d2t,
-                                   mapping.t2d, to_dtype(cfg.checkpoint.export_dtype));
+    attempt([&] {
+      checkpoint::write_draft_export(writer.temp_dir(), draft_cfg.to_json(), full, mapping.d2t,
+                                     mapping.t2d, to_dtype(cfg.checkpoint.export_dtype));
+    });
   }
-  shard::save_state(*engine, checkpoint::join_path(writer.temp_dir(), "train_state"));
-  if (rank == 0) save_run_state(writer.temp_dir(), state);
-  control->barrier();
-  std::string final_dir = writer.final_dir();
+  try {  // collective: every rank enters it, also after an error of its own
+    shard::save_state(*engine, checkpoint::join_path(writer.temp_dir(), "train_state"));
+  } catch (const std::exception& e) {
+    if (error.empty()) error = e.what();
+  }
+  if (rank == 0) attempt([&] { save_run_state(writer.temp_dir(), state); });
+  bool failed = any_rank(!error.empty());
+  if (!failed && rank == 0) attempt([&] { writer.commit(cfg.checkpoint.keep_last); });
+  // Pruning old checkpoints may fail after the new one is complete: that is only a warning.
+  if (!failed) failed = any_rank(!error.empty() && !checkpoint::is_complete(writer.final_dir()));
+  if (failed) {
+    if (!error.empty()) {
+      FSDP_LOG(kError) << "rank " << rank << ": the checkpoint of step " << state.step
+                       << " could not be written: " << error;
+    }
+    if (rank == 0) {
+      remove_tree(writer.temp_dir());
+      const auto latest = checkpoint::find_latest(cfg.checkpoint.output_dir);
+      FSDP_LOG0(kWarn) << "checkpoint of step " << state.step << " NOT saved (see the error "
+                       << "above; free space in " << cfg.checkpoint.output_dir
+                       << "); training goes on and the next save tries again. Newest complete "
+                       << "checkpoint: " << (latest ? latest->path : std::string("none"));
+    }
+    control->barrier();
+    return "";
+  }
+  if (!error.empty()) FSDP_LOG(kWarn) << "after saving " << writer.final_dir() << ": " << error;
   if (rank == 0) {
-    writer.commit(cfg.checkpoint.keep_last);
-    FSDP_LOG0(kInfo) << "saved checkpoint " << final_dir << " (" << w.seconds() << " s)";
+    FSDP_LOG0(kInfo) << "saved checkpoint " << writer.final_dir() << " (" << w.seconds() << " s)";
   }
   control->barrier();
-  return final_dir;
+  return writer.final_dir();
+}
+
+std::string Trainer::Impl::newest_checkpoint_text() const {
+  const auto latest = checkpoint::find_latest(cfg.checkpoint.output_dir);
+  return latest ? "the newest complete checkpoint is " + latest->path +
+                      " (--resume continues from it)"
+                : std::string("there is no complete checkpoint");
 }
 
 void Trainer::Impl::resume_if_asked() {

@@ -54,7 +54,12 @@ struct Trainer::Impl {
   model::LossOptions loss_options(int64_t accumulation) const;
   metrics::ProfilerOptions profiler_options() const;
   std::vector<std::pair<std::string, double>> evaluate(const std::string& prefix);
+  // Saves a checkpoint; returns its directory, or "" when a write failed on some rank (every
+  // rank returns "" then; the earlier checkpoints are untouched). Collective.
   std::string save(int64_t epoch_for_name);
+  // True on every rank when `mine` is true on any rank. Collective (CPU control communicator).
+  bool any_rank(bool mine) const;
+  std::string newest_checkpoint_text() const;
   void resume_if_asked();
   RunResult train();
   RunResult eval_only();

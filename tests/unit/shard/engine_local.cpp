@@ -1,8 +1,13 @@
 // The engine in one process (groups of one, no MPI): equivalence with plain LibTorch, repeated
-// unit uses, unit-plan errors, memory accounting of NO_SHARD, and the shard-file round trip.
+// unit uses, unit-plan errors, memory accounting of NO_SHARD, and the shard-file round trip,
+// also when the disk refuses the write.
 #include <catch2/catch.hpp>
+#include <sys/resource.h>
+
+#include <csignal>
 
 #include "core/error.h"
+#include "core/fs_util.h"
 #include "mpi/shard/tiny_model.h"
 #include "shard/flat_param.h"
 
@@ -122,7 +127,7 @@ TEST_CASE("offload memory accounting", "[shard]") {
 TEST_CASE("shard files round trip in one process", "[shard]") {
   TrainSetup c;
   const std::string dir = std::string(FSDP_BINARY_DIR) + "/test-tmp/shard_state_unit";
-  remove_tree(dir);
+  testing::remove_tree(dir);
   TinyModel a(7);
   shard::ShardEngine ea(*a, {}, engine_options(Strategy::kFullShard, c));
   a->set_unit_hooks(&ea);
@@ -140,4 +145,47 @@ TEST_CASE("shard files round trip in one process", "[shard]") {
   const auto wa = ea.full_state(false), wb = eb.full_state(false);
   for (const auto& [name, w] : wa) CHECK(torch::equal(w, wb.at(name)));
   CHECK_THROWS_WITH(shard::load_state(eb, dir + "/nope"), Catch::Contains("nope"));
+}
+
+TEST_CASE("a full disk during a state save is an error naming the file, not a crash", "[shard]") {
+  TrainSetup c;
+  const std::string dir = std::string(FSDP_BINARY_DIR) + "/test-tmp/shard_state_full";
+  testing::remove_tree(dir);
+  TinyModel a(7);
+  shard::ShardEngine ea(*a, {}, engine_options(Strategy::kFullShard, c));
+  a->set_unit_hooks(&ea);
+  train_engine(a, ea, 0, 1, 0, 1, c);
+  // The kernel refuses writes past 4 KiB with EFBIG (SIGXFSZ ignored), as a full disk refuses
+  // them with ENOSPC. The shard file is larger; the manifest is not.
+  struct rlimit old {};
+  REQUIRE(getrlimit(RLIMIT_FSIZE, &old) == 0);
+  auto* old_handler = std::signal(SIGXFSZ, SIG_IGN);
+  struct rlimit small = old;
+  small.rlim_cur = 4096;
+  REQUIRE(setrlimit(RLIMIT_FSIZE, &small) == 0);
+  std::string message;
+  try {
+    shard::save_state(ea, dir);
+  } catch (const Error& e) {
+    message = e.message();
+  }
+  std::string durable;
+  try {
+    write_file_durably(dir + "/big.bin", std::string(8192, 'x'));
+  } catch (const Error& e) {
+    durable = e.message();
+  }
+  REQUIRE(setrlimit(RLIMIT_FSIZE, &old) == 0);
+  std::signal(SIGXFSZ, old_handler);
+  CHECK(message.find("shard_0.pt.tmp") != std::string::npos);
+  CHECK(message.find("failed") != std::string::npos);
+  CHECK_FALSE(path_exists(dir + "/shard_0.pt"));  // never a short file under the final name
+  CHECK(durable.find("big.bin: write failed (File too large)") != std::string::npos);
+  // With room again the same engine saves and the state loads back.
+  shard::save_state(ea, dir);
+  TinyModel b(5);
+  shard::ShardEngine eb(*b, {}, engine_options(Strategy::kFullShard, c));
+  b->set_unit_hooks(&eb);
+  shard::load_state(eb, dir);
+  CHECK(eb.step_count() == 1);
 }

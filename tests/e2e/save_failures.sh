@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# A checkpoint that cannot be written (full disk) never loses the run: every rank agrees the
+# save failed, the partial directory goes, the earlier checkpoints stay, training goes on (the
+# weights are unperturbed: the same losses as a run whose saves succeed), and a run that ends
+# without its final checkpoint exits 1 naming the newest complete one, from which --resume
+# continues. One rank's writes fail through FSDP_TEST_FAIL_WRITES_ON_RANK (a real full disk,
+# EFBIG from a file size limit, is tested in unit_shard; MPI itself cannot start under one).
+set -uo pipefail
+source "$(dirname "$0")/lib/common.sh"
+DATA=$(toy_data fixed --num-samples 128 --min-len 32 --max-len 32 --samples-per-dir 32 --seed 1)
+W="$BUILD/e2e_work/save_failures"; rm -rf "$W"; mkdir -p "$W"
+ARGS="$(train_args "$DATA" "$W/base") --mixed-precision fp32 --export-dtype fp32 --num-epochs 1 \
+  --draft-global-batch-size 4 --draft-micro-batch-size 2 --save-interval 0 --save-steps 2"
+
+run_np 1 $ARGS --max-steps 2 >"$W/base.log" 2>&1 || { cat "$W/base.log"; fail "first run"; }
+for d in inject1 inject2 clean; do cp -r "$W/base" "$W/$d"; done
+
+# 2 ranks, rank 1's writes fail: the step-4 save fails on both ranks and training goes on; the
+# final save fails too, so the run exits non-zero and names the step-2 checkpoint.
+FSDP_TEST_FAIL_WRITES_ON_RANK=1 run_np 2 ${ARGS//$W\/base/$W\/inject2} --max-steps 5 --resume \
+  >"$W/inject2.log" 2>&1 && { cat "$W/inject2.log"; fail "a run without its final checkpoint exited 0"; }
+for want in "rank 1: the checkpoint of step 4 could not be written" \
+            "checkpoint of step 4 NOT saved" "step 5/" \
+            "training finished: the checkpoint of step 5 could not be written" \
+            "the newest complete checkpoint is $W/inject2/epoch_0_step_2"; do
+  grep -qF -- "$want" "$W/inject2.log" || { cat "$W/inject2.log"; fail "2 ranks: no '$want'"; }
+done
+[ "$(ls -A "$W/inject2" | grep -c '^\.tmp_')" -eq 0 ] || fail "a failed save left its temporary directory"
+[ "$(latest_ckpt "$W/inject2")" = "$W/inject2/epoch_0_step_2" ] || fail "the earlier checkpoint is not the newest any more"
+
+# 1 rank: the same failures; its losses equal those of a run whose saves succeed (a failed save
+# changes nothing), and --resume then continues from step 2 to the end.
+FSDP_TEST_FAIL_WRITES_ON_RANK=0 run_np 1 ${ARGS//$W\/base/$W\/inject1} --max-steps 5 --resume \
+  >"$W/inject1.log" 2>&1; rc=$?
+[ $rc -eq 1 ] || { cat "$W/inject1.log"; fail "1 rank without its final checkpoint: exit code $rc, expected 1"; }
+run_np 1 ${ARGS//$W\/base/$W\/clean} --max-steps 5 --resume >"$W/clean.log" 2>&1 || { cat "$W/clean.log"; fail "run with working saves"; }
+"$PY" - "$W/inject1/metrics.jsonl" "$W/clean/metrics.jsonl" <<'PYEOF' || fail "a failed save changed training"
+import json, sys
+def losses(path):
+    rows = [json.loads(l) for l in open(path)]
+    return {r["step"]: r["train/ploss_0"] for r in rows if r.get("step", 0) > 2 and "train/ploss_0" in r}
+a, b = losses(sys.argv[1]), losses(sys.argv[2])
+assert sorted(a) == [3, 4, 5] and a == b, (a, b)
+print("losses after failed saves equal a clean run's:", a)
+PYEOF
+run_np 1 ${ARGS//$W\/base/$W\/inject1} --max-steps 5 --resume >"$W/resume.log" 2>&1 || { cat "$W/resume.log"; fail "resume after failed saves"; }
+grep -q "resumed from $W/inject1/epoch_0_step_2 at step 2" "$W/resume.log" || { cat "$W/resume.log"; fail "did not resume from step 2"; }
+compare_exports "$(latest_ckpt "$W/inject1")" "$(latest_ckpt "$W/clean")" 0 || fail "resumed run differs"
+echo "save_failures: ok"
