@@ -308,7 +308,13 @@ void load_state(ShardEngine& engine, const std::string& dir) {
     auto it = files.find(r);
     if (it == files.end()) {
       const std::string path = shard_file(dir, r);
-      c10::IValue v = torch::jit::pickle_load(read_bytes(path));
+      c10::IValue v;
+      try {
+        v = torch::jit::pickle_load(read_bytes(path));
+      } catch (const c10::Error& e) {
+        FSDP_CHECK(false, str(path, ": ", e.what_without_backtrace()),
+                   "the state file is damaged (cut short?); use another checkpoint");
+      }
       FSDP_CHECK(v.isGenericDict(), str(path, " does not hold a dict of tensors"),
                  "the state file is corrupt; use another checkpoint");
       it = files.emplace(r, c10::impl::toTypedDict<std::string, at::Tensor>(v.toGenericDict())).first;

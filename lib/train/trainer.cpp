@@ -6,6 +6,7 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/nn/module.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -67,6 +68,12 @@ shard::Strategy to_engine(config::ShardingStrategy s) {
       return shard::Strategy::kHybridShard;
   }
   return shard::Strategy::kFullShard;
+}
+
+// An exception's message without LibTorch's C++ backtrace.
+std::string describe(const std::exception& e) {
+  if (const auto* c = dynamic_cast<const c10::Error*>(&e)) return c->what_without_backtrace();
+  return e.what();
 }
 
 c10::ScalarType to_dtype(config::Precision p) {
@@ -300,7 +307,7 @@ std::string Trainer::Impl::save(int64_t epoch_for_name) {
     try {
       write();
     } catch (const std::exception& e) {
-      error = e.what();
+      error = describe(e);
     }
   };
   if (rank == 0) attempt([&] { writer.begin(); });
@@ -315,7 +322,7 @@ std::string Trainer::Impl::save(int64_t epoch_for_name) {
   try {  // collective: every rank enters it, also after an error of its own
     shard::save_state(*engine, checkpoint::join_path(writer.temp_dir(), "train_state"));
   } catch (const std::exception& e) {
-    if (error.empty()) error = e.what();
+    if (error.empty()) error = describe(e);
   }
   if (rank == 0) attempt([&] { save_run_state(writer.temp_dir(), state); });
   bool failed = any_rank(!error.empty());
@@ -354,11 +361,14 @@ std::string Trainer::Impl::newest_checkpoint_text() const {
 }
 
 void Trainer::Impl::resume_if_asked() {
-  std::string dir;
+  // Candidates, newest first: --resume auto falls back to older complete checkpoints when the
+  // newest cannot be loaded (a damaged file); --resume PATH takes that one only.
+  std::vector<checkpoint::CheckpointRef> candidates;
   if (cfg.checkpoint.resume == config::ResumeMode::kAuto) {
-    if (auto latest = checkpoint::find_latest(cfg.checkpoint.output_dir)) dir = latest->path;
+    candidates = checkpoint::list_complete(cfg.checkpoint.output_dir);
+    std::reverse(candidates.begin(), candidates.end());
   } else if (cfg.checkpoint.resume == config::ResumeMode::kPath) {
-    dir = cfg.checkpoint.resume_path;
+    const std::string dir = cfg.checkpoint.resume_path;
     const bool export_only = std::filesystem::is_regular_file(dir + "/model.safetensors") &&
                              !checkpoint::is_complete(dir);
     FSDP_USAGE_CHECK(checkpoint::is_complete(dir),
@@ -370,8 +380,21 @@ void Trainer::Impl::resume_if_asked() {
                            "--init-checkpoint " + dir + " (or --ckpt-dir) instead of --resume"
                          : "point --resume at an epoch_<E>_step_<S> directory, or use --resume "
                            "auto");
+    checkpoint::CheckpointRef ref;
+    ref.path = dir;
+    candidates.push_back(ref);
   }
-  if (dir.empty()) {
+  // Every rank must see the same checkpoints (one --output-dir shared by all).
+  int64_t step_sum = 0;
+  for (const auto& c : candidates) step_sum += c.step;
+  at::Tensor seen = at::tensor({static_cast<int64_t>(candidates.size()), step_sum}, at::kLong);
+  at::Tensor low = -seen;
+  control->all_reduce(seen, comm::ReduceOp::kMax)->wait();
+  control->all_reduce(low, comm::ReduceOp::kMax)->wait();
+  FSDP_USAGE_CHECK(at::equal(seen, -low),
+                   "--resume: the ranks see different checkpoints in " + cfg.checkpoint.output_dir,
+                   "--output-dir must be one directory shared by every rank");
+  if (candidates.empty()) {
     // Never start over silently next to another trainer's checkpoints: that run's epochs would
     // look resumed and be lost.
     // (--init-checkpoint says where to start.)
@@ -396,8 +419,33 @@ void Trainer::Impl::resume_if_asked() {
     }
     return;
   }
-  RunState saved = load_run_state(dir);
-  shard::load_state(*engine, checkpoint::join_path(dir, "train_state"));
+  RunState saved;
+  std::string loaded;
+  for (size_t i = 0;; ++i) {
+    const std::string& path = candidates[i].path;
+    std::string error;
+    try {
+      saved = load_run_state(path);
+      shard::load_state(*engine, checkpoint::join_path(path, "train_state"));
+    } catch (const std::exception& e) {
+      error = describe(e);
+    }
+    if (!any_rank(!error.empty())) {
+      loaded = path;
+      break;
+    }
+    if (!error.empty()) {
+      FSDP_LOG(kError) << "rank " << rank << ": cannot load checkpoint " << path << ": " << error;
+    }
+    FSDP_CHECK(i + 1 < candidates.size(),
+               "--resume: checkpoint " + path + " could not be loaded (see the error above)" +
+                   (candidates.size() > 1 ? ", nor any older one" : ""),
+               cfg.checkpoint.resume == config::ResumeMode::kPath
+                   ? "pick another checkpoint, or --resume auto (it falls back to older ones)"
+                   : "check the files named above; to start over use another --output-dir");
+    FSDP_LOG0(kWarn) << "checkpoint " << path << " could not be loaded (see the error above): "
+                     << "resuming from the next older one, " << candidates[i + 1].path;
+  }
   state = saved;
   if (saved.world_size != world || saved.micro_batch_size != plan.micro_batch) {
     // Different data-parallel layout: keep the number of samples consumed in the epoch.
@@ -411,7 +459,7 @@ void Trainer::Impl::resume_if_asked() {
   state.world_size = world;
   state.accumulation_steps = plan.accumulation_steps;
   state.micro_batch_size = plan.micro_batch;
-  FSDP_LOG0(kInfo) << "resumed from " << dir << " at step " << state.step << " (epoch "
+  FSDP_LOG0(kInfo) << "resumed from " << loaded << " at step " << state.step << " (epoch "
                    << state.epoch << ", micro-batch " << state.position << ")";
 }
 

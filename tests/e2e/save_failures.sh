@@ -5,6 +5,7 @@
 # without its final checkpoint exits 1 naming the newest complete one, from which --resume
 # continues. One rank's writes fail through FSDP_TEST_FAIL_WRITES_ON_RANK (a real full disk,
 # EFBIG from a file size limit, is tested in unit_shard; MPI itself cannot start under one).
+# A damaged newest checkpoint: --resume auto falls back to the next older one.
 set -uo pipefail
 source "$(dirname "$0")/lib/common.sh"
 DATA=$(toy_data fixed --num-samples 128 --min-len 32 --max-len 32 --samples-per-dir 32 --seed 1)
@@ -46,4 +47,17 @@ PYEOF
 run_np 1 ${ARGS//$W\/base/$W\/inject1} --max-steps 5 --resume >"$W/resume.log" 2>&1 || { cat "$W/resume.log"; fail "resume after failed saves"; }
 grep -q "resumed from $W/inject1/epoch_0_step_2 at step 2" "$W/resume.log" || { cat "$W/resume.log"; fail "did not resume from step 2"; }
 compare_exports "$(latest_ckpt "$W/inject1")" "$(latest_ckpt "$W/clean")" 0 || fail "resumed run differs"
+# The newest checkpoint damaged (its shard file cut short): --resume auto warns, resumes from the
+# older step-4 checkpoint and reaches bitwise the weights of a resume from the intact step 5.
+cp -r "$W/clean" "$W/damaged"; cp -r "$W/clean" "$W/intact"
+f="$W/damaged/epoch_0_step_5/train_state/shard_0.pt"
+head -c $(( $(stat -c %s "$f") / 2 )) "$f" >"$f.cut" && mv "$f.cut" "$f"
+run_np 1 ${ARGS//$W\/base/$W\/damaged} --max-steps 6 --resume >"$W/damaged.log" 2>&1 || { cat "$W/damaged.log"; fail "resume with a damaged newest checkpoint"; }
+grep -q "cannot load checkpoint $W/damaged/epoch_0_step_5" "$W/damaged.log" &&
+  grep -q "resumed from $W/damaged/epoch_0_step_4 at step 4" "$W/damaged.log" || { cat "$W/damaged.log"; fail "no fallback to the step-4 checkpoint"; }
+run_np 1 ${ARGS//$W\/base/$W\/intact} --max-steps 6 --resume >"$W/intact.log" 2>&1 || { cat "$W/intact.log"; fail "resume from step 5"; }
+compare_exports "$(latest_ckpt "$W/damaged")" "$(latest_ckpt "$W/intact")" 0 || fail "the fallback run differs"
+# --resume PATH of the damaged one: no fallback, exit 1 naming it.
+"$BIN" ${ARGS//$W\/base/$W\/damaged} --max-steps 7 --resume "$W/damaged/epoch_0_step_5" >"$W/path.log" 2>&1
+[ $? -eq 1 ] && grep -q "checkpoint $W/damaged/epoch_0_step_5 could not be loaded" "$W/path.log" || { cat "$W/path.log"; fail "--resume PATH of a damaged checkpoint"; }
 echo "save_failures: ok"
