@@ -44,6 +44,7 @@ int run_cli(int argc, char** argv) {
   Action action;
   add_comm_bench(app, &action);
   add_convert(app, &action);
+  add_export(app, &action);
   add_gen_toy_data(app, &action);
   TrainCommand train = add_train(app);
   app.require_subcommand(0, 1);

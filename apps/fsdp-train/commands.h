@@ -25,6 +25,7 @@ TrainCommand add_train(CLI::App& root);
 
 void add_comm_bench(CLI::App& root, Action* action);
 void add_convert(CLI::App& root, Action* action);
+void add_export(CLI::App& root, Action* action);
 void add_gen_toy_data(CLI::App& root, Action* action);
 
 }  // namespace fsdp::app

@@ -258,7 +258,55 @@ void check_same_layout(const std::string& path, const FlatLayout& saved, const F
              "resume with the same model configuration and the same unit list");
 }
 
+using ShardFile = c10::Dict<std::string, at::Tensor>;
+
+ShardFile read_shard_file(const std::string& path) {
+  c10::IValue v;
+  try {
+    v = torch::jit::pickle_load(read_bytes(path));
+  } catch (const c10::Error& e) {
+    FSDP_CHECK(false, str(path, ": ", e.what_without_backtrace()),
+               "the state file is damaged (cut short?); use another checkpoint");
+  }
+  FSDP_CHECK(v.isGenericDict(), str(path, " does not hold a dict of tensors"),
+             "the state file is corrupt; use another checkpoint");
+  return c10::impl::toTypedDict<std::string, at::Tensor>(v.toGenericDict());
+}
+
 }  // namespace
+
+std::map<std::string, at::Tensor> consolidate_state(const std::string& dir) {
+  const std::string mpath = dir + "/manifest.txt";
+  const Manifest m = read_manifest(mpath);
+  c10::NoGradGuard no_grad;
+  // One full buffer per flat; the shard files are read one at a time (each also holds the Adam
+  // moments, twice the weights again).
+  std::vector<at::Tensor> full(m.flats.size());
+  for (int r = 0; r < m.shard_size; ++r) {
+    const std::string path = shard_file(dir, r);
+    const ShardFile d = read_shard_file(path);
+    for (size_t i = 0; i < m.flats.size(); ++i) {
+      const FlatLayout& l = m.flats[i].layout;
+      const std::string key = l.key() + "/master";
+      FSDP_CHECK(d.contains(key), str(path, " lacks ", key),
+                 "the state file is corrupt; use another checkpoint");
+      const at::Tensor src = d.at(key);
+      FSDP_CHECK(src.dim() == 1 && src.numel() == l.shard_numel,
+                 str(path, ": ", key, " has ", src.numel(), " elements, the manifest says ",
+                     l.shard_numel),
+                 "the state file is corrupt; use another checkpoint");
+      if (!full[i].defined()) full[i] = at::empty({l.shard_numel * m.shard_size}, src.options());
+      full[i].narrow(0, r * l.shard_numel, l.shard_numel).copy_(src);
+    }
+  }
+  std::map<std::string, at::Tensor> out;
+  for (size_t i = 0; i < m.flats.size(); ++i) {
+    for (const ParamSlot& p : m.flats[i].layout.params) {
+      out[p.name] = full[i].narrow(0, p.offset, p.numel).view(p.shape).clone();
+    }
+  }
+  return out;
+}
 
 c10::Dict<std::string, at::Tensor> shard_state_dict(ShardEngine& engine) {
   c10::Dict<std::string, at::Tensor> dict;
@@ -303,22 +351,10 @@ void load_state(ShardEngine& engine, const std::string& dir) {
   engine.finish_backward();
   const std::string mpath = dir + "/manifest.txt";
   const Manifest m = read_manifest(mpath);
-  std::map<int, c10::Dict<std::string, at::Tensor>> files;
-  auto file = [&](int r) -> const c10::Dict<std::string, at::Tensor>& {
+  std::map<int, ShardFile> files;
+  auto file = [&](int r) -> const ShardFile& {
     auto it = files.find(r);
-    if (it == files.end()) {
-      const std::string path = shard_file(dir, r);
-      c10::IValue v;
-      try {
-        v = torch::jit::pickle_load(read_bytes(path));
-      } catch (const c10::Error& e) {
-        FSDP_CHECK(false, str(path, ": ", e.what_without_backtrace()),
-                   "the state file is damaged (cut short?); use another checkpoint");
-      }
-      FSDP_CHECK(v.isGenericDict(), str(path, " does not hold a dict of tensors"),
-                 "the state file is corrupt; use another checkpoint");
-      it = files.emplace(r, c10::impl::toTypedDict<std::string, at::Tensor>(v.toGenericDict())).first;
-    }
+    if (it == files.end()) it = files.emplace(r, read_shard_file(shard_file(dir, r))).first;
     return it->second;
   };
   c10::NoGradGuard no_grad;

@@ -2,8 +2,8 @@
 # Training end to end on toy data: loss falls and acc_0 rises at 1 and 2 ranks; 1 rank and 2
 # ranks with the same global batch reach the same fp32 weights, and the same bitwise with
 # --activation-checkpointing, and with --step-scalars device; the export follows the spec
-# and --init-checkpoint --eval-only reproduces the saving run's evaluation; TensorBoard files
-# read back.
+# and --init-checkpoint --eval-only reproduces the saving run's evaluation; `fsdp-train export`
+# reassembles the sharded fp32 masters; TensorBoard files read back.
 set -uo pipefail
 source "$(dirname "$0")/lib/common.sh"
 DATA=$(toy_data fixed --num-samples 128 --min-len 32 --max-len 32 --samples-per-dir 32 --seed 1)
@@ -87,6 +87,32 @@ with safe_open(d + "/model.safetensors", "pt") as f:
     assert t2d.sum().item() == Vd and t2d[used].all(), "d2t/t2d inconsistent"
 print("export ok:", d)
 PYEOF
+
+# `fsdp-train export` reassembles the fp32 master shards of a 2-rank checkpoint: bitwise the
+# run's own fp32 export; of the bf16 run: bitwise its bf16 export with --dtype bf16, and fp32
+# weights that round to it; it refuses to overwrite and to read a non-checkpoint.
+"$BIN" export --checkpoint "$(latest_ckpt "$W/np2")" --output "$W/export_np2" >/dev/null || fail "export of the fp32 run"
+compare_exports "$W/export_np2" "$(latest_ckpt "$W/np2")" 0 || fail "export differs from the fp32 run's own"
+"$BIN" export --checkpoint "$CK" --output "$W/export_bf16" --dtype bf16 >/dev/null || fail "export --dtype bf16"
+compare_exports "$W/export_bf16" "$CK" 0 || fail "bf16 export differs from the run's own"
+"$BIN" export --checkpoint "$CK" --output "$W/export_fp32" >/dev/null || fail "fp32 export of the bf16 run"
+"$PY" - "$W/export_fp32" "$CK" <<'PYEOF' || fail "fp32 export does not round to the bf16 export"
+import sys, torch
+from safetensors.torch import load_file
+a, b = load_file(sys.argv[1] + "/model.safetensors"), load_file(sys.argv[2] + "/model.safetensors")
+assert a.keys() == b.keys()
+for k in a:
+    if b[k].dtype == torch.bfloat16:
+        assert a[k].dtype == torch.float32, k
+        assert torch.equal(a[k].to(torch.bfloat16), b[k]), k
+    else:
+        assert torch.equal(a[k], b[k]), k
+print("fp32 export rounds to the bf16 export in all", len(a), "tensors")
+PYEOF
+"$BIN" export --checkpoint "$CK" --output "$W/export_fp32" >"$W/export.log" 2>&1
+[ $? -eq 2 ] && grep -q "already holds a model.safetensors" "$W/export.log" || { cat "$W/export.log"; fail "export overwrote without --overwrite"; }
+"$BIN" export --checkpoint "$DATA" --output "$W/export_bad" >"$W/export.log" 2>&1
+[ $? -eq 2 ] && grep -q "not a complete fsdp-train checkpoint" "$W/export.log" || { cat "$W/export.log"; fail "export of a non-checkpoint"; }
 
 # --init-checkpoint + --eval-only reproduce the saving run's final evaluation.
 run_np 2 --init-checkpoint "$CK" --eval-only --target-model-path "$DATA/target" \
