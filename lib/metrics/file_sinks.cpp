@@ -8,9 +8,11 @@
 #include <array>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "metrics/sinks.h"
 
 namespace fsdp::metrics {
@@ -32,6 +34,27 @@ void make_dirs(const std::string& dir) {
     }
     if (i < dir.size()) cur += dir[i];
   }
+}
+
+// Appends `bytes` whole or not at all; on failure (full disk) warns once per failing spell.
+void append_whole(std::FILE* f, const std::string& bytes, const std::string& path,
+                  bool* failing) {
+  const long before = std::ftell(f);
+  if (std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size() && std::fflush(f) == 0) {
+    if (*failing) FSDP_LOG(kInfo) << path << ": writing again";
+    *failing = false;
+    return;
+  }
+  const int err = errno;
+  std::clearerr(f);
+  // Part of it may be on disk: cut the file back so that it holds whole lines/records only.
+  if (before >= 0 && ::ftruncate(::fileno(f), before) == 0) std::fseek(f, 0, SEEK_END);
+  if (!*failing) {
+    FSDP_LOG(kWarn) << path << ": write failed (" << std::strerror(err)
+                    << "); metrics are not recorded there until it succeeds again; training "
+                       "goes on";
+  }
+  *failing = true;
 }
 
 std::string parent_dir(const std::string& path) {
@@ -101,6 +124,7 @@ JsonlSink::JsonlSink(const std::string& path) : path_(path) {
   file_ = std::fopen(path.c_str(), "a");
   FSDP_CHECK(file_ != nullptr, str("cannot open '", path, "' for writing: ", std::strerror(errno)),
              "check --output-dir and free disk space");
+  std::setvbuf(file_, nullptr, _IONBF, 0);
 }
 
 JsonlSink::~JsonlSink() {
@@ -113,9 +137,7 @@ void JsonlSink::log(int64_t step, const Scalars& scalars) {
   j["step"] = step;
   j["time"] = unix_seconds();
   for (const auto& [k, v] : scalars) j[k] = v;  // NaN/Inf are dumped as null
-  const std::string line = j.dump() + "\n";
-  std::fwrite(line.data(), 1, line.size(), file_);
-  std::fflush(file_);
+  append_whole(file_, j.dump() + "\n", path_, &failing_);
 }
 
 void JsonlSink::flush() {
@@ -142,10 +164,10 @@ TensorBoardSink::TensorBoardSink(const std::string& dir) {
   file_ = std::fopen(path_.c_str(), "wb");
   FSDP_CHECK(file_ != nullptr, str("cannot create '", path_, "': ", std::strerror(errno)),
              "check --tensorboard-dir and the permissions");
+  std::setvbuf(file_, nullptr, _IONBF, 0);
   std::string e = event_header(t, 0);
   put_bytes_field(e, 3, "brain.Event:2");
   write_record(e);
-  std::fflush(file_);
 }
 
 TensorBoardSink::~TensorBoardSink() {
@@ -160,8 +182,7 @@ void TensorBoardSink::write_record(const std::string& payload) {
   put_le(rec, masked_crc(len), 4);
   rec += payload;
   put_le(rec, masked_crc(payload), 4);
-  FSDP_CHECK(std::fwrite(rec.data(), 1, rec.size(), file_) == rec.size(),
-             str("cannot write to '", path_, "'"), "free disk space");
+  append_whole(file_, rec, path_, &failing_);
 }
 
 void TensorBoardSink::log(int64_t step, const Scalars& scalars) {
@@ -180,7 +201,6 @@ void TensorBoardSink::log(int64_t step, const Scalars& scalars) {
   std::string e = event_header(unix_seconds(), step);
   put_bytes_field(e, 5, summary);
   write_record(e);
-  std::fflush(file_);
 }
 
 void TensorBoardSink::flush() {

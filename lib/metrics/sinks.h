@@ -57,6 +57,9 @@ class ConsoleSink : public MetricsSink {
 // One JSON object per line: {"step": 10, "time": <unix seconds>, "train/ploss_0": ...}.
 // Non-finite values are written as null (JSON has no NaN). Opened in append mode so a resumed run
 // continues the same file.
+// A write that fails (full disk) is a warning, never the end of the run: the file is cut back
+// to its last whole line (record, for TensorBoard), and later logs write again once there is
+// room. Both files are unbuffered: each log call is one write.
 class JsonlSink : public MetricsSink {
  public:
   explicit JsonlSink(const std::string& path);
@@ -68,6 +71,7 @@ class JsonlSink : public MetricsSink {
  private:
   std::string path_;
   std::FILE* file_ = nullptr;
+  bool failing_ = false;  // the last write failed (warned once until a write succeeds)
 };
 
 // TensorBoard event file events.out.tfevents.<unix time>.<host> in `dir`: TFRecord framing
@@ -86,6 +90,7 @@ class TensorBoardSink : public MetricsSink {
   void write_record(const std::string& payload);
   std::string path_;
   std::FILE* file_ = nullptr;
+  bool failing_ = false;
 };
 
 struct WandbOptions {

@@ -1,9 +1,12 @@
 // Console progress line (TTY vs redirected output), metrics.jsonl, the TensorBoard writer read
-// back by the venv's tensorboard package, and the --report-to factory.
+// back by the venv's tensorboard package, both on a full disk, and the --report-to factory.
 #include "metrics/sinks.h"
 
 #include <nlohmann/json.hpp>
+#include <sys/resource.h>
+#include <sys/stat.h>
 
+#include <csignal>
 #include <cmath>
 #include <limits>
 
@@ -145,6 +148,70 @@ TEST_CASE("TensorBoard event files read back with the tensorboard package", "[me
     ++rows;
   }
   CHECK(rows == 15);
+}
+
+namespace {
+int64_t file_size(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 ? static_cast<int64_t>(st.st_size) : -1;
+}
+
+// Runs `fn` while the kernel refuses file writes beyond `limit` bytes (EFBIG, SIGXFSZ ignored),
+// as a full disk refuses them with ENOSPC.
+template <class Fn>
+void with_file_size_limit(int64_t limit, Fn&& fn) {
+  struct rlimit old {};
+  REQUIRE(getrlimit(RLIMIT_FSIZE, &old) == 0);
+  auto* handler = std::signal(SIGXFSZ, SIG_IGN);
+  struct rlimit small = old;
+  small.rlim_cur = static_cast<rlim_t>(limit);
+  REQUIRE(setrlimit(RLIMIT_FSIZE, &small) == 0);
+  fn();
+  REQUIRE(setrlimit(RLIMIT_FSIZE, &old) == 0);
+  std::signal(SIGXFSZ, handler);
+}
+}  // namespace
+
+TEST_CASE("a full disk loses metrics records, never the run or the files' format", "[metrics]") {
+  const std::string dir = scratch_dir("full_disk");
+  const std::string jsonl = dir + "/metrics.jsonl";
+  std::string tb_path;
+  {
+    JsonlSink js(jsonl);
+    TensorBoardSink tb(dir + "/tb");
+    tb_path = tb.path();
+    for (int step = 1; step <= 3; ++step) {
+      js.log(step, kScalars);
+      tb.log(step, kScalars);
+    }
+    const int64_t js_size = file_size(jsonl), tb_size = file_size(tb_path);
+    // Room for part of the next record only: it is cut back off, nothing is thrown.
+    with_file_size_limit(std::max(js_size, tb_size) + 40, [&] {
+      CHECK_NOTHROW(js.log(4, kScalars));
+      CHECK_NOTHROW(tb.log(4, kScalars));
+    });
+    CHECK(file_size(jsonl) == js_size);
+    CHECK(file_size(tb_path) == tb_size);
+    js.log(5, kScalars);  // room again
+    tb.log(5, kScalars);
+  }
+  std::istringstream lines(read_file(jsonl));
+  std::vector<int64_t> steps;
+  for (std::string line; std::getline(lines, line);) {
+    steps.push_back(nlohmann::json::parse(line).at("step").get<int64_t>());
+  }
+  CHECK(steps == std::vector<int64_t>{1, 2, 3, 5});
+  std::string out;
+  const int rc = fsdp::metrics::test::run(
+      std::string(FSDP_PYTHON) +
+          " -c \"import sys; from tensorboard.backend.event_processing.event_accumulator import "
+          "EventAccumulator as E; e = E(sys.argv[1]); e.Reload(); "
+          "print([s.step for s in e.Scalars('train/loss')])\" " +
+          dir + "/tb 2>&1",
+      &out);
+  INFO(out);
+  CHECK(rc == 0);
+  CHECK(out.find("[1, 2, 3, 5]") != std::string::npos);
 }
 
 TEST_CASE("--report-to picks the sinks; other ranks get none", "[metrics]") {
