@@ -60,7 +60,7 @@ std::string configuration_markdown() {
   std::ostringstream os;
   os << "# Configuration reference\n\n"
      << "<!-- Generated from lib/config/option_table.cpp by the unit test config.docs "
-        "(FSDP_UPDATE_DOCS=1 build/unit_config \"[#docs]\" --filenames-as-tags). Do not edit. "
+        "(FSDP_UPDATE_DOCS=1 build/tests/unit_config \"[#docs]\" --filenames-as-tags). Do not edit. "
         "-->\n\n"
      << "Every option of `fsdp-train` is one row of a single table in the source. The same row "
         "gives the command-line flag, the YAML key, the `--help` text and the entry in the "

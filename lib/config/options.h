@@ -134,7 +134,8 @@ std::string to_json(const TrainConfig& cfg, int indent = 2);
 std::string to_display(const TrainConfig& cfg);
 
 // Markdown generated from the table (docs/configuration.md's reference and the flag section of
-// docs/usage.md); `fsdp-train gen-docs` and a unit test keep the checked-in files current.
+// docs/usage.md); the unit test config.docs checks the checked-in files (FSDP_UPDATE_DOCS=1
+// rewrites them).
 std::string configuration_markdown();
 std::string usage_flags_markdown();
 

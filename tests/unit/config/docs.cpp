@@ -37,7 +37,7 @@ bool updating() {
 }
 
 const std::string kHowToFix =
-    "regenerate: FSDP_UPDATE_DOCS=1 <build>/unit_config \"[#docs]\" --filenames-as-tags";
+    "regenerate: FSDP_UPDATE_DOCS=1 <build>/tests/unit_config \"[#docs]\" --filenames-as-tags";
 
 }  // namespace
 
