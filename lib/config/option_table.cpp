@@ -278,7 +278,7 @@ void check_tp_size(const std::string& v, const std::string& src) {
               "--draft-global-batch-size counts samples over all ranks");
 }
 void check_sequence_parallel(const std::string& v, const std::string& src) {
-  must_be_one(v, src, "sequence parallelism is not implemented in fsdp-train",
+  must_be_one(v, src, "fsdp-train has no sequence parallelism",
               "drop it; for long sequences use --activation-checkpointing and "
               "--sharding-strategy full_shard");
 }

@@ -3,14 +3,13 @@
 #include "metrics/sinks.h"
 
 #include <nlohmann/json.hpp>
-#include <sys/resource.h>
 #include <sys/stat.h>
 
-#include <csignal>
 #include <cmath>
 #include <limits>
 
 #include "metrics_test_util.h"
+#include "support/file_size_limit.h"
 
 using namespace fsdp::metrics;
 using fsdp::metrics::test::read_file;
@@ -156,20 +155,6 @@ int64_t file_size(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 ? static_cast<int64_t>(st.st_size) : -1;
 }
 
-// Runs `fn` while the kernel refuses file writes beyond `limit` bytes (EFBIG, SIGXFSZ ignored),
-// as a full disk refuses them with ENOSPC.
-template <class Fn>
-void with_file_size_limit(int64_t limit, Fn&& fn) {
-  struct rlimit old {};
-  REQUIRE(getrlimit(RLIMIT_FSIZE, &old) == 0);
-  auto* handler = std::signal(SIGXFSZ, SIG_IGN);
-  struct rlimit small = old;
-  small.rlim_cur = static_cast<rlim_t>(limit);
-  REQUIRE(setrlimit(RLIMIT_FSIZE, &small) == 0);
-  fn();
-  REQUIRE(setrlimit(RLIMIT_FSIZE, &old) == 0);
-  std::signal(SIGXFSZ, handler);
-}
 }  // namespace
 
 TEST_CASE("a full disk loses metrics records, never the run or the files' format", "[metrics]") {
@@ -186,7 +171,7 @@ TEST_CASE("a full disk loses metrics records, never the run or the files' format
     }
     const int64_t js_size = file_size(jsonl), tb_size = file_size(tb_path);
     // Room for part of the next record only: it is cut back off, nothing is thrown.
-    with_file_size_limit(std::max(js_size, tb_size) + 40, [&] {
+    fsdp::testing::with_file_size_limit(std::max(js_size, tb_size) + 40, [&] {
       CHECK_NOTHROW(js.log(4, kScalars));
       CHECK_NOTHROW(tb.log(4, kScalars));
     });

@@ -2,14 +2,12 @@
 // unit uses, unit-plan errors, memory accounting of NO_SHARD, and the shard-file round trip,
 // also when the disk refuses the write.
 #include <catch2/catch.hpp>
-#include <sys/resource.h>
-
-#include <csignal>
 
 #include "core/error.h"
 #include "core/fs_util.h"
 #include "mpi/shard/tiny_model.h"
 #include "shard/flat_param.h"
+#include "support/file_size_limit.h"
 
 using namespace fsdp;
 using namespace fsdp::testing;
@@ -155,28 +153,20 @@ TEST_CASE("a full disk during a state save is an error naming the file, not a cr
   shard::ShardEngine ea(*a, {}, engine_options(Strategy::kFullShard, c));
   a->set_unit_hooks(&ea);
   train_engine(a, ea, 0, 1, 0, 1, c);
-  // The kernel refuses writes past 4 KiB with EFBIG (SIGXFSZ ignored), as a full disk refuses
-  // them with ENOSPC. The shard file is larger; the manifest is not.
-  struct rlimit old {};
-  REQUIRE(getrlimit(RLIMIT_FSIZE, &old) == 0);
-  auto* old_handler = std::signal(SIGXFSZ, SIG_IGN);
-  struct rlimit small = old;
-  small.rlim_cur = 4096;
-  REQUIRE(setrlimit(RLIMIT_FSIZE, &small) == 0);
-  std::string message;
-  try {
-    shard::save_state(ea, dir);
-  } catch (const Error& e) {
-    message = e.message();
-  }
-  std::string durable;
-  try {
-    write_file_durably(dir + "/big.bin", std::string(8192, 'x'));
-  } catch (const Error& e) {
-    durable = e.message();
-  }
-  REQUIRE(setrlimit(RLIMIT_FSIZE, &old) == 0);
-  std::signal(SIGXFSZ, old_handler);
+  // The kernel refuses writes past 4 KiB: the shard file is larger, the manifest is not.
+  std::string message, durable;
+  with_file_size_limit(4096, [&] {
+    try {
+      shard::save_state(ea, dir);
+    } catch (const Error& e) {
+      message = e.message();
+    }
+    try {
+      write_file_durably(dir + "/big.bin", std::string(8192, 'x'));
+    } catch (const Error& e) {
+      durable = e.message();
+    }
+  });
   CHECK(message.find("shard_0.pt.tmp") != std::string::npos);
   CHECK(message.find("failed") != std::string::npos);
   CHECK_FALSE(path_exists(dir + "/shard_0.pt"));  // never a short file under the final name
