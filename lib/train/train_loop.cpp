@@ -84,6 +84,16 @@ RunResult Trainer::Impl::train() {
                      << " training samples (" << train_ds->format() << "), " << per_epoch
                      << " micro-batches per rank per epoch, accumulation " << accum << ", "
                      << total_steps << " optimizer steps (warmup " << warmup << ")";
+    // What the sharding costs each rank before any activation: the first thing to know when a
+    // larger model or more ranks is planned.
+    const auto mem = engine->memory();
+    FSDP_LOG0(kInfo) << "sharded state per rank: "
+                     << metrics::format_bytes(mem.persistent_device_bytes) << " on "
+                     << metrics::device_name(device)
+                     << (mem.persistent_host_bytes > 0
+                             ? " + " + metrics::format_bytes(mem.persistent_host_bytes) +
+                                   " in host memory (--cpu-offload)"
+                             : std::string());
   }
   metrics::SinkContext sc;
   sc.rank = rank;
