@@ -165,7 +165,10 @@ OptionSpec report_to_row() {
     for (const auto& it : items) {
       FSDP_USAGE_CHECK(it == "jsonl" || it == "tensorboard" || it == "wandb" || it == "none",
                        str(src, ": '", it, "' is not one of jsonl, tensorboard, wandb, none"),
-                       "list any of tensorboard and wandb, or none");
+                       it == "swanlab" || it == "mlflow"
+                           ? "SpecForge's SwanLab and MLflow trackers are not supported: use "
+                             "wandb and/or tensorboard"
+                           : "list any of tensorboard and wandb, or none");
       if (it == "none") none = true;
       if ((it == "tensorboard" || it == "wandb") &&
           std::find(out.begin(), out.end(), it) == out.end()) {

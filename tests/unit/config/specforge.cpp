@@ -105,6 +105,8 @@ TEST_CASE("SpecForge flags fsdp-train cannot honour are refused with the reason"
   require_usage_error([] { resolve_args({"--build-dataset-num-proc", "0"}); }, "positive");
   require_usage_error([] { resolve_args({"--dataloader-num-workers", "-1"}); }, "0 or more");
   require_usage_error([] { resolve_args({"--tp-size", "one"}); }, "--tp-size");
+  require_usage_error([] { resolve_args({"--report-to", "swanlab"}); },
+                      "SwanLab and MLflow trackers are not supported");
   // --dp-size must be the job's data-parallel size.
   ValidateOptions vo;
   vo.check_paths = false;
