@@ -15,6 +15,11 @@ FSDP_BIN="$BIN" FSDP_PRETEND_NODES=2 bash "$SRC/launch/multinode.sh" --hostfile 
   { cat "$W/hybrid.log"; fail "multinode.sh with pretend nodes"; }
 grep -q "4 rank(s) on 2 node(s)" "$W/hybrid.log" || { cat "$W/hybrid.log"; fail "not 4 ranks on 2 pretend nodes"; }
 [ -f "$(latest_ckpt "$W/hybrid")/COMPLETE" ] || fail "no checkpoint from the hybrid run"
+# Hybrid sharding saves one shard file per node-local rank (replicas write nothing):
+# `fsdp-train export` reassembles them into bitwise the run's own bf16 export.
+grep -q "shard_size 2" "$(latest_ckpt "$W/hybrid")/train_state/manifest.txt" || fail "hybrid manifest: not 2 shards"
+"$BIN" export --checkpoint "$(latest_ckpt "$W/hybrid")" --output "$W/hybrid_export" --dtype bf16 >/dev/null || fail "export of the hybrid checkpoint"
+compare_exports "$W/hybrid_export" "$(latest_ckpt "$W/hybrid")" 0 || fail "hybrid export differs"
 out=$(bash "$SRC/launch/multinode.sh" --nproc-per-node 2 -- --help 2>&1); rc=$?
 [ $rc -eq 2 ] && echo "$out" | grep -q "hostfile" || fail "missing --hostfile not rejected (rc $rc)"
 
