@@ -34,7 +34,11 @@ grep -q '"train/grad_norm"' "$W/devscalars/metrics.jsonl" || fail "no grad norm 
 # Learning: 2 ranks, bf16, 3 epochs with evaluation; loss falls, acc_0 well above chance.
 run_np 2 $(train_args "$DATA" "$W/learn") --draft-global-batch-size 4 --draft-micro-batch-size 2 \
   --num-epochs 3 --eval-hidden-states-path "$DATA/eval_hidden_states" --eval-interval 3 \
-  --report-to tensorboard >"$W/learn.log" 2>&1 || { cat "$W/learn.log"; fail "learning run"; }
+  --report-to tensorboard --profile --profile-start-step 2 --profile-num-steps 1 \
+  >"$W/learn.log" 2>&1 || { cat "$W/learn.log"; fail "learning run"; }
+for r in 0 1; do   # every rank writes its own trace and summary
+  [ -s "$W/learn/profile/rank$r.trace.json" ] && [ -s "$W/learn/profile/rank$r.summary.txt" ] || fail "no profile of rank $r"
+done
 "$PY" - "$W/learn/metrics.jsonl" "$DATA/draft_config.json" "$DATA/toy_data.json" <<'PYEOF' || fail "learning criteria"
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
