@@ -100,11 +100,18 @@ RawSample read_ckpt_sample(const std::string& path, const DatasetOptions& option
   std::vector<char> bytes;
   {
     std::ifstream in(path, std::ios::binary | std::ios::ate);
-    if (!in) bad(path, fsdp::str("cannot open (", std::strerror(errno), ")"), "check the path and permissions");
+    if (!in) {
+      throw SampleReadError(path + ": cannot open (" + std::strerror(errno) + ")",
+                            "check the path, the permissions and the file system", __FILE__,
+                            __LINE__);
+    }
     const auto size = in.tellg();
     bytes.resize(static_cast<size_t>(size));
     in.seekg(0);
-    if (size > 0 && !in.read(bytes.data(), size)) bad(path, "read failed", "check the file system");
+    if (size > 0 && !in.read(bytes.data(), size)) {
+      throw SampleReadError(path + ": read failed (" + std::strerror(errno) + ")",
+                            "check the file system", __FILE__, __LINE__);
+    }
   }
   if (bytes.size() < 4) bad(path, fsdp::str("file has only ", bytes.size(), " bytes"), kRegenerate);
   if (!(bytes[0] == 'P' && bytes[1] == 'K')) {

@@ -22,6 +22,12 @@ class BadSampleError : public UsageError {
  public:
   using UsageError::UsageError;
 };
+// The file could not be opened or read (not: its content is wrong). On shared filesystems this
+// can be transient, so the loader retries it before treating the sample as bad.
+class SampleReadError : public BadSampleError {
+ public:
+  using BadSampleError::BadSampleError;
+};
 
 struct DatasetOptions {
   // Token ids must be < vocab_size when > 0 (catches features from another tokenizer).

@@ -6,6 +6,7 @@
 
 #include <ATen/ATen.h>
 
+#include <chrono>
 #include <sstream>
 
 #include "core/log.h"
@@ -19,6 +20,10 @@ void LoaderOptions::validate() const {
                    str("--loader-threads must be in [1, 64], got ", prefetch_threads), "");
   FSDP_USAGE_CHECK(prefetch_depth >= 1 && prefetch_depth <= 1024,
                    str("--prefetch-depth must be in [1, 1024], got ", prefetch_depth), "");
+  FSDP_USAGE_CHECK(read_retries >= 0 && retry_delay_s >= 0,
+                   str("loader read retries ", read_retries, " / delay ", retry_delay_s,
+                       " must not be negative"),
+                   "");
 }
 
 DataLoader::DataLoader(std::shared_ptr<FeatureDataset> dataset, DistributedSampler sampler,
@@ -60,6 +65,25 @@ void DataLoader::start(SamplerState state) {
   for (int i = 0; i < options_.prefetch_threads; ++i) threads_.emplace_back([this, i] { worker(i); });
 }
 
+RawSample DataLoader::read_with_retries(int64_t idx) {
+  double delay = options_.retry_delay_s;
+  for (int attempt = 0;; ++attempt) {
+    try {
+      return dataset_->read(idx);
+    } catch (const SampleReadError& e) {
+      if (attempt >= options_.read_retries) throw;
+      FSDP_LOG(kWarn) << e.message() << ": reading it again in " << delay << " s (retry "
+                      << attempt + 1 << " of " << options_.read_retries << ")";
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        ++stats_.read_retries;
+      }
+      std::this_thread::sleep_for(std::chrono::duration<double>(delay));
+      delay *= 2;
+    }
+  }
+}
+
 Batch DataLoader::build_batch(int64_t epoch, int64_t batch) {
   const int64_t b = sampler_.micro_batch_size();
   std::vector<Sample> samples;
@@ -69,7 +93,7 @@ Batch DataLoader::build_batch(int64_t epoch, int64_t batch) {
     const int64_t idx = epoch_indices_[batch * b + k];
     out.sample_indices.push_back(idx);
     try {
-      RawSample raw = dataset_->read(idx);
+      RawSample raw = read_with_retries(idx);
       out.bytes_read += raw.nbytes();
       {
         std::lock_guard<std::mutex> lock(mu_);

@@ -27,6 +27,11 @@ struct LoaderOptions {
   int prefetch_depth = 4;      // micro-batches read ahead of the trainer (>= 1)
   bool skip_bad_samples = false;  // --skip-bad-samples: replace bad samples by empty rows
   bool pin_memory = false;     // pin batch tensors (GPU hosts only)
+  // A sample whose file cannot be opened or read (SampleReadError) is read again this many
+  // times, after retry_delay_s, then twice that, ..., before it counts as bad: shared
+  // filesystems have transient failures, and a multi-day run should not end on one.
+  int read_retries = 3;
+  double retry_delay_s = 1.0;
   void validate() const;       // throws UsageError naming the option
 };
 
@@ -39,6 +44,7 @@ struct BadSampleRecord {
 struct LoaderStats {
   double data_wait_seconds = 0;   // trainer time blocked in next()
   double read_seconds = 0;        // summed over prefetch threads
+  int64_t read_retries = 0;       // reads repeated after a SampleReadError
   int64_t batches = 0;            // batches handed to the trainer
   int64_t samples = 0;            // good samples in those batches
   int64_t bad_samples = 0;        // skipped samples (skip mode)
@@ -76,6 +82,7 @@ class DataLoader {
  private:
   void stop_threads();
   void worker(int id);
+  RawSample read_with_retries(int64_t idx);
   Batch build_batch(int64_t epoch, int64_t batch);
 
   std::shared_ptr<FeatureDataset> dataset_;

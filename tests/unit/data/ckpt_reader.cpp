@@ -163,3 +163,19 @@ TEST_CASE("corrupt .ckpt inputs each give their own message", "[data]") {
   CHECK_THROWS_AS(strict_loader.next(), BadSampleError);
   CHECK_FALSE(strict_loader.next().has_value());  // the failed batch was the epoch's only one
 }
+
+TEST_CASE("a file that cannot be opened is a read error (retried), bad content is not", "[data]") {
+  const auto dir = temp_dir("ckpt_missing");
+  const std::string path = (dir / "data_0.ckpt").string();
+  CHECK_THROWS_AS(read_ckpt_sample(path, {}), SampleReadError);
+  CHECK_THROWS_WITH(read_ckpt_sample(path, {}), Catch::Contains("cannot open (No such file"));
+  std::ofstream(path) << "not a zip";
+  try {
+    read_ckpt_sample(path, {});
+    FAIL("no error");
+  } catch (const SampleReadError&) {
+    FAIL("bad content taken for a read error");
+  } catch (const BadSampleError& e) {
+    CHECK(e.message().find("zip") != std::string::npos);
+  }
+}

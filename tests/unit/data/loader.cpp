@@ -1,5 +1,6 @@
 // Loader: sampler order with 1 and 2 threads, mid-epoch resume, laziness (first batch after
-// opening only the files it needs), and measured data-wait time with a slow dataset.
+// opening only the files it needs), measured data-wait time with a slow dataset, and retried
+// reads of files that fail to open.
 #include "data/loader.h"
 
 #include <ATen/ATen.h>
@@ -136,4 +137,69 @@ TEST_CASE("data-wait time is measured and exposed", "[data]") {
   LoaderOptions bad;
   bad.prefetch_threads = 0;
   CHECK_THROWS_WITH(bad.validate(), Catch::Contains("--loader-threads"));
+}
+
+namespace {
+// Sample `flaky` fails to open `failures` times (SampleReadError), then reads normally; sample
+// `corrupt` always has bad content (BadSampleError, never retried).
+class FlakyDataset : public KnownDataset {
+ public:
+  FlakyDataset(int64_t n, int64_t flaky, int failures, int64_t corrupt = -1)
+      : KnownDataset(n), flaky_(flaky), failures_(failures), corrupt_(corrupt) {}
+  RawSample read(int64_t i) const override {
+    if (i == flaky_ && failures_ > 0) {
+      --failures_;
+      throw SampleReadError(source(i) + ": cannot open (Stale file handle)", "", __FILE__, __LINE__);
+    }
+    if (i == corrupt_) throw BadSampleError(source(i) + ": input_ids is empty", "", __FILE__, __LINE__);
+    return KnownDataset::read(i);
+  }
+
+ private:
+  int64_t flaky_;
+  mutable int failures_;
+  int64_t corrupt_;
+};
+
+LoaderOptions retry_options(bool skip) {
+  LoaderOptions o;
+  o.max_length = 64;
+  o.read_retries = 3;
+  o.retry_delay_s = 0.01;
+  o.skip_bad_samples = skip;
+  return o;
+}
+}  // namespace
+
+TEST_CASE("a file that fails to open is read again before it counts as bad", "[data]") {
+  // Two failures, three retries: the sample arrives, the retries are counted.
+  auto ds = std::make_shared<FlakyDataset>(8, 5, 2);
+  DataLoader l(ds, DistributedSampler(8, 0, 1, 2, 0, false), retry_options(false));
+  l.start({0, 0});
+  const auto batches = drain(l);
+  CHECK(batches.size() == 4);
+  CHECK(l.stats().read_retries == 2);
+  CHECK(l.stats().bad_samples == 0);
+
+  // Four failures: after three retries it is a bad sample (an error, or skipped when asked).
+  auto ds2 = std::make_shared<FlakyDataset>(8, 1, 4);
+  DataLoader l2(ds2, DistributedSampler(8, 0, 1, 2, 0, false), retry_options(false));
+  l2.start({0, 0});
+  CHECK_THROWS_WITH(l2.next(), Catch::Contains("known:1: cannot open (Stale file handle)"));
+  auto ds3 = std::make_shared<FlakyDataset>(8, 1, 4);
+  DataLoader l3(ds3, DistributedSampler(8, 0, 1, 2, 0, false), retry_options(true));
+  l3.start({0, 0});
+  auto b = l3.next();
+  REQUIRE(b);
+  CHECK(b->num_skipped == 1);
+  CHECK(l3.stats().read_retries == 3);
+
+  // Wrong content is not retried.
+  auto ds4 = std::make_shared<FlakyDataset>(8, -1, 0, 2);
+  DataLoader l4(ds4, DistributedSampler(8, 0, 1, 2, 0, false), retry_options(true));
+  l4.start({0, 0});
+  while (l4.next()) {
+  }
+  CHECK(l4.stats().read_retries == 0);
+  CHECK(l4.stats().bad_samples == 1);
 }
