@@ -6,6 +6,7 @@ BIN="$BUILD/fsdp-train"
 PY="${FSDP_PYTHON:-python3}"
 MPIEXEC="${FSDP_MPIEXEC:-mpiexec}"
 export OMP_NUM_THREADS=1
+unset SGLANG_TORCH_PROFILER_DIR   # --profile traces go to <output-dir>/profile unless a test says
 
 fail() { echo "FAIL: $*"; exit 1; }
 
