@@ -100,7 +100,14 @@ int run_cli(int argc, char** argv) {
     }
     return report(e, 1);
   } catch (const std::exception& e) {
-    std::cerr << "fsdp-train: error: " << e.what() << "\n";
+    std::cerr << "fsdp-train: error: " << error_text(e) << "\n";
+    if (is_out_of_memory(e)) {
+      std::cerr << "---> HINT: out of memory. In this order: --activation-checkpointing, a "
+                   "smaller --draft-micro-batch-size (more accumulation) or --max-length, "
+                   "--cpu-offload, more ranks with --sharding-strategy full_shard (the start-up "
+                   "line 'sharded state per rank' gives the part that does not depend on the "
+                   "batch); --resume continues from the newest checkpoint\n";
+    }
     if (comm::initialized() && comm::topology().world_size > 1) {
       comm::abort_job("stopping all ranks after the error above", 1);
     }

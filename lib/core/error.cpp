@@ -1,9 +1,12 @@
 // Formatting of fsdp::Error messages and the abort path of FSDP_ASSERT.
 #include "core/error.h"
 
+#include <c10/util/Exception.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <new>
 
 namespace fsdp {
 
@@ -25,6 +28,19 @@ Error::Error(std::string what, std::string hint, const char* file, int line)
       message_(std::move(what)),
       hint_(std::move(hint)),
       location_(base_name(file) + ":" + std::to_string(line)) {}
+
+std::string error_text(const std::exception& e) {
+  if (const auto* c = dynamic_cast<const c10::Error*>(&e)) return c->what_without_backtrace();
+  return e.what();
+}
+
+bool is_out_of_memory(const std::exception& e) {
+  if (dynamic_cast<const c10::OutOfMemoryError*>(&e) || dynamic_cast<const std::bad_alloc*>(&e))
+    return true;
+  // The CPU allocator reports a failed allocation as a plain c10::Error.
+  const auto* c = dynamic_cast<const c10::Error*>(&e);
+  return c && c->msg().find("can't allocate memory") != std::string::npos;
+}
 
 void throw_error(const char* file, int line, const std::string& message, const std::string& hint) {
   throw Error(message, hint, file, line);

@@ -3,6 +3,7 @@
 // invariants (use it in destructors and where unwinding is unsafe). Never swallow errors here.
 #pragma once
 
+#include <exception>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -35,6 +36,12 @@ class UsageError : public Error {
                                     const std::string& hint);
 [[noreturn]] void assert_fail(const char* file, int line, const char* cond,
                               const std::string& message);
+
+// The message of any exception as a user should see it (LibTorch's C++ backtrace left out).
+std::string error_text(const std::exception& e);
+// True for an allocation failure on the host or a device: LibTorch's OutOfMemoryError, its CPU
+// allocator's failure, std::bad_alloc.
+bool is_out_of_memory(const std::exception& e);
 
 // Formats any streamable arguments into one string: fsdp::str("rank ", r, " of ", n).
 template <typename... Args>

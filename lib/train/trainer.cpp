@@ -70,12 +70,6 @@ shard::Strategy to_engine(config::ShardingStrategy s) {
   return shard::Strategy::kFullShard;
 }
 
-// An exception's message without LibTorch's C++ backtrace.
-std::string describe(const std::exception& e) {
-  if (const auto* c = dynamic_cast<const c10::Error*>(&e)) return c->what_without_backtrace();
-  return e.what();
-}
-
 c10::ScalarType to_dtype(config::Precision p) {
   return p == config::Precision::kBF16 ? c10::kBFloat16 : c10::kFloat;
 }
@@ -307,7 +301,7 @@ std::string Trainer::Impl::save(int64_t epoch_for_name) {
     try {
       write();
     } catch (const std::exception& e) {
-      error = describe(e);
+      error = error_text(e);
     }
   };
   if (rank == 0) attempt([&] { writer.begin(); });
@@ -322,7 +316,7 @@ std::string Trainer::Impl::save(int64_t epoch_for_name) {
   try {  // collective: every rank enters it, also after an error of its own
     shard::save_state(*engine, checkpoint::join_path(writer.temp_dir(), "train_state"));
   } catch (const std::exception& e) {
-    if (error.empty()) error = describe(e);
+    if (error.empty()) error = error_text(e);
   }
   if (rank == 0) attempt([&] { save_run_state(writer.temp_dir(), state); });
   bool failed = any_rank(!error.empty());
@@ -428,7 +422,7 @@ void Trainer::Impl::resume_if_asked() {
       saved = load_run_state(path);
       shard::load_state(*engine, checkpoint::join_path(path, "train_state"));
     } catch (const std::exception& e) {
-      error = describe(e);
+      error = error_text(e);
     }
     if (!any_rank(!error.empty())) {
       loaded = path;

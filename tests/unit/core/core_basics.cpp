@@ -1,4 +1,7 @@
-// lib/core: error formatting, usage errors, log levels, timers and dtype tables.
+// lib/core: error formatting (also of LibTorch exceptions), usage errors, log levels, timers and
+// dtype tables.
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
 #include <catch2/catch.hpp>
 
 #include <thread>
@@ -95,4 +98,31 @@ TEST_CASE("remove_tree removes nested directories without std::filesystem::remov
   CHECK(remove_tree(root));
   CHECK_FALSE(std::filesystem::exists(root));
   CHECK(remove_tree(root));  // absent: fine
+}
+
+TEST_CASE("exceptions read for users: no LibTorch backtrace; allocation failures recognised",
+          "[cpu]") {
+  try {
+    TORCH_CHECK(false, "the tensor has 3 dims");
+  } catch (const std::exception& e) {
+    CHECK(fsdp::error_text(e).find("the tensor has 3 dims") != std::string::npos);
+    CHECK(fsdp::error_text(e).find("frame #") == std::string::npos);
+    CHECK_FALSE(fsdp::is_out_of_memory(e));
+  }
+  // The CPU allocator's real failure: 1 PiB.
+  try {
+    auto t = at::empty({int64_t{1} << 50}, at::kByte);
+    FAIL("a 1 PiB allocation succeeded");
+  } catch (const std::exception& e) {
+    INFO(fsdp::error_text(e));
+    CHECK(fsdp::is_out_of_memory(e));
+  }
+  try {
+    TORCH_CHECK_WITH(OutOfMemoryError, false, "CUDA out of memory. Tried to allocate 2.00 GiB");
+  } catch (const std::exception& e) {
+    CHECK(fsdp::is_out_of_memory(e));
+  }
+  CHECK(fsdp::is_out_of_memory(std::bad_alloc()));
+  CHECK_FALSE(fsdp::is_out_of_memory(std::runtime_error("can't allocate memory")));
+  CHECK(fsdp::error_text(std::runtime_error("plain")) == "plain");
 }
