@@ -52,9 +52,12 @@ int run_cli(int argc, char** argv) {
   log::init_from_env();
   try {
     app.parse(argc, argv);
-  } catch (const CLI::ExtrasError&) {
-    // Values after an unknown flag are its own: report the flags, or else the stray words.
+  } catch (const CLI::ExtrasError& e) {
+    // Training flags are the root's: its extras get the SpecForge-aware advice. A subcommand's
+    // extras (the root has none then) get CLI11's own message.
     const auto extras = app.remaining();
+    if (extras.empty()) return app.exit(e) == 0 ? 0 : 2;
+    // Values after an unknown flag are its own: report the flags, or else the stray words.
     const bool any_flag = std::any_of(extras.begin(), extras.end(),
                                       [](const std::string& a) { return a.rfind("--", 0) == 0; });
     for (const auto& arg : extras) {

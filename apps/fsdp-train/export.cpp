@@ -38,8 +38,11 @@ int run_export(const ExportFlags& f) {
   FSDP_USAGE_CHECK(fs::is_regular_file(state_dir + "/manifest.txt"),
                    "--checkpoint " + f.checkpoint + " has no train_state/manifest.txt", "");
   std::error_code ec;
-  FSDP_USAGE_CHECK(fs::weakly_canonical(f.output, ec) != fs::weakly_canonical(f.checkpoint, ec),
-                   "--output is the checkpoint itself", "write the export to another directory");
+  const std::string out = fs::weakly_canonical(f.output, ec).string();
+  const std::string ckpt = fs::weakly_canonical(f.checkpoint, ec).string();
+  FSDP_USAGE_CHECK(out != ckpt && out.rfind(ckpt + "/", 0) != 0,
+                   "--output " + f.output + " is inside the checkpoint " + f.checkpoint,
+                   "write the export to a directory outside the checkpoint (it is only read)");
   FSDP_USAGE_CHECK(f.overwrite || !fs::exists(f.output / fs::path("model.safetensors"), ec),
                    "--output " + f.output + " already holds a model.safetensors",
                    "choose another directory or pass --overwrite");

@@ -137,12 +137,20 @@ std::string CheckpointWriter::commit(int64_t keep_last) {
   fsync_path(temp_dir_, true);
   std::error_code ec;
   if (fs::exists(final_dir_, ec)) {
-    // Same step saved again (e.g. a SIGTERM save right after a periodic one): replace it.
+    // Same step saved again (e.g. a SIGTERM save right after a periodic one): replace it, and
+    // put the earlier one back if the new one cannot take its place.
     const std::string old = final_dir_ + ".old";
     remove_tree(old);
     fs::rename(final_dir_, old, ec);
+    FSDP_CHECK(!ec, "cannot move '" + final_dir_ + "' aside: " + ec.message(),
+               "check the permissions of --output-dir");
     fs::rename(temp_dir_, final_dir_, ec);
-    FSDP_CHECK(!ec, "cannot rename '" + temp_dir_ + "' to '" + final_dir_ + "': " + ec.message(), "");
+    if (ec) {
+      const std::string why = ec.message();
+      fs::rename(old, final_dir_, ec);
+      FSDP_CHECK(false, "cannot rename '" + temp_dir_ + "' to '" + final_dir_ + "': " + why,
+                 "check that --output-dir is on one filesystem");
+    }
     remove_tree(old);
   } else {
     fs::rename(temp_dir_, final_dir_, ec);
@@ -150,7 +158,7 @@ std::string CheckpointWriter::commit(int64_t keep_last) {
                "check that --output-dir is on one filesystem");
   }
   fsync_path(output_dir_, true);
-  prune(output_dir_, keep_last, final_dir_);
+  if (keep_last > 0) prune(output_dir_, keep_last, final_dir_);
   return final_dir_;
 }
 

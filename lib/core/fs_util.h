@@ -20,7 +20,8 @@ void write_file_durably(const std::string& path, const void* data, size_t size);
 inline void write_file_durably(const std::string& path, const std::string& text) {
   write_file_durably(path, text.data(), text.size());
 }
-// fsyncs an existing file (one an ofstream wrote and closed); throws like write_file_durably.
+// fsyncs an existing file (one an ofstream wrote and closed) or directory (the names renamed
+// into it); throws like write_file_durably.
 void fsync_file(const std::string& path);
 
 }  // namespace fsdp

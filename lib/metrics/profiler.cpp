@@ -113,8 +113,9 @@ void StepProfiler::finish() {
   if (active_) {
     stop_and_write();
   } else if (!written_ && !failed_) {
-    FSDP_LOG0(kWarn) << "--profile: training ended before step " << first_step_
-                     << ", nothing was profiled (lower --profile-start-step)";
+    FSDP_LOG0(kWarn) << "--profile: step " << first_step_ << " (--profile-start-step + 1) "
+                     << "was not trained by this run, nothing was profiled; choose a "
+                     << "--profile-start-step among the steps it trains";
   }
 }
 

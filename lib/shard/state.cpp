@@ -337,6 +337,7 @@ void save_state(ShardEngine& engine, const std::string& dir) {
       write_pickle_file(shard_file(dir, engine.shard_rank()),
                         c10::IValue(shard_state_dict(engine)));
       if (engine.shard_rank() == 0) write_manifest(dir + "/manifest.txt", engine);
+      fsync_file(dir);  // the renamed names are on disk too, before the completion marker
     }
   } catch (const std::exception&) {
     write_error = std::current_exception();

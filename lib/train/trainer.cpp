@@ -320,9 +320,17 @@ std::string Trainer::Impl::save(int64_t epoch_for_name) {
   }
   if (rank == 0) attempt([&] { save_run_state(writer.temp_dir(), state); });
   bool failed = any_rank(!error.empty());
-  if (!failed && rank == 0) attempt([&] { writer.commit(cfg.checkpoint.keep_last); });
-  // Pruning old checkpoints may fail after the new one is complete: that is only a warning.
-  if (!failed) failed = any_rank(!error.empty() && !checkpoint::is_complete(writer.final_dir()));
+  if (!failed && rank == 0) attempt([&] { writer.commit(/*keep_last=*/0); });
+  if (!failed) failed = any_rank(!error.empty());
+  // Pruning older checkpoints after the new one is complete: a failure is only a warning.
+  if (!failed && rank == 0 && cfg.checkpoint.keep_last > 0) {
+    try {
+      checkpoint::prune(cfg.checkpoint.output_dir, cfg.checkpoint.keep_last, writer.final_dir());
+    } catch (const std::exception& e) {
+      FSDP_LOG(kWarn) << "after saving " << writer.final_dir() << ", removing older checkpoints "
+                      << "(--keep-last) failed: " << error_text(e);
+    }
+  }
   if (failed) {
     if (!error.empty()) {
       FSDP_LOG(kError) << "rank " << rank << ": the checkpoint of step " << state.step
@@ -339,7 +347,6 @@ std::string Trainer::Impl::save(int64_t epoch_for_name) {
     control->barrier();
     return "";
   }
-  if (!error.empty()) FSDP_LOG(kWarn) << "after saving " << writer.final_dir() << ": " << error;
   if (rank == 0) {
     FSDP_LOG0(kInfo) << "saved checkpoint " << writer.final_dir() << " (" << w.seconds() << " s)";
   }

@@ -18,6 +18,7 @@ expect_usage() {  # expect_usage "pattern" args...
   echo "$o" | grep -q -- "$pat" || fail "'$*' message lacks '$pat': $o"
 }
 expect_usage "unknown flag --bogus-flag" --bogus-flag
+expect_usage "not expected: --bogus" export --checkpoint x --output y --bogus
 expect_usage "not a positive integer" --nproc-per-node abc comm-bench
 expect_usage "needs a value" --nproc-per-node
 expect_usage "needs --hostfile" --nproc-per-node 2 --nnodes 2 comm-bench

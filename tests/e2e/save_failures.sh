@@ -60,4 +60,8 @@ compare_exports "$(latest_ckpt "$W/damaged")" "$(latest_ckpt "$W/intact")" 0 || 
 # --resume PATH of the damaged one: no fallback, exit 1 naming it.
 "$BIN" ${ARGS//$W\/base/$W\/damaged} --max-steps 7 --resume "$W/damaged/epoch_0_step_5" >"$W/path.log" 2>&1
 [ $? -eq 1 ] && grep -q "checkpoint $W/damaged/epoch_0_step_5 could not be loaded" "$W/path.log" || { cat "$W/path.log"; fail "--resume PATH of a damaged checkpoint"; }
+# --keep-last 2: after each successful save only the two newest complete checkpoints remain.
+cp -r "$W/base" "$W/keep"
+run_np 1 ${ARGS//$W\/base/$W\/keep} --max-steps 6 --resume --keep-last 2 >"$W/keep.log" 2>&1 || { cat "$W/keep.log"; fail "--keep-last run"; }
+[ "$(cd "$W/keep" && ls -d epoch_*_step_* | sort | tr '\n' ' ')" = "epoch_0_step_4 epoch_0_step_6 " ] || { ls -a "$W/keep"; fail "--keep-last 2 did not keep exactly steps 4 and 6"; }
 echo "save_failures: ok"

@@ -1,0 +1,111 @@
+// Checkpoint directories: names, discovery of complete ones only, atomic commit (marker last,
+// temporary directory renamed), replacing a checkpoint of the same name, keep-last pruning, and
+// weights-only (SpecForge) directories told apart from checkpoints.
+#include "checkpoint/checkpoint_dir.h"
+
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <fstream>
+
+#include "core/fs_util.h"
+
+namespace fs = std::filesystem;
+using namespace fsdp::checkpoint;
+
+namespace {
+std::string fresh_dir(const std::string& name) {
+  const std::string dir = std::string(FSDP_BINARY_DIR) + "/test-scratch/checkpoint/" + name;
+  fsdp::remove_tree(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+std::string save(const std::string& out, int64_t epoch, int64_t step, const std::string& text,
+                 int64_t keep_last = 0) {
+  CheckpointWriter w(out, epoch, step);
+  w.begin();
+  std::ofstream(w.temp_dir() + "/payload") << text;
+  return w.commit(keep_last);
+}
+
+std::string payload(const std::string& dir) {
+  std::ifstream in(dir + "/payload");
+  std::string s;
+  std::getline(in, s);
+  return s;
+}
+}  // namespace
+
+TEST_CASE("checkpoint names parse back; odd names are not checkpoints", "[checkpoint]") {
+  CHECK(checkpoint_name(3, 120) == "epoch_3_step_120");
+  const auto r = parse_checkpoint_name("epoch_3_step_120");
+  REQUIRE(r);
+  CHECK(r->epoch == 3);
+  CHECK(r->step == 120);
+  for (const char* bad : {"epoch_3", "epoch_3_step_", ".tmp_epoch_3_step_1", "epoch_3_step_1.old",
+                          "epoch_x_step_1"})
+    CHECK_FALSE(parse_checkpoint_name(bad));
+}
+
+TEST_CASE("commit publishes atomically; discovery sees complete checkpoints only",
+          "[checkpoint]") {
+  const std::string out = fresh_dir("commit");
+  CHECK_FALSE(find_latest(out));
+  CheckpointWriter pending(out, 0, 5);
+  pending.begin();  // an interrupted save: temporary directory, no marker
+  save(out, 0, 2, "two");
+  save(out, 1, 10, "ten");
+  fs::create_directories(out + "/epoch_1_step_12");  // a final name without the marker
+  const auto all = list_complete(out);
+  REQUIRE(all.size() == 2);
+  CHECK(all[0].step == 2);
+  CHECK(all[1].step == 10);
+  CHECK(find_latest(out)->path == out + "/epoch_1_step_10");
+  CHECK(is_complete(out + "/epoch_1_step_10"));
+  CHECK_FALSE(is_complete(out + "/epoch_1_step_12"));
+  // The next begin() of the interrupted name starts from an empty temporary directory.
+  std::ofstream(pending.temp_dir() + "/stale") << "x";
+  CheckpointWriter again(out, 0, 5);
+  again.begin();
+  CHECK_FALSE(fs::exists(again.temp_dir() + "/stale"));
+}
+
+TEST_CASE("the same name saved again replaces the earlier checkpoint", "[checkpoint]") {
+  const std::string out = fresh_dir("replace");
+  save(out, 0, 4, "first");
+  const std::string dir = save(out, 0, 4, "second");
+  CHECK(payload(dir) == "second");
+  CHECK(is_complete(dir));
+  CHECK_FALSE(fs::exists(dir + ".old"));
+  CHECK(list_complete(out).size() == 1);
+}
+
+TEST_CASE("keep-last prunes the oldest complete checkpoints, never the new one", "[checkpoint]") {
+  const std::string out = fresh_dir("prune");
+  for (int64_t step : {2, 4, 6}) save(out, 0, step, std::to_string(step), /*keep_last=*/2);
+  auto all = list_complete(out);
+  REQUIRE(all.size() == 2);
+  CHECK(all[0].step == 4);
+  CHECK(all[1].step == 6);
+  // prune() directly: keep 1, and the named one survives even when it is not the newest.
+  const auto removed = prune(out, 1, out + "/epoch_0_step_4");
+  CHECK(removed == std::vector<std::string>{});
+  CHECK(list_complete(out).size() == 2);
+  CHECK(prune(out, 1).size() == 1);
+  CHECK(find_latest(out)->step == 6);
+}
+
+TEST_CASE("weights-only directories are not checkpoints, and are listed apart", "[checkpoint]") {
+  const std::string out = fresh_dir("foreign");
+  for (const char* name : {"epoch_3", "epoch_0_step_7"}) {
+    fs::create_directories(out + "/" + name);
+    std::ofstream(out + "/" + name + "/config.json") << "{}";
+    std::ofstream(out + "/" + name + "/model.safetensors") << "x";
+  }
+  fs::create_directories(out + "/epoch_9");  // no files: not an export
+  save(out, 1, 8, "ours");
+  CHECK(list_complete(out).size() == 1);
+  CHECK(list_foreign_exports(out) ==
+        std::vector<std::string>{out + "/epoch_0_step_7", out + "/epoch_3"});
+}
