@@ -102,13 +102,13 @@ RawSample read_ckpt_sample(const std::string& path, const DatasetOptions& option
     std::ifstream in(path, std::ios::binary | std::ios::ate);
     if (!in) {
       const int err = errno;
-      const std::string what = path + ": cannot open (" + std::strerror(err) + ")";
       // A missing file or a permission is not going to change; other failures (a stale NFS
       // handle, an I/O error) may, and are retried by the loader.
       if (err == ENOENT || err == EACCES || err == EISDIR || err == ENOTDIR)
         bad(path, fsdp::str("cannot open (", std::strerror(err), ")"),
             "check the path and the permissions");
-      throw SampleReadError(what, "check the file system", __FILE__, __LINE__);
+      throw SampleReadError(path + ": cannot open (" + std::strerror(err) + ")",
+                            "check the file system", __FILE__, __LINE__);
     }
     const auto size = in.tellg();
     bytes.resize(static_cast<size_t>(size));

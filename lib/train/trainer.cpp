@@ -338,11 +338,10 @@ std::string Trainer::Impl::save(int64_t epoch_for_name) {
     }
     if (rank == 0) {
       remove_tree(writer.temp_dir());
-      const auto latest = checkpoint::find_latest(cfg.checkpoint.output_dir);
       FSDP_LOG0(kWarn) << "checkpoint of step " << state.step << " NOT saved (see the error "
                        << "above; free space in " << cfg.checkpoint.output_dir
-                       << "); training goes on and the next save tries again. Newest complete "
-                       << "checkpoint: " << (latest ? latest->path : std::string("none"));
+                       << "); training goes on and the next save tries again; "
+                       << newest_checkpoint_text();
     }
     control->barrier();
     return "";
