@@ -35,7 +35,8 @@ int run_cli(int argc, char** argv) {
       "engine.\nTrain: fsdp-train --target-model-path DIR --draft-model-config FILE "
       "--train-hidden-states-path DIR --output-dir DIR [...] | fsdp-train --config run.yaml\n"
       "Launch: mpirun -np N fsdp-train ... | fsdp-train --nproc-per-node N ... "
-      "(--hostfile FILE --nnodes K for several nodes)",
+      "(--hostfile FILE --nnodes K for several nodes; --max-restarts K restarts a failed job from "
+      "its newest checkpoint)",
       "fsdp-train"};
   app.set_version_flag("--version", version_text());
   std::string log_level;

@@ -1,21 +1,32 @@
-// mpirun relaunch (launcher.h).
+// mpirun relaunch and supervision (launcher.h).
 #include "launcher.h"
 
+#include <fcntl.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <random>
 #include <thread>
+
+#include "train/signals.h"
 
 namespace fsdp::app {
 
 namespace {
-bool parse_positive(const char* s, int* out) {
+bool parse_int(const char* s, int min, int* out) {
   char* end = nullptr;
+  errno = 0;
   long v = std::strtol(s, &end, 10);
-  if (!end || *end != '\0' || v <= 0 || v > 1 << 20) return false;
+  if (!end || end == s || *end != '\0' || errno != 0 || v < min || v > 1 << 20) return false;
   *out = static_cast<int>(v);
   return true;
 }
@@ -30,6 +41,113 @@ std::string self_path(const char* argv0) {
 int usage_error(const std::string& msg) {
   std::cerr << "fsdp-train: " << msg << "\nRun 'fsdp-train --help' for usage.\n";
   return 2;
+}
+
+// The supervisor's view of stop signals. The handler only records and forwards (both
+// async-signal-safe): the first SIGINT/SIGTERM/SIGHUP becomes SIGUSR1 for mpirun, which forwards
+// it to every rank (on every node), and the ranks save a checkpoint and exit cleanly (SIGTERM
+// to mpirun would kill them a moment later). A second one is passed on as SIGTERM: the user
+// insists.
+volatile std::sig_atomic_t g_stop_signal = 0;
+volatile std::sig_atomic_t g_stop_count = 0;
+volatile pid_t g_child = 0;
+
+extern "C" void on_launcher_signal(int sig) {
+  g_stop_signal = sig;
+  const int count = g_stop_count + 1;
+  g_stop_count = count;
+  const pid_t child = g_child;
+  if (child > 0) ::kill(child, count == 1 ? SIGUSR1 : SIGTERM);
+}
+
+void install_launcher_handlers() {
+  struct sigaction sa {};
+  sa.sa_handler = on_launcher_signal;
+  sigemptyset(&sa.sa_mask);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) ::sigaction(sig, &sa, nullptr);
+}
+
+std::string new_launch_id() {
+  std::random_device rd;
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%08x%08x", rd(), rd());
+  return buf;
+}
+
+// Starts the plan as a child in its own process group (a terminal's Ctrl-C reaches only this
+// process, which turns it into the clean stop above) with stdin from /dev/null (a background
+// process group must not read the terminal). Returns the child's pid, or -1 with the exec
+// error in *err when mpirun could not be started.
+pid_t start_child(const LaunchPlan& plan, int* err) {
+  int pipefd[2];
+  if (::pipe2(pipefd, O_CLOEXEC) != 0) {
+    *err = errno;
+    return -1;
+  }
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    *err = errno;
+    ::close(pipefd[0]);
+    ::close(pipefd[1]);
+    return -1;
+  }
+  if (pid == 0) {
+    ::close(pipefd[0]);
+    ::setpgid(0, 0);
+    // Killed with the launcher (even by SIGKILL): mpirun then stops the ranks.
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (::getppid() != parent) ::_exit(1);
+    for (int sig : {SIGINT, SIGTERM, SIGHUP}) std::signal(sig, SIG_DFL);
+    const int devnull = ::open("/dev/null", O_RDONLY);
+    if (devnull >= 0) {
+      ::dup2(devnull, 0);
+      ::close(devnull);
+    }
+    std::vector<char*> args;
+    for (const auto& s : plan.argv) args.push_back(const_cast<char*>(s.c_str()));
+    args.push_back(nullptr);
+    ::execvp(args[0], args.data());
+    const int e = errno;
+    (void)!::write(pipefd[1], &e, sizeof(e));
+    ::_exit(127);
+  }
+  ::setpgid(pid, pid);  // also here: no race with a signal arriving before the child runs
+  ::close(pipefd[1]);
+  int e = 0;
+  ssize_t n;
+  do {
+    n = ::read(pipefd[0], &e, sizeof(e));
+  } while (n < 0 && errno == EINTR);
+  ::close(pipefd[0]);
+  if (n == static_cast<ssize_t>(sizeof(e))) {
+    int status;
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    *err = e;
+    return -1;
+  }
+  return pid;
+}
+
+int wait_child(pid_t pid) {
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0) {
+    if (errno != EINTR) return 1;
+  }
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 1;
+}
+
+// Sleeps up to `seconds`, returning early (false) when a stop signal arrives.
+bool pause_unless_stopped(int seconds) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
+  while (std::chrono::steady_clock::now() < until) {
+    if (g_stop_signal != 0) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return g_stop_signal == 0;
 }
 }  // namespace
 
@@ -55,14 +173,63 @@ LaunchPlan plan_launch(int nproc_per_node, int nnodes, const std::string& hostfi
                           "NCCL_DEBUG", "NCCL_IB_DISABLE", "LD_LIBRARY_PATH"}) {
     if (std::getenv(var)) p.argv.insert(p.argv.end(), {"-x", var});
   }
-  p.argv.insert(p.argv.end(), {"-x", "FSDP_LAUNCHED=1"});
+  // The supervisor's attempt number and launch id (set by supervise() before each start).
+  p.argv.insert(p.argv.end(), {"-x", "FSDP_LAUNCHED=1", "-x", std::string(train::kRestartAttemptVar),
+                               "-x", std::string(train::kLaunchIdVar)});
   p.argv.push_back(self);
   p.argv.insert(p.argv.end(), rest.begin(), rest.end());
   return p;
 }
 
+int supervise(const LaunchPlan& plan, int max_restarts) {
+  const char* given_id = std::getenv(train::kLaunchIdVar);
+  const std::string launch_id = given_id && *given_id ? given_id : new_launch_id();
+  ::setenv(train::kLaunchIdVar, launch_id.c_str(), 1);
+  install_launcher_handlers();
+  for (int attempt = 0;; ++attempt) {
+    ::setenv(train::kRestartAttemptVar, std::to_string(attempt).c_str(), 1);
+    int err = 0;
+    const pid_t pid = start_child(plan, &err);
+    if (pid < 0) {
+      std::cerr << "fsdp-train: cannot run '" << plan.argv[0] << "': " << std::strerror(err)
+                << "\n---> HINT: install Open MPI (launch/setup.sh) or set FSDP_MPIRUN to "
+                   "mpirun's path\n";
+      return 1;
+    }
+    g_child = pid;
+    if (g_stop_signal != 0) ::kill(pid, SIGUSR1);  // a stop that arrived while starting
+    const int rc = wait_child(pid);
+    g_child = 0;
+    if (rc == 0) return 0;
+    if (g_stop_signal != 0) {
+      std::cerr << "fsdp-train: stopped by signal " << g_stop_signal << " (exit code " << rc
+                << "); not restarted\n";
+      return rc;
+    }
+    if (max_restarts == 0) return rc;
+    if (rc == 2) {
+      std::cerr << "fsdp-train: exit code 2 (a usage or configuration error): not restarted\n";
+      return rc;
+    }
+    if (attempt >= max_restarts) {
+      std::cerr << "fsdp-train: the job failed again (exit code " << rc << ") and all "
+                << max_restarts << " restart(s) of --max-restarts are used; --resume continues "
+                   "from the newest checkpoint\n";
+      return rc;
+    }
+    std::cerr << "fsdp-train: the job failed (exit code " << rc << "); restart " << attempt + 1
+              << " of " << max_restarts << " in " << kRestartDelaySeconds
+              << " s, from the newest checkpoint this launch saved (launch " << launch_id
+              << ")\n";
+    if (!pause_unless_stopped(kRestartDelaySeconds)) {
+      std::cerr << "fsdp-train: stopped by signal " << g_stop_signal << " before the restart\n";
+      return rc;
+    }
+  }
+}
+
 int maybe_relaunch(int& argc, char** argv) {
-  int nproc = 0, nnodes = 1;
+  int nproc = 0, nnodes = 1, max_restarts = -1;
   std::string hostfile;
   bool dry_run = false;
   std::vector<std::string> rest;
@@ -81,18 +248,26 @@ int maybe_relaunch(int& argc, char** argv) {
       }
       return false;
     };
+    auto is = [&](const char* flag) {
+      return a == flag || a.rfind(std::string(flag) + "=", 0) == 0;
+    };
     std::string v;
-    if (a == "--nproc-per-node" || a.rfind("--nproc-per-node=", 0) == 0) {
+    if (is("--nproc-per-node")) {
       if (!value("--nproc-per-node", &v)) return usage_error("--nproc-per-node needs a value");
-      if (!parse_positive(v.c_str(), &nproc)) {
+      if (!parse_int(v.c_str(), 1, &nproc)) {
         return usage_error("--nproc-per-node: '" + v + "' is not a positive integer");
       }
-    } else if (a == "--nnodes" || a.rfind("--nnodes=", 0) == 0) {
+    } else if (is("--nnodes")) {
       if (!value("--nnodes", &v)) return usage_error("--nnodes needs a value");
-      if (!parse_positive(v.c_str(), &nnodes)) {
+      if (!parse_int(v.c_str(), 1, &nnodes)) {
         return usage_error("--nnodes: '" + v + "' is not a positive integer");
       }
-    } else if (a == "--hostfile" || a.rfind("--hostfile=", 0) == 0) {
+    } else if (is("--max-restarts")) {
+      if (!value("--max-restarts", &v)) return usage_error("--max-restarts needs a value");
+      if (!parse_int(v.c_str(), 0, &max_restarts)) {
+        return usage_error("--max-restarts: '" + v + "' is not a non-negative integer");
+      }
+    } else if (is("--hostfile")) {
       if (!value("--hostfile", &hostfile)) return usage_error("--hostfile needs a value");
       if (::access(hostfile.c_str(), R_OK) != 0) {
         return usage_error("--hostfile: cannot read '" + hostfile + "'");
@@ -108,12 +283,18 @@ int maybe_relaunch(int& argc, char** argv) {
     if (nnodes != 1 || !hostfile.empty()) {
       return usage_error("--nnodes and --hostfile need --nproc-per-node");
     }
-    return -1;
+    if (max_restarts >= 0 && !std::getenv("FSDP_LAUNCHED")) {
+      return usage_error(
+          "--max-restarts needs --nproc-per-node: fsdp-train's own launcher restarts the job "
+          "(under mpirun or srun, let the scheduler rerun it with --resume auto)");
+    }
+    if (max_restarts < 0) return -1;
   }
   if (std::getenv("FSDP_LAUNCHED") || std::getenv("OMPI_COMM_WORLD_SIZE") ||
       std::getenv("PMI_SIZE") || std::getenv("SLURM_STEP_ID")) {
     // Already started by a launcher: run as the rank we are.
-    std::cerr << "fsdp-train: --nproc-per-node ignored: already running under a launcher\n";
+    std::cerr << "fsdp-train: --nproc-per-node/--max-restarts ignored: already running under a "
+                 "launcher\n";
     // Drop the launcher flags from argv in place; the pointers stay valid (they are argv's).
     int out = 1;
     for (int i : rest_index) argv[out++] = argv[i];
@@ -128,15 +309,10 @@ int maybe_relaunch(int& argc, char** argv) {
   if (dry_run) {
     for (size_t i = 0; i < plan.argv.size(); ++i) std::cout << (i ? " " : "") << plan.argv[i];
     std::cout << "\n";
+    if (max_restarts > 0) std::cout << "(restarted up to " << max_restarts << " time(s))\n";
     return 0;
   }
-  std::vector<char*> args;
-  for (auto& s : plan.argv) args.push_back(s.data());
-  args.push_back(nullptr);
-  ::execvp(args[0], args.data());
-  std::cerr << "fsdp-train: cannot run '" << args[0] << "': " << std::strerror(errno)
-            << "\n---> HINT: install Open MPI (launch/setup.sh) or set FSDP_MPIRUN to mpirun's path\n";
-  return 1;
+  return supervise(plan, std::max(max_restarts, 0));
 }
 
 }  // namespace fsdp::app

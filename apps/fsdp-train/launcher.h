@@ -1,6 +1,9 @@
-// `fsdp-train --nproc-per-node N ...`: re-executes this binary under mpirun with N ranks per
-// node (root and oversubscription handled, --hostfile/--nnodes passed to mpirun, every other
-// argument passed through). Started by mpirun/srun or alone, nothing is relaunched.
+// `fsdp-train --nproc-per-node N ...`: runs this binary under mpirun with N ranks per node (root
+// and oversubscription handled, --hostfile/--nnodes passed to mpirun, every other argument
+// passed through) and supervises it: a stop signal to the launcher becomes a clean stop of every
+// rank (checkpoint, exit 0), and with --max-restarts K a failed job is started again up to K
+// times, resuming from the newest checkpoint it saved. Started by mpirun/srun or alone, nothing
+// is relaunched.
 #pragma once
 
 #include <string>
@@ -9,15 +12,22 @@
 namespace fsdp::app {
 
 // Returns -1 when no relaunch was requested, else the exit code to return (2 for bad flags;
-// on success this function does not return: the process becomes mpirun). When already under a
-// launcher, the launcher flags are removed from argc/argv and -1 is returned.
+// otherwise the job's). When already under a launcher, the launcher flags are removed from
+// argc/argv and -1 is returned.
 int maybe_relaunch(int& argc, char** argv);
 
-// The mpirun command line the launcher would run (exposed for tests and --dry-run).
+// The mpirun command line the launcher runs (exposed for tests and --launch-dry-run).
 struct LaunchPlan {
   std::vector<std::string> argv;
 };
 LaunchPlan plan_launch(int nproc_per_node, int nnodes, const std::string& hostfile,
                        const std::string& self, const std::vector<std::string>& rest);
+
+// Runs the plan; after a failure (exit code other than 0 and 2, or a rank killed) starts it
+// again, up to max_restarts times, kRestartDelaySeconds later. Each start gets the attempt
+// number and one launch id in the environment (train/signals.h), from which the trainer
+// resumes the newest checkpoint of this launch. Returns the last exit code.
+int supervise(const LaunchPlan& plan, int max_restarts);
+inline constexpr int kRestartDelaySeconds = 5;
 
 }  // namespace fsdp::app

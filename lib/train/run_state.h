@@ -21,6 +21,7 @@ struct RunState {
   int64_t micro_batch_size = 0;
   int64_t skipped_steps = 0;   // non-finite steps skipped so far
   std::string config_json;     // effective configuration of the run that saved it
+  std::string launch_id;       // the launcher's id of the launch that saved it (may be empty)
 };
 
 // Writes dir/trainer_state.json and dir/rng_state.bin (the default CPU generator's state).

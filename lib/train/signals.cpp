@@ -1,7 +1,11 @@
-// Stop-signal flag (train/signals.h).
+// Stop signals, launch attempts and the crash test hook (train/signals.h).
 #include "train/signals.h"
 
+#include <unistd.h>
+
 #include <csignal>
+#include <cstdlib>
+#include <string>
 
 namespace fsdp::train {
 
@@ -13,15 +17,36 @@ extern "C" void on_stop_signal(int sig) {
   // The next identical signal takes the default action (terminate) if the save hangs.
   std::signal(sig, SIG_DFL);
 }
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  char* end = nullptr;
+  const long x = std::strtol(v, &end, 10);
+  return end && *end == '\0' && x >= 0 && x < (1L << 30) ? static_cast<int>(x) : fallback;
+}
 }  // namespace
 
 void install_stop_handlers() {
-  std::signal(SIGTERM, on_stop_signal);
-  std::signal(SIGINT, on_stop_signal);
+  for (int sig : {SIGTERM, SIGINT, SIGUSR1}) std::signal(sig, on_stop_signal);
 }
 
 bool stop_requested() { return g_signal != 0; }
 int stop_signal() { return static_cast<int>(g_signal); }
 void reset_stop_request() { g_signal = 0; }
+
+LaunchAttempt launch_attempt() {
+  LaunchAttempt a;
+  a.attempt = env_int(kRestartAttemptVar, 0);
+  if (const char* id = std::getenv(kLaunchIdVar)) a.launch_id = id;
+  return a;
+}
+
+void maybe_kill_for_test(int64_t step, int rank) {
+  const int at = env_int("FSDP_TEST_KILL_AT_STEP", -1);
+  if (at < 0 || step != at || rank != env_int("FSDP_TEST_KILL_RANK", 0)) return;
+  if (launch_attempt().attempt >= env_int("FSDP_TEST_KILL_ATTEMPTS", 1)) return;
+  ::kill(::getpid(), SIGKILL);
+}
 
 }  // namespace fsdp::train

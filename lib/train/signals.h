@@ -1,17 +1,41 @@
-// SIGTERM/SIGINT handling for the training loop: the handler only sets a flag; the loop checks
-// it after each optimizer step (agreeing across ranks), saves a checkpoint and exits cleanly.
-// A second signal while the save runs is left to the default action (the user insists).
+// Process-level control of a training run. Stop signals (SIGTERM, SIGINT, SIGUSR1): the handler
+// only sets a flag; the loop checks it after each optimizer step (agreeing across ranks), saves
+// a checkpoint and exits cleanly. A second signal while the save runs is left to the default
+// action (the user insists). SIGUSR1 is what fsdp-train's launcher sends through mpirun (which
+// forwards it to every rank, where SIGTERM to mpirun would kill the ranks), and what schedulers
+// send ahead of a preemption (Slurm's --signal=USR1@...).
+// Restarts: the launcher (apps/fsdp-train/launcher.h) numbers its starts of one job and gives
+// them one launch id through the environment; a restarted attempt resumes from the newest
+// checkpoint that this launch saved.
 #pragma once
+
+#include <cstdint>
+#include <string>
 
 namespace fsdp::train {
 
 // Installs the handlers (idempotent).
 void install_stop_handlers();
-// True once SIGTERM or SIGINT arrived.
+// True once a stop signal arrived.
 bool stop_requested();
 // The signal number that requested the stop (0 when none).
 int stop_signal();
 // Clears the flag (tests).
 void reset_stop_request();
+
+inline constexpr const char* kRestartAttemptVar = "FSDP_RESTART_ATTEMPT";
+inline constexpr const char* kLaunchIdVar = "FSDP_LAUNCH_ID";
+
+struct LaunchAttempt {
+  int attempt = 0;        // 0: the first start; k: the k-th restart
+  std::string launch_id;  // shared by the starts of one launch; empty without the launcher
+};
+// Read from the environment. A malformed attempt number counts as 0.
+LaunchAttempt launch_attempt();
+
+// Test hook (tests/e2e/restart.sh): FSDP_TEST_KILL_AT_STEP=N makes rank FSDP_TEST_KILL_RANK
+// (default 0) kill itself with SIGKILL after optimizer step N, while the attempt number is
+// below FSDP_TEST_KILL_ATTEMPTS (default 1): a crash the launcher must recover from.
+void maybe_kill_for_test(int64_t step, int rank);
 
 }  // namespace fsdp::train

@@ -52,6 +52,7 @@ RunResult Trainer::Impl::train() {
   state.micro_batch_size = plan.micro_batch;
   state.config_json = config_json;
   resume_if_asked();
+  state.launch_id = launch_attempt().launch_id;  // the checkpoints of this launch carry it
   if (!cfg.loop.total_steps && state.total_steps > 0) total_steps = state.total_steps;
   state.total_steps = total_steps;
   warmup = cfg.optim.warmup_steps ? *cfg.optim.warmup_steps
@@ -252,6 +253,7 @@ RunResult Trainer::Impl::train() {
         stop = true;
       }
       if (n >= stop_at) stop = true;
+      maybe_kill_for_test(n, rank);
     }
     if (result.stopped_by_signal) break;
     const bool epoch_done = loader->state().position >= per_epoch || !stop;

@@ -364,10 +364,32 @@ void Trainer::Impl::resume_if_asked() {
   // Candidates, newest first: --resume auto falls back to older complete checkpoints when the
   // newest cannot be loaded (a damaged file); --resume PATH takes that one only.
   std::vector<checkpoint::CheckpointRef> candidates;
-  if (cfg.checkpoint.resume == config::ResumeMode::kAuto) {
+  // A restart by the launcher continues from the newest checkpoint of its own launch (the
+  // output directory may hold older runs' checkpoints); before this launch saved any, it starts
+  // the way the first attempt did.
+  const LaunchAttempt launch = launch_attempt();
+  if (launch.attempt > 0 && !launch.launch_id.empty()) {
+    for (const auto& c : checkpoint::list_complete(cfg.checkpoint.output_dir)) {
+      try {
+        if (load_run_state(c.path, /*restore_rng=*/false).launch_id == launch.launch_id) {
+          candidates.push_back(c);
+        }
+      } catch (const std::exception&) {
+        // Unreadable state: not a candidate (the loading loop would only fail on it).
+      }
+    }
+    std::reverse(candidates.begin(), candidates.end());
+    FSDP_LOG0(kWarn) << "restart " << launch.attempt << " of launch " << launch.launch_id << ": "
+                     << (candidates.empty()
+                             ? "no checkpoint of this launch yet, starting as the first attempt did"
+                             : "resuming from " + candidates.front().path);
+  }
+  const bool restarting = !candidates.empty();
+  const bool fall_back = restarting || cfg.checkpoint.resume == config::ResumeMode::kAuto;
+  if (!restarting && cfg.checkpoint.resume == config::ResumeMode::kAuto) {
     candidates = checkpoint::list_complete(cfg.checkpoint.output_dir);
     std::reverse(candidates.begin(), candidates.end());
-  } else if (cfg.checkpoint.resume == config::ResumeMode::kPath) {
+  } else if (!restarting && cfg.checkpoint.resume == config::ResumeMode::kPath) {
     const std::string dir = cfg.checkpoint.resume_path;
     const bool export_only = std::filesystem::is_regular_file(dir + "/model.safetensors") &&
                              !checkpoint::is_complete(dir);
@@ -440,7 +462,7 @@ void Trainer::Impl::resume_if_asked() {
     FSDP_CHECK(i + 1 < candidates.size(),
                "--resume: checkpoint " + path + " could not be loaded (see the error above)" +
                    (candidates.size() > 1 ? ", nor any older one" : ""),
-               cfg.checkpoint.resume == config::ResumeMode::kPath
+               !fall_back
                    ? "pick another checkpoint, or --resume auto (it falls back to older ones)"
                    : "check the files named above; to start over use another --output-dir");
     FSDP_LOG0(kWarn) << "checkpoint " << path << " could not be loaded (see the error above): "

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# The launcher's supervision: with --max-restarts, a job that loses a rank (SIGKILL, as the OOM
+# killer or a dying node would) starts again and resumes from the newest checkpoint of its own
+# launch (not an older run's checkpoint in the same --output-dir), ending bitwise equal to a run
+# that never failed; restarts stop when they are used up, and a usage error (exit 2) is never
+# restarted. A stop signal to the launcher stops every rank cleanly: checkpoint, exit 0.
+set -uo pipefail
+source "$(dirname "$0")/lib/common.sh"
+DATA=$(toy_data fixed --num-samples 128 --min-len 32 --max-len 32 --samples-per-dir 32 --seed 1)
+W="$BUILD/e2e_work/restart"; rm -rf "$W"; mkdir -p "$W"
+COMMON="--mixed-precision fp32 --export-dtype fp32 --num-epochs 1 --draft-global-batch-size 4 \
+  --draft-micro-batch-size 2 --save-interval 0 --save-steps 2"
+args() { echo "$(train_args "$DATA" "$1") $COMMON"; }
+
+# Flags: --max-restarts belongs to the launcher.
+o="$("$BIN" --max-restarts 2 $(args "$W/x") 2>&1)"; r=$?
+[ $r -eq 2 ] && echo "$o" | grep -q "max-restarts needs --nproc-per-node" || fail "--max-restarts alone: exit $r: $o"
+o="$("$BIN" --nproc-per-node 2 --max-restarts -1 comm-bench 2>&1)"; r=$?
+[ $r -eq 2 ] && echo "$o" | grep -q "not a non-negative integer" || fail "--max-restarts -1: exit $r: $o"
+
+# The reference: 2 ranks, 6 steps, never interrupted.
+run_np 2 $(args "$W/straight") --max-steps 6 >"$W/straight.log" 2>&1 || { cat "$W/straight.log"; fail "reference run"; }
+
+# Another run's checkpoint at step 4 in the output directory (other learning rate): a restart
+# must not resume from it although it is the newest there.
+"$BIN" $(args "$W/other") --max-steps 4 --learning-rate 5e-4 >"$W/other.log" 2>&1 || { cat "$W/other.log"; fail "other run"; }
+mkdir -p "$W/restart" && cp -r "$W/other/epoch_0_step_4" "$W/restart/"
+
+# Rank 1 killed after step 3 (the step-2 checkpoint is this launch's newest): one restart.
+FSDP_TEST_KILL_AT_STEP=3 FSDP_TEST_KILL_RANK=1 "$BIN" --nproc-per-node 2 --max-restarts 2 \
+  $(args "$W/restart") --max-steps 6 >"$W/restart.log" 2>&1; r=$?
+[ $r -eq 0 ] || { cat "$W/restart.log"; fail "restarted job exited $r"; }
+for want in "the job failed (exit code 137); restart 1 of 2 in 5 s" \
+            "restart 1 of launch" "resuming from $W/restart/epoch_0_step_2" \
+            "resumed from $W/restart/epoch_0_step_2 at step 2"; do
+  grep -qF -- "$want" "$W/restart.log" || { cat "$W/restart.log"; fail "no '$want'"; }
+done
+grep -q "restart 2 of" "$W/restart.log" && fail "restarted twice"
+compare_exports "$(latest_ckpt "$W/straight")" "$(latest_ckpt "$W/restart")" 0 || fail "the restarted run differs"
+"$PY" - "$W/restart/epoch_0_step_6/trainer_state.json" "$W/restart/epoch_0_step_2/trainer_state.json" <<'PYEOF' || fail "launch ids"
+import json, sys
+a, b = (json.load(open(p)).get("launch_id") for p in sys.argv[1:])
+assert a and a == b, (a, b)
+print("both attempts' checkpoints carry launch", a)
+PYEOF
+
+# Killed on every attempt: the restarts run out and the job's exit code is returned.
+FSDP_TEST_KILL_AT_STEP=3 FSDP_TEST_KILL_ATTEMPTS=9 "$BIN" --nproc-per-node 1 --max-restarts 1 \
+  $(args "$W/exhausted") --max-steps 6 >"$W/exhausted.log" 2>&1; r=$?
+[ $r -ne 0 ] || { cat "$W/exhausted.log"; fail "a job that always fails exited 0"; }
+grep -qF "all 1 restart(s) of --max-restarts are used" "$W/exhausted.log" || { cat "$W/exhausted.log"; fail "no used-up message"; }
+[ "$(grep -c "resumed from $W/exhausted/epoch_0_step_2" "$W/exhausted.log")" -eq 1 ] || fail "the restart did not resume from step 2"
+
+# A usage error is not restarted.
+"$BIN" --nproc-per-node 1 --max-restarts 3 $(args "$W/usage") --learning-rate -1 >"$W/usage.log" 2>&1; r=$?
+[ $r -eq 2 ] || { cat "$W/usage.log"; fail "usage error: exit $r, expected 2"; }
+grep -q "not restarted" "$W/usage.log" && ! grep -q "restart 1 of" "$W/usage.log" || { cat "$W/usage.log"; fail "usage error restarted"; }
+
+# SIGTERM to the launcher: every rank saves and exits 0 (mpirun alone would kill them); no restart.
+"$BIN" --nproc-per-node 2 --max-restarts 2 $(args "$W/sig") --num-epochs 200 --total-steps 4000 \
+  --save-steps 0 --save-final false >"$W/sig.log" 2>&1 &
+pid=$!
+for _ in $(seq 1 600); do
+  [ -f "$W/sig/metrics.jsonl" ] && [ "$(wc -l <"$W/sig/metrics.jsonl")" -ge 3 ] && break
+  sleep 0.1
+done
+kill -TERM $pid
+wait $pid; r=$?
+[ $r -eq 0 ] || { cat "$W/sig.log"; fail "SIGTERM to the launcher: exit $r"; }
+grep -q "stop requested (signal 10)" "$W/sig.log" || { cat "$W/sig.log"; fail "the ranks did not stop cleanly"; }
+[ -f "$(latest_ckpt "$W/sig")/COMPLETE" ] || fail "no checkpoint after SIGTERM"
+grep -q "restart 1 of" "$W/sig.log" && fail "restarted after a stop signal"
+echo PASS
