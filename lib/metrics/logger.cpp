@@ -1,5 +1,7 @@
 // MetricsLogger fan-out and the factory that builds rank 0's sinks from --report-to (sinks.h).
 // Other ranks get an empty logger: metrics are averaged over ranks before they reach here.
+#include <cstdlib>
+
 #include "core/error.h"
 #include "metrics/sinks.h"
 
@@ -16,6 +18,13 @@ void MetricsLogger::flush() {
 }
 void MetricsLogger::close() {
   for (auto& s : sinks_) s->close();
+}
+
+std::string MetricsLogger::wandb_run_id() const {
+  for (const auto& s : sinks_) {
+    if (const auto* w = dynamic_cast<const WandbSink*>(s.get())) return w->run_id();
+  }
+  return "";
 }
 
 std::unique_ptr<MetricsLogger> make_logger(const config::MetricsConfig& cfg,
@@ -37,6 +46,9 @@ std::unique_ptr<MetricsLogger> make_logger(const config::MetricsConfig& cfg,
       w.dir = ctx.output_dir;
       w.config_json = ctx.config_json;
       w.api_key = cfg.wandb_key;
+      // WANDB_RUN_ID in the environment is the user's explicit choice: W&B reads it itself.
+      const char* env_id = std::getenv("WANDB_RUN_ID");
+      if (!env_id || !*env_id) w.resume_run_id = ctx.wandb_run_id;
       logger->add(std::make_unique<WandbSink>(w));
     }
   }

@@ -100,6 +100,9 @@ struct WandbOptions {
   std::string dir;          // where W&B writes its run directory (the output dir)
   std::string config_json;  // the effective configuration (no secrets) for wandb.init(config=)
   std::string api_key;      // --wandb-key: put in the side process's environment only
+  // Continue this W&B run (a resumed training run); empty: a new run (W&B picks the id, or
+  // takes WANDB_RUN_ID from the environment).
+  std::string resume_run_id;
 };
 
 // Starts `python -c <bridge>` (lib/metrics/wandb_bridge.py, embedded at build time) and pipes
@@ -115,12 +118,15 @@ class WandbSink : public MetricsSink {
   void close() override;
   // The W&B run directory the bridge reported (offline runs: <dir>/wandb/offline-run-*/files).
   const std::string& run_dir() const { return run_dir_; }
+  // The W&B run id (recorded in checkpoints, so that a resumed run continues the same run).
+  const std::string& run_id() const { return run_id_; }
 
  private:
   void send(const std::string& line);
   int pid_ = -1;
   int fd_ = -1;
   std::string run_dir_;
+  std::string run_id_;
 };
 
 // Fans out to several sinks; the loop talks to this one.
@@ -132,6 +138,8 @@ class MetricsLogger : public MetricsSink {
   void flush() override;
   void close() override;
   size_t size() const { return sinks_.size(); }
+  // The id of the W&B run being logged to; empty without a W&B sink.
+  std::string wandb_run_id() const;
 
  private:
   std::vector<std::unique_ptr<MetricsSink>> sinks_;
@@ -142,6 +150,7 @@ struct SinkContext {
   int64_t total_steps = 0;
   std::string output_dir;   // metrics.jsonl, tensorboard/, wandb/ live here
   std::string config_json;  // effective configuration for W&B
+  std::string wandb_run_id;  // the W&B run of the checkpoint resumed from (continued when set)
 };
 
 // The sinks --report-to asks for: console + metrics.jsonl always, plus tensorboard and wandb.

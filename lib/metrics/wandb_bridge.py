@@ -3,10 +3,11 @@
 # `python -c <this file>`. Never prints or stores the API key (it arrives in WANDB_API_KEY only).
 #
 # Protocol, one JSON object per line:
-#   {"init": {"project": ..., "name": ..., "dir": ..., "config": {...}}}   first line
+#   {"init": {"project": ..., "name": ..., "dir": ..., "config": {...},
+#             "id": ... (optional), "resume": true (optional)}}            first line
 #   {"step": 12, "scalars": {"train/loss": 1.5, ...}}                       any number
 #   end of input                                                            finish the run
-# After wandb.init succeeds the bridge writes {"ready": true, "run_dir": ...} to its original
+# After wandb.init succeeds the bridge writes {"ready": true, "run_dir": ..., "run_id": ...} to its original
 # stdout (everything else it prints goes to stderr, which the trainer shares).
 import json
 import os
@@ -29,8 +30,10 @@ def main():
     run = wandb.init(project=init.get("project") or "fsdp-train",
                      name=init.get("name") or None,
                      dir=init.get("dir") or None,
-                     config=init.get("config") or {})
-    ready_out.write(json.dumps({"ready": True, "run_dir": run.dir}) + "\n")
+                     config=init.get("config") or {},
+                     id=init.get("id") or None,
+                     resume="allow" if init.get("resume") else None)
+    ready_out.write(json.dumps({"ready": True, "run_dir": run.dir, "run_id": run.id}) + "\n")
     ready_out.flush()
     for line in sys.stdin:
         line = line.strip()

@@ -116,6 +116,10 @@ WandbSink::WandbSink(const WandbOptions& options) {
   init["dir"] = options.dir;
   init["config"] = options.config_json.empty() ? nlohmann::json::object()
                                                : nlohmann::json::parse(options.config_json);
+  if (!options.resume_run_id.empty()) {
+    init["id"] = options.resume_run_id;
+    init["resume"] = true;
+  }
   send(nlohmann::json{{"init", init}}.dump() + "\n");
   // wandb.init can take a while (it starts its own service process); offline it is seconds.
   const std::string ready = read_line(out_pipe[0], 180.0);
@@ -132,7 +136,9 @@ WandbSink::WandbSink(const WandbOptions& options) {
                "network set WANDB_MODE=offline; or drop wandb from --report-to");
   }
   try {
-    run_dir_ = nlohmann::json::parse(ready).value("run_dir", "");
+    const auto j = nlohmann::json::parse(ready);
+    run_dir_ = j.value("run_dir", "");
+    run_id_ = j.value("run_id", "");
   } catch (const nlohmann::json::exception&) {
   }
 }

@@ -22,6 +22,7 @@ struct RunState {
   int64_t skipped_steps = 0;   // non-finite steps skipped so far
   std::string config_json;     // effective configuration of the run that saved it
   std::string launch_id;       // the launcher's id of the launch that saved it (may be empty)
+  std::string wandb_run_id;    // the W&B run it logged to (a resumed run continues it)
 };
 
 // Writes dir/trainer_state.json and dir/rng_state.bin (the default CPU generator's state).

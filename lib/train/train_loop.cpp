@@ -101,7 +101,10 @@ RunResult Trainer::Impl::train() {
   sc.total_steps = total_steps;
   sc.output_dir = cfg.checkpoint.output_dir;
   sc.config_json = config_json;
+  sc.wandb_run_id = state.wandb_run_id;  // from the checkpoint resumed from, if any
   logger = metrics::make_logger(cfg.metrics, sc);
+  // Kept when this part of the run has no W&B sink: a later resume with W&B continues the run.
+  if (const std::string id = logger->wandb_run_id(); !id.empty()) state.wandb_run_id = id;
   metrics::ThroughputMeter meter(metrics::resolve_peak_tflops(cfg.metrics.mfu_peak_tflops, device));
   StepMetrics window(cfg.model.ttt_length, metrics_device()),
       epoch_metrics(cfg.model.ttt_length, metrics_device());

@@ -37,10 +37,11 @@ TEST_CASE("an offline W&B run is written through the bridge", "[metrics]") {
   o.dir = dir;
   o.config_json = R"({"learning_rate": 0.0001, "seed": 7})";
   o.api_key = "local-0123456789abcdef0123456789abcdef01234567";
-  std::string run_dir;
+  std::string run_dir, run_id;
   {
     WandbSink sink(o);
     run_dir = sink.run_dir();
+    run_id = sink.run_id();
     for (int step = 1; step <= 3; ++step) {
       sink.log(step, {{"train/loss", 2.0 / step}, {"train/acc_0", 0.25 * step}});
     }
@@ -78,6 +79,7 @@ while pos + 7 <= len(data):
             print("history", rec.history.step.num, items["train/acc_0"], items["train/loss"])
         elif kind == "run":
             print("project", rec.run.project, "name", rec.run.display_name)
+            print("run_id", rec.run.run_id)
             for i in rec.run.config.update:
                 print("config", i.key, i.value_json)
 )PY";
@@ -92,6 +94,28 @@ while pos + 7 <= len(data):
   CHECK(out.find("history 3 0.75 0.666") != std::string::npos);
   CHECK(out.find("project fsdp-train-test name unit") != std::string::npos);
   CHECK(out.find("config learning_rate 0.0001") != std::string::npos);
+  REQUIRE(!run_id.empty());
+  CHECK(out.find("run_id " + run_id) != std::string::npos);
+
+  // A resumed training run continues the same W&B run: the id goes back into wandb.init.
+  o.resume_run_id = run_id;
+  std::string resumed_dir, resumed_id;
+  {
+    WandbSink sink(o);
+    resumed_dir = sink.run_dir();
+    resumed_id = sink.run_id();
+    sink.log(4, {{"train/loss", 0.5}, {"train/acc_0", 1.0}});
+    sink.close();
+  }
+  CHECK(resumed_id == run_id);
+  CHECK(resumed_dir != run_dir);  // offline: a second record log of that run (wandb sync merges)
+  out.clear();
+  cmd = FSDP_PYTHON;
+  cmd.append(" ").append(script).append(" ").append(resumed_dir).append(" 2>&1");
+  REQUIRE(fsdp::metrics::test::run(cmd, &out) == 0);
+  INFO(out);
+  CHECK(out.find("run_id " + run_id) != std::string::npos);
+  CHECK(out.find("history 4 1 0.5") != std::string::npos);
   std::string grep;
   std::string grep_cmd = "grep -rl 0123456789abcdef0123456789abcdef ";
   grep_cmd.append(dir).append(" 2>/dev/null");
