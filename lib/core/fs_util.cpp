@@ -26,6 +26,16 @@ int remove_entry(const char* path, const struct stat*, int, struct FTW*) {
 }
 }  // namespace
 
+void make_dirs(const std::string& dir, const std::string& hint) {
+  for (size_t pos = 1; pos <= dir.size(); ++pos) {
+    if (pos < dir.size() && dir[pos] != '/') continue;
+    const std::string part = dir.substr(0, pos);
+    if (::mkdir(part.c_str(), 0755) != 0 && errno != EEXIST) {
+      FSDP_CHECK(false, str("cannot create directory '", part, "': ", std::strerror(errno)), hint);
+    }
+  }
+}
+
 bool remove_tree(const std::string& path, std::string* error) {
   struct stat st;
   if (::lstat(path.c_str(), &st) != 0) return errno == ENOENT;

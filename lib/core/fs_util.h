@@ -14,6 +14,10 @@ namespace fsdp {
 // symbolic links. Returns false and fills *error when something could not be removed.
 bool remove_tree(const std::string& path, std::string* error = nullptr);
 
+// Creates `dir` and its missing parents (mode 0755); an existing directory is fine. Throws an
+// Error naming the part that could not be created, with `hint` as what to do.
+void make_dirs(const std::string& dir, const std::string& hint = "check the path and its permissions");
+
 // Creates or truncates `path`, writes `size` bytes, fsyncs and closes it; any failure (a full
 // disk: ENOSPC, a file size limit: EFBIG) throws an Error naming the file and the reason.
 void write_file_durably(const std::string& path, const void* data, size_t size);

@@ -10,8 +10,10 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 
 #include "core/error.h"
+#include "core/fs_util.h"
 #include "core/log.h"
 #include "metrics/sinks.h"
 
@@ -21,19 +23,6 @@ namespace {
 
 double unix_seconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
-void make_dirs(const std::string& dir) {
-  std::string cur;
-  for (size_t i = 0; i <= dir.size(); ++i) {
-    if (i == dir.size() || dir[i] == '/') {
-      if (!cur.empty() && ::mkdir(cur.c_str(), 0755) != 0 && errno != EEXIST) {
-        FSDP_CHECK(false, str("cannot create directory '", cur, "': ", std::strerror(errno)),
-                   "check --output-dir / --tensorboard-dir and the permissions");
-      }
-    }
-    if (i < dir.size()) cur += dir[i];
-  }
 }
 
 // Appends `bytes` whole or not at all; on failure (full disk) warns once per failing spell.
@@ -118,9 +107,43 @@ std::string event_header(double wall_time, int64_t step) {
 
 // ---------------------------------------------------------------- metrics.jsonl
 
-JsonlSink::JsonlSink(const std::string& path) : path_(path) {
+namespace {
+// Moves the records of steps after `resumed_step` (and a torn last line) out of `path` (JsonlSink).
+void supersede_records_after(const std::string& path, int64_t resumed_step) {
+  std::ifstream in(path);
+  if (!in.good()) return;
+  std::string kept, moved, line;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    const bool keep = !j.is_discarded() && j.is_object() && j.contains("step") &&
+                      j["step"].is_number_integer() && j["step"].get<int64_t>() <= resumed_step;
+    (keep ? kept : moved) += line + "\n";
+  }
+  if (moved.empty()) return;
+  const std::string stem = path.size() > 6 && path.compare(path.size() - 6, 6, ".jsonl") == 0
+                               ? path.substr(0, path.size() - 6)
+                               : path;
+  const std::string superseded = stem + ".superseded.jsonl";
+  std::FILE* f = std::fopen(superseded.c_str(), "a");
+  FSDP_CHECK(f && std::fwrite(moved.data(), 1, moved.size(), f) == moved.size() &&
+                 std::fclose(f) == 0,
+             str("cannot write '", superseded, "': ", std::strerror(errno)),
+             "check --output-dir and free disk space");
+  fsync_file(superseded);
+  write_file_durably(path + ".tmp", kept);
+  FSDP_CHECK(std::rename((path + ".tmp").c_str(), path.c_str()) == 0,
+             str("cannot replace '", path, "': ", std::strerror(errno)),
+             "check --output-dir and its permissions");
+  FSDP_LOG(kInfo) << path << ": the records after step " << resumed_step << " (from before the "
+                  << "resume) moved to " << superseded;
+}
+}  // namespace
+
+JsonlSink::JsonlSink(const std::string& path, int64_t resumed_step) : path_(path) {
   const std::string dir = parent_dir(path);
-  if (!dir.empty()) make_dirs(dir);
+  if (!dir.empty()) make_dirs(dir, "check --output-dir and its permissions");
+  if (resumed_step >= 0) supersede_records_after(path, resumed_step);
   file_ = std::fopen(path.c_str(), "a");
   FSDP_CHECK(file_ != nullptr, str("cannot open '", path, "' for writing: ", std::strerror(errno)),
              "check --output-dir and free disk space");
@@ -151,8 +174,8 @@ void JsonlSink::close() {
 
 // ---------------------------------------------------------------- TensorBoard
 
-TensorBoardSink::TensorBoardSink(const std::string& dir) {
-  make_dirs(dir);
+TensorBoardSink::TensorBoardSink(const std::string& dir, int64_t resumed_step) {
+  make_dirs(dir, "check --tensorboard-dir (or --output-dir) and its permissions");
   char host[256] = {0};
   if (::gethostname(host, sizeof(host) - 1) != 0) std::strcpy(host, "localhost");
   const double t = unix_seconds();
@@ -168,6 +191,15 @@ TensorBoardSink::TensorBoardSink(const std::string& dir) {
   std::string e = event_header(t, 0);
   put_bytes_field(e, 3, "brain.Event:2");
   write_record(e);
+  if (resumed_step >= 0) {
+    // Event.session_log (7) = SessionLog { status (1) = START (1) }.
+    std::string session_log;
+    put_varint(session_log, (1 << 3) | 0);
+    put_varint(session_log, 1);
+    std::string start = event_header(t, resumed_step + 1);
+    put_bytes_field(start, 7, session_log);
+    write_record(start);
+  }
 }
 
 TensorBoardSink::~TensorBoardSink() {

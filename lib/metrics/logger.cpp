@@ -34,11 +34,12 @@ std::unique_ptr<MetricsLogger> make_logger(const config::MetricsConfig& cfg,
   FSDP_USAGE_CHECK(!ctx.output_dir.empty(), "metrics need --output-dir (metrics.jsonl goes there)",
                    "give --output-dir");
   logger->add(std::make_unique<ConsoleSink>(ctx.total_steps));
-  logger->add(std::make_unique<JsonlSink>(ctx.output_dir + "/metrics.jsonl"));
+  logger->add(std::make_unique<JsonlSink>(ctx.output_dir + "/metrics.jsonl", ctx.resumed_step));
   for (const auto& sink : cfg.report_to) {
     if (sink == "tensorboard") {
       logger->add(std::make_unique<TensorBoardSink>(
-          cfg.tensorboard_dir.empty() ? ctx.output_dir + "/tensorboard" : cfg.tensorboard_dir));
+          cfg.tensorboard_dir.empty() ? ctx.output_dir + "/tensorboard" : cfg.tensorboard_dir,
+          ctx.resumed_step));
     } else if (sink == "wandb") {
       WandbOptions w;
       w.project = cfg.wandb_project;

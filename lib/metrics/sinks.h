@@ -60,9 +60,13 @@ class ConsoleSink : public MetricsSink {
 // A write that fails (full disk) is a warning, never the end of the run: the file is cut back
 // to its last whole line (record, for TensorBoard), and later logs write again once there is
 // room. Both files are unbuffered: each log call is one write.
+// resumed_step >= 0: the run continues from a checkpoint of that step; records of later steps
+// already in the file (logged before an interruption, about to be logged again) move to
+// <path without .jsonl>.superseded.jsonl, so that the file holds one timeline (as TensorBoard
+// shows it, below). Nothing is deleted; the file is replaced atomically.
 class JsonlSink : public MetricsSink {
  public:
-  explicit JsonlSink(const std::string& path);
+  explicit JsonlSink(const std::string& path, int64_t resumed_step = -1);
   ~JsonlSink() override;
   void log(int64_t step, const Scalars& scalars) override;
   void flush() override;
@@ -77,9 +81,13 @@ class JsonlSink : public MetricsSink {
 // TensorBoard event file events.out.tfevents.<unix time>.<host> in `dir`: TFRecord framing
 // (length, masked CRC32C of the length, payload, masked CRC32C of the payload) around
 // hand-encoded Event protos (wall_time, step, summary { value { tag, simple_value } }).
+// resumed_step >= 0: the run continues from a checkpoint of that step, and the file starts with
+// a SessionLog START event at the next step, from which TensorBoard drops the earlier files'
+// records of the later steps (logged before an interruption, now logged again): one line per
+// tag, as if the run had never stopped.
 class TensorBoardSink : public MetricsSink {
  public:
-  explicit TensorBoardSink(const std::string& dir);
+  explicit TensorBoardSink(const std::string& dir, int64_t resumed_step = -1);
   ~TensorBoardSink() override;
   void log(int64_t step, const Scalars& scalars) override;
   void flush() override;
@@ -151,6 +159,7 @@ struct SinkContext {
   std::string output_dir;   // metrics.jsonl, tensorboard/, wandb/ live here
   std::string config_json;  // effective configuration for W&B
   std::string wandb_run_id;  // the W&B run of the checkpoint resumed from (continued when set)
+  int64_t resumed_step = -1;  // the step of the checkpoint resumed from (-1: a fresh start)
 };
 
 // The sinks --report-to asks for: console + metrics.jsonl always, plus tensorboard and wandb.

@@ -97,17 +97,6 @@ std::string shard_file(const std::string& dir, int shard_rank) {
   return dir + "/" + str("shard_", shard_rank, ".pt");
 }
 
-void make_dirs(const std::string& dir) {
-  for (size_t pos = 1; pos <= dir.size(); ++pos) {
-    if (pos < dir.size() && dir[pos] != '/') continue;
-    const std::string part = dir.substr(0, pos);
-    if (::mkdir(part.c_str(), 0755) != 0 && errno != EEXIST) {
-      FSDP_CHECK(false, str("cannot create directory ", part, ": ", std::strerror(errno)),
-                 "check the path and its permissions");
-    }
-  }
-}
-
 void write_bytes(const std::string& path, const std::vector<char>& bytes) {
   const std::string tmp = path + ".tmp";
   write_file_durably(tmp, bytes.data(), bytes.size());

@@ -102,6 +102,7 @@ RunResult Trainer::Impl::train() {
   sc.output_dir = cfg.checkpoint.output_dir;
   sc.config_json = config_json;
   sc.wandb_run_id = state.wandb_run_id;  // from the checkpoint resumed from, if any
+  sc.resumed_step = state.step > 0 ? state.step : -1;
   logger = metrics::make_logger(cfg.metrics, sc);
   // Kept when this part of the run has no W&B sink: a later resume with W&B continues the run.
   if (const std::string id = logger->wandb_run_id(); !id.empty()) state.wandb_run_id = id;

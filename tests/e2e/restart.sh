@@ -43,6 +43,14 @@ a, b = (json.load(open(p)).get("launch_id") for p in sys.argv[1:])
 assert a and a == b, (a, b)
 print("both attempts' checkpoints carry launch", a)
 PYEOF
+# metrics.jsonl holds one timeline: each step once (what the failed attempt logged after its
+# checkpoint moved to metrics.superseded.jsonl).
+"$PY" - "$W/restart/metrics.jsonl" <<'PYEOF' || fail "metrics.jsonl after the restart"
+import json, sys
+steps = [r["step"] for r in map(json.loads, open(sys.argv[1])) if "train/ploss_0" in r]
+assert steps == [1, 2, 3, 4, 5, 6], steps
+print("metrics.jsonl steps", steps)
+PYEOF
 
 # Killed on every attempt: the restarts run out and the job's exit code is returned.
 FSDP_TEST_KILL_AT_STEP=3 FSDP_TEST_KILL_ATTEMPTS=9 "$BIN" --nproc-per-node 1 --max-restarts 1 \

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 
 #include <cmath>
+#include <fstream>
 #include <limits>
 
 #include "metrics_test_util.h"
@@ -101,6 +102,40 @@ TEST_CASE("metrics.jsonl: one object per step, non-finite as null, appended on r
   CHECK(rows[2]["step"] == 3);
 }
 
+TEST_CASE("metrics.jsonl of a resumed run: records after the checkpoint move aside", "[metrics]") {
+  const std::string dir = scratch_dir("jsonl_resume");
+  const std::string path = dir + "/metrics.jsonl";
+  {
+    JsonlSink s(path);
+    for (int step = 1; step <= 5; ++step) s.log(step, {{"train/loss", 1.0 * step}});
+  }
+  {
+    std::ofstream torn(path, std::ios::app);  // a process killed in the middle of a line
+    torn << "{\"step\": 6, \"train/lo";
+  }
+  {
+    JsonlSink s(path, /*resumed_step=*/3);  // resumed from the step-3 checkpoint
+    for (int step = 4; step <= 5; ++step) s.log(step, {{"train/loss", 10.0 * step}});
+  }
+  const auto steps_and_losses = [](const std::string& text) {
+    std::string out;
+    std::istringstream in(text);
+    for (std::string line; std::getline(in, line);) {
+      const auto j = nlohmann::json::parse(line, nullptr, false);
+      out += j.is_discarded() ? std::string("torn ")
+                              : std::to_string(j["step"].get<int>()) + ":" +
+                                    std::to_string(j["train/loss"].get<int>()) + " ";
+    }
+    return out;
+  };
+  CHECK(steps_and_losses(read_file(path)) == "1:1 2:2 3:3 4:40 5:50 ");
+  CHECK(steps_and_losses(read_file(dir + "/metrics.superseded.jsonl")) == "4:4 5:5 torn ");
+  // A resume with nothing to move leaves both files alone.
+  { JsonlSink s(path, /*resumed_step=*/5); }
+  CHECK(steps_and_losses(read_file(path)) == "1:1 2:2 3:3 4:40 5:50 ");
+  CHECK(steps_and_losses(read_file(dir + "/metrics.superseded.jsonl")) == "4:4 5:5 torn ");
+}
+
 TEST_CASE("TensorBoard event files read back with the tensorboard package", "[metrics]") {
   const std::string dir = scratch_dir("tensorboard");
   std::string path;
@@ -147,6 +182,36 @@ TEST_CASE("TensorBoard event files read back with the tensorboard package", "[me
     ++rows;
   }
   CHECK(rows == 15);
+}
+
+TEST_CASE("a resumed run's TensorBoard file replaces the steps logged after its checkpoint",
+          "[metrics]") {
+  // Steps 1-5 logged, checkpoint at step 3, resumed: steps 4-5 logged again with other values.
+  const std::string dir = scratch_dir("tensorboard_resume");
+  {
+    TensorBoardSink first(dir);
+    for (int step = 1; step <= 5; ++step) first.log(step, {{"train/loss", 1.0 * step}});
+  }
+  {
+    TensorBoardSink resumed(dir, /*resumed_step=*/3);
+    for (int step = 4; step <= 5; ++step) resumed.log(step, {{"train/loss", 10.0 * step}});
+  }
+  const std::string script = dir + "/read.py";
+  {
+    std::ofstream py(script);
+    py << "import sys\n"
+          "from tensorboard.backend.event_processing.event_accumulator import EventAccumulator\n"
+          "ea = EventAccumulator(sys.argv[1], size_guidance={'scalars': 0})\n"
+          "ea.Reload()\n"
+          "print(' '.join('%d:%g' % (e.step, e.value) for e in ea.Scalars('train/loss')))\n";
+  }
+  std::string out;
+  const int rc =
+      fsdp::metrics::test::run(std::string(FSDP_PYTHON) + " " + script + " " + dir + " 2>&1", &out);
+  INFO(out);
+  REQUIRE(rc == 0);
+  // (TensorBoard prints a line about the records it removed: the purge.)
+  CHECK(out.find("1:1 2:2 3:3 4:40 5:50\n") != std::string::npos);
 }
 
 namespace {
