@@ -107,9 +107,11 @@ class ShardEngine final : public UnitHooks {
   int replicate_rank() const;
   int replicate_size() const;
 
-  // Full fp32 tensors by parameter name (frozen ones included, converted to fp32). Collective
-  // over the shard group; with rank0_only, ranks other than world rank 0 get an empty map.
-  std::map<std::string, at::Tensor> full_state(bool rank0_only);
+  // Full fp32 tensors by parameter name (frozen ones converted to fp32; left out with
+  // include_frozen false, which gathers and copies nothing of them: an export without the frozen
+  // embedding). Collective over the shard group; with rank0_only, ranks other than world rank 0
+  // get an empty map.
+  std::map<std::string, at::Tensor> full_state(bool rank0_only, bool include_frozen = true);
   // Copies full tensors into this rank's shards (any dtype/device; fp32 masters). Every
   // parameter must be present with its shape unless allow_missing (then it keeps its value).
   void load_full_state(const std::map<std::string, at::Tensor>& tensors, bool allow_missing = false);

@@ -40,6 +40,16 @@ TEST_CASE("default plan is one unit per child; parameters are views of flat buff
   int frozen = 0;
   for (const auto* l : e.layouts()) frozen += l->trainable ? 0 : 1;
   REQUIRE(frozen == 2);
+  // full_state without the frozen buffers: exactly the trainable parameters, same values.
+  const auto all = e.full_state(false), trainable = e.full_state(false, /*include_frozen=*/false);
+  size_t n_trainable = 0;
+  for (const auto* l : e.layouts()) n_trainable += l->trainable ? l->params.size() : 0;
+  CHECK(trainable.size() == n_trainable);
+  CHECK(trainable.size() < all.size());
+  for (const auto& [name, t] : trainable) CHECK(torch::equal(t, all.at(name)));
+  for (const auto* l : e.layouts()) {
+    for (const auto& p : l->params) CHECK(trainable.count(p.name) == (l->trainable ? 1u : 0u));
+  }
   // 1-D parameters are excluded from weight decay.
   for (const auto* l : e.layouts())
     for (const auto& p : l->params) CHECK(p.decay == (p.shape.size() >= 2));
