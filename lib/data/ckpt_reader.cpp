@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "core/dtype.h"
+#include "core/zip_check.h"
 #include "data/dataset.h"
 
 namespace fsdp::data {
@@ -125,6 +126,8 @@ RawSample read_ckpt_sample(const std::string& path, const DatasetOptions& option
           "re-save it in Python with torch.save(obj, path) from torch >= 1.6 (zip format)");
     bad(path, "not a torch.save zip archive (no zip signature)", kRegenerate);
   }
+  if (const std::string problem = zip_archive_problem(bytes); !problem.empty())
+    bad(path, "cannot load torch.save archive: " + problem, kRegenerate);
   c10::IValue v;
   try {
     v = torch::pickle_load(bytes);

@@ -14,6 +14,7 @@
 
 #include "comm/communicator.h"
 #include "core/log.h"
+#include "core/zip_check.h"
 #include "data/torch_save.h"
 
 namespace fsdp::data {
@@ -86,8 +87,10 @@ VocabMapping load_vocab_mapping(const std::string& path, int64_t v, int64_t vd) 
     in.seekg(0);
     in.read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
   }
+  const std::string problem = zip_archive_problem(bytes);
   c10::IValue iv;
   try {
+    if (!problem.empty()) throw std::runtime_error(problem);
     iv = torch::pickle_load(bytes);
   } catch (const std::exception& e) {
     FSDP_USAGE_CHECK(false, path + ": not a torch.save file with {d2t, t2d}",

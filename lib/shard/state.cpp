@@ -23,6 +23,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/fs_util.h"
+#include "core/zip_check.h"
 #include "shard/engine.h"
 #include "shard/flat_param.h"
 
@@ -251,9 +252,13 @@ void check_same_layout(const std::string& path, const FlatLayout& saved, const F
 using ShardFile = c10::Dict<std::string, at::Tensor>;
 
 ShardFile read_shard_file(const std::string& path) {
+  const std::vector<char> bytes = read_bytes(path);
+  const std::string problem = zip_archive_problem(bytes);
+  FSDP_CHECK(problem.empty(), str(path, ": ", problem),
+             "the state file is damaged (cut short?); use another checkpoint");
   c10::IValue v;
   try {
-    v = torch::jit::pickle_load(read_bytes(path));
+    v = torch::jit::pickle_load(bytes);
   } catch (const c10::Error& e) {
     FSDP_CHECK(false, str(path, ": ", e.what_without_backtrace()),
                "the state file is damaged (cut short?); use another checkpoint");
