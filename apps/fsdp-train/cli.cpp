@@ -50,8 +50,8 @@ int run_cli(int argc, char** argv) {
   TrainCommand train = add_train(app);
   app.require_subcommand(0, 1);
 
-  log::init_from_env();
   try {
+    log::init_from_env();
     app.parse(argc, argv);
   } catch (const CLI::ExtrasError& e) {
     // Training flags are the root's: its extras get the SpecForge-aware advice. A subcommand's

@@ -54,7 +54,13 @@ int rank() { return g_rank.load(); }
 bool enabled(Level l) { return static_cast<int>(l) >= g_level.load() && l != Level::kOff; }
 
 void init_from_env() {
-  if (const char* env = std::getenv("FSDP_LOG_LEVEL"); env && *env) set_level(parse_level(env));
+  const char* env = std::getenv("FSDP_LOG_LEVEL");
+  if (!env || !*env) return;
+  try {
+    set_level(parse_level(env));
+  } catch (const UsageError& e) {
+    throw UsageError("FSDP_LOG_LEVEL: " + e.message(), e.hint(), __FILE__, __LINE__);
+  }
 }
 
 Line::Line(Level level, bool rank0_only) : level_(level), active_(enabled(level)) {

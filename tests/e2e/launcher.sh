@@ -36,4 +36,6 @@ plan="$("$BIN" --nproc-per-node 2 --nnodes 2 --hostfile "$hf" --launch-dry-run c
 echo "$plan" | grep -q -- "--hostfile $hf" || fail "hostfile not passed: $plan"
 echo "$plan" | grep -q -- "-np 4" || fail "nnodes x nproc not applied: $plan"
 "$BIN" --version | grep -q "fsdp-train" || fail "--version"
+o="$(FSDP_LOG_LEVEL=bogus "$BIN" --version 2>&1)"; r=$?
+[ $r -eq 2 ] && echo "$o" | grep -q "FSDP_LOG_LEVEL: unknown log level 'bogus'" || fail "bad FSDP_LOG_LEVEL: exit $r: $o"
 echo PASS
