@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 #include <torch/serialize.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,6 +15,7 @@
 
 #include "comm/communicator.h"
 #include "core/log.h"
+#include "data/native_format.h"
 #include "core/zip_check.h"
 #include "data/torch_save.h"
 
@@ -52,16 +54,21 @@ VocabMapping mapping_from_counts(const at::Tensor& counts_in, int64_t vd) {
 }
 
 at::Tensor count_loss_tokens(const FeatureDataset& dataset, int64_t vocab_size, int64_t max_length,
-                             comm::Communicator* comm) {
+                             comm::Communicator* comm, bool skip_bad_samples) {
   const int rank = comm ? comm->rank() : 0, world = comm ? comm->size() : 1;
   at::Tensor counts = at::zeros({vocab_size}, at::kLong);
   for (int64_t i = rank; i < dataset.size(); i += world) {
     TokenSample s;
     try {
       s = dataset.read_tokens(i);
+    } catch (const SampleReadError&) {
+      if (!skip_bad_samples) throw;  // (the loader would retry it; at start-up, say so now)
+      FSDP_LOG(kWarn) << "vocab mapping: not counting a sample that could not be read";
+      continue;
     } catch (const BadSampleError& e) {
-      // Bad samples never reach training (the run stops or skips them), so they are not
-      // counted; the loader reports them again with the run's own policy.
+      if (!skip_bad_samples) throw;
+      // Skipped samples never reach training, so they are not counted; the loader reports them
+      // again.
       FSDP_LOG(kWarn) << "vocab mapping: not counting " << e.message();
       continue;
     }
@@ -128,13 +135,42 @@ void save_vocab_mapping(const std::string& path, const VocabMapping& m) {
   torch_save_file(path, dict);
 }
 
-std::string vocab_cache_file(const std::string& data_path, int64_t max_length, int64_t v, int64_t vd) {
+std::string vocab_cache_file(const std::string& data_path, int64_t max_length, int64_t v, int64_t vd,
+                             const std::string& fingerprint) {
   const std::string key = fsdp::str(fs::weakly_canonical(data_path).string(), "|max_length=", max_length,
-                              "|vocab_size=", v, "|draft_vocab_size=", vd);
+                              "|vocab_size=", v, "|draft_vocab_size=", vd,
+                              fingerprint.empty() ? "" : "|files=" + fingerprint);
   uint64_t h = 1469598103934665603ull;  // FNV-1a: stable across compilers and runs
   for (unsigned char ch : key) h = (h ^ ch) * 1099511628211ull;
   char buf[64];
   std::snprintf(buf, sizeof(buf), "vocab_mapping_%016llx.pt", static_cast<unsigned long long>(h));
+  return buf;
+}
+
+std::string dataset_fingerprint(const FeatureDataset& dataset) {
+  // FNV-1a over: the sample count, and per file its name, size and modification time (a native
+  // dataset: its index, which convert rewrites with every shard).
+  uint64_t h = 1469598103934665603ull;
+  const auto mix = [&h](const std::string& s) {
+    for (unsigned char ch : s) h = (h ^ ch) * 1099511628211ull;
+  };
+  const auto mix_file = [&](const std::string& path) {
+    struct stat st {};
+    mix(path);
+    if (::stat(path.c_str(), &st) == 0) {
+      mix(fsdp::str("|", st.st_size, "|", st.st_mtim.tv_sec, ".", st.st_mtim.tv_nsec, "\n"));
+    } else {
+      mix("|missing\n");
+    }
+  };
+  mix(fsdp::str(dataset.size(), "\n"));
+  if (dataset.format() == "native") {
+    mix_file((fs::path(dataset.root()) / kNativeIndexFile).string());
+  } else {
+    for (int64_t i = 0; i < dataset.size(); ++i) mix_file(dataset.source(i));
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(h));
   return buf;
 }
 
@@ -146,17 +182,32 @@ VocabMapping build_vocab_mapping(const FeatureDataset& dataset, const VocabMappi
   std::string cache;
   if (!o.cache_dir.empty()) {
     cache = (fs::path(o.cache_dir) / "vocab_mapping" /
-             vocab_cache_file(dataset.root(), o.max_length, o.vocab_size, o.draft_vocab_size))
+             vocab_cache_file(dataset.root(), o.max_length, o.vocab_size, o.draft_vocab_size,
+                              dataset_fingerprint(dataset)))
                 .string();
     // Every rank sees the same file system state here: either all load or all compute.
     if (comm) comm->barrier();
+    VocabMapping cached;
+    std::string problem;
     if (fs::exists(cache)) {
-      FSDP_LOG0(kInfo) << "vocab mapping: using cache " << cache;
-      return load_vocab_mapping(cache, o.vocab_size, o.draft_vocab_size);
+      try {
+        cached = load_vocab_mapping(cache, o.vocab_size, o.draft_vocab_size);
+      } catch (const std::exception& e) {
+        problem = e.what();
+      }
     }
-    if (comm) comm->barrier();
+    at::Tensor missing = at::full({1}, cached.d2t.defined() ? 0 : 1, at::kInt);
+    if (comm) comm->all_reduce(missing, comm::ReduceOp::kMax)->wait();
+    if (missing.item<int>() == 0) {
+      FSDP_LOG0(kInfo) << "vocab mapping: using cache " << cache;
+      return cached;
+    }
+    if (!problem.empty()) {
+      FSDP_LOG0(kWarn) << "vocab mapping: the cache file " << cache
+                       << " cannot be used (" << problem << "); computing it again";
+    }
   }
-  const at::Tensor counts = count_loss_tokens(dataset, o.vocab_size, o.max_length, comm);
+  const at::Tensor counts = count_loss_tokens(dataset, o.vocab_size, o.max_length, comm, o.skip_bad_samples);
   VocabMapping m = mapping_from_counts(counts, o.draft_vocab_size);
   const int64_t distinct = counts.gt(0).sum().item<int64_t>();
   FSDP_LOG0(kInfo) << "vocab mapping: " << distinct << " distinct loss tokens, keeping "

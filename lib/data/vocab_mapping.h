@@ -34,7 +34,8 @@ VocabMapping mapping_from_counts(const at::Tensor& counts, int64_t draft_vocab_s
 // as SpecForge counts its tokenized (max_length-truncated) dataset. With `comm`, each rank
 // counts a strided subset and the counts are all-reduced. Throws when an id is >= V.
 at::Tensor count_loss_tokens(const FeatureDataset& dataset, int64_t vocab_size,
-                             int64_t max_length, comm::Communicator* comm = nullptr);
+                             int64_t max_length, comm::Communicator* comm = nullptr,
+                             bool skip_bad_samples = true);
 
 // Reads a torch.save dict {"d2t": int64 [Vd], "t2d": bool [V]} (SpecForge's vocab mapping file)
 // and checks it against V and Vd and for consistency (t2d true exactly at j + d2t[j]).
@@ -49,16 +50,25 @@ struct VocabMappingOptions {
   int64_t vocab_size = 0;
   int64_t draft_vocab_size = 0;
   int64_t max_length = 2048;
+  // false (the trainer without --skip-bad-samples): a bad sample met while counting stops the
+  // run now, at start-up, rather than when training reaches it.
+  bool skip_bad_samples = true;
 };
 
 // The mapping the trainer uses: the given file; else the cache entry keyed by (canonical data
-// path, max_length, V, Vd); else computed from the dataset (in parallel over `comm`) and cached
+// path, max_length, V, Vd, dataset_fingerprint), unless it cannot be read (then recomputed and
+// rewritten, with a warning); else computed from the dataset (in parallel over `comm`) and cached
 // by rank 0. Every rank returns the same mapping.
 VocabMapping build_vocab_mapping(const FeatureDataset& dataset, const VocabMappingOptions& options,
                                  comm::Communicator* comm = nullptr);
 
+// What the vocab cache key takes from the data: the sample count and each feature file's name,
+// size and modification time (a native dataset: its index file's), as 16 hex digits. Data
+// regenerated in the same directory gets another key, so a stale mapping is never reused.
+std::string dataset_fingerprint(const FeatureDataset& dataset);
+
 // Cache file name for a key, e.g. "vocab_mapping_<16 hex digits>.pt" (FNV-1a of the key text).
 std::string vocab_cache_file(const std::string& data_path, int64_t max_length, int64_t vocab_size,
-                             int64_t draft_vocab_size);
+                             int64_t draft_vocab_size, const std::string& fingerprint = "");
 
 }  // namespace fsdp::data

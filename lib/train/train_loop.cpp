@@ -6,7 +6,9 @@
 #include <ATen/record_function.h>
 
 #include <cmath>
+#include <exception>
 #include <fstream>
+#include <optional>
 
 #include "checkpoint/checkpoint_dir.h"
 #include "comm/runtime.h"
@@ -159,7 +161,27 @@ RunResult Trainer::Impl::train() {
     Stopwatch step_clock;
     while (!stop) {
       if (profiler && in_group == 0) profiler->before_step(state.step + 1);
-      auto batch = loader->next();
+      // A bad sample (without --skip-bad-samples) stops the run on every rank, after saving the
+      // last completed step: fixing or removing the file and --resume lose nothing. The ranks
+      // agree on it here, before the micro-batch's collectives (one CPU flag per micro-batch).
+      std::optional<data::Batch> batch;
+      std::exception_ptr bad_sample;
+      try {
+        batch = loader->next();
+      } catch (const data::BadSampleError&) {
+        bad_sample = std::current_exception();
+      }
+      if (world > 1 ? any_rank(bad_sample != nullptr) : bad_sample != nullptr) {
+        health.flush();
+        if (state.step > 0 && !saved_at_step) {
+          FSDP_LOG0(kWarn) << "a bad sample stops the run: saving step " << state.step
+                           << " first (after fixing the data, --resume continues from it)";
+          saved_at_step = save_now(epoch);
+        }
+        if (bad_sample) std::rethrow_exception(bad_sample);
+        FSDP_USAGE_CHECK(false, "stopping: another rank met a bad sample (its error is above)",
+                         "fix or remove that file (or pass --skip-bad-samples), then --resume");
+      }
       if (!batch) break;
       const int64_t b_index = batch->batch_index;
       const bool last_in_group = in_group == accum - 1 || b_index == per_epoch - 1;
@@ -237,12 +259,17 @@ RunResult Trainer::Impl::train() {
         window_clock.reset();
       }
       saved_at_step = false;
-      if (cfg.eval.eval_steps > 0 && n % cfg.eval.eval_steps == 0 && eval_ds) {
-        logger->log(n, evaluate("eval"));
-      }
-      if (cfg.checkpoint.save_steps > 0 && n % cfg.checkpoint.save_steps == 0) {
+      // Saves come before evaluations: a bad evaluation sample must not cost the checkpoint.
+      // The last step of an epoch whose end saves anyway is saved once, there (with the
+      // position at the start of the next epoch).
+      const bool epoch_end_saves = b_index == per_epoch - 1 && cfg.checkpoint.save_interval > 0 &&
+                                   (epoch + 1) % cfg.checkpoint.save_interval == 0;
+      if (cfg.checkpoint.save_steps > 0 && n % cfg.checkpoint.save_steps == 0 && !epoch_end_saves) {
         health.flush();
         saved_at_step = save_now(epoch);
+      }
+      if (cfg.eval.eval_steps > 0 && n % cfg.eval.eval_steps == 0 && eval_ds) {
+        logger->log(n, evaluate("eval"));
       }
       // Agree on stopping: a signal may have reached only some ranks.
       flag.fill_(stop_requested() ? 1 : 0);
@@ -267,13 +294,13 @@ RunResult Trainer::Impl::train() {
     state.position = 0;
     auto em = epoch_metrics.report(*metrics_comm, "train_epoch");
     logger->log(state.step, em);
-    if (eval_ds && cfg.eval.eval_interval > 0 && (epoch + 1) % cfg.eval.eval_interval == 0) {
-      result.final_eval = evaluate("eval");
-      logger->log(state.step, result.final_eval);
-    }
     if (cfg.checkpoint.save_interval > 0 && (epoch + 1) % cfg.checkpoint.save_interval == 0) {
       health.flush();
       saved_at_step = save_now(epoch);
+    }
+    if (eval_ds && cfg.eval.eval_interval > 0 && (epoch + 1) % cfg.eval.eval_interval == 0) {
+      result.final_eval = evaluate("eval");
+      logger->log(state.step, result.final_eval);
     }
   }
   health.flush();

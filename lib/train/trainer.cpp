@@ -114,6 +114,21 @@ void Trainer::Impl::setup() {
   if (!cfg.data.eval_hidden_states_path.empty()) {
     eval_ds = data::open_feature_dataset(cfg.data.eval_hidden_states_path, dso);
   }
+  // One sample of each set read now: features of another target (hidden size, vocabulary) stop
+  // the run before any work, not at the first evaluation hours later.
+  for (const auto& [ds, flag] : {std::pair{train_ds, "--train-hidden-states-path"},
+                                 std::pair{eval_ds, "--eval-hidden-states-path"}}) {
+    if (!ds || ds->size() == 0) continue;
+    try {
+      ds->read(0);
+    } catch (const data::SampleReadError& e) {
+      FSDP_LOG0(kWarn) << flag << ": " << e.message() << " (read again when it is needed)";
+    } catch (const data::BadSampleError& e) {
+      FSDP_USAGE_CHECK(cfg.data.skip_bad_samples, fsdp::str(flag, ": ", e.message()), e.hint());
+      FSDP_LOG0(kWarn) << flag << ": the first sample is bad (skipped with --skip-bad-samples): "
+                       << e.message();
+    }
+  }
   if (!cfg.model.init_checkpoint.empty()) {
     init_export = checkpoint::read_draft_export(cfg.model.init_checkpoint);
     have_init_export = true;
@@ -147,6 +162,7 @@ void Trainer::Impl::build_model() {
     vmo.vocab_size = V;
     vmo.draft_vocab_size = Vd;
     vmo.max_length = cfg.data.max_length;
+    vmo.skip_bad_samples = cfg.data.skip_bad_samples;
     mapping = data::build_vocab_mapping(*ds, vmo, control.get());
   }
   // Only the embedding and the LM head are read out of the target checkpoint.

@@ -33,8 +33,30 @@ expect2 "hidden" $BASE --draft-model-config "$W/bad_draft.json"
 # directory left behind is complete.
 cp -r "$DATA" "$W/data"
 victim="$(ls "$W"/data/hidden_states/rows_*/*.ckpt | sort | sed -n 40p)"
+cp "$victim" "$W/victim.good"
+# The vocabulary mapping of the intact data (a run that computes it reads every file and stops
+# at start-up on the bad one, which the first case below checks).
+"$BIN" $(train_args "$W/data" "$W/warm") --max-steps 1 >"$W/warm.log" 2>&1 || { tail "$W/warm.log"; fail "warm-up run"; }
+VMAP="$(ls "$W"/data/cache/vocab_mapping/*.pt | head -n 1)"
 head -c 300 "$victim" >"$victim.tmp" && mv "$victim.tmp" "$victim"
-out="$("$BIN" $(train_args "$W/data" "$W/corrupt") --draft-global-batch-size 2 --draft-micro-batch-size 2 \
+out="$("$BIN" $(train_args "$W/data" "$W/startup") --num-epochs 1 2>&1)"; rc=$?
+[ $rc -eq 2 ] && echo "$out" | grep -q "$(basename "$victim")" || { echo "$out" | tail; fail "the vocabulary pass did not stop on the bad file"; }
+echo "$out" | grep -q "^step " && fail "trained although the vocabulary pass met a bad file"
+# Met mid-run (the mapping given) with no periodic saves: the run saves its last completed step
+# before stopping, and after the file is repaired --resume continues from there.
+out="$("$BIN" $(train_args "$W/data" "$W/keep") --vocab-mapping-path "$VMAP" --draft-global-batch-size 2 \
+  --draft-micro-batch-size 2 --num-epochs 1 --save-interval 0 2>&1)"; rc=$?
+[ $rc -eq 2 ] || { echo "$out" | tail; fail "corrupt input (no periodic saves) exited $rc"; }
+echo "$out" | grep -q "a bad sample stops the run: saving step" || { echo "$out" | tail; fail "no save before stopping"; }
+K="$(latest_ckpt "$W/keep")"
+[ -f "$K/COMPLETE" ] || fail "no complete checkpoint after the bad sample"
+cp "$W/victim.good" "$victim"
+"$BIN" $(train_args "$W/data" "$W/keep") --vocab-mapping-path "$VMAP" --draft-global-batch-size 2 \
+  --draft-micro-batch-size 2 --num-epochs 1 --save-interval 0 --max-steps $(( ${K##*_step_} + 1 )) --resume >"$W/keep2.log" 2>&1 ||
+  { tail "$W/keep2.log"; fail "resume after repairing the file"; }
+grep -q "resumed from $K" "$W/keep2.log" || fail "did not resume from $K"
+head -c 300 "$W/victim.good" >"$victim"
+out="$("$BIN" $(train_args "$W/data" "$W/corrupt") --vocab-mapping-path "$VMAP" --draft-global-batch-size 2 --draft-micro-batch-size 2 \
   --num-epochs 1 --save-steps 1 2>&1)"; rc=$?
 [ $rc -eq 2 ] || { echo "$out" | tail; fail "corrupt input exited $rc"; }
 echo "$out" | grep -q "$(basename "$victim")" || { echo "$out" | tail; fail "message does not name $victim"; }

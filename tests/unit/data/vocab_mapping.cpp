@@ -70,7 +70,8 @@ TEST_CASE("counting reads unshifted input_ids at loss_mask == 1, truncated to ma
   VocabMappingOptions o{"", cache.string(), 8, 2, 100};
   const VocabMapping m = build_vocab_mapping(*ds, o);
   CHECK(vec(m.used_ids()) == std::vector<int64_t>{1, 4});  // 4 (3x), then tie 1 vs 5 -> 1
-  const auto file = cache / "vocab_mapping" / vocab_cache_file(dir.string(), 100, 8, 2);
+  const auto file =
+      cache / "vocab_mapping" / vocab_cache_file(dir.string(), 100, 8, 2, dataset_fingerprint(*ds));
   REQUIRE(std::filesystem::exists(file));
   save_vocab_mapping(file.string(), mapping_from_counts(at::tensor(std::vector<int64_t>{0, 0, 0, 9, 0, 0, 0, 9}), 2));
   CHECK(vec(build_vocab_mapping(*ds, o).used_ids()) == std::vector<int64_t>{3, 7});
@@ -79,6 +80,19 @@ TEST_CASE("counting reads unshifted input_ids at loss_mask == 1, truncated to ma
   CHECK(vocab_cache_file(dir.string(), 100, 9, 2) != vocab_cache_file(dir.string(), 100, 8, 2));
   CHECK(vocab_cache_file(dir.string(), 100, 8, 3) != vocab_cache_file(dir.string(), 100, 8, 2));
   CHECK(vocab_cache_file(cache.string(), 100, 8, 2) != vocab_cache_file(dir.string(), 100, 8, 2));
+  // A cache file that cannot be read is computed again (and rewritten), with a warning.
+  {
+    std::ofstream cut(file, std::ios::binary | std::ios::trunc);
+    cut << "PK\x03\x04 cut short";
+  }
+  CHECK(vec(build_vocab_mapping(*ds, o).used_ids()) == std::vector<int64_t>{1, 4});
+  CHECK(vec(load_vocab_mapping(file.string(), 8, 2).used_ids()) == std::vector<int64_t>{1, 4});
+  // Data regenerated in the same directory (another file size or time) gets another key.
+  const std::string before = dataset_fingerprint(*ds);
+  write("b.ckpt", {4, 4, 7, 1, 7}, {1, 1, 1, 1, 1});
+  auto regenerated = open_feature_dataset(dir.string());
+  CHECK(dataset_fingerprint(*regenerated) != before);
+  CHECK(vec(build_vocab_mapping(*regenerated, o).used_ids()) == std::vector<int64_t>{4, 7});
   o.max_length = 2;
   CHECK(vec(build_vocab_mapping(*ds, o).used_ids()) == std::vector<int64_t>{0, 4});
 }
