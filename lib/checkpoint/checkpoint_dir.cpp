@@ -6,7 +6,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -160,6 +162,21 @@ std::string CheckpointWriter::commit(int64_t keep_last) {
   fsync_path(output_dir_, true);
   if (keep_last > 0) prune(output_dir_, keep_last, final_dir_);
   return final_dir_;
+}
+
+std::vector<std::string> set_aside_newer(const std::string& output_dir, int64_t step) {
+  std::vector<std::string> moved;
+  for (const auto& c : list_complete(output_dir)) {
+    if (c.step <= step) continue;
+    std::string target = c.path + ".superseded";
+    for (int i = 2; fs::exists(target); ++i) target = c.path + ".superseded-" + std::to_string(i);
+    FSDP_CHECK(std::rename(c.path.c_str(), target.c_str()) == 0,
+               fsdp::str("cannot rename ", c.path, " to ", target, ": ", std::strerror(errno)),
+               "check the permissions of --output-dir");
+    moved.push_back(target);
+  }
+  if (!moved.empty()) fsync_file(output_dir);
+  return moved;
 }
 
 std::vector<std::string> prune(const std::string& output_dir, int64_t keep_last,

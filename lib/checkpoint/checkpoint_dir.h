@@ -67,6 +67,12 @@ class CheckpointWriter {
 std::vector<std::string> prune(const std::string& output_dir, int64_t keep_last,
                                const std::string& keep = "");
 
+// Renames every complete checkpoint under output_dir whose step is above `step` to
+// "<name>.superseded" (".superseded-2", ... when taken): a run resumed from an older checkpoint
+// continues another branch, and the abandoned one must neither be overwritten by its saves nor
+// be taken by a later --resume auto. Nothing is deleted. Returns the new paths.
+std::vector<std::string> set_aside_newer(const std::string& output_dir, int64_t step);
+
 // Joins path components without doubling separators; rejects components containing ".." or a
 // leading '/', so names derived from configs cannot escape the directory.
 std::string join_path(const std::string& dir, const std::string& name);

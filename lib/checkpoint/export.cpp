@@ -37,6 +37,20 @@ uint64_t write_draft_export(const std::string& dir, const std::string& config_js
                            {{"format", "pt"}, {"producer", "fsdp-train"}});
 }
 
+std::pair<at::Tensor, at::Tensor> read_export_mapping(const std::string& dir) {
+  const std::string model = join_path(dir, "model.safetensors");
+  std::error_code ec;
+  FSDP_USAGE_CHECK(fs::is_regular_file(model, ec), "'" + model + "' is missing",
+                   "the directory is not a draft export; point at an epoch_<E>_step_<S> directory");
+  auto file = SafetensorsFile::open(model);
+  std::pair<at::Tensor, at::Tensor> out;
+  for (const auto& info : file->tensors()) {
+    if (info.name == "d2t") out.first = file->read(info.name).to(at::kLong);
+    if (info.name == "t2d") out.second = file->read(info.name).to(at::kBool);
+  }
+  return out;
+}
+
 DraftExport read_draft_export(const std::string& dir) {
   std::error_code ec;
   FSDP_USAGE_CHECK(fs::is_directory(dir, ec), "checkpoint directory '" + dir + "' does not exist",

@@ -8,6 +8,7 @@
 
 #include <map>
 #include <string>
+#include <utility>
 
 namespace fsdp::checkpoint {
 
@@ -29,5 +30,8 @@ struct DraftExport {
 // Reads an export directory (model.safetensors + config.json). Throws UsageError naming the
 // directory when a file is missing or corrupt.
 DraftExport read_draft_export(const std::string& dir);
+// Only d2t and t2d of an export (what its lm_head rows mean), without reading the weights.
+// Undefined tensors when the file has none; throws UsageError like read_draft_export.
+std::pair<at::Tensor, at::Tensor> read_export_mapping(const std::string& dir);
 
 }  // namespace fsdp::checkpoint

@@ -132,17 +132,75 @@ void Trainer::Impl::setup() {
   if (!cfg.model.init_checkpoint.empty()) {
     init_export = checkpoint::read_draft_export(cfg.model.init_checkpoint);
     have_init_export = true;
+    check_same_architecture(init_export.config_path, "--init-checkpoint");
+  }
+  if (!cfg.loop.eval_only || cfg.checkpoint.resume != config::ResumeMode::kNone) plan_resume();
+  if (!resume_candidates.empty()) {
+    check_same_architecture(
+        checkpoint::join_path(resume_candidates.front().path, "config.json"), "--resume");
   }
   build_model();
+}
+
+void Trainer::Impl::check_same_architecture(const std::string& saved_config,
+                                            const std::string& flag) const {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(saved_config, ec)) return;  // weights-only exports
+  const model::DraftConfig saved = model::load_draft_config(saved_config);
+  const model::DraftConfig& now = draft_cfg;
+  // Keys that give the weights their shapes: a difference is an error naming them. Others change
+  // what the weights compute (RoPE, norm epsilon): a warning.
+  std::string shape_diff, other_diff;
+  const auto cmp = [](std::string& out, const char* key, const auto& a, const auto& b) {
+    if (a != b) out += fsdp::str(out.empty() ? "" : ", ", key, " ", a, " vs ", b);
+  };
+  cmp(shape_diff, "hidden_size", saved.hidden_size, now.hidden_size);
+  cmp(shape_diff, "intermediate_size", saved.intermediate_size, now.intermediate_size);
+  cmp(shape_diff, "num_attention_heads", saved.num_attention_heads, now.num_attention_heads);
+  cmp(shape_diff, "num_key_value_heads", saved.num_key_value_heads, now.num_key_value_heads);
+  cmp(shape_diff, "head_dim", saved.head_dim_value(), now.head_dim_value());
+  cmp(shape_diff, "vocab_size", saved.vocab_size, now.vocab_size);
+  cmp(shape_diff, "draft_vocab_size", saved.draft_vocab(), now.draft_vocab());
+  cmp(shape_diff, "target hidden size (fc input / 3)", saved.fc_in_features() / 3,
+      now.fc_in_features() / 3);
+  cmp(other_diff, "rms_norm_eps", saved.rms_norm_eps, now.rms_norm_eps);
+  cmp(other_diff, "rope_theta", saved.rope_theta, now.rope_theta);
+  cmp(other_diff, "rope_scaling", saved.rope_scaling_json, now.rope_scaling_json);
+  cmp(other_diff, "max_position_embeddings", saved.max_position_embeddings,
+      now.max_position_embeddings);
+  cmp(other_diff, "hidden_act", saved.hidden_act, now.hidden_act);
+  FSDP_USAGE_CHECK(shape_diff.empty(),
+                   flag + ": the checkpoint's draft (" + saved_config + ") and --draft-model-config " +
+                       cfg.model.draft_model_config + " differ in " + shape_diff,
+                   "use the draft config the checkpoint was trained with");
+  if (!other_diff.empty()) {
+    FSDP_LOG0(kWarn) << flag << ": the checkpoint's draft config (" << saved_config
+                     << ") and --draft-model-config differ in " << other_diff
+                     << " (checkpoint vs now); the weights load, but compute differently";
+  }
 }
 
 void Trainer::Impl::build_model() {
   const int64_t V = draft_cfg.vocab_size, Vd = draft_cfg.draft_vocab();
   const int64_t Ht =
       draft_cfg.target_hidden_size ? *draft_cfg.target_hidden_size : draft_cfg.hidden_size;
-  // Vocabulary mapping: from the initial checkpoint (it defines what its lm_head rows mean),
-  // else a mapping file, the cache, or the features.
-  if (have_init_export && init_export.d2t.defined() && init_export.t2d.defined()) {
+  // Vocabulary mapping: from the checkpoint a resume loads, else the initial checkpoint (each
+  // defines what its lm_head rows mean), else a mapping file, the cache, or the features.
+  std::pair<at::Tensor, at::Tensor> resumed_mapping;
+  if (!resume_candidates.empty()) {
+    resumed_mapping = checkpoint::read_export_mapping(resume_candidates.front().path);
+  }
+  if (resumed_mapping.first.defined() && resumed_mapping.second.defined()) {
+    FSDP_USAGE_CHECK(resumed_mapping.first.numel() == Vd && resumed_mapping.second.numel() == V,
+                     fsdp::str("--resume: d2t/t2d of ", resume_candidates.front().path, " have ",
+                               resumed_mapping.first.numel(), "/", resumed_mapping.second.numel(),
+                               " entries, the draft config says Vd=", Vd, " V=", V),
+                     "use the draft config the checkpoint was trained with");
+    mapping.d2t = resumed_mapping.first;
+    mapping.t2d = resumed_mapping.second;
+    FSDP_LOG0(kInfo) << "vocab mapping: the one of " << resume_candidates.front().path
+                     << " (resumed)";
+  } else if (have_init_export && init_export.d2t.defined() && init_export.t2d.defined()) {
     FSDP_USAGE_CHECK(
         init_export.d2t.numel() == Vd && init_export.t2d.numel() == V,
         fsdp::str("--init-checkpoint: d2t/t2d have ", init_export.d2t.numel(), "/",
@@ -378,10 +436,11 @@ std::string Trainer::Impl::newest_checkpoint_text() const {
                 : std::string("there is no complete checkpoint");
 }
 
-void Trainer::Impl::resume_if_asked() {
+void Trainer::Impl::plan_resume() {
   // Candidates, newest first: --resume auto falls back to older complete checkpoints when the
   // newest cannot be loaded (a damaged file); --resume PATH takes that one only.
-  std::vector<checkpoint::CheckpointRef> candidates;
+  std::vector<checkpoint::CheckpointRef>& candidates = resume_candidates;
+  candidates.clear();
   // A restart by the launcher continues from the newest checkpoint of its own launch (the
   // output directory may hold older runs' checkpoints); before this launch saved any, it starts
   // the way the first attempt did.
@@ -403,7 +462,7 @@ void Trainer::Impl::resume_if_asked() {
                              : "resuming from " + candidates.front().path);
   }
   const bool restarting = !candidates.empty();
-  const bool fall_back = restarting || cfg.checkpoint.resume == config::ResumeMode::kAuto;
+  resume_falls_back = restarting || cfg.checkpoint.resume == config::ResumeMode::kAuto;
   if (!restarting && cfg.checkpoint.resume == config::ResumeMode::kAuto) {
     candidates = checkpoint::list_complete(cfg.checkpoint.output_dir);
     std::reverse(candidates.begin(), candidates.end());
@@ -457,8 +516,27 @@ void Trainer::Impl::resume_if_asked() {
       FSDP_LOG0(kInfo) << "--resume auto: no complete checkpoint in " << cfg.checkpoint.output_dir
                        << ", starting fresh";
     }
-    return;
+    // A fresh run never overwrites an earlier run's checkpoints (its saves would replace them
+    // name by name, and a later --resume would continue a mix of the two).
+    if (cfg.checkpoint.resume == config::ResumeMode::kNone && !cfg.loop.eval_only &&
+        !cfg.checkpoint.output_dir.empty()) {
+      const auto earlier = checkpoint::find_latest(cfg.checkpoint.output_dir);
+      FSDP_USAGE_CHECK(!earlier,
+                       "--output-dir " + cfg.checkpoint.output_dir +
+                           " already holds checkpoints of a run (the newest: " +
+                           (earlier ? earlier->path : std::string()) +
+                           "), and this run starts fresh: its saves would overwrite them",
+                       "pass --resume to continue that run, --init-checkpoint " +
+                           (earlier ? earlier->path : std::string("DIR")) +
+                           " to start from its weights, or choose another --output-dir");
+    }
   }
+}
+
+void Trainer::Impl::resume_if_asked() {
+  const std::vector<checkpoint::CheckpointRef>& candidates = resume_candidates;
+  if (candidates.empty()) return;
+  const bool fall_back = resume_falls_back;
   RunState saved;
   std::string loaded;
   for (size_t i = 0;; ++i) {
@@ -486,6 +564,25 @@ void Trainer::Impl::resume_if_asked() {
     FSDP_LOG0(kWarn) << "checkpoint " << path << " could not be loaded (see the error above): "
                      << "resuming from the next older one, " << candidates[i + 1].path;
   }
+  // The mapping the model was built with came from the first candidate (build_model); a fallback
+  // to an older checkpoint must mean the same vocabulary.
+  if (loaded != candidates.front().path) {
+    const auto [d2t, t2d] = checkpoint::read_export_mapping(loaded);
+    FSDP_USAGE_CHECK(d2t.defined() && t2d.defined() && at::equal(d2t, mapping.d2t) &&
+                         at::equal(t2d, mapping.t2d),
+                     "--resume: " + loaded + " has another vocabulary mapping than " +
+                         candidates.front().path + " (the checkpoints are of different runs)",
+                     "resume one of them explicitly with --resume PATH");
+  }
+  // Checkpoints after the one resumed from belong to an abandoned branch: set aside, so that
+  // this run's saves do not overwrite them and a later --resume auto does not take them.
+  if (rank == 0 && !cfg.checkpoint.output_dir.empty()) {
+    for (const auto& moved : checkpoint::set_aside_newer(cfg.checkpoint.output_dir, saved.step)) {
+      FSDP_LOG0(kWarn) << "resumed from step " << saved.step << ": the newer checkpoint is set "
+                       << "aside as " << moved << " (another branch of the run; nothing deleted)";
+    }
+  }
+  control->barrier();
   state = saved;
   if (saved.world_size != world || saved.micro_batch_size != plan.micro_batch) {
     // Different data-parallel layout: keep the number of samples consumed in the epoch.

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/checkpoint_dir.h"
 #include "checkpoint/export.h"
 #include "comm/communicator.h"
 #include "config/options.h"
@@ -60,6 +61,16 @@ struct Trainer::Impl {
   // True on every rank when `mine` is true on any rank. Collective (CPU control communicator).
   bool any_rank(bool mine) const;
   std::string newest_checkpoint_text() const;
+  // Chooses the checkpoints a resume would load, newest first (--resume, or a launcher restart),
+  // before the model is built: the model takes its vocabulary mapping from the first. Refuses a
+  // fresh training run in an --output-dir that holds checkpoints. Collective.
+  void plan_resume();
+  // The checkpoint's config.json (when it has one) against --draft-model-config: UsageError
+  // naming the keys that change parameter shapes, a warning for the others.
+  void check_same_architecture(const std::string& saved_config, const std::string& flag) const;
+  std::vector<checkpoint::CheckpointRef> resume_candidates;
+  bool resume_falls_back = false;  // try older candidates when one cannot be loaded
+  // Loads the first loadable candidate (engine, run state), sets newer checkpoints aside.
   void resume_if_asked();
   RunResult train();
   RunResult eval_only();

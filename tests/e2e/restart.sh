@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # The launcher's supervision: with --max-restarts, a job that loses a rank (SIGKILL, as the OOM
 # killer or a dying node would) starts again and resumes from the newest checkpoint of its own
-# launch (not an older run's checkpoint in the same --output-dir), ending bitwise equal to a run
-# that never failed; restarts stop when they are used up, and a usage error (exit 2) is never
-# restarted. A stop signal to the launcher stops every rank cleanly: checkpoint, exit 0.
+# launch, ending bitwise equal to a run that never failed; restarts stop when they are used up,
+# and a usage error (exit 2) is never restarted. A stop signal to the launcher stops every rank cleanly: checkpoint, exit 0.
 set -uo pipefail
 source "$(dirname "$0")/lib/common.sh"
 DATA=$(toy_data fixed --num-samples 128 --min-len 32 --max-len 32 --samples-per-dir 32 --seed 1)
@@ -21,34 +20,34 @@ o="$("$BIN" --nproc-per-node 2 --max-restarts -1 comm-bench 2>&1)"; r=$?
 # The reference: 2 ranks, 6 steps, never interrupted.
 run_np 2 $(args "$W/straight") --max-steps 6 >"$W/straight.log" 2>&1 || { cat "$W/straight.log"; fail "reference run"; }
 
-# Another run's checkpoint at step 4 in the output directory (other learning rate): a restart
-# must not resume from it although it is the newest there.
-"$BIN" $(args "$W/other") --max-steps 4 --learning-rate 5e-4 >"$W/other.log" 2>&1 || { cat "$W/other.log"; fail "other run"; }
-mkdir -p "$W/restart" && cp -r "$W/other/epoch_0_step_4" "$W/restart/"
-
-# Rank 1 killed after step 3 (the step-2 checkpoint is this launch's newest): one restart.
-FSDP_TEST_KILL_AT_STEP=3 FSDP_TEST_KILL_RANK=1 "$BIN" --nproc-per-node 2 --max-restarts 2 \
-  $(args "$W/restart") --max-steps 6 >"$W/restart.log" 2>&1; r=$?
+# An earlier launch saved steps 2 and 4 of the same run; this launch goes back to step 2
+# (--resume PATH): step 4 of the abandoned branch is set aside at the start, this launch saves
+# its own step 4, rank 1 is killed after step 5, and the restart takes this launch's step 4.
+run_np 2 $(args "$W/restart") --max-steps 4 >"$W/first.log" 2>&1 || { cat "$W/first.log"; fail "earlier launch"; }
+FSDP_TEST_KILL_AT_STEP=5 FSDP_TEST_KILL_RANK=1 "$BIN" --nproc-per-node 2 --max-restarts 2 \
+  $(args "$W/restart") --resume "$W/restart/epoch_0_step_2" --max-steps 6 >"$W/restart.log" 2>&1; r=$?
 [ $r -eq 0 ] || { cat "$W/restart.log"; fail "restarted job exited $r"; }
-for want in "the job failed (exit code 137); restart 1 of 2 in 5 s" \
-            "restart 1 of launch" "resuming from $W/restart/epoch_0_step_2" \
-            "resumed from $W/restart/epoch_0_step_2 at step 2"; do
+for want in "set aside as $W/restart/epoch_0_step_4.superseded" \
+            "the job failed (exit code 137); restart 1 of 2 in 5 s" \
+            "restart 1 of launch" "resuming from $W/restart/epoch_0_step_4" \
+            "resumed from $W/restart/epoch_0_step_4 at step 4"; do
   grep -qF -- "$want" "$W/restart.log" || { cat "$W/restart.log"; fail "no '$want'"; }
 done
 grep -q "restart 2 of" "$W/restart.log" && fail "restarted twice"
 compare_exports "$(latest_ckpt "$W/straight")" "$(latest_ckpt "$W/restart")" 0 || fail "the restarted run differs"
-"$PY" - "$W/restart/epoch_0_step_6/trainer_state.json" "$W/restart/epoch_0_step_2/trainer_state.json" <<'PYEOF' || fail "launch ids"
+"$PY" - "$W/restart/epoch_0_step_6/trainer_state.json" "$W/restart/epoch_0_step_4/trainer_state.json" \
+  "$W/restart/epoch_0_step_4.superseded/trainer_state.json" <<'PYEOF' || fail "launch ids"
 import json, sys
-a, b = (json.load(open(p)).get("launch_id") for p in sys.argv[1:])
-assert a and a == b, (a, b)
-print("both attempts' checkpoints carry launch", a)
+a, b, c = (json.load(open(p)).get("launch_id") for p in sys.argv[1:])
+assert a and a == b and c != a, (a, b, c)
+print("both attempts' checkpoints carry launch", a, "(the earlier launch:", c, ")")
 PYEOF
 # metrics.jsonl holds one timeline: each step once (what the failed attempt logged after its
 # checkpoint moved to metrics.superseded.jsonl).
 "$PY" - "$W/restart/metrics.jsonl" <<'PYEOF' || fail "metrics.jsonl after the restart"
 import json, sys
 steps = [r["step"] for r in map(json.loads, open(sys.argv[1])) if "train/ploss_0" in r]
-assert steps == [1, 2, 3, 4, 5, 6], steps
+assert steps == [1, 2, 3, 4, 5, 6], steps  # (3 and 4 of the earlier launch, 5 of attempt 0: moved aside)
 print("metrics.jsonl steps", steps)
 PYEOF
 

@@ -57,9 +57,15 @@ grep -q "cannot load checkpoint $W/damaged/epoch_0_step_5" "$W/damaged.log" &&
   grep -q "resumed from $W/damaged/epoch_0_step_4 at step 4" "$W/damaged.log" || { cat "$W/damaged.log"; fail "no fallback to the step-4 checkpoint"; }
 run_np 1 ${ARGS//$W\/base/$W\/intact} --max-steps 6 --resume >"$W/intact.log" 2>&1 || { cat "$W/intact.log"; fail "resume from step 5"; }
 compare_exports "$(latest_ckpt "$W/damaged")" "$(latest_ckpt "$W/intact")" 0 || fail "the fallback run differs"
+# The damaged step-5 checkpoint is newer than the one resumed from: set aside (not deleted, not
+# overwritten by the run's own step-5 save, not taken by a later --resume auto).
+grep -q "set aside as $W/damaged/epoch_0_step_5.superseded" "$W/damaged.log" &&
+  [ -f "$W/damaged/epoch_0_step_5.superseded/COMPLETE" ] ||
+  { cat "$W/damaged.log"; ls "$W/damaged"; fail "the damaged newer checkpoint was not set aside"; }
 # --resume PATH of the damaged one: no fallback, exit 1 naming it.
-"$BIN" ${ARGS//$W\/base/$W\/damaged} --max-steps 7 --resume "$W/damaged/epoch_0_step_5" >"$W/path.log" 2>&1
-[ $? -eq 1 ] && grep -q "checkpoint $W/damaged/epoch_0_step_5 could not be loaded" "$W/path.log" || { cat "$W/path.log"; fail "--resume PATH of a damaged checkpoint"; }
+D5="$W/damaged/epoch_0_step_5.superseded"
+"$BIN" ${ARGS//$W\/base/$W\/damaged} --max-steps 7 --resume "$D5" >"$W/path.log" 2>&1
+[ $? -eq 1 ] && grep -q "checkpoint $D5 could not be loaded" "$W/path.log" || { cat "$W/path.log"; fail "--resume PATH of a damaged checkpoint"; }
 # --keep-last 2: after each successful save only the two newest complete checkpoints remain.
 cp -r "$W/base" "$W/keep"
 run_np 1 ${ARGS//$W\/base/$W\/keep} --max-steps 6 --resume --keep-last 2 >"$W/keep.log" 2>&1 || { cat "$W/keep.log"; fail "--keep-last run"; }

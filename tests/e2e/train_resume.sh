@@ -55,6 +55,28 @@ run_np 1 $(train_args "$DATA" "$W/straight") $COMMON $LONG --max-steps $TARGET >
   { cat "$W/straight.log"; fail "uninterrupted run"; }
 compare_exports "$(latest_ckpt "$W/straight")" "$(latest_ckpt "$W/sig")" 0 || fail "SIGTERM resume not exact"
 ls -a "$W/sig" | grep -q "^.tmp_" && fail "a temporary checkpoint directory was left behind"
+# An output directory with checkpoints is never overwritten by a fresh run (exit 2, nothing
+# written); a resume uses the checkpoint's vocabulary mapping even when the mapping computed
+# now would differ (--max-length 16 counts other tokens); a draft config of another shape is
+# refused naming the key.
+"$BIN" $(train_args "$DATA" "$W/full") $COMMON --num-epochs 2 --max-steps 2 >"$W/fresh.log" 2>&1; r=$?
+[ $r -eq 2 ] && grep -q "already holds checkpoints" "$W/fresh.log" || { cat "$W/fresh.log"; fail "a fresh run in a used --output-dir: exit $r"; }
+cp -r "$W/full" "$W/vm"
+"$BIN" $(train_args "$DATA" "$W/vm") $COMMON --num-epochs 2 --max-steps 31 --resume --max-length 16 \
+  --cache-dir "$W/vm_cache" >"$W/vm.log" 2>&1 || { cat "$W/vm.log"; fail "resume with another --max-length"; }
+grep -q "vocab mapping: the one of $W/vm/epoch_1_step_30 (resumed)" "$W/vm.log" || { cat "$W/vm.log"; fail "the mapping was not taken from the checkpoint"; }
+"$PY" - "$W/vm/epoch_1_step_30/model.safetensors" "$W/vm/epoch_1_step_31/model.safetensors" <<'PYEOF' || fail "the resumed run changed the vocabulary mapping"
+import sys
+from safetensors.torch import load_file
+a, b = load_file(sys.argv[1]), load_file(sys.argv[2])
+assert (a["d2t"] == b["d2t"]).all() and (a["t2d"] == b["t2d"]).all()
+print("d2t/t2d kept across the resume")
+PYEOF
+sed 's/"intermediate_size": [0-9]*/"intermediate_size": 256/' "$DATA/draft_config.json" >"$W/wide.json"
+"$BIN" $(train_args "$DATA" "$W/vm") $COMMON --num-epochs 2 --max-steps 32 --resume --draft-model-config "$W/wide.json" \
+  >"$W/wide.log" 2>&1; r=$?
+[ $r -eq 2 ] && grep -q "differ in intermediate_size" "$W/wide.log" || { cat "$W/wide.log"; fail "another draft shape on resume: exit $r"; }
+
 # W&B (offline): a resumed run continues the same W&B run (its id is kept in the checkpoint).
 if FSDP_PYTHON="$PY" "$PY" -c "import wandb" 2>/dev/null; then
   WB="--report-to wandb --wandb-project fsdp-e2e"
