@@ -97,6 +97,7 @@ for W in $RANKS; do
   [[ "${REFERENCE_ONLY:-0}" == 1 ]] && continue
   echo "== fsdp-train, $W rank(s), $threads thread(s) each"
   out="$WORK/cpp-w$W"
+  rm -rf "$out"   # a fresh run (fsdp-train refuses to start fresh over earlier checkpoints)
   $MPIRUN -n "$W" "$BIN" "${COMMON[@]}" --init-checkpoint "$INIT" --mixed-precision "$PREC" \
       --reduce-dtype fp32 --threads "$threads" --report-to jsonl --output-dir "$out" \
       --cache-dir "$WORK/cache" >"$out.log" 2>&1 || { tail "$out.log"; exit 1; }

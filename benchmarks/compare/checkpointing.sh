@@ -30,6 +30,7 @@ echo "== $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg); data $DA
 
 run() {  # $1 name, then extra flags
   local name="$1"; shift
+  rm -rf "$WORK/$name"   # a fresh run (fsdp-train refuses to start fresh over earlier checkpoints)
   # shellcheck disable=SC2086
   $MPIRUN -n "$RANKS" "$BIN" --target-model-path "$DATA/target" \
       --draft-model-config "$DATA/draft-config.json" --train-hidden-states-path "$DATA/train" \

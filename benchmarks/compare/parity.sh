@@ -84,6 +84,7 @@ for W in $RANKS; do
   fi
   [[ "${REFERENCE_ONLY:-0}" == 1 ]] && continue
   echo "== fsdp-train, $W rank(s)"
+  rm -rf "$WORK/cpp-w$W"   # a fresh run (fsdp-train refuses to start fresh over earlier checkpoints)
   $MPIRUN -n "$W" "$BIN" "${COMMON[@]}" --init-checkpoint "$INIT" --mixed-precision fp32 \
       --reduce-dtype fp32 --threads "$threads" --report-to jsonl --output-dir "$WORK/cpp-w$W" \
       --cache-dir "$WORK/cache" >"$WORK/cpp-w$W.log" 2>&1 || { tail "$WORK/cpp-w$W.log"; exit 1; }
