@@ -106,6 +106,11 @@ CommandLineValues TrainOptionsBinding::values() const {
         break;
     }
     if (spec->name == "config") {
+      // One file: a second --config would silently replace the first.
+      FSDP_USAGE_CHECK(res.size() <= 1,
+                       str("--config is given ", res.size(), " times (", res.front(), ", ",
+                           res.back(), ")"),
+                       "give one YAML run file; override single keys with flags after it");
       out.config_file = v.text;
       continue;
     }

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -553,6 +554,10 @@ DeepSpeedTranslation translate_deepspeed_text(const std::string& json_text,
 
 DeepSpeedTranslation translate_deepspeed_file(const std::string& path,
                                               const DeepSpeedContext& ctx) {
+  std::error_code ec;
+  FSDP_USAGE_CHECK(!std::filesystem::is_directory(path, ec),
+                   str("--deepspeed '", path, "' is a directory"),
+                   "give the ds_config JSON file itself");
   std::ifstream in(path);
   FSDP_USAGE_CHECK(in.good(), str("--deepspeed '", path, "' cannot be read"),
                    "check the path of the ds_config JSON");

@@ -130,6 +130,10 @@ std::vector<std::string> apply_yaml_text(const std::string& text, const std::str
 // accepts back, and as a JSON object text (for checkpoints and run metadata).
 std::string to_yaml(const TrainConfig& cfg);
 std::string to_json(const TrainConfig& cfg, int indent = 2);
+// The same configuration with every file and directory path made absolute (against the current
+// directory, lexically: symbolic links are kept): what run_config.yaml and the checkpoints
+// record, so that `--config run_config.yaml` works from any directory.
+TrainConfig with_absolute_paths(const TrainConfig& cfg);
 // Human-readable "key: value" lines grouped like --help, for the start-up banner.
 std::string to_display(const TrainConfig& cfg);
 

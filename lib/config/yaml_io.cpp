@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -92,6 +93,10 @@ std::vector<std::string> apply_yaml_text(const std::string& text, const std::str
 }
 
 std::vector<std::string> apply_yaml_file(const std::string& path, TrainConfig* cfg) {
+  std::error_code ec;
+  FSDP_USAGE_CHECK(!std::filesystem::is_directory(path, ec),
+                   str("--config '", path, "' is a directory"),
+                   "give the YAML run file itself (e.g. a run_config.yaml)");
   std::ifstream in(path);
   FSDP_USAGE_CHECK(in.good(), str("--config '", path, "' cannot be read"),
                    "check the path of the YAML run file");
@@ -119,6 +124,23 @@ std::string specforge_text(const TrainConfig& cfg) {
 
 }  // namespace
 
+TrainConfig with_absolute_paths(const TrainConfig& cfg) {
+  TrainConfig out = cfg;
+  for (std::string* p :
+       {&out.deepspeed_config, &out.model.target_model_path, &out.model.draft_model_config,
+        &out.model.vocab_mapping_path, &out.model.init_checkpoint,
+        &out.data.train_hidden_states_path, &out.data.eval_hidden_states_path,
+        &out.data.train_data_path, &out.data.eval_data_path, &out.data.cache_dir,
+        &out.checkpoint.output_dir, &out.checkpoint.resume_path, &out.metrics.tensorboard_dir,
+        &out.profile.dir, &out.config_file}) {
+    std::error_code ec;
+    if (p->empty() || (*p)[0] == '/') continue;
+    const auto abs = std::filesystem::absolute(*p, ec);
+    if (!ec) *p = abs.lexically_normal().string();
+  }
+  return out;
+}
+
 std::string to_yaml(const TrainConfig& cfg) {
   YAML::Emitter out;
   out << YAML::BeginMap;
@@ -126,6 +148,8 @@ std::string to_yaml(const TrainConfig& cfg) {
   for (const auto& spec : option_table()) {
     if (!saved(spec)) continue;
     if (spec.group != group) {
+      // A comment after a value stays on its line: a blank line first puts it above the group.
+      if (!group.empty()) out << YAML::Newline;
       group = spec.group;
       out << YAML::Comment(group);
     }

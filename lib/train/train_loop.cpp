@@ -80,7 +80,7 @@ RunResult Trainer::Impl::train() {
 
   if (rank == 0) {
     std::ofstream(checkpoint::join_path(cfg.checkpoint.output_dir, "run_config.yaml"))
-        << config::to_yaml(cfg);
+        << config::to_yaml(config::with_absolute_paths(cfg));
     const auto counts = model::count_parameters(draft_cfg);
     FSDP_LOG0(kInfo) << "draft: " << counts.trainable << " trainable parameters (+"
                      << counts.frozen_embedding << " frozen embedding); " << train_ds->size()

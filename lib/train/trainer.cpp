@@ -96,7 +96,7 @@ void Trainer::Impl::setup() {
   at::set_num_threads(threads);
   control = comm::make_communicator(comm::Group::kWorld, c10::Device(c10::kCPU));
   metrics_comm = device.is_cpu() ? control : comm::make_communicator(comm::Group::kWorld, device);
-  config_json = config::to_json(cfg);
+  config_json = config::to_json(config::with_absolute_paths(cfg));
   if (rank == 0) {
     FSDP_LOG0(kInfo) << "fsdp-train: " << world << " rank(s) on " << topo.num_nodes
                      << " node(s), device " << metrics::device_name(device) << ", " << threads

@@ -21,6 +21,13 @@ expect2 "--target-model-path" $BASE --target-model-path /nonexistent/target
 expect2 "--train-hidden-states-path" $BASE --train-hidden-states-path /nonexistent/features
 expect2 "sharding-strategy" $BASE --sharding-strategy zero9
 expect2 "--config" --config /nonexistent/run.yaml
+expect2 "is a directory" --config "$W"
+expect2 "given 2 times" --config "$W/a.yaml" --config "$W/b.yaml"
+expect2 "is a directory" $BASE --deepspeed "$W"
+# run_config.yaml records absolute paths: --config of it works from any directory.
+(cd "$W" && "$BIN" $(train_args "$DATA" "$W/x" | sed 's|--output-dir [^ ]*|--output-dir rel_out|') \
+  --max-steps 1 >"$W/rel.log" 2>&1) || { tail "$W/rel.log"; fail "run with a relative --output-dir"; }
+grep -q "^output_dir: \"$W/rel_out\"" "$W/rel_out/run_config.yaml" || { cat "$W/rel_out/run_config.yaml"; fail "run_config.yaml has a relative output_dir"; }
 printf 'learning_rat: 0.1\n' >"$W/typo.yaml"
 expect2 "learning_rate" --config "$W/typo.yaml"
 printf '{"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme"}}}\n' >"$W/ds.json"
