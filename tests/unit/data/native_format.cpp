@@ -3,6 +3,8 @@
 #include "data/native_format.h"
 
 #include <ATen/ATen.h>
+
+#include <cmath>
 #include <catch2/catch.hpp>
 
 #include <nlohmann/json.hpp>
@@ -133,4 +135,23 @@ TEST_CASE("convert --skip-bad-samples keeps numbering and marks bad samples in t
   ConvertOptions same = o;
   same.output = o.input;
   CHECK_THROWS_WITH(convert_ckpt_to_native(same), Catch::Contains("must differ"));
+}
+
+TEST_CASE("convert without the finite check carries NaN through (byte-exact verification)", "[data]") {
+  const auto dir = temp_dir("convert_nan");
+  auto nan_sample = make_sample(5, 4, 0);
+  nan_sample.insert_or_assign("hidden_state",
+                              at::full({1, 5, 4}, std::nan(""), at::kFloat).to(at::kBFloat16));
+  write_ckpt(dir / "in" / "d0.ckpt", nan_sample);
+  write_ckpt(dir / "in" / "d1.ckpt", make_sample(5, 4, 1));
+  ConvertOptions o;
+  o.input = (dir / "in").string();
+  o.output = (dir / "out").string();
+  o.dataset.check_finite = false;
+  const auto rep = convert_ckpt_to_native(o);
+  CHECK(rep.samples_written == 2);
+  DatasetOptions lenient;
+  lenient.check_finite = false;
+  auto ds = open_feature_dataset(o.output, lenient);
+  CHECK(at::isnan(ds->read(0).hidden_state).all().item<bool>());
 }
