@@ -17,10 +17,19 @@ std::vector<std::string> list_ckpt_files(const std::string& dir) {
   std::error_code ec;
   for (auto it = fs::recursive_directory_iterator(dir, fs::directory_options::follow_directory_symlink, ec);
        it != fs::recursive_directory_iterator(); it.increment(ec)) {
-    FSDP_USAGE_CHECK(!ec, dir + ": cannot list (" + ec.message() + ")", "check permissions");
-    if (it->is_regular_file() && it->path().extension() == ".ckpt") files.push_back(it->path().string());
+    FSDP_USAGE_CHECK(!ec, dir + ": cannot list (" + ec.message() + ")",
+                     "check permissions and symbolic links (a link to a parent loops)");
+    if (it->path().extension() != ".ckpt") continue;
+    // A link whose target is gone is listed too: it is a missing sample (an error, or skipped
+    // and counted with --skip-bad-samples), never silently fewer samples.
+    std::error_code fe;
+    const bool regular = it->is_regular_file(fe);
+    if (regular || (it->is_symlink(fe) && !fs::exists(it->path(), fe))) {
+      files.push_back(it->path().string());
+    }
   }
-  FSDP_USAGE_CHECK(!ec, dir + ": cannot list (" + ec.message() + ")", "check permissions");
+  FSDP_USAGE_CHECK(!ec, dir + ": cannot list (" + ec.message() + ")",
+                   "check permissions and symbolic links (a link to a parent loops)");
   // Byte-wise sort of full paths: reproducible on every file system (SpecForge walks unsorted).
   std::sort(files.begin(), files.end());
   return files;

@@ -227,3 +227,13 @@ TEST_CASE("a .ckpt cut short anywhere is a bad sample naming the file, never a c
   damaged[central + 2] = 9;
   CHECK(fsdp::zip_archive_problem(damaged).find("damaged: central directory entry 0") == 0);
 }
+
+TEST_CASE("a .ckpt link whose target is gone is listed: a missing sample, not fewer samples",
+          "[data]") {
+  const auto dir = temp_dir("ckpt_dangling");
+  write_ckpt(dir / "a.ckpt", make_sample(6, 4, 0));
+  fs::create_symlink(dir / "gone.ckpt", dir / "b.ckpt");
+  const auto files = list_ckpt_files(dir.string());
+  REQUIRE(files.size() == 2);
+  CHECK_THROWS_WITH(read_ckpt_sample(files[1], {}), Catch::Contains("cannot open (No such file"));
+}
