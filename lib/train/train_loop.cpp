@@ -45,7 +45,23 @@ RunResult Trainer::Impl::train() {
                              ") per rank (", world, " ranks)"),
                    "use more samples, fewer ranks or a smaller --draft-micro-batch-size");
   const int64_t accum = plan.accumulation_steps;
+  FSDP_USAGE_CHECK(
+      accum <= per_epoch,
+      fsdp::str("--draft-global-batch-size ", cfg.loop.draft_global_batch_size, " needs ", accum,
+                " micro-batches per rank for one optimizer step, but an epoch of ",
+                train_ds->size(), " samples gives ", per_epoch, " per rank (", world, " ranks, ",
+                "micro-batch ", plan.micro_batch, ")"),
+      fsdp::str("use a global batch of at most ", per_epoch * plan.micro_batch * world,
+                " (every step would otherwise average fewer samples than it divides by)"));
   const int64_t steps_per_epoch = (per_epoch + accum - 1) / accum;
+  if (per_epoch % accum != 0) {
+    FSDP_LOG0(kWarn) << "each epoch ends with an optimizer step of " << per_epoch % accum
+                     << " of " << accum << " micro-batches (" << per_epoch
+                     << " per rank per epoch): its loss is still divided by " << accum
+                     << ", as in SpecForge, so that step's gradient is "
+                     << per_epoch % accum << "/" << accum
+                     << " as large; a global batch that divides the epoch avoids it";
+  }
   total_steps =
       cfg.loop.total_steps ? *cfg.loop.total_steps : cfg.loop.num_epochs * steps_per_epoch;
   checkpoint::ensure_directory(cfg.checkpoint.output_dir);

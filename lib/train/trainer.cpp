@@ -94,6 +94,13 @@ void Trainer::Impl::setup() {
                           : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) /
                                             std::max(1, topo.local_size));
   at::set_num_threads(threads);
+  const unsigned cores = std::thread::hardware_concurrency();
+  if (cores > 0 && static_cast<int64_t>(threads) * topo.local_size > static_cast<int64_t>(cores) &&
+      rank == 0) {
+    FSDP_LOG0(kWarn) << topo.local_size << " rank(s) x " << threads << " thread(s) on a machine "
+                     << "with " << cores << " cores: oversubscribed threads slow every rank "
+                     << "down (--threads 0 divides the cores among the ranks)";
+  }
   control = comm::make_communicator(comm::Group::kWorld, c10::Device(c10::kCPU));
   metrics_comm = device.is_cpu() ? control : comm::make_communicator(comm::Group::kWorld, device);
   config_json = config::to_json(config::with_absolute_paths(cfg));

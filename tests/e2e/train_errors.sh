@@ -20,6 +20,7 @@ expect2 "--draft-global-batch-size" $BASE --draft-global-batch-size 5
 expect2 "--target-model-path" $BASE --target-model-path /nonexistent/target
 expect2 "--train-hidden-states-path" $BASE --train-hidden-states-path /nonexistent/features
 expect2 "sharding-strategy" $BASE --sharding-strategy zero9
+expect2 "micro-batches per rank for one optimizer step" $BASE --draft-global-batch-size 512
 expect2 "--config" --config /nonexistent/run.yaml
 expect2 "is a directory" --config "$W"
 expect2 "given 2 times" --config "$W/a.yaml" --config "$W/b.yaml"
