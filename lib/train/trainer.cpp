@@ -244,6 +244,14 @@ void Trainer::Impl::build_model() {
                      fsdp::str("check ", flag,
                                " and that vocab_size/hidden_size of the draft config "
                                "match the target model"));
+    // NaN/Inf here would give a draft that trains on garbage (or a NaN loss blamed on the
+    // learning rate).
+    FSDP_USAGE_CHECK(t.is_floating_point() && at::isfinite(t).all().item<bool>(),
+                     fsdp::str("target tensor '", key, "' in ", cfg.model.target_model_path,
+                               t.is_floating_point() ? " contains NaN or Inf values"
+                                                     : fsdp::str(" is ", t.scalar_type(),
+                                                                 ", not floating point")),
+                     "the target checkpoint is damaged or not the model's weights; check it");
   }
   FSDP_USAGE_CHECK(
       Ht == draft_cfg.hidden_size,
@@ -291,6 +299,10 @@ void Trainer::Impl::build_model() {
           weights.count(name),
           fsdp::str("--init-checkpoint ", cfg.model.init_checkpoint, " lacks tensor '", name, "'"),
           "use an export written by fsdp-train (or SpecForge) for this draft config");
+      FSDP_USAGE_CHECK(at::isfinite(weights.at(name)).all().item<bool>(),
+                       fsdp::str("--init-checkpoint ", cfg.model.init_checkpoint, ": tensor '",
+                                 name, "' contains NaN or Inf values"),
+                       "start from an earlier checkpoint of that run");
     }
     engine->load_full_state(weights, /*allow_missing=*/true);
   }

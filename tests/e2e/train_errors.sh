@@ -34,6 +34,15 @@ expect2 "learning_rate" --config "$W/typo.yaml"
 printf '{"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme"}}}\n' >"$W/ds.json"
 expect2 "nvme" $BASE --deepspeed "$W/ds.json"
 expect2 "--output-dir" $(train_args "$DATA" "$W/x" | sed 's/--output-dir [^ ]*//') --max-steps 1
+cp -r "$DATA/target" "$W/nan_target"
+"$PY" - "$W/nan_target" <<'PYEOF' || fail "writing a NaN target"
+import json, sys
+from safetensors.torch import load_file, save_file
+d = sys.argv[1]
+f = f'{d}/{json.load(open(f"{d}/model.safetensors.index.json"))["weight_map"]["lm_head.weight"]}'
+t = load_file(f); t["lm_head.weight"][3, 1] = float("nan"); save_file(t, f, metadata={"format": "pt"})
+PYEOF
+expect2 "lm_head.weight' in $W/nan_target contains NaN" $BASE --target-model-path "$W/nan_target"
 sed 's/"hidden_size": [0-9]*/"hidden_size": 96/' "$DATA/draft_config.json" >"$W/bad_draft.json"
 expect2 "hidden" $BASE --draft-model-config "$W/bad_draft.json"
 
