@@ -31,7 +31,10 @@ void make_dirs(const std::string& dir, const std::string& hint) {
     if (pos < dir.size() && dir[pos] != '/') continue;
     const std::string part = dir.substr(0, pos);
     if (::mkdir(part.c_str(), 0755) != 0 && errno != EEXIST) {
-      FSDP_CHECK(false, str("cannot create directory '", part, "': ", std::strerror(errno)), hint);
+      // Mostly a path the user gave (a file where a directory is needed, permissions): a usage
+      // error (exit code 2); the save path catches it like any write error.
+      FSDP_USAGE_CHECK(false, str("cannot create directory '", part, "': ", std::strerror(errno)),
+                       hint);
     }
   }
 }

@@ -15,6 +15,7 @@
 
 #include "checkpoint/safetensors.h"
 #include "comm/communicator.h"
+#include "core/fs_util.h"
 #include "core/log.h"
 #include "core/timer.h"
 
@@ -242,7 +243,7 @@ ConvertReport convert_ckpt_to_native(const ConvertOptions& o, comm::Communicator
   FSDP_USAGE_CHECK(!files.empty(), o.input + ": no *.ckpt files found", "check --input");
   const auto plan = plan_shards(files, o.shard_bytes);
   const fs::path out(o.output);
-  fs::create_directories(out);
+  make_dirs(out.string(), "check --output (a directory that can be created and written)");
 
   ConvertReport rep;
   rep.shards_total = static_cast<int64_t>(plan.size());

@@ -13,6 +13,7 @@
 
 #include "checkpoint/safetensors.h"
 #include "core/error.h"
+#include "core/fs_util.h"
 #include "data/torch_save.h"
 
 namespace fsdp::data {
@@ -100,8 +101,8 @@ ToyDataPaths generate_toy_data(const ToyDataOptions& o) {
   paths.target_model_dir = (root / "target").string();
   paths.draft_config = (root / "draft_config.json").string();
   paths.hidden_states_dir = (root / "hidden_states").string();
-  fs::create_directories(paths.target_model_dir);
-  fs::create_directories(paths.hidden_states_dir);
+  make_dirs(paths.target_model_dir, "check --out (a directory that can be created and written)");
+  make_dirs(paths.hidden_states_dir, "check --out");
 
   // Target checkpoint: two shards plus index; only embedding and lm_head matter, the layer
   // tensors exist so readers must pick the right ones out of a multi-file checkpoint.
@@ -181,7 +182,7 @@ ToyDataPaths generate_toy_data(const ToyDataOptions& o) {
     d.insert("aux_hidden_state", bf(at::cat({low, mid, high}, 1)).unsqueeze(0));
     const int64_t a = (i / o.samples_per_dir) * o.samples_per_dir;
     const fs::path dir = fs::path(paths.hidden_states_dir) / str("rows_", a, "-", a + o.samples_per_dir);
-    fs::create_directories(dir);
+    make_dirs(dir.string(), "check --out");
     const std::vector<char> bytes = torch_save_bytes(d);
     std::ofstream out(dir / str("data_", i, ".ckpt"), std::ios::binary | std::ios::trunc);
     out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));

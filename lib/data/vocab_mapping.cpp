@@ -14,6 +14,7 @@
 #include <numeric>
 
 #include "comm/communicator.h"
+#include "core/fs_util.h"
 #include "core/log.h"
 #include "data/native_format.h"
 #include "core/zip_check.h"
@@ -213,8 +214,13 @@ VocabMapping build_vocab_mapping(const FeatureDataset& dataset, const VocabMappi
   FSDP_LOG0(kInfo) << "vocab mapping: " << distinct << " distinct loss tokens, keeping "
                    << o.draft_vocab_size << " of " << o.vocab_size;
   if (!cache.empty() && (!comm || comm->rank() == 0)) {
-    fs::create_directories(fs::path(cache).parent_path());
-    save_vocab_mapping(cache, m);
+    // The cache only saves the next run this pass: a cache that cannot be written is a warning.
+    try {
+      make_dirs(fs::path(cache).parent_path().string(), "check --cache-dir");
+      save_vocab_mapping(cache, m);
+    } catch (const std::exception& e) {
+      FSDP_LOG(kWarn) << "vocab mapping: not cached (" << e.what() << "); check --cache-dir";
+    }
   }
   return m;
 }
