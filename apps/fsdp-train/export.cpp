@@ -30,6 +30,10 @@ int run_export(const ExportFlags& f) {
   namespace fs = std::filesystem;
   FSDP_USAGE_CHECK(f.dtype == "fp32" || f.dtype == "bf16",
                    "--dtype '" + f.dtype + "' is not one of fp32, bf16", "");
+  std::error_code exists_ec;
+  FSDP_USAGE_CHECK(fs::is_directory(f.checkpoint, exists_ec),
+                   "--checkpoint " + f.checkpoint + " does not exist (or is not a directory)",
+                   "point it at an <output-dir>/epoch_<E>_step_<S> directory");
   FSDP_USAGE_CHECK(checkpoint::is_complete(f.checkpoint),
                    "--checkpoint " + f.checkpoint + ": not a complete fsdp-train checkpoint (no " +
                        checkpoint::kCompleteMarker + " marker)",

@@ -200,7 +200,11 @@ OptionSpec resume_row() {
       " PATH: that checkpoint directory; none: start fresh. A bare --resume means auto";
   s.set = [](TrainConfig& c, const OptionValue& v, const std::string&) {
     const std::string t = detail::to_lower(v.text);
-    if (t.empty() || t == "auto" || t == "true") {
+    // A YAML key without a value (resume:) is null: no resume, not the bare flag's auto.
+    if (v.is_null) {
+      c.checkpoint.resume = ResumeMode::kNone;
+      c.checkpoint.resume_path.clear();
+    } else if (t.empty() || t == "auto" || t == "true") {
       c.checkpoint.resume = ResumeMode::kAuto;
       c.checkpoint.resume_path.clear();
     } else if (t == "none" || t == "false" || t == "null" || t == "~") {

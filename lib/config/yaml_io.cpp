@@ -72,6 +72,10 @@ std::vector<std::string> apply_yaml_text(const std::string& text, const std::str
     if (spec == nullptr) {
       std::string guess = closest_option(key);
       std::replace(guess.begin(), guess.end(), '-', '_');
+      // A section (key: followed by a nested map) is a layout other trainers use.
+      FSDP_USAGE_CHECK(!kv.second.IsMap(), str(src0, ": unknown key '", key, "' holding a section"),
+                       "the run file is flat, one key per option (learning_rate: 1e-4, not "
+                       "optimizer: {lr: ...}); every key is listed in docs/configuration.md");
       FSDP_USAGE_CHECK(
           false, str(src0, ": unknown key '", key, "'"),
           str("did you mean '", guess, "'? Every key is listed in docs/configuration.md"));

@@ -488,7 +488,8 @@ void Trainer::Impl::plan_resume() {
   } else if (!restarting && cfg.checkpoint.resume == config::ResumeMode::kPath) {
     const std::string dir = cfg.checkpoint.resume_path;
     const bool export_only = std::filesystem::is_regular_file(dir + "/model.safetensors") &&
-                             !checkpoint::is_complete(dir);
+                             !checkpoint::is_complete(dir) &&
+                             !std::filesystem::exists(dir + "/train_state");
     FSDP_USAGE_CHECK(checkpoint::is_complete(dir),
                      "--resume " + dir + ": not a complete checkpoint directory (no " +
                          checkpoint::kCompleteMarker + " marker)",
@@ -496,6 +497,9 @@ void Trainer::Impl::plan_resume() {
                          ? "it holds weights only (a SpecForge checkpoint or an export), no "
                            "optimizer state to resume: start from its weights with "
                            "--init-checkpoint " + dir + " (or --ckpt-dir) instead of --resume"
+                     : std::filesystem::exists(dir + "/train_state")
+                         ? "its save was interrupted (the marker is written last), so its files "
+                           "may be incomplete: resume from an older checkpoint, or --resume auto"
                          : "point --resume at an epoch_<E>_step_<S> directory, or use --resume "
                            "auto");
     checkpoint::CheckpointRef ref;
@@ -602,6 +606,10 @@ void Trainer::Impl::resume_if_asked() {
     }
   }
   control->barrier();
+  if (have_init_export && rank == 0) {
+    FSDP_LOG0(kWarn) << "--init-checkpoint " << cfg.model.init_checkpoint
+                     << " is not used: the run resumes from " << loaded;
+  }
   state = saved;
   if (saved.world_size != world || saved.micro_batch_size != plan.micro_batch) {
     // Different data-parallel layout: keep the number of samples consumed in the epoch.

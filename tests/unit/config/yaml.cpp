@@ -111,3 +111,14 @@ TEST_CASE("the shipped run configs load and validate their batch arithmetic", "[
     CHECK_FALSE(c.model.draft_model_config.empty());
   }
 }
+
+TEST_CASE("YAML resume: an empty value means no resume; sections get a flat-file hint",
+          "[config]") {
+  TrainConfig cfg;
+  apply_yaml_text("resume:\n", "t.yaml", &cfg);
+  CHECK(cfg.checkpoint.resume == ResumeMode::kNone);
+  apply_yaml_text("resume: auto\n", "t.yaml", &cfg);
+  CHECK(cfg.checkpoint.resume == ResumeMode::kAuto);
+  CHECK_THROWS_WITH(apply_yaml_text("optimizer:\n  lr: 1e-4\n", "t.yaml", &cfg),
+                    Catch::Contains("holding a section"));
+}
