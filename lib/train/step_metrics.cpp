@@ -31,9 +31,7 @@ void StepMetrics::clear() {
   ploss_ = correct_ = loss_tokens_ = valid_tokens_ = at::Tensor();
 }
 
-std::vector<std::pair<std::string, double>> StepMetrics::report(comm::Communicator& comm,
-                                                                 const std::string& prefix,
-                                                                 int64_t* global_tokens) {
+at::Tensor StepMetrics::reduced(comm::Communicator& comm) const {
   const int64_t T = ttt_;
   // One buffer, one all-reduce: [ploss T | correct T | loss_tokens T | valid 1 | micro 1].
   at::Tensor buf;
@@ -46,7 +44,40 @@ std::vector<std::pair<std::string, double>> StepMetrics::report(comm::Communicat
   // The communicator's device decides where the reduction runs.
   buf = buf.contiguous();
   comm.all_reduce(buf, comm::ReduceOp::kSum)->wait();
-  at::Tensor host = buf.to(at::kCPU);
+  return buf.to(at::kCPU);
+}
+
+std::vector<double> StepMetrics::global_sums(comm::Communicator& comm) const {
+  const at::Tensor host = reduced(comm);
+  const double* v = host.data_ptr<double>();
+  return std::vector<double>(v, v + host.numel());
+}
+
+void StepMetrics::add_sums(const std::vector<double>& sums) {
+  const int64_t T = ttt_;
+  if (static_cast<int64_t>(sums.size()) != 3 * T + 2 || sums[3 * T + 1] <= 0) return;
+  const auto opts = at::TensorOptions().dtype(at::kDouble);
+  const at::Tensor all = at::tensor(sums, opts).to(device_);
+  const auto part = [&](int64_t from, int64_t n) { return all.narrow(0, from, n).clone(); };
+  if (micro_batches_ == 0) {
+    ploss_ = part(0, T);
+    correct_ = part(T, T);
+    loss_tokens_ = part(2 * T, T);
+    valid_tokens_ = part(3 * T, 1);
+  } else {
+    ploss_.add_(part(0, T));
+    correct_.add_(part(T, T));
+    loss_tokens_.add_(part(2 * T, T));
+    valid_tokens_.add_(part(3 * T, 1));
+  }
+  micro_batches_ += static_cast<int64_t>(sums[3 * T + 1]);
+}
+
+std::vector<std::pair<std::string, double>> StepMetrics::report(comm::Communicator& comm,
+                                                                 const std::string& prefix,
+                                                                 int64_t* global_tokens) {
+  const int64_t T = ttt_;
+  at::Tensor host = reduced(comm);
   const double* v = host.data_ptr<double>();
   const double micro = v[3 * T + 1];
   std::vector<std::pair<std::string, double>> out;

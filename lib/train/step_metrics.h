@@ -36,8 +36,15 @@ class StepMetrics {
                                                      const std::string& prefix,
                                                      int64_t* global_tokens = nullptr);
   void clear();
+  // The sums of every rank so far, all-reduced (every rank must call; nothing is cleared): what
+  // a checkpoint records so that the epoch's metrics stay exact across a resume.
+  std::vector<double> global_sums(comm::Communicator& comm) const;
+  // Adds such sums (a resumed checkpoint's) to this rank's: call on one rank only, since
+  // report() adds up the ranks. Ignored when the length does not match this T.
+  void add_sums(const std::vector<double>& sums);
 
  private:
+  at::Tensor reduced(comm::Communicator& comm) const;  // the all-reduced buffer, on the host
   int64_t ttt_;
   c10::Device device_;
   int64_t micro_batches_ = 0;

@@ -127,12 +127,15 @@ RunResult Trainer::Impl::train() {
   metrics::ThroughputMeter meter(metrics::resolve_peak_tflops(cfg.metrics.mfu_peak_tflops, device));
   StepMetrics window(cfg.model.ttt_length, metrics_device()),
       epoch_metrics(cfg.model.ttt_length, metrics_device());
+  // A resume inside an epoch: the epoch's metrics so far (rank 0 holds them; report() sums ranks).
+  if (rank == 0 && state.position > 0) epoch_metrics.add_sums(state.epoch_metric_sums);
   TimeAccumulator shares;
   const auto loss_opts = loss_options(accum);
 
   RunResult result;
   // A periodic save that fails leaves training running: the next save tries again.
   auto save_now = [&](int64_t epoch) {
+    state.epoch_metric_sums = epoch_metrics.global_sums(*metrics_comm);
     const std::string dir = save(epoch);
     if (!dir.empty()) result.last_checkpoint = dir;
     return !dir.empty();
@@ -172,6 +175,7 @@ RunResult Trainer::Impl::train() {
   for (int64_t epoch = state.epoch; epoch < cfg.loop.num_epochs && !stop; ++epoch) {
     loader->start({epoch, epoch == state.epoch ? state.position : 0});
     int64_t in_group = 0;
+    std::vector<model::StepOutput> group_outputs;  // this optimizer step's micro-batches
     double step_flops = 0;
     int64_t step_tokens = 0;
     Stopwatch step_clock;
@@ -221,10 +225,17 @@ RunResult Trainer::Impl::train() {
         RECORD_USER_SCOPE("fsdp::backward");
         out.loss.backward();
       }
-      window.add(out);
-      epoch_metrics.add(out);
+      // Counted when the optimizer step completes: a checkpoint's metric sums then cover
+      // exactly the steps it holds (a bad sample can stop the run inside a step).
+      out.loss = at::Tensor();
+      group_outputs.push_back(std::move(out));
       ++in_group;
       if (!last_in_group) continue;
+      for (const auto& o : group_outputs) {
+        window.add(o);
+        epoch_metrics.add(o);
+      }
+      group_outputs.clear();
 
       // One optimizer step.
       const int64_t n = state.step + 1;

@@ -19,6 +19,19 @@ run_np 2 $(train_args "$DATA" "$W/part") $COMMON --num-epochs 2 --max-steps 30 -
   { cat "$W/part2.log"; fail "resumed half"; }
 grep -q "resumed from .*epoch_0_step_14" "$W/part2.log" || fail "did not resume from step 14"
 compare_exports "$(latest_ckpt "$W/full")" "$(latest_ckpt "$W/part")" 0 || fail "resume is not bitwise exact"
+# The epoch summary of the epoch resumed in the middle equals the uninterrupted run's (the
+# checkpoint carries the epoch's metric sums so far).
+"$PY" - "$W/full/metrics.jsonl" "$W/part/metrics.jsonl" <<'PYEOF' || fail "epoch metrics differ after a resume"
+import json, sys
+def epoch0(path):
+    rows = [r for r in map(json.loads, open(path)) if "train_epoch/ploss_0" in r]
+    return {k: v for k, v in rows[0].items() if k.startswith("train_epoch/")}
+a, b = epoch0(sys.argv[1]), epoch0(sys.argv[2])
+assert a.keys() == b.keys() and a, (a, b)
+for k in a:
+    assert abs(a[k] - b[k]) <= 1e-12 * max(1.0, abs(a[k])), (k, a[k], b[k])
+print("epoch 0 summary identical after the resume at step 14:", len(a), "values")
+PYEOF
 
 # The step-14 state resumed on 1 rank (resharded) continues to the same weights within tolerance.
 run_np 1 $(train_args "$DATA" "$W/part_np1") $COMMON --num-epochs 2 --max-steps 30 --resume auto \
