@@ -5,7 +5,9 @@
 #include <torch/version.h>
 
 #include <algorithm>
+#include <chrono>
 #include <iostream>
+#include <thread>
 
 #include "comm/runtime.h"
 #include "commands.h"
@@ -20,6 +22,16 @@ int report(const Error& e, int code) {
   std::cerr << "fsdp-train: error: " << e.message() << " [" << e.location() << "]\n";
   if (!e.hint().empty()) std::cerr << "---> HINT: " << e.hint() << "\n";
   return code;
+}
+
+// With several ranks, an error most often happens on all of them (a bad flag, a missing file):
+// rank 0 reports it and stops the job at once; the other ranks wait a moment first, so that the
+// same message is printed once, and report only an error of their own (then rank 0 is waiting
+// in a collective and does not stop the job).
+void let_rank0_report_first() {
+  if (comm::initialized() && comm::topology().world_size > 1 && comm::topology().world_rank != 0) {
+    std::this_thread::sleep_for(std::chrono::seconds(2));
+  }
 }
 
 std::string version_text() {
@@ -93,17 +105,20 @@ int run_cli(int argc, char** argv) {
   } catch (const UsageError& e) {
     if (comm::initialized() && comm::topology().world_size > 1) {
       // Other ranks may be waiting in a collective: stop the whole job, keeping exit code 2.
+      let_rank0_report_first();
       report(e, 2);
       comm::abort_job("stopping all ranks after the error above", 2);
     }
     return report(e, 2);
   } catch (const Error& e) {
     if (comm::initialized() && comm::topology().world_size > 1) {
+      let_rank0_report_first();
       report(e, 1);
       comm::abort_job("stopping all ranks after the error above", 1);
     }
     return report(e, 1);
   } catch (const std::exception& e) {
+    let_rank0_report_first();
     std::cerr << "fsdp-train: error: " << error_text(e) << "\n";
     if (is_out_of_memory(e)) {
       std::cerr << "---> HINT: out of memory. In this order: --activation-checkpointing, a "
