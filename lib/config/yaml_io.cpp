@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -63,7 +64,7 @@ std::vector<std::string> apply_yaml_text(const std::string& text, const std::str
   if (root.IsNull()) return set;  // an empty file sets nothing
   FSDP_USAGE_CHECK(root.IsMap(), str(source_name, ": the top level must be a mapping of keys"),
                    "write one 'key: value' line per option, e.g. learning_rate: 1e-4");
-  std::set<std::string> seen;
+  std::map<std::string, std::string> spellings;  // option name -> key as written
   for (const auto& kv : root) {
     const std::string src0 = where(source_name, kv.first.Mark());
     FSDP_USAGE_CHECK(kv.first.IsScalar(), str(src0, ": keys must be plain words"), "");
@@ -86,10 +87,15 @@ std::vector<std::string> apply_yaml_text(const std::string& text, const std::str
                      "keep secrets out of files: export WANDB_API_KEY instead");
     FSDP_USAGE_CHECK(!spec->cli_only, str(src0, ": '", key, "' is a command-line-only option"),
                      "pass it as a flag, e.g. --config FILE");
-    FSDP_USAGE_CHECK(
-        seen.insert(spec->name).second,
-        str(src0, ": '", key, "' is given twice (as ", spec->yaml_key(), " and ", spec->name, ")"),
-        "keep one of them");
+    // The spellings met so far, to name both in the message (max_steps twice, or max_steps and
+    // max-steps).
+    const auto first = spellings.emplace(spec->name, key);
+    FSDP_USAGE_CHECK(first.second,
+                     first.first->second == key
+                         ? str(src0, ": '", key, "' is given twice")
+                         : str(src0, ": '", key, "' is given twice (as ", first.first->second,
+                               " and ", key, ")"),
+                     "keep one of them");
     spec->set(*cfg, node_value(kv.second, *spec, src), src);
     set.push_back(spec->name);
   }
