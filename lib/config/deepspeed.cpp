@@ -113,6 +113,12 @@ class Translator {
     const json* amp = top("amp");
     const json* bf16 = top("bf16");
     using Section = std::pair<const char*, const json*>;
+    for (const auto& [name, sec] : std::initializer_list<Section>{{"fp16", fp16}, {"amp", amp},
+                                                                   {"bf16", bf16}}) {
+      FSDP_USAGE_CHECK(!sec || sec->is_object(),
+                       str(src_, " \"", name, "\" is ", sec ? sec->type_name() : "", ", not a section"),
+                       str("DeepSpeed writes it as \"", name, "\": {\"enabled\": true}"));
+    }
     for (const auto& [name, sec] : std::initializer_list<Section>{{"fp16", fp16}, {"amp", amp}}) {
       if (!sec) continue;
       const json* en = sec->is_object() ? find(*sec, "enabled") : nullptr;
