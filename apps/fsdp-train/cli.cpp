@@ -14,6 +14,7 @@
 #include "config/options.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "data/dataset.h"
 
 namespace fsdp::app {
 
@@ -102,6 +103,15 @@ int run_cli(int argc, char** argv) {
     const int rc = action.run();
     if (action.needs_mpi) comm::finalize();
     return rc;
+  } catch (const data::SampleReadError& e) {
+    // A file that could not be read, even after the retries (storage trouble): a runtime
+    // failure (exit code 1, which --max-restarts retries), not a usage error.
+    if (comm::initialized() && comm::topology().world_size > 1) {
+      let_rank0_report_first();
+      report(e, 1);
+      comm::abort_job("stopping all ranks after the error above", 1);
+    }
+    return report(e, 1);
   } catch (const UsageError& e) {
     if (comm::initialized() && comm::topology().world_size > 1) {
       // Other ranks may be waiting in a collective: stop the whole job, keeping exit code 2.

@@ -44,7 +44,8 @@ int usage_error(const std::string& msg) {
 }
 
 // The supervisor's view of stop signals. The handler only records and forwards (both
-// async-signal-safe): the first SIGINT/SIGTERM/SIGHUP becomes SIGUSR1 for mpirun, which forwards
+// async-signal-safe): the first SIGINT/SIGTERM/SIGHUP/SIGUSR1 (a scheduler's preemption
+// warning) becomes SIGUSR1 for mpirun, which forwards
 // it to every rank (on every node), and the ranks save a checkpoint and exit cleanly (SIGTERM
 // to mpirun would kill them a moment later). A second one is passed on as SIGTERM: the user
 // insists.
@@ -64,7 +65,7 @@ void install_launcher_handlers() {
   struct sigaction sa {};
   sa.sa_handler = on_launcher_signal;
   sigemptyset(&sa.sa_mask);
-  for (int sig : {SIGINT, SIGTERM, SIGHUP}) ::sigaction(sig, &sa, nullptr);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGUSR1}) ::sigaction(sig, &sa, nullptr);
 }
 
 std::string new_launch_id() {
@@ -98,7 +99,7 @@ pid_t start_child(const LaunchPlan& plan, int* err) {
     // Killed with the launcher (even by SIGKILL): mpirun then stops the ranks.
     ::prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (::getppid() != parent) ::_exit(1);
-    for (int sig : {SIGINT, SIGTERM, SIGHUP}) std::signal(sig, SIG_DFL);
+    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGUSR1}) std::signal(sig, SIG_DFL);
     const int devnull = ::open("/dev/null", O_RDONLY);
     if (devnull >= 0) {
       ::dup2(devnull, 0);
@@ -219,8 +220,9 @@ int supervise(const LaunchPlan& plan, int max_restarts) {
     }
     std::cerr << "fsdp-train: the job failed (exit code " << rc << "); restart " << attempt + 1
               << " of " << max_restarts << " in " << kRestartDelaySeconds
-              << " s, from the newest checkpoint this launch saved (launch " << launch_id
-              << ")\n";
+              << " s, from the newest checkpoint of this launch, or as the first attempt "
+                 "started when it saved none (launch "
+              << launch_id << ")\n";
     if (!pause_unless_stopped(kRestartDelaySeconds)) {
       std::cerr << "fsdp-train: stopped by signal " << g_stop_signal << " before the restart\n";
       return rc;

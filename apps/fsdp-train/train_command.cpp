@@ -8,12 +8,16 @@
 #include "commands.h"
 #include "config/options.h"
 #include "core/log.h"
+#include "train/signals.h"
 #include "train/trainer.h"
 
 namespace fsdp::app {
 
 namespace {
 int run_training(const config::CommandLineValues& values) {
+  // From the start: a stop signal during set-up (data checks, the vocabulary pass) is a stop
+  // request too, not the end of the process (SIGUSR1's default action).
+  train::install_stop_handlers();
   config::ResolveOptions ro;
   ro.world_size = comm::topology().world_size;
   std::vector<std::string> report;

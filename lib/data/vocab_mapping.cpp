@@ -175,6 +175,23 @@ std::string dataset_fingerprint(const FeatureDataset& dataset) {
   return buf;
 }
 
+namespace {
+// Rank 0's fingerprint on every rank: one stat() pass, and the same cache key where ranks read
+// node-local copies of the data (whose modification times differ).
+std::string shared_fingerprint(const FeatureDataset& dataset, comm::Communicator* comm) {
+  if (!comm || comm->size() == 1) return dataset_fingerprint(dataset);
+  at::Tensor v = at::zeros({1}, at::kLong);
+  if (comm->rank() == 0) {
+    v[0] = static_cast<int64_t>(std::stoull(dataset_fingerprint(dataset), nullptr, 16));
+  }
+  comm->broadcast(v, 0)->wait();
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%016llx",
+                static_cast<unsigned long long>(static_cast<uint64_t>(v.item<int64_t>())));
+  return buf;
+}
+}  // namespace
+
 VocabMapping build_vocab_mapping(const FeatureDataset& dataset, const VocabMappingOptions& o,
                                  comm::Communicator* comm) {
   FSDP_USAGE_CHECK(o.vocab_size > 0 && o.draft_vocab_size > 0,
@@ -184,7 +201,7 @@ VocabMapping build_vocab_mapping(const FeatureDataset& dataset, const VocabMappi
   if (!o.cache_dir.empty()) {
     cache = (fs::path(o.cache_dir) / "vocab_mapping" /
              vocab_cache_file(dataset.root(), o.max_length, o.vocab_size, o.draft_vocab_size,
-                              dataset_fingerprint(dataset)))
+                              shared_fingerprint(dataset, comm)))
                 .string();
     // Every rank sees the same file system state here: either all load or all compute.
     if (comm) comm->barrier();

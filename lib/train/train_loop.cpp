@@ -167,7 +167,9 @@ RunResult Trainer::Impl::train() {
   double window_comm0 = comm_seconds(*engine);
   double last_lr = 0;
   bool stop = false;
-  bool saved_at_step = false;
+  // Just resumed: that step is saved already (a stop before the next step saves nothing again).
+  bool saved_at_step = !resume_candidates.empty() && state.step > 0;
+  int64_t deferred_eval_step = 0;  // an --eval-steps evaluation waiting for the epoch-end save
   at::Tensor flag = at::zeros({1}, at::kInt);
   std::unique_ptr<metrics::StepProfiler> profiler;
   if (cfg.profile.enabled) profiler = std::make_unique<metrics::StepProfiler>(profiler_options());
@@ -296,7 +298,11 @@ RunResult Trainer::Impl::train() {
         saved_at_step = save_now(epoch);
       }
       if (cfg.eval.eval_steps > 0 && n % cfg.eval.eval_steps == 0 && eval_ds) {
-        logger->log(n, evaluate("eval"));
+        if (epoch_end_saves) {
+          deferred_eval_step = n;  // after that save (below)
+        } else {
+          logger->log(n, evaluate("eval"));
+        }
       }
       // Agree on stopping: a signal may have reached only some ranks.
       flag.fill_(stop_requested() ? 1 : 0);
@@ -324,6 +330,10 @@ RunResult Trainer::Impl::train() {
     if (cfg.checkpoint.save_interval > 0 && (epoch + 1) % cfg.checkpoint.save_interval == 0) {
       health.flush();
       saved_at_step = save_now(epoch);
+    }
+    if (deferred_eval_step > 0) {
+      logger->log(deferred_eval_step, evaluate("eval"));
+      deferred_eval_step = 0;
     }
     if (eval_ds && cfg.eval.eval_interval > 0 && (epoch + 1) % cfg.eval.eval_interval == 0) {
       result.final_eval = evaluate("eval");

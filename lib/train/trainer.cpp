@@ -246,7 +246,12 @@ void Trainer::Impl::build_model() {
                                "match the target model"));
     // NaN/Inf here would give a draft that trains on garbage (or a NaN loss blamed on the
     // learning rate).
-    FSDP_USAGE_CHECK(t.is_floating_point() && at::isfinite(t).all().item<bool>(),
+    // In blocks of rows: no full-size bool copy of a [128256, 4096] embedding.
+    bool finite = t.is_floating_point();
+    for (int64_t r = 0; finite && r < t.size(0); r += 8192) {
+      finite = at::isfinite(t.narrow(0, r, std::min<int64_t>(8192, t.size(0) - r))).all().item<bool>();
+    }
+    FSDP_USAGE_CHECK(finite,
                      fsdp::str("target tensor '", key, "' in ", cfg.model.target_model_path,
                                t.is_floating_point() ? " contains NaN or Inf values"
                                                      : fsdp::str(" is ", t.scalar_type(),
@@ -455,37 +460,46 @@ std::string Trainer::Impl::newest_checkpoint_text() const {
                 : std::string("there is no complete checkpoint");
 }
 
+bool Trainer::Impl::inside_output_dir(const std::string& checkpoint_dir) const {
+  std::error_code ec;
+  const auto parent = std::filesystem::weakly_canonical(checkpoint_dir, ec).parent_path();
+  return !cfg.checkpoint.output_dir.empty() &&
+         parent == std::filesystem::weakly_canonical(cfg.checkpoint.output_dir, ec);
+}
+
 void Trainer::Impl::plan_resume() {
   // Candidates, newest first: --resume auto falls back to older complete checkpoints when the
   // newest cannot be loaded (a damaged file); --resume PATH takes that one only.
   std::vector<checkpoint::CheckpointRef>& candidates = resume_candidates;
   candidates.clear();
   // A restart by the launcher continues from the newest checkpoint of its own launch (the
-  // output directory may hold older runs' checkpoints); before this launch saved any, it starts
-  // the way the first attempt did.
+  // output directory may hold older runs' checkpoints), then falls back to where the first
+  // attempt started; before this launch saved any, it starts the way the first attempt did.
+  // Which checkpoints are the launch's is agreed: a rank that cannot read one's state says no.
   const LaunchAttempt launch = launch_attempt();
+  std::vector<checkpoint::CheckpointRef> own;
   if (launch.attempt > 0 && !launch.launch_id.empty()) {
     for (const auto& c : checkpoint::list_complete(cfg.checkpoint.output_dir)) {
+      bool mine = false;
       try {
-        if (load_run_state(c.path, /*restore_rng=*/false).launch_id == launch.launch_id) {
-          candidates.push_back(c);
-        }
+        mine = load_run_state(c.path, /*restore_rng=*/false).launch_id == launch.launch_id;
       } catch (const std::exception&) {
         // Unreadable state: not a candidate (the loading loop would only fail on it).
       }
+      if (!any_rank(!mine)) own.push_back(c);
     }
-    std::reverse(candidates.begin(), candidates.end());
+    std::reverse(own.begin(), own.end());
     FSDP_LOG0(kWarn) << "restart " << launch.attempt << " of launch " << launch.launch_id << ": "
-                     << (candidates.empty()
+                     << (own.empty()
                              ? "no checkpoint of this launch yet, starting as the first attempt did"
-                             : "resuming from " + candidates.front().path);
+                             : "resuming from " + own.front().path);
   }
-  const bool restarting = !candidates.empty();
+  const bool restarting = !own.empty();
   resume_falls_back = restarting || cfg.checkpoint.resume == config::ResumeMode::kAuto;
-  if (!restarting && cfg.checkpoint.resume == config::ResumeMode::kAuto) {
+  if (cfg.checkpoint.resume == config::ResumeMode::kAuto) {
     candidates = checkpoint::list_complete(cfg.checkpoint.output_dir);
     std::reverse(candidates.begin(), candidates.end());
-  } else if (!restarting && cfg.checkpoint.resume == config::ResumeMode::kPath) {
+  } else if (cfg.checkpoint.resume == config::ResumeMode::kPath) {
     const std::string dir = cfg.checkpoint.resume_path;
     const bool export_only = std::filesystem::is_regular_file(dir + "/model.safetensors") &&
                              !checkpoint::is_complete(dir) &&
@@ -502,9 +516,31 @@ void Trainer::Impl::plan_resume() {
                            "may be incomplete: resume from an older checkpoint, or --resume auto"
                          : "point --resume at an epoch_<E>_step_<S> directory, or use --resume "
                            "auto");
+    // Continuing a checkpoint of another directory: this run's saves must not mix with a run
+    // whose checkpoints are in --output-dir.
+    if (!restarting && !cfg.loop.eval_only && !inside_output_dir(dir)) {
+      const auto other = checkpoint::find_latest(cfg.checkpoint.output_dir);
+      FSDP_USAGE_CHECK(!other,
+                       "--resume " + dir + " is outside --output-dir " +
+                           cfg.checkpoint.output_dir + ", which holds checkpoints of another run "
+                           "(the newest: " + (other ? other->path : std::string()) +
+                           "): the two runs' checkpoints would mix",
+                       "continue into an empty --output-dir, or resume a checkpoint of " +
+                           cfg.checkpoint.output_dir);
+    }
     checkpoint::CheckpointRef ref;
     ref.path = dir;
     candidates.push_back(ref);
+  }
+  // This launch's checkpoints first, then the first attempt's starting points (not twice).
+  if (restarting) {
+    for (const auto& c : candidates) {
+      const bool dup = std::any_of(own.begin(), own.end(), [&](const auto& o) {
+        return o.path == c.path;
+      });
+      if (!dup) own.push_back(c);
+    }
+    candidates = own;
   }
   // Every rank must see the same checkpoints (one --output-dir shared by all).
   int64_t step_sum = 0;
@@ -516,6 +552,34 @@ void Trainer::Impl::plan_resume() {
   FSDP_USAGE_CHECK(at::equal(seen, -low),
                    "--resume: the ranks see different checkpoints in " + cfg.checkpoint.output_dir,
                    "--output-dir must be one directory shared by every rank");
+  // With fallback, a checkpoint whose weights file or config cannot be read (damaged after the
+  // save) is passed over like one whose training state cannot be loaded. Agreed over ranks.
+  if (resume_falls_back) {
+    std::vector<checkpoint::CheckpointRef> readable;
+    for (const auto& c : candidates) {
+      std::string problem;
+      try {
+        const auto [d2t, t2d] = checkpoint::read_export_mapping(c.path);
+        if (!d2t.defined() || !t2d.defined()) problem = "model.safetensors has no d2t/t2d";
+        const std::string config = checkpoint::join_path(c.path, "config.json");
+        if (std::filesystem::is_regular_file(config)) model::load_draft_config(config);
+      } catch (const std::exception& e) {
+        problem = error_text(e);
+      }
+      if (!any_rank(!problem.empty())) {
+        readable.push_back(c);
+      } else {
+        FSDP_LOG0(kWarn) << "checkpoint " << c.path << " cannot be resumed"
+                         << (problem.empty() ? " (on another rank)" : ": " + problem)
+                         << "; trying the next older one";
+      }
+    }
+    FSDP_USAGE_CHECK(candidates.empty() || !readable.empty(),
+                     "--resume: no checkpoint in " + cfg.checkpoint.output_dir +
+                         " can be read (see the warnings above)",
+                     "check the files named above; to start over use another --output-dir");
+    candidates = readable;
+  }
   if (candidates.empty()) {
     // Never start over silently next to another trainer's checkpoints: that run's epochs would
     // look resumed and be lost.
@@ -599,7 +663,7 @@ void Trainer::Impl::resume_if_asked() {
   }
   // Checkpoints after the one resumed from belong to an abandoned branch: set aside, so that
   // this run's saves do not overwrite them and a later --resume auto does not take them.
-  if (rank == 0 && !cfg.checkpoint.output_dir.empty()) {
+  if (rank == 0 && !cfg.loop.eval_only && inside_output_dir(loaded)) {
     for (const auto& moved : checkpoint::set_aside_newer(cfg.checkpoint.output_dir, saved.step)) {
       FSDP_LOG0(kWarn) << "resumed from step " << saved.step << ": the newer checkpoint is set "
                        << "aside as " << moved << " (another branch of the run; nothing deleted)";

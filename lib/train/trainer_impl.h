@@ -65,6 +65,8 @@ struct Trainer::Impl {
   // before the model is built: the model takes its vocabulary mapping from the first. Refuses a
   // fresh training run in an --output-dir that holds checkpoints. Collective.
   void plan_resume();
+  // True when checkpoint_dir is a directory directly in --output-dir.
+  bool inside_output_dir(const std::string& checkpoint_dir) const;
   // The checkpoint's config.json (when it has one) against --draft-model-config: UsageError
   // naming the keys that change parameter shapes, a warning for the others.
   void check_same_architecture(const std::string& saved_config, const std::string& flag) const;

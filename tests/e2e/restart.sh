@@ -77,4 +77,15 @@ wait $pid; r=$?
 grep -q "stop requested (signal 10)" "$W/sig.log" || { cat "$W/sig.log"; fail "the ranks did not stop cleanly"; }
 [ -f "$(latest_ckpt "$W/sig")/COMPLETE" ] || fail "no checkpoint after SIGTERM"
 grep -q "restart 1 of" "$W/sig.log" && fail "restarted after a stop signal"
+# SIGUSR1 (a scheduler's preemption warning) to the launcher: the same clean stop.
+"$BIN" --nproc-per-node 1 --max-restarts 2 $(args "$W/usr1") --num-epochs 200 --total-steps 4000 \
+  --save-steps 0 --save-final false >"$W/usr1.log" 2>&1 &
+pid=$!
+for _ in $(seq 1 600); do
+  [ -f "$W/usr1/metrics.jsonl" ] && [ "$(wc -l <"$W/usr1/metrics.jsonl")" -ge 2 ] && break
+  sleep 0.1
+done
+kill -USR1 $pid
+wait $pid; r=$?
+[ $r -eq 0 ] && grep -q "stop requested (signal 10)" "$W/usr1.log" || { cat "$W/usr1.log"; fail "SIGUSR1 to the launcher: exit $r"; }
 echo PASS

@@ -66,6 +66,18 @@ grep -q "set aside as $W/damaged/epoch_0_step_5.superseded" "$W/damaged.log" &&
 D5="$W/damaged/epoch_0_step_5.superseded"
 "$BIN" ${ARGS//$W\/base/$W\/damaged} --max-steps 7 --resume "$D5" >"$W/path.log" 2>&1
 [ $? -eq 1 ] && grep -q "checkpoint $D5 could not be loaded" "$W/path.log" || { cat "$W/path.log"; fail "--resume PATH of a damaged checkpoint"; }
+# A damaged weights file in the newest checkpoint: --resume auto passes over it too.
+cp -r "$W/clean" "$W/dmg2"
+f="$W/dmg2/epoch_0_step_5/model.safetensors"
+head -c $(( $(stat -c %s "$f") / 2 )) "$f" >"$f.cut" && mv "$f.cut" "$f"
+run_np 1 ${ARGS//$W\/base/$W\/dmg2} --max-steps 6 --resume >"$W/dmg2.log" 2>&1 || { cat "$W/dmg2.log"; fail "resume past a damaged model.safetensors"; }
+grep -q "checkpoint $W/dmg2/epoch_0_step_5 cannot be resumed" "$W/dmg2.log" &&
+  grep -q "resumed from $W/dmg2/epoch_0_step_4 at step 4" "$W/dmg2.log" || { cat "$W/dmg2.log"; fail "no fallback past a damaged model.safetensors"; }
+compare_exports "$(latest_ckpt "$W/dmg2")" "$(latest_ckpt "$W/intact")" 0 || fail "the fallback run (weights file) differs"
+# An --eval-only resume of an older checkpoint moves nothing aside.
+"$BIN" ${ARGS//$W\/base/$W\/clean} --eval-only --resume "$W/clean/epoch_0_step_2" \
+  --eval-hidden-states-path "$DATA/eval_hidden_states" >"$W/evalonly.log" 2>&1 || { cat "$W/evalonly.log"; fail "--eval-only --resume PATH"; }
+ls "$W/clean" | grep -q superseded && fail "--eval-only set checkpoints aside: $(ls "$W/clean")"
 # --keep-last 2: after each successful save only the two newest complete checkpoints remain.
 cp -r "$W/base" "$W/keep"
 run_np 1 ${ARGS//$W\/base/$W\/keep} --max-steps 6 --resume --keep-last 2 >"$W/keep.log" 2>&1 || { cat "$W/keep.log"; fail "--keep-last run"; }

@@ -75,6 +75,10 @@ ls -a "$W/sig" | grep -q "^.tmp_" && fail "a temporary checkpoint directory was 
 "$BIN" $(train_args "$DATA" "$W/full") $COMMON --num-epochs 2 --max-steps 2 >"$W/fresh.log" 2>&1; r=$?
 [ $r -eq 2 ] && grep -q "already holds checkpoints" "$W/fresh.log" || { cat "$W/fresh.log"; fail "a fresh run in a used --output-dir: exit $r"; }
 cp -r "$W/full" "$W/vm"
+# Continuing another directory's checkpoint into an --output-dir with a run of its own: refused.
+"$BIN" $(train_args "$DATA" "$W/vm") $COMMON --num-epochs 2 --max-steps 31 --resume "$W/part/epoch_1_step_30" \
+  >"$W/outside.log" 2>&1; r=$?
+[ $r -eq 2 ] && grep -q "is outside --output-dir" "$W/outside.log" || { cat "$W/outside.log"; fail "--resume PATH outside a used --output-dir: exit $r"; }
 "$BIN" $(train_args "$DATA" "$W/vm") $COMMON --num-epochs 2 --max-steps 31 --resume --max-length 16 \
   --cache-dir "$W/vm_cache" >"$W/vm.log" 2>&1 || { cat "$W/vm.log"; fail "resume with another --max-length"; }
 grep -q "vocab mapping: the one of $W/vm/epoch_1_step_30 (resumed)" "$W/vm.log" || { cat "$W/vm.log"; fail "the mapping was not taken from the checkpoint"; }
