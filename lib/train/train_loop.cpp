@@ -5,10 +5,12 @@
 #include <ATen/ATen.h>
 #include <ATen/record_function.h>
 
+#include <chrono>
 #include <cmath>
 #include <exception>
 #include <fstream>
 #include <optional>
+#include <thread>
 
 #include "checkpoint/checkpoint_dir.h"
 #include "comm/runtime.h"
@@ -186,22 +188,32 @@ RunResult Trainer::Impl::train() {
       // A bad sample (without --skip-bad-samples) stops the run on every rank, after saving the
       // last completed step: fixing or removing the file and --resume lose nothing. The ranks
       // agree on it here, before the micro-batch's collectives (one CPU flag per micro-batch).
+      // Other loader failures (memory, a file system gone) get the same save before the exit.
       std::optional<data::Batch> batch;
       std::exception_ptr bad_sample;
+      bool is_bad_sample = false;
       try {
         batch = loader->next();
       } catch (const data::BadSampleError&) {
+        bad_sample = std::current_exception();
+        is_bad_sample = true;
+      } catch (const std::exception&) {
         bad_sample = std::current_exception();
       }
       if (world > 1 ? any_rank(bad_sample != nullptr) : bad_sample != nullptr) {
         health.flush();
         if (state.step > 0 && !saved_at_step) {
-          FSDP_LOG0(kWarn) << "a bad sample stops the run: saving step " << state.step
-                           << " first (after fixing the data, --resume continues from it)";
+          FSDP_LOG0(kWarn) << (is_bad_sample || !bad_sample ? "a bad sample stops the run"
+                                                            : "the data loader failed")
+                           << ": saving step " << state.step
+                           << " first (after fixing the cause, --resume continues from it)";
           saved_at_step = save_now(epoch);
         }
         if (bad_sample) std::rethrow_exception(bad_sample);
-        FSDP_USAGE_CHECK(false, "stopping: another rank met a bad sample (its error is above)",
+        // The rank that failed reports its error and stops the job; this one only speaks if
+        // that did not happen within a few seconds (its report waits 2 s on ranks other than 0).
+        std::this_thread::sleep_for(std::chrono::seconds(6));
+        FSDP_USAGE_CHECK(false, "stopping: another rank's data loading failed (its error is above)",
                          "fix or remove that file (or pass --skip-bad-samples), then --resume");
       }
       if (!batch) break;

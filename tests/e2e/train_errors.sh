@@ -67,6 +67,11 @@ out="$("$BIN" $(train_args "$W/data" "$W/keep") --vocab-mapping-path "$VMAP" --d
 echo "$out" | grep -q "a bad sample stops the run: saving step" || { echo "$out" | tail; fail "no save before stopping"; }
 K="$(latest_ckpt "$W/keep")"
 [ -f "$K/COMPLETE" ] || fail "no complete checkpoint after the bad sample"
+# At 2 ranks: the rank that reads the file names it (whichever rank that is), both ranks save.
+out="$(run_np 2 $(train_args "$W/data" "$W/keep2r") --vocab-mapping-path "$VMAP" --draft-global-batch-size 4 \
+  --draft-micro-batch-size 2 --num-epochs 1 --save-interval 0 2>&1)"; rc=$?
+[ $rc -eq 2 ] && echo "$out" | grep -q "$(basename "$victim"): cannot load" || { echo "$out" | tail; fail "2 ranks: bad sample exit $rc"; }
+[ -f "$(latest_ckpt "$W/keep2r")/COMPLETE" ] || { echo "$out" | tail; fail "2 ranks: no checkpoint after the bad sample"; }
 cp "$W/victim.good" "$victim"
 "$BIN" $(train_args "$W/data" "$W/keep") --vocab-mapping-path "$VMAP" --draft-global-batch-size 2 \
   --draft-micro-batch-size 2 --num-epochs 1 --save-interval 0 --max-steps $(( ${K##*_step_} + 1 )) --resume >"$W/keep2.log" 2>&1 ||
