@@ -66,13 +66,7 @@ grep -q "not restarted" "$W/usage.log" && ! grep -q "restart 1 of" "$W/usage.log
 # SIGTERM to the launcher: every rank saves and exits 0 (mpirun alone would kill them); no restart.
 "$BIN" --nproc-per-node 2 --max-restarts 2 $(args "$W/sig") --num-epochs 200 --total-steps 4000 \
   --save-steps 0 --save-final false >"$W/sig.log" 2>&1 &
-pid=$!
-for _ in $(seq 1 600); do
-  [ -f "$W/sig/metrics.jsonl" ] && [ "$(wc -l <"$W/sig/metrics.jsonl")" -ge 3 ] && break
-  sleep 0.1
-done
-kill -TERM $pid
-wait $pid; r=$?
+signal_after_lines $! "$W/sig" 3 TERM; r=$?
 [ $r -eq 0 ] || { cat "$W/sig.log"; fail "SIGTERM to the launcher: exit $r"; }
 grep -q "stop requested (signal 10)" "$W/sig.log" || { cat "$W/sig.log"; fail "the ranks did not stop cleanly"; }
 [ -f "$(latest_ckpt "$W/sig")/COMPLETE" ] || fail "no checkpoint after SIGTERM"
@@ -80,12 +74,6 @@ grep -q "restart 1 of" "$W/sig.log" && fail "restarted after a stop signal"
 # SIGUSR1 (a scheduler's preemption warning) to the launcher: the same clean stop.
 "$BIN" --nproc-per-node 1 --max-restarts 2 $(args "$W/usr1") --num-epochs 200 --total-steps 4000 \
   --save-steps 0 --save-final false >"$W/usr1.log" 2>&1 &
-pid=$!
-for _ in $(seq 1 600); do
-  [ -f "$W/usr1/metrics.jsonl" ] && [ "$(wc -l <"$W/usr1/metrics.jsonl")" -ge 2 ] && break
-  sleep 0.1
-done
-kill -USR1 $pid
-wait $pid; r=$?
+signal_after_lines $! "$W/usr1" 2 USR1; r=$?
 [ $r -eq 0 ] && grep -q "stop requested (signal 10)" "$W/usr1.log" || { cat "$W/usr1.log"; fail "SIGUSR1 to the launcher: exit $r"; }
 echo PASS

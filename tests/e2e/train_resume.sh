@@ -48,13 +48,7 @@ grep -q "weights of step 2 are not saved" "$W/nofinal.log" || fail "no --save-fi
 # resuming reaches the same weights as a run that was never interrupted.
 LONG="--num-epochs 200 --total-steps 4000"
 "$BIN" $(train_args "$DATA" "$W/sig") $COMMON $LONG --save-final false >"$W/sig.log" 2>&1 &
-pid=$!
-for _ in $(seq 1 300); do
-  [ -f "$W/sig/metrics.jsonl" ] && [ "$(wc -l <"$W/sig/metrics.jsonl")" -ge 5 ] && break
-  sleep 0.1
-done
-kill -TERM $pid
-wait $pid; rc=$?
+signal_after_lines $! "$W/sig" 5 TERM; rc=$?
 [ $rc -eq 0 ] || { cat "$W/sig.log"; fail "SIGTERM run exited $rc"; }
 grep -q "stop requested" "$W/sig.log" || fail "no stop message"
 CK="$(latest_ckpt "$W/sig")"

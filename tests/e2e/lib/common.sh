@@ -44,6 +44,18 @@ train_args() {
        "--warmup-ratio 0.1 --log-steps 1 --device cpu --threads 1"
 }
 
+# signal_after_lines PID OUT LINES SIGNAL: waits (up to 60 s) until OUT/metrics.jsonl has LINES
+# records, sends SIGNAL to PID (a run started in the background) and returns PID's exit code.
+signal_after_lines() {
+  local pid="$1" out="$2" lines="$3" sig="$4"
+  for _ in $(seq 1 600); do
+    [ -f "$out/metrics.jsonl" ] && [ "$(wc -l <"$out/metrics.jsonl")" -ge "$lines" ] && break
+    sleep 0.1
+  done
+  kill -"$sig" "$pid"
+  wait "$pid"
+}
+
 # latest_ckpt DIR: the checkpoint with the highest step (numerically: step_12 after step_9; the
 # directory path itself may contain underscores).
 latest_ckpt() {

@@ -8,6 +8,9 @@
 #include <cmath>
 #include <fstream>
 #include <limits>
+#include <sstream>
+#include <tuple>
+#include <vector>
 
 #include "metrics_test_util.h"
 #include "support/file_size_limit.h"
@@ -21,6 +24,40 @@ namespace {
 const Scalars kScalars = {{"train/loss", 3.25},        {"train/ploss_0", 1.5},
                           {"train/acc_0", 0.4125},     {"train/lr", 9.87e-5},
                           {"perf/tokens_per_s", 5120}, {"perf/eta_s", 250}};
+
+// The scalar points of the event files in `dir` as the venv's tensorboard package reads them
+// (EventAccumulator, including its purge of points a restarted run logged again): (tag, step,
+// value) in tag, then step order. *out gets everything the script printed.
+std::vector<std::tuple<std::string, int, double>> read_tensorboard(const std::string& dir,
+                                                                   std::string* out) {
+  const std::string script = dir + "/read.py";
+  {
+    std::ofstream py(script);
+    py << "import sys\n"
+          "from tensorboard.backend.event_processing.event_accumulator import EventAccumulator\n"
+          "ea = EventAccumulator(sys.argv[1], size_guidance={'scalars': 0})\n"
+          "ea.Reload()\n"
+          "for tag in sorted(ea.Tags()['scalars']):\n"
+          "    for e in ea.Scalars(tag):\n"
+          "        print('scalar', tag, e.step, repr(e.value))\n";
+  }
+  const int rc =
+      fsdp::metrics::test::run(std::string(FSDP_PYTHON) + " " + script + " " + dir + " 2>&1", out);
+  INFO(*out);
+  REQUIRE(rc == 0);
+  std::vector<std::tuple<std::string, int, double>> points;
+  std::istringstream in(*out);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("scalar ", 0) != 0) continue;
+    std::istringstream row(line.substr(7));
+    std::string tag;
+    int step = 0;
+    double value = 0;
+    row >> tag >> step >> value;
+    points.emplace_back(tag, step, value);
+  }
+  return points;
+}
 
 std::string captured(std::FILE* f) {
   std::fflush(f);
@@ -148,28 +185,11 @@ TEST_CASE("TensorBoard event files read back with the tensorboard package", "[me
     }
   }
   CHECK(path.find(dir + "/events.out.tfevents.") == 0);
-  const std::string script = dir + "/read.py";
-  {
-    std::ofstream py(script);
-    py << "import sys\n"
-          "from tensorboard.backend.event_processing.event_accumulator import EventAccumulator\n"
-          "ea = EventAccumulator(sys.argv[1], size_guidance={'scalars': 0})\n"
-          "ea.Reload()\n"
-          "for tag in sorted(ea.Tags()['scalars']):\n"
-          "    for e in ea.Scalars(tag):\n"
-          "        print(tag, e.step, repr(e.value))\n";
-  }
   std::string out;
-  const int rc =
-      fsdp::metrics::test::run(std::string(FSDP_PYTHON) + " " + script + " " + dir + " 2>&1", &out);
+  const auto points = read_tensorboard(dir, &out);
   INFO(out);
-  REQUIRE(rc == 0);
-  std::istringstream in(out);
   int rows = 0;
-  for (std::string tag; in >> tag;) {
-    int step;
-    double value;
-    in >> step >> value;
+  for (const auto& [tag, step, value] : points) {
     const int k = step / 10;
     if (tag == "train/loss")
       CHECK(value == Approx(4.0 / k).epsilon(1e-6));
@@ -196,22 +216,13 @@ TEST_CASE("a resumed run's TensorBoard file replaces the steps logged after its 
     TensorBoardSink resumed(dir, /*resumed_step=*/3);
     for (int step = 4; step <= 5; ++step) resumed.log(step, {{"train/loss", 10.0 * step}});
   }
-  const std::string script = dir + "/read.py";
-  {
-    std::ofstream py(script);
-    py << "import sys\n"
-          "from tensorboard.backend.event_processing.event_accumulator import EventAccumulator\n"
-          "ea = EventAccumulator(sys.argv[1], size_guidance={'scalars': 0})\n"
-          "ea.Reload()\n"
-          "print(' '.join('%d:%g' % (e.step, e.value) for e in ea.Scalars('train/loss')))\n";
-  }
   std::string out;
-  const int rc =
-      fsdp::metrics::test::run(std::string(FSDP_PYTHON) + " " + script + " " + dir + " 2>&1", &out);
-  INFO(out);
-  REQUIRE(rc == 0);
-  // (TensorBoard prints a line about the records it removed: the purge.)
-  CHECK(out.find("1:1 2:2 3:3 4:40 5:50\n") != std::string::npos);
+  std::string loss;
+  for (const auto& [tag, step, value] : read_tensorboard(dir, &out)) {
+    if (tag == "train/loss") loss += std::to_string(step) + ":" + std::to_string(static_cast<int>(value)) + " ";
+  }
+  INFO(out);  // (TensorBoard reports the records it removed: the purge.)
+  CHECK(loss == "1:1 2:2 3:3 4:40 5:50 ");
 }
 
 namespace {
