@@ -203,8 +203,9 @@ RunResult Trainer::Impl::train() {
       if (world > 1 ? any_rank(bad_sample != nullptr) : bad_sample != nullptr) {
         health.flush();
         if (state.step > 0 && !saved_at_step) {
-          FSDP_LOG0(kWarn) << (is_bad_sample || !bad_sample ? "a bad sample stops the run"
-                                                            : "the data loader failed")
+          FSDP_LOG0(kWarn) << (is_bad_sample ? "a bad sample stops the run"
+                               : bad_sample ? "the data loader failed"
+                                            : "data loading failed on another rank")
                            << ": saving step " << state.step
                            << " first (after fixing the cause, --resume continues from it)";
           saved_at_step = save_now(epoch);

@@ -461,10 +461,13 @@ std::string Trainer::Impl::newest_checkpoint_text() const {
 }
 
 bool Trainer::Impl::inside_output_dir(const std::string& checkpoint_dir) const {
+  // The same directory, however spelled (relative, trailing '/', symbolic links).
   std::error_code ec;
-  const auto parent = std::filesystem::weakly_canonical(checkpoint_dir, ec).parent_path();
+  const auto parent = std::filesystem::absolute(checkpoint_dir, ec).lexically_normal();
   return !cfg.checkpoint.output_dir.empty() &&
-         parent == std::filesystem::weakly_canonical(cfg.checkpoint.output_dir, ec);
+         std::filesystem::equivalent(
+             (parent.has_filename() ? parent : parent.parent_path()).parent_path(),
+             cfg.checkpoint.output_dir, ec);
 }
 
 void Trainer::Impl::plan_resume() {
