@@ -2,6 +2,7 @@
 #include "checkpoint/checkpoint_dir.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -9,6 +10,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -162,6 +164,39 @@ std::string CheckpointWriter::commit(int64_t keep_last) {
   fsync_path(output_dir_, true);
   if (keep_last > 0) prune(output_dir_, keep_last, final_dir_);
   return final_dir_;
+}
+
+OutputDirLock::~OutputDirLock() {
+  if (fd_ >= 0) ::close(fd_);  // releases the lock
+}
+
+std::string OutputDirLock::acquire() {
+  const std::string path = join_path(dir_, ".fsdp-train.lock");
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0640);
+  FSDP_USAGE_CHECK(fd >= 0, fsdp::str("cannot open ", path, ": ", std::strerror(errno)),
+                   "check --output-dir and its permissions");
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    if (err != EWOULDBLOCK) {  // no flock on this file system: run without the check
+      ::close(fd);
+      return "";
+    }
+    std::string holder(256, '\0');
+    const ssize_t n = ::pread(fd, holder.data(), holder.size(), 0);
+    holder.resize(n > 0 ? static_cast<size_t>(n) : 0);
+    while (!holder.empty() && (holder.back() == '\n' || holder.back() == '\0')) holder.pop_back();
+    ::close(fd);
+    return holder.empty() ? std::string("another process") : holder;
+  }
+  char host[256] = {0};
+  ::gethostname(host, sizeof(host) - 1);
+  const std::time_t now = std::time(nullptr);
+  char when[32];
+  std::strftime(when, sizeof(when), "%Y-%m-%d %H:%M:%S", std::localtime(&now));
+  const std::string me = fsdp::str("pid ", ::getpid(), " on host ", host, ", since ", when, "\n");
+  if (::ftruncate(fd, 0) == 0) (void)!::pwrite(fd, me.data(), me.size(), 0);
+  fd_ = fd;
+  return "";
 }
 
 std::vector<std::string> set_aside_newer(const std::string& output_dir, int64_t step) {

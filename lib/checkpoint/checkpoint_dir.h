@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace fsdp::checkpoint {
@@ -72,6 +73,26 @@ std::vector<std::string> prune(const std::string& output_dir, int64_t keep_last,
 // continues another branch, and the abandoned one must neither be overwritten by its saves nor
 // be taken by a later --resume auto. Nothing is deleted. Returns the new paths.
 std::vector<std::string> set_aside_newer(const std::string& output_dir, int64_t step);
+
+// An exclusive advisory lock (flock) on <output_dir>/.fsdp-train.lock, held while the object
+// lives and released by the kernel when the process ends in any way (a crash included), so a
+// stale lock never blocks a restart. acquire() returns "" when this process holds it, else a
+// description of the holder ("pid 123 on host a1, since 2026-11-30 14:02:11") read from the
+// file. On a file system without flock support the lock is skipped (acquire() returns "" and
+// held() is false).
+class OutputDirLock {
+ public:
+  explicit OutputDirLock(std::string output_dir) : dir_(std::move(output_dir)) {}
+  ~OutputDirLock();
+  OutputDirLock(const OutputDirLock&) = delete;
+  OutputDirLock& operator=(const OutputDirLock&) = delete;
+  std::string acquire();
+  bool held() const { return fd_ >= 0; }
+
+ private:
+  std::string dir_;
+  int fd_ = -1;
+};
 
 // Joins path components without doubling separators; rejects components containing ".." or a
 // leading '/', so names derived from configs cannot escape the directory.

@@ -141,6 +141,22 @@ void Trainer::Impl::setup() {
     have_init_export = true;
     check_same_architecture(init_export.config_path, "--init-checkpoint");
   }
+  // One training run per output directory at a time: two would overwrite each other's
+  // checkpoints and metrics. Rank 0 holds the lock until the process ends.
+  if (!cfg.loop.eval_only && !cfg.checkpoint.output_dir.empty()) {
+    std::string holder;
+    if (rank == 0) {
+      checkpoint::ensure_directory(cfg.checkpoint.output_dir);
+      output_lock = std::make_unique<checkpoint::OutputDirLock>(cfg.checkpoint.output_dir);
+      holder = output_lock->acquire();
+    }
+    const bool busy = any_rank(!holder.empty());
+    FSDP_USAGE_CHECK(!busy,
+                     "--output-dir " + cfg.checkpoint.output_dir +
+                         " is in use by another fsdp-train run" +
+                         (holder.empty() ? std::string() : " (" + holder + ")"),
+                     "wait for it to finish or stop it, or choose another --output-dir");
+  }
   if (!cfg.loop.eval_only || cfg.checkpoint.resume != config::ResumeMode::kNone) plan_resume();
   if (!resume_candidates.empty()) {
     check_same_architecture(

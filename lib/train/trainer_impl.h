@@ -72,6 +72,7 @@ struct Trainer::Impl {
   void check_same_architecture(const std::string& saved_config, const std::string& flag) const;
   std::vector<checkpoint::CheckpointRef> resume_candidates;
   bool resume_falls_back = false;  // try older candidates when one cannot be loaded
+  std::unique_ptr<checkpoint::OutputDirLock> output_lock;  // rank 0, training runs
   // Loads the first loadable candidate (engine, run state), sets newer checkpoints aside.
   void resume_if_asked();
   RunResult train();

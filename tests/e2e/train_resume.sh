@@ -48,7 +48,15 @@ grep -q "weights of step 2 are not saved" "$W/nofinal.log" || fail "no --save-fi
 # resuming reaches the same weights as a run that was never interrupted.
 LONG="--num-epochs 200 --total-steps 4000"
 "$BIN" $(train_args "$DATA" "$W/sig") $COMMON $LONG --save-final false >"$W/sig.log" 2>&1 &
-signal_after_lines $! "$W/sig" 5 TERM; rc=$?
+pid=$!
+# Meanwhile a second run in the same --output-dir is refused (it would overwrite the first's
+# checkpoints); the first holds the directory's lock.
+wait_for_lines "$W/sig" 5
+"$BIN" $(train_args "$DATA" "$W/sig") $COMMON $LONG --resume >"$W/second.log" 2>&1; r=$?
+[ $r -eq 2 ] && grep -q "is in use by another fsdp-train run (pid $pid on host" "$W/second.log" ||
+  { cat "$W/second.log"; fail "a second run in a used --output-dir: exit $r"; }
+kill -TERM $pid
+wait $pid; rc=$?
 [ $rc -eq 0 ] || { cat "$W/sig.log"; fail "SIGTERM run exited $rc"; }
 grep -q "stop requested" "$W/sig.log" || fail "no stop message"
 CK="$(latest_ckpt "$W/sig")"

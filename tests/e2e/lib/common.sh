@@ -44,16 +44,20 @@ train_args() {
        "--warmup-ratio 0.1 --log-steps 1 --device cpu --threads 1"
 }
 
-# signal_after_lines PID OUT LINES SIGNAL: waits (up to 60 s) until OUT/metrics.jsonl has LINES
-# records, sends SIGNAL to PID (a run started in the background) and returns PID's exit code.
-signal_after_lines() {
-  local pid="$1" out="$2" lines="$3" sig="$4"
+# wait_for_lines OUT LINES: waits (up to 60 s) until OUT/metrics.jsonl has LINES records.
+wait_for_lines() {
   for _ in $(seq 1 600); do
-    [ -f "$out/metrics.jsonl" ] && [ "$(wc -l <"$out/metrics.jsonl")" -ge "$lines" ] && break
+    [ -f "$1/metrics.jsonl" ] && [ "$(wc -l <"$1/metrics.jsonl")" -ge "$2" ] && return 0
     sleep 0.1
   done
-  kill -"$sig" "$pid"
-  wait "$pid"
+}
+
+# signal_after_lines PID OUT LINES SIGNAL: wait_for_lines OUT LINES, then sends SIGNAL to PID (a
+# run started in the background) and returns PID's exit code.
+signal_after_lines() {
+  wait_for_lines "$2" "$3"
+  kill -"$4" "$1"
+  wait "$1"
 }
 
 # latest_ckpt DIR: the checkpoint with the highest step (numerically: step_12 after step_9; the
