@@ -174,9 +174,8 @@ LaunchPlan plan_launch(int nproc_per_node, int nnodes, const std::string& hostfi
                           "NCCL_DEBUG", "NCCL_IB_DISABLE", "LD_LIBRARY_PATH"}) {
     if (std::getenv(var)) p.argv.insert(p.argv.end(), {"-x", var});
   }
-  // The supervisor's attempt number and launch id (set by supervise() before each start).
-  p.argv.insert(p.argv.end(), {"-x", "FSDP_LAUNCHED=1", "-x", std::string(train::kRestartAttemptVar),
-                               "-x", std::string(train::kLaunchIdVar)});
+  // (supervise() adds the attempt number and the launch id after this, with their values.)
+  p.argv.insert(p.argv.end(), {"-x", "FSDP_LAUNCHED=1"});
   p.argv.push_back(self);
   p.argv.insert(p.argv.end(), rest.begin(), rest.end());
   return p;
@@ -185,12 +184,16 @@ LaunchPlan plan_launch(int nproc_per_node, int nnodes, const std::string& hostfi
 int supervise(const LaunchPlan& plan, int max_restarts) {
   const char* given_id = std::getenv(train::kLaunchIdVar);
   const std::string launch_id = given_id && *given_id ? given_id : new_launch_id();
-  ::setenv(train::kLaunchIdVar, launch_id.c_str(), 1);
   install_launcher_handlers();
   for (int attempt = 0;; ++attempt) {
-    ::setenv(train::kRestartAttemptVar, std::to_string(attempt).c_str(), 1);
+    // The ranks (on every node) get the attempt number and the launch id through mpirun.
+    LaunchPlan run = plan;
+    auto at = std::find(run.argv.begin(), run.argv.end(), "FSDP_LAUNCHED=1");
+    at = at == run.argv.end() ? at : at + 1;
+    run.argv.insert(at, {"-x", std::string(train::kRestartAttemptVar) + "=" + std::to_string(attempt),
+                         "-x", std::string(train::kLaunchIdVar) + "=" + launch_id});
     int err = 0;
-    const pid_t pid = start_child(plan, &err);
+    const pid_t pid = start_child(run, &err);
     if (pid < 0) {
       std::cerr << "fsdp-train: cannot run '" << plan.argv[0] << "': " << std::strerror(err)
                 << "\n---> HINT: install Open MPI (launch/setup.sh) or set FSDP_MPIRUN to "
