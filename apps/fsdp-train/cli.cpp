@@ -103,6 +103,14 @@ int run_cli(int argc, char** argv) {
     const int rc = action.run();
     if (action.needs_mpi) comm::finalize();
     return rc;
+  } catch (const CheckpointWriteError& e) {
+    // Every rank meets it (the ranks agree on a failed save): stop with exit code 3.
+    if (comm::initialized() && comm::topology().world_size > 1) {
+      let_rank0_report_first();
+      report(e, 3);
+      comm::abort_job("stopping all ranks after the error above", 3);
+    }
+    return report(e, 3);
   } catch (const data::SampleReadError& e) {
     // A file that could not be read, even after the retries (storage trouble): a runtime
     // failure (exit code 1, which --max-restarts retries), not a usage error.

@@ -43,22 +43,18 @@ int usage_error(const std::string& msg) {
   return 2;
 }
 
-// The supervisor's view of stop signals. The handler only records and forwards (both
-// async-signal-safe): the first SIGINT/SIGTERM/SIGHUP/SIGUSR1 (a scheduler's preemption
-// warning) becomes SIGUSR1 for mpirun, which forwards
-// it to every rank (on every node), and the ranks save a checkpoint and exit cleanly (SIGTERM
-// to mpirun would kill them a moment later). A second one is passed on as SIGTERM: the user
-// insists.
+// The supervisor's view of stop signals. The handler only records; the wait loop passes the
+// first SIGINT/SIGTERM/SIGHUP/SIGUSR1 (a scheduler's preemption warning) on to mpirun as SIGUSR1,
+// which mpirun forwards to every rank (on every node), and the ranks save a checkpoint and exit
+// cleanly (SIGTERM to mpirun would kill them a moment later). mpirun forwards a signal only to
+// ranks that have started, so SIGUSR1 is repeated every 2 s until the job ends (the ranks keep
+// one request). A second signal is passed on as SIGTERM: the user insists.
 volatile std::sig_atomic_t g_stop_signal = 0;
 volatile std::sig_atomic_t g_stop_count = 0;
-volatile pid_t g_child = 0;
 
 extern "C" void on_launcher_signal(int sig) {
   g_stop_signal = sig;
-  const int count = g_stop_count + 1;
-  g_stop_count = count;
-  const pid_t child = g_child;
-  if (child > 0) ::kill(child, count == 1 ? SIGUSR1 : SIGTERM);
+  g_stop_count = g_stop_count + 1;
 }
 
 void install_launcher_handlers() {
@@ -131,10 +127,29 @@ pid_t start_child(const LaunchPlan& plan, int* err) {
   return pid;
 }
 
+// Waits for the child, passing stop signals on (see on_launcher_signal).
 int wait_child(pid_t pid) {
+  using Clock = std::chrono::steady_clock;
+  const auto started = Clock::now();
+  auto last_request = Clock::time_point{};
+  bool terminated = false;
   int status = 0;
-  while (::waitpid(pid, &status, 0) < 0) {
-    if (errno != EINTR) return 1;
+  while (true) {
+    const pid_t r = ::waitpid(pid, &status, WNOHANG);
+    if (r == pid) break;
+    if (r < 0 && errno != EINTR) return 1;
+    const auto now = Clock::now();
+    if (g_stop_count >= 2 && !terminated) {
+      ::kill(pid, SIGTERM);
+      terminated = true;
+    } else if (g_stop_count == 1 && now - started >= std::chrono::seconds(3) &&
+               now - last_request >= std::chrono::seconds(2)) {
+      // Not in the first 3 s: before mpirun's handlers exist, and while a rank is still loading
+      // its libraries (before main installs its handler), SIGUSR1 would end the process.
+      ::kill(pid, SIGUSR1);
+      last_request = now;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   if (WIFEXITED(status)) return WEXITSTATUS(status);
   if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
@@ -200,10 +215,7 @@ int supervise(const LaunchPlan& plan, int max_restarts) {
                    "mpirun's path\n";
       return 1;
     }
-    g_child = pid;
-    if (g_stop_signal != 0) ::kill(pid, SIGUSR1);  // a stop that arrived while starting
     const int rc = wait_child(pid);
-    g_child = 0;
     if (rc == 0) return 0;
     if (g_stop_signal != 0) {
       std::cerr << "fsdp-train: stopped by signal " << g_stop_signal << " (exit code " << rc
@@ -211,8 +223,11 @@ int supervise(const LaunchPlan& plan, int max_restarts) {
       return rc;
     }
     if (max_restarts == 0) return rc;
-    if (rc == 2) {
-      std::cerr << "fsdp-train: exit code 2 (a usage or configuration error): not restarted\n";
+    if (rc == 2 || rc == 3) {
+      std::cerr << "fsdp-train: exit code " << rc
+                << (rc == 2 ? " (a usage or configuration error)"
+                            : " (the final checkpoint could not be written)")
+                << ": not restarted\n";
       return rc;
     }
     if (attempt >= max_restarts) {

@@ -166,6 +166,38 @@ std::string CheckpointWriter::commit(int64_t keep_last) {
   return final_dir_;
 }
 
+std::vector<std::string> recover_interrupted_saves(const std::string& output_dir) {
+  std::vector<std::string> done;
+  std::error_code ec;
+  if (!fs::is_directory(output_dir, ec)) return done;
+  std::vector<fs::path> old, tmp;
+  for (const auto& entry : fs::directory_iterator(output_dir, ec)) {
+    std::error_code dir_ec;
+    if (!entry.is_directory(dir_ec)) continue;
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(".tmp_", 0) == 0 && parse_checkpoint_name(name.substr(5))) tmp.push_back(entry.path());
+    if (name.size() > 4 && name.compare(name.size() - 4, 4, ".old") == 0 &&
+        parse_checkpoint_name(name.substr(0, name.size() - 4))) {
+      old.push_back(entry.path());
+    }
+  }
+  for (const auto& o : old) {
+    const std::string o_str = o.string();
+    const std::string target = o_str.substr(0, o_str.size() - 4);
+    if (!fs::exists(target, ec) && is_complete(o_str)) {
+      fs::rename(o, target, ec);
+      if (!ec) done.push_back("put back " + target + " (a replacement of it was interrupted)");
+    } else if (remove_tree(o_str)) {
+      done.push_back("removed " + o_str + " (left by an interrupted replacement)");
+    }
+  }
+  for (const auto& t : tmp) {
+    if (remove_tree(t.string())) done.push_back("removed " + t.string() + " (an interrupted save)");
+  }
+  if (!done.empty()) fsync_path(output_dir, true);
+  return done;
+}
+
 OutputDirLock::~OutputDirLock() {
   if (fd_ >= 0) ::close(fd_);  // releases the lock
 }

@@ -74,6 +74,12 @@ std::vector<std::string> prune(const std::string& output_dir, int64_t keep_last,
 // be taken by a later --resume auto. Nothing is deleted. Returns the new paths.
 std::vector<std::string> set_aside_newer(const std::string& output_dir, int64_t step);
 
+// Tidies what interrupted saves left in output_dir (call with the OutputDirLock held, before
+// reading checkpoints): a "<name>.old" whose <name> is missing is the earlier checkpoint of a
+// same-name replacement cut short and is put back; other ".old" and ".tmp_*" directories are
+// removed. Returns one line per action.
+std::vector<std::string> recover_interrupted_saves(const std::string& output_dir);
+
 // An exclusive advisory lock (flock) on <output_dir>/.fsdp-train.lock, held while the object
 // lives and released by the kernel when the process ends in any way (a crash included), so a
 // stale lock never blocks a restart. acquire() returns "" when this process holds it, else a

@@ -30,6 +30,14 @@ class UsageError : public Error {
   using Error::Error;
 };
 
+// The checkpoint that ends a run (the final one, or on a stop signal) could not be written:
+// exit code 3. Running again would only redo the work and fail the same way until there is room
+// (so the launcher's --max-restarts does not restart it).
+class CheckpointWriteError : public Error {
+ public:
+  using Error::Error;
+};
+
 [[noreturn]] void throw_error(const char* file, int line, const std::string& message,
                               const std::string& hint);
 [[noreturn]] void throw_usage_error(const char* file, int line, const std::string& message,

@@ -39,7 +39,7 @@ std::unique_ptr<MetricsLogger> make_logger(const config::MetricsConfig& cfg,
     if (sink == "tensorboard") {
       logger->add(std::make_unique<TensorBoardSink>(
           cfg.tensorboard_dir.empty() ? ctx.output_dir + "/tensorboard" : cfg.tensorboard_dir,
-          ctx.resumed_step));
+          ctx.tensorboard_resumed_step));
     } else if (sink == "wandb") {
       WandbOptions w;
       w.project = cfg.wandb_project;

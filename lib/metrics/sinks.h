@@ -159,7 +159,10 @@ struct SinkContext {
   std::string output_dir;   // metrics.jsonl, tensorboard/, wandb/ live here
   std::string config_json;  // effective configuration for W&B
   std::string wandb_run_id;  // the W&B run of the checkpoint resumed from (continued when set)
-  int64_t resumed_step = -1;  // the step of the checkpoint resumed from (-1: a fresh start)
+  int64_t resumed_step = -1;  // metrics.jsonl: records after this step move aside (-1: none)
+  // The TensorBoard file's session start (-1: none). A --tensorboard-dir may be shared by other
+  // runs, so a fresh start does not purge it; a resume or a restart does.
+  int64_t tensorboard_resumed_step = -1;
 };
 
 // The sinks --report-to asks for: console + metrics.jsonl always, plus tensorboard and wandb.

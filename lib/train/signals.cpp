@@ -14,8 +14,10 @@ volatile std::sig_atomic_t g_signal = 0;
 
 extern "C" void on_stop_signal(int sig) {
   g_signal = sig;
-  // The next identical signal takes the default action (terminate) if the save hangs.
-  std::signal(sig, SIG_DFL);
+  // The next SIGINT/SIGTERM takes the default action (terminate) if the save hangs. SIGUSR1 stays
+  // a request: the launcher repeats it until the ranks exist (mpirun forwards it only to ranks
+  // that have started), and a repeat must not kill a rank in the middle of its save.
+  if (sig != SIGUSR1) std::signal(sig, SIG_DFL);
 }
 
 int env_int(const char* name, int fallback) {
@@ -30,6 +32,8 @@ int env_int(const char* name, int fallback) {
 void install_stop_handlers() {
   for (int sig : {SIGTERM, SIGINT, SIGUSR1}) std::signal(sig, on_stop_signal);
 }
+
+void install_early_stop_request() { std::signal(SIGUSR1, on_stop_signal); }
 
 bool stop_requested() { return g_signal != 0; }
 int stop_signal() { return static_cast<int>(g_signal); }

@@ -16,6 +16,9 @@ namespace fsdp::train {
 
 // Installs the handlers (idempotent).
 void install_stop_handlers();
+// Only SIGUSR1, from the first line of main in every process that may become a rank: a stop
+// request that arrives during start-up (before MPI_Init even) is kept, not fatal.
+void install_early_stop_request();
 // True once a stop signal arrived.
 bool stop_requested();
 // The signal number that requested the stop (0 when none).

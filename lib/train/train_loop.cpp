@@ -122,7 +122,10 @@ RunResult Trainer::Impl::train() {
   sc.output_dir = cfg.checkpoint.output_dir;
   sc.config_json = config_json;
   sc.wandb_run_id = state.wandb_run_id;  // from the checkpoint resumed from, if any
-  sc.resumed_step = state.step > 0 ? state.step : -1;
+  // Also a fresh start (step 0): records of an earlier attempt that saved nothing move aside.
+  sc.resumed_step = state.step;
+  sc.tensorboard_resumed_step =
+      state.step > 0 || launch_attempt().attempt > 0 ? state.step : -1;
   logger = metrics::make_logger(cfg.metrics, sc);
   // Kept when this part of the run has no W&B sink: a later resume with W&B continues the run.
   if (const std::string id = logger->wandb_run_id(); !id.empty()) state.wandb_run_id = id;
@@ -144,10 +147,12 @@ RunResult Trainer::Impl::train() {
   };
   // A save that ends the run must succeed, else the run fails naming what is left.
   auto save_or_fail = [&](int64_t epoch, const char* when) {
-    FSDP_CHECK(save_now(epoch),
-               fsdp::str(when, ": the checkpoint of step ", state.step,
-                         " could not be written (see the error above); ", newest_checkpoint_text()),
-               "free space in --output-dir (or choose another) and run again with --resume");
+    if (save_now(epoch)) return;
+    throw CheckpointWriteError(
+        fsdp::str(when, ": the checkpoint of step ", state.step,
+                  " could not be written (see the error above); ", newest_checkpoint_text()),
+        "free space in --output-dir (or choose another) and run again with --resume", __FILE__,
+        __LINE__);
   };
   if (state.step >= stop_at) {
     // Nothing left to train. A fresh run with --max-steps 0 exports the initial draft (the

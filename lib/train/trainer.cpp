@@ -149,6 +149,12 @@ void Trainer::Impl::setup() {
       checkpoint::ensure_directory(cfg.checkpoint.output_dir);
       output_lock = std::make_unique<checkpoint::OutputDirLock>(cfg.checkpoint.output_dir);
       holder = output_lock->acquire();
+      // Alone in the directory now: what crashed saves left is put back or removed.
+      if (holder.empty()) {
+        for (const auto& line : checkpoint::recover_interrupted_saves(cfg.checkpoint.output_dir)) {
+          FSDP_LOG0(kWarn) << "output directory: " << line;
+        }
+      }
     }
     const bool busy = any_rank(!holder.empty());
     FSDP_USAGE_CHECK(!busy,

@@ -58,6 +58,17 @@ FSDP_TEST_KILL_AT_STEP=3 FSDP_TEST_KILL_ATTEMPTS=9 "$BIN" --nproc-per-node 1 --m
 grep -qF "all 1 restart(s) of --max-restarts are used" "$W/exhausted.log" || { cat "$W/exhausted.log"; fail "no used-up message"; }
 [ "$(grep -c "resumed from $W/exhausted/epoch_0_step_2" "$W/exhausted.log")" -eq 1 ] || fail "the restart did not resume from step 2"
 
+# Killed before this launch's first save: the restart starts as the first attempt did, and
+# metrics.jsonl still holds each step once (the crashed attempt's records move aside).
+FSDP_TEST_KILL_AT_STEP=1 "$BIN" --nproc-per-node 1 --max-restarts 1 $(args "$W/early") --max-steps 4 \
+  >"$W/early.log" 2>&1 || { cat "$W/early.log"; fail "restart before the first save"; }
+grep -q "no checkpoint of this launch yet" "$W/early.log" || { cat "$W/early.log"; fail "no fresh restart"; }
+"$PY" - "$W/early/metrics.jsonl" <<'PYEOF' || fail "metrics.jsonl after a restart before the first save"
+import json, sys
+steps = [r["step"] for r in map(json.loads, open(sys.argv[1])) if "train/ploss_0" in r]
+assert steps == [1, 2, 3, 4], steps
+PYEOF
+
 # A usage error is not restarted.
 "$BIN" --nproc-per-node 1 --max-restarts 3 $(args "$W/usage") --learning-rate -1 >"$W/usage.log" 2>&1; r=$?
 [ $r -eq 2 ] || { cat "$W/usage.log"; fail "usage error: exit $r, expected 2"; }

@@ -33,7 +33,7 @@ done
 # changes nothing), and --resume then continues from step 2 to the end.
 FSDP_TEST_FAIL_WRITES_ON_RANK=0 run_np 1 ${ARGS//$W\/base/$W\/inject1} --max-steps 5 --resume \
   >"$W/inject1.log" 2>&1; rc=$?
-[ $rc -eq 1 ] || { cat "$W/inject1.log"; fail "1 rank without its final checkpoint: exit code $rc, expected 1"; }
+[ $rc -eq 3 ] || { cat "$W/inject1.log"; fail "1 rank without its final checkpoint: exit code $rc, expected 3"; }
 run_np 1 ${ARGS//$W\/base/$W\/clean} --max-steps 5 --resume >"$W/clean.log" 2>&1 || { cat "$W/clean.log"; fail "run with working saves"; }
 "$PY" - "$W/inject1/metrics.jsonl" "$W/clean/metrics.jsonl" <<'PYEOF' || fail "a failed save changed training"
 import json, sys

@@ -109,3 +109,34 @@ TEST_CASE("weights-only directories are not checkpoints, and are listed apart", 
   CHECK(list_foreign_exports(out) ==
         std::vector<std::string>{out + "/epoch_0_step_7", out + "/epoch_3"});
 }
+
+TEST_CASE("what interrupted saves left is put back or removed; the output lock is exclusive",
+          "[checkpoint]") {
+  const std::string out = fresh_dir("recover");
+  save(out, 0, 2, "two");
+  save(out, 0, 4, "four");
+  save(out, 0, 6, "six");
+  // A replacement of step 2 cut after moving it aside: only epoch_0_step_2.old is left.
+  fs::rename(out + "/epoch_0_step_2", out + "/epoch_0_step_2.old");
+  // A replacement of step 4 cut after the new one took its place: both exist.
+  fs::create_directories(out + "/epoch_0_step_4.old");
+  // A save cut before its commit.
+  fs::create_directories(out + "/.tmp_epoch_0_step_8");
+  const auto actions = recover_interrupted_saves(out);
+  CHECK(actions.size() == 3);
+  CHECK(payload(out + "/epoch_0_step_2") == "two");
+  CHECK(!fs::exists(out + "/epoch_0_step_2.old"));
+  CHECK(!fs::exists(out + "/epoch_0_step_4.old"));
+  CHECK(payload(out + "/epoch_0_step_4") == "four");
+  CHECK(!fs::exists(out + "/.tmp_epoch_0_step_8"));
+  CHECK(list_complete(out).size() == 3);
+  CHECK(recover_interrupted_saves(out).empty());
+
+  OutputDirLock first(out);
+  CHECK(first.acquire().empty());
+  CHECK(first.held());
+  OutputDirLock second(out);  // another open file description: flock excludes it
+  const std::string holder = second.acquire();
+  CHECK(holder.find("pid ") == 0);
+  CHECK(!second.held());
+}
