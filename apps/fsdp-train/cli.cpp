@@ -35,6 +35,17 @@ void let_rank0_report_first() {
   }
 }
 
+// Reports `e` and returns `code`; with several ranks, stops the whole job with that code (other
+// ranks may be waiting in a collective).
+int fail(const Error& e, int code) {
+  if (comm::initialized() && comm::topology().world_size > 1) {
+    let_rank0_report_first();
+    report(e, code);
+    comm::abort_job("stopping all ranks after the error above", code);
+  }
+  return report(e, code);
+}
+
 std::string version_text() {
   std::string s = "fsdp-train 0.1.0 (LibTorch " TORCH_VERSION ", backends:";
   for (const auto& b : comm::compiled_backends()) s += " " + b;
@@ -104,37 +115,16 @@ int run_cli(int argc, char** argv) {
     if (action.needs_mpi) comm::finalize();
     return rc;
   } catch (const CheckpointWriteError& e) {
-    // Every rank meets it (the ranks agree on a failed save): stop with exit code 3.
-    if (comm::initialized() && comm::topology().world_size > 1) {
-      let_rank0_report_first();
-      report(e, 3);
-      comm::abort_job("stopping all ranks after the error above", 3);
-    }
-    return report(e, 3);
+    // Every rank meets it (the ranks agree on a failed save).
+    return fail(e, 3);
   } catch (const data::SampleReadError& e) {
     // A file that could not be read, even after the retries (storage trouble): a runtime
     // failure (exit code 1, which --max-restarts retries), not a usage error.
-    if (comm::initialized() && comm::topology().world_size > 1) {
-      let_rank0_report_first();
-      report(e, 1);
-      comm::abort_job("stopping all ranks after the error above", 1);
-    }
-    return report(e, 1);
+    return fail(e, 1);
   } catch (const UsageError& e) {
-    if (comm::initialized() && comm::topology().world_size > 1) {
-      // Other ranks may be waiting in a collective: stop the whole job, keeping exit code 2.
-      let_rank0_report_first();
-      report(e, 2);
-      comm::abort_job("stopping all ranks after the error above", 2);
-    }
-    return report(e, 2);
+    return fail(e, 2);
   } catch (const Error& e) {
-    if (comm::initialized() && comm::topology().world_size > 1) {
-      let_rank0_report_first();
-      report(e, 1);
-      comm::abort_job("stopping all ranks after the error above", 1);
-    }
-    return report(e, 1);
+    return fail(e, 1);
   } catch (const std::exception& e) {
     let_rank0_report_first();
     std::cerr << "fsdp-train: error: " << error_text(e) << "\n";
