@@ -55,7 +55,7 @@ int run_export(const ExportFlags& f) {
   std::ifstream cfg(saved.config_path);
   std::stringstream config_json;
   config_json << cfg.rdbuf();
-  const auto weights = shard::consolidate_state(state_dir);
+  const auto weights = shard::consolidate_state(state_dir, /*include_frozen=*/false);
   // Only the tensors of the export (the trainable ones) leave; the frozen embedding does not.
   std::map<std::string, at::Tensor> exported;
   int64_t params = 0;

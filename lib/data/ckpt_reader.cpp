@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "core/dtype.h"
+#include "core/finite.h"
 #include "core/zip_check.h"
 #include "data/dataset.h"
 
@@ -89,9 +90,9 @@ RawSample validate_sample(at::Tensor input_ids, at::Tensor loss_mask, at::Tensor
   if (!(s.loss_mask.eq(0) | s.loss_mask.eq(1)).all().item<bool>())
     bad(where, "loss_mask has values other than 0 and 1", kRegenerate);
   if (options.check_finite) {
-    if (!at::isfinite(s.hidden_state).all().item<bool>())
+    if (!all_finite(s.hidden_state))
       bad(where, "hidden_state contains NaN or Inf", kRegenerate);
-    if (!at::isfinite(s.aux_hidden_state).all().item<bool>())
+    if (!all_finite(s.aux_hidden_state))
       bad(where, "aux_hidden_state contains NaN or Inf", kRegenerate);
   }
   return s;

@@ -5,6 +5,7 @@
 #include "data/loader.h"
 
 #include <ATen/ATen.h>
+#include <c10/util/ParallelGuard.h>
 
 #include <chrono>
 #include <sstream>
@@ -136,6 +137,10 @@ Batch DataLoader::build_batch(int64_t epoch, int64_t batch) {
 }
 
 void DataLoader::worker(int id) {
+  // Reader threads run their tensor ops on their own thread: a new thread would otherwise take
+  // the trainer's intra-op width (16 on a 16-core GPU host), and several readers' thread teams
+  // would compete with the thread that computes or launches the GPU work.
+  c10::ParallelGuard serial(true);
   std::unique_lock<std::mutex> lock(mu_);
   const int64_t gen = generation_;
   const int64_t total = batches_per_epoch();

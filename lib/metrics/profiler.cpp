@@ -3,6 +3,8 @@
 // event durations by name for the summary.
 #include "metrics/profiler.h"
 
+#include <ATen/DeviceAccelerator.h>
+#include <kineto/ActivityType.h>
 #include <torch/csrc/autograd/profiler_kineto.h>
 
 #include <algorithm>
@@ -25,6 +27,11 @@ namespace tp = torch::profiler::impl;
 std::vector<ProfileRow> summarise(const torch::autograd::profiler::ProfilerResult& result) {
   std::map<std::pair<std::string, std::string>, ProfileRow> rows;
   for (const auto& e : result.events()) {
+    // The fsdp:: scopes also come back as GPU annotations spanning whole phases; the GPU
+    // table lists kernels and copies only (the CPU table has the scopes).
+    if (e.isHiddenEvent() ||
+        e.activityType() == static_cast<uint8_t>(libkineto::ActivityType::GPU_USER_ANNOTATION))
+      continue;
     const bool gpu = e.deviceType() == c10::DeviceType::CUDA;
     auto& r = rows[{gpu ? "gpu" : "cpu", e.name()}];
     r.device = gpu ? "gpu" : "cpu";
@@ -40,6 +47,8 @@ std::vector<ProfileRow> summarise(const torch::autograd::profiler::ProfilerResul
   });
   return out;
 }
+
+void sync_device() { at::accelerator::synchronizeDevice(at::accelerator::getDeviceIndex()); }
 
 }  // namespace
 
@@ -93,6 +102,9 @@ void StepProfiler::before_step(int64_t step) {
     const tp::ProfilerConfig config(tp::ProfilerState::KINETO, options_.record_shapes);
     std::set<tp::ActivityType> activities{tp::ActivityType::CPU};
     if (options_.gpu) activities.insert(tp::ActivityType::CUDA);
+    // The host runs ahead of the GPU (no synchronisation inside a step): wait for the earlier
+    // steps' kernels so the trace holds the profiled steps' kernels only.
+    if (options_.gpu) sync_device();
     torch::autograd::profiler::prepareProfiler(config, activities);
     torch::autograd::profiler::enableProfiler(config, activities);
     active_ = true;
@@ -122,6 +134,8 @@ void StepProfiler::finish() {
 void StepProfiler::stop_and_write() {
   active_ = false;
   try {
+    // The last profiled step's kernels are still queued: collect them before stopping.
+    if (options_.gpu) sync_device();
     auto result = torch::autograd::profiler::disableProfiler();
     result->save(trace_path());
     summary_ = summarise(*result);

@@ -167,7 +167,10 @@ c10::Dict<std::string, at::Tensor> shard_state_dict(ShardEngine& engine);
 // The saved master weights, full size, by parameter name (fp32 for trainable parameters),
 // reassembled on the host from every shard file of a state directory without an engine or MPI
 // (DeepSpeed's zero_to_fp32.py, for fsdp-train checkpoints). Throws naming a damaged file.
-std::map<std::string, at::Tensor> consolidate_state(const std::string& dir);
+// include_frozen=false leaves out the frozen buffers (the embedding an export does not carry).
+// The tensors are views of one buffer per flat (no copy per parameter).
+std::map<std::string, at::Tensor> consolidate_state(const std::string& dir,
+                                                    bool include_frozen = true);
 // Loads a state saved by save_state at any shard group size (resharding when it differs).
 // The flat layouts (parameter names, shapes, order per unit) must match; throws fsdp::Error
 // naming the file and the mismatch otherwise.

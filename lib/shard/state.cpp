@@ -270,7 +270,7 @@ ShardFile read_shard_file(const std::string& path) {
 
 }  // namespace
 
-std::map<std::string, at::Tensor> consolidate_state(const std::string& dir) {
+std::map<std::string, at::Tensor> consolidate_state(const std::string& dir, bool include_frozen) {
   const std::string mpath = dir + "/manifest.txt";
   const Manifest m = read_manifest(mpath);
   c10::NoGradGuard no_grad;
@@ -282,6 +282,7 @@ std::map<std::string, at::Tensor> consolidate_state(const std::string& dir) {
     const ShardFile d = read_shard_file(path);
     for (size_t i = 0; i < m.flats.size(); ++i) {
       const FlatLayout& l = m.flats[i].layout;
+      if (!include_frozen && !l.trainable) continue;
       const std::string key = l.key() + "/master";
       FSDP_CHECK(d.contains(key), str(path, " lacks ", key),
                  "the state file is corrupt; use another checkpoint");
@@ -296,8 +297,9 @@ std::map<std::string, at::Tensor> consolidate_state(const std::string& dir) {
   }
   std::map<std::string, at::Tensor> out;
   for (size_t i = 0; i < m.flats.size(); ++i) {
+    if (!full[i].defined()) continue;  // a frozen buffer left out
     for (const ParamSlot& p : m.flats[i].layout.params) {
-      out[p.name] = full[i].narrow(0, p.offset, p.numel).view(p.shape).clone();
+      out[p.name] = full[i].narrow(0, p.offset, p.numel).view(p.shape);
     }
   }
   return out;

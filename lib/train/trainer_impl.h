@@ -60,6 +60,8 @@ struct Trainer::Impl {
   std::string save(int64_t epoch_for_name);
   // True on every rank when `mine` is true on any rank. Collective (CPU control communicator).
   bool any_rank(bool mine) const;
+  // Exits 2 unless every rank lists the same checkpoints (collective).
+  void check_same_checkpoints(const std::vector<checkpoint::CheckpointRef>& list) const;
   std::string newest_checkpoint_text() const;
   // Chooses the checkpoints a resume would load, newest first (--resume, or a launcher restart),
   // before the model is built: the model takes its vocabulary mapping from the first. Refuses a

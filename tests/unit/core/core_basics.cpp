@@ -4,6 +4,7 @@
 #include <c10/util/Exception.h>
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <thread>
 
 #include <unistd.h>
@@ -14,6 +15,7 @@
 #include "core/dtype.h"
 #include "core/fs_util.h"
 #include "core/error.h"
+#include "core/finite.h"
 #include "core/log.h"
 #include "core/timer.h"
 
@@ -88,6 +90,25 @@ TEST_CASE("dtype tables round-trip", "[cpu]") {
   CHECK(dtype_size(c10::kBFloat16) == 2);
   CHECK_THROWS_AS(parse_dtype("int3"), UsageError);
   CHECK_THROWS_AS(dtype_from_safetensors("F8_E4M3"), UsageError);
+}
+
+TEST_CASE("all_finite finds one NaN or Inf in any position and dtype", "[cpu]") {
+  for (auto dt : {at::kFloat, at::kBFloat16, at::kHalf, at::kDouble}) {
+    at::Tensor t = at::randn({64, 33}).to(dt);
+    CHECK(all_finite(t));
+    for (double bad : {std::nan(""), HUGE_VAL, -HUGE_VAL}) {
+      for (int64_t pos : {int64_t{0}, int64_t{1000}, t.numel() - 1}) {
+        at::Tensor u = t.clone();
+        u.view({-1})[pos] = bad;
+        CHECK_FALSE(all_finite(u));
+        CHECK_FALSE(all_finite(u.narrow(0, pos / 33, 1)));  // a view holding it
+      }
+    }
+  }
+  CHECK(all_finite(at::empty({0, 4})));
+  CHECK_FALSE(all_finite(at::ones({3}, at::kLong)));  // not floating point
+  // Largest finite values are finite.
+  CHECK(all_finite(at::full({2}, 3.0e38f)));
 }
 
 TEST_CASE("remove_tree removes nested directories without std::filesystem::remove_all", "[cpu]") {
