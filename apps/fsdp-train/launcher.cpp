@@ -64,6 +64,26 @@ void install_launcher_handlers() {
   for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGUSR1}) ::sigaction(sig, &sa, nullptr);
 }
 
+// Variables passed to every rank by name (mpirun copies the whole environment only to ranks on
+// this node): ours, NCCL's, W&B's (rank 0 may run on another node), the thread count and the
+// library path. The launcher sets FSDP_LAUNCHED and the attempt/launch id itself.
+std::vector<std::string> forwarded_variables() {
+  std::vector<std::string> names;
+  for (char** e = environ; e && *e; ++e) {
+    const std::string entry = *e;
+    const std::string name = entry.substr(0, entry.find('='));
+    const auto starts = [&](const char* prefix) { return name.rfind(prefix, 0) == 0; };
+    if (name == "FSDP_LAUNCHED" || name == "FSDP_MPIRUN" || name == train::kRestartAttemptVar ||
+        name == train::kLaunchIdVar)
+      continue;
+    if (starts("FSDP_") || starts("NCCL_") || starts("WANDB_") || name == "OMP_NUM_THREADS" ||
+        name == "LD_LIBRARY_PATH")
+      names.push_back(name);
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
 std::string new_launch_id() {
   std::random_device rd;
   char buf[32];
@@ -184,11 +204,10 @@ LaunchPlan plan_launch(int nproc_per_node, int nnodes, const std::string& hostfi
   p.argv.insert(p.argv.end(), {"--bind-to", "none", "--map-by",
                                "ppr:" + std::to_string(nproc_per_node) + ":node"});
   p.argv.insert(p.argv.end(), {"-np", std::to_string(total)});
-  // Remote nodes get the variables that matter for us and for NCCL.
-  for (const char* var : {"FSDP_LOG_LEVEL", "FSDP_PRETEND_NODES", "NCCL_SOCKET_IFNAME",
-                          "NCCL_DEBUG", "NCCL_IB_DISABLE", "LD_LIBRARY_PATH"}) {
-    if (std::getenv(var)) p.argv.insert(p.argv.end(), {"-x", var});
-  }
+  // Ranks on other nodes get the variables that matter for us, NCCL, threads and W&B (by name:
+  // -x VAR takes the value from this environment, so no value, a W&B key included, appears on
+  // a command line).
+  for (const std::string& var : forwarded_variables()) p.argv.insert(p.argv.end(), {"-x", var});
   // (supervise() adds the attempt number and the launch id after this, with their values.)
   p.argv.insert(p.argv.end(), {"-x", "FSDP_LAUNCHED=1"});
   p.argv.push_back(self);

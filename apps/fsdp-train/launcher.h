@@ -23,7 +23,7 @@ struct LaunchPlan {
 LaunchPlan plan_launch(int nproc_per_node, int nnodes, const std::string& hostfile,
                        const std::string& self, const std::vector<std::string>& rest);
 
-// Runs the plan; after a failure (exit code other than 0 and 2, or a rank killed) starts it
+// Runs the plan; after a failure (exit code other than 0, 2 and 3, or a rank killed) starts it
 // again, up to max_restarts times, kRestartDelaySeconds later. Each start gets the attempt
 // number and one launch id in the environment (train/signals.h), from which the trainer
 // resumes the newest checkpoint of this launch. Returns the last exit code.

@@ -545,7 +545,8 @@ std::vector<OptionSpec> build_table() {
                               "auto: the GPU of the local rank when there is one, else cpu",
                               FIELD(runtime.device)));
   t.push_back(row<int64_t>("threads", K::kInt, rt,
-                           "CPU threads per rank (0: cores divided by ranks on the node)",
+                           "CPU threads per rank (0: OMP_NUM_THREADS when set, else cores divided by ranks on "
+                           "the node)",
                            FIELD(runtime.threads)));
   t.push_back(row<StepScalars>(
       "step-scalars", K::kEnum, rt,

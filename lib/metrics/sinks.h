@@ -102,7 +102,8 @@ class TensorBoardSink : public MetricsSink {
 };
 
 struct WandbOptions {
-  std::string python;       // interpreter with wandb installed; empty: $FSDP_PYTHON, else python3
+  std::string python;       // interpreter with wandb installed; empty: $FSDP_PYTHON, else the
+                            // build's Python (build_python()) when it exists, else python3
   std::string project;      // --wandb-project (empty: "fsdp-train")
   std::string name;         // --wandb-name (empty: W&B picks)
   std::string dir;          // where W&B writes its run directory (the output dir)
@@ -171,5 +172,8 @@ std::unique_ptr<MetricsLogger> make_logger(const config::MetricsConfig& cfg,
 
 // The bridge script's text (embedded from lib/metrics/wandb_bridge.py).
 const std::string& wandb_bridge_script();
+// The Python the build was configured with (CMake's FSDP_PYTHON: the setup venv, which has
+// wandb); empty when none was found.
+const std::string& build_python();
 
 }  // namespace fsdp::metrics

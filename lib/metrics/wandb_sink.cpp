@@ -68,7 +68,13 @@ WandbSink::WandbSink(const WandbOptions& options) {
   std::string python = options.python;
   if (python.empty()) {
     const char* env = std::getenv("FSDP_PYTHON");
-    python = env && *env ? env : "python3";
+    if (env && *env) {
+      python = env;
+    } else if (!build_python().empty() && ::access(build_python().c_str(), X_OK) == 0) {
+      python = build_python();  // the setup venv, where launch/setup.sh installs wandb
+    } else {
+      python = "python3";
+    }
   }
   int in_pair[2];   // [0] trainer end, [1] child's stdin
   int out_pipe[2];  // child's stdout -> handshake

@@ -73,7 +73,17 @@ RunResult Trainer::Impl::train() {
   state.config_json = config_json;
   resume_if_asked();
   state.launch_id = launch_attempt().launch_id;  // the checkpoints of this launch carry it
-  if (!cfg.loop.total_steps && state.total_steps > 0) total_steps = state.total_steps;
+  if (!cfg.loop.total_steps && state.total_steps > 0) {
+    if (state.total_steps != total_steps) {
+      FSDP_LOG0(kWarn) << "--num-epochs " << cfg.loop.num_epochs << " gives " << total_steps
+                       << " optimizer steps, but the resumed run's learning-rate schedule has "
+                       << state.total_steps << ": the schedule keeps " << state.total_steps
+                       << " steps (so the learning rate continues where it was) and training "
+                       << "ends there; to train to step " << total_steps
+                       << ", pass --total-steps " << total_steps;
+    }
+    total_steps = state.total_steps;
+  }
   state.total_steps = total_steps;
   warmup = cfg.optim.warmup_steps ? *cfg.optim.warmup_steps
                                   : optim::warmup_steps(cfg.optim.warmup_ratio, total_steps);

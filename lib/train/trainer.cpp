@@ -90,8 +90,17 @@ void Trainer::Impl::setup() {
   config::validate(cfg, world, vo, topo.local_size);
   plan = config::batch_plan(cfg, world);
   device = pick_device(cfg.runtime.device);
-  const int threads = cfg.runtime.threads > 0
-                          ? static_cast<int>(cfg.runtime.threads)
+  // --threads, else OMP_NUM_THREADS as PyTorch honours it (torchrun and Slurm scripts set it),
+  // else the node's cores divided among its ranks.
+  int omp_threads = 0;
+  if (const char* env = std::getenv("OMP_NUM_THREADS")) {
+    char* end = nullptr;
+    const long n = std::strtol(env, &end, 10);
+    if (end != env && *end == '\0' && n > 0 && n <= 4096) omp_threads = static_cast<int>(n);
+  }
+  const int threads = cfg.runtime.threads > 0 ? static_cast<int>(cfg.runtime.threads)
+                      : omp_threads > 0
+                          ? omp_threads
                           : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) /
                                             std::max(1, topo.local_size));
   at::set_num_threads(threads);
@@ -100,7 +109,8 @@ void Trainer::Impl::setup() {
       rank == 0) {
     FSDP_LOG0(kWarn) << topo.local_size << " rank(s) x " << threads << " thread(s) on a machine "
                      << "with " << cores << " cores: oversubscribed threads slow every rank "
-                     << "down (--threads 0 divides the cores among the ranks)";
+                     << "down (--threads 0 without OMP_NUM_THREADS divides the cores among "
+                     << "the ranks)";
   }
   control = comm::make_communicator(comm::Group::kWorld, c10::Device(c10::kCPU));
   metrics_comm = device.is_cpu() ? control : comm::make_communicator(comm::Group::kWorld, device);

@@ -37,6 +37,12 @@ PYEOF
 run_np 1 $(train_args "$DATA" "$W/part_np1") $COMMON --num-epochs 2 --max-steps 30 --resume auto \
   >"$W/np1.log" 2>&1 || { cat "$W/np1.log"; fail "resume on 1 rank"; }
 compare_exports "$(latest_ckpt "$W/full")" "$(latest_ckpt "$W/part_np1")" 1e-4 || fail "resharded resume"
+# A resume with more epochs keeps the checkpoint's schedule (48 steps) and says how to extend it.
+"$BIN" $(train_args "$DATA" "$W/part_np1") $COMMON --num-epochs 3 --max-steps 30 --resume \
+  >"$W/epochs.log" 2>&1 || { cat "$W/epochs.log"; fail "resume with --num-epochs 3"; }
+grep -q "num-epochs 3 gives 72 optimizer steps, but the resumed run's learning-rate schedule has 48" \
+  "$W/epochs.log" && grep -q "pass --total-steps 72" "$W/epochs.log" ||
+  { cat "$W/epochs.log"; fail "no warning for a resume with another --num-epochs"; }
 
 # --save-final false: the end of training writes nothing (and says so).
 "$BIN" $(train_args "$DATA" "$W/nofinal") $COMMON --num-epochs 1 --max-steps 2 --save-final false \
