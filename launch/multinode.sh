@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Multi-node launch with mpirun and a hostfile: N ranks per node on every node of the hostfile,
-# one rank per GPU, the NCCL/fsdp environment exported to every rank.
+# one rank per GPU.
 #   launch/multinode.sh --hostfile FILE --nproc-per-node N [--nnodes K] -- <fsdp-train flags>
-# K defaults to the number of nodes in the hostfile. Environment that matters (exported when set):
+# K defaults to the number of nodes in the hostfile. fsdp-train's launcher passes to every rank,
+# by name (mpirun -x VAR: no value on the command line), every set variable whose name starts
+# with FSDP_, NCCL_ or WANDB_, plus OMP_NUM_THREADS and LD_LIBRARY_PATH. Environment that matters:
 #   NCCL_SOCKET_IFNAME   network interface NCCL bootstraps on (e.g. eth0, ib0, ^lo,docker)
 #   NCCL_IB_HCA, NCCL_IB_DISABLE, NCCL_DEBUG=INFO   InfiniBand selection and diagnostics
+#   OMP_NUM_THREADS      CPU threads per rank (default: the node's cores divided by its ranks)
 #   FSDP_LOG_LEVEL, FSDP_PRETEND_NODES (tests: split one machine into pretend nodes)
 # --dist-timeout (minutes) bounds every collective; a missing rank aborts the job with its name.
 # With --sharding-strategy hybrid_shard parameters are sharded inside each node and replicated

@@ -85,8 +85,10 @@ std::string configuration_markdown() {
         "`--wandb-key` exist only on the command line (a key must never sit in a file: prefer "
         "the `WANDB_API_KEY` environment variable).\n\n"
      << "A saved `run_config.yaml` is a valid `--config` file: "
-        "`fsdp-train --config outputs/run1/run_config.yaml` repeats a run (`--resume` continues "
-        "it), from any directory: its paths are written absolute. `--config` takes one file "
+        "`fsdp-train --config outputs/run1/run_config.yaml --output-dir outputs/run2` repeats a "
+        "run (its own --output-dir holds its checkpoints, so a fresh start there is refused), "
+        "and `fsdp-train --config outputs/run1/run_config.yaml --resume` continues it in place, "
+        "from any directory: its paths are written absolute. `--config` takes one file "
         "(given twice, or a directory, it is an error); flags after it override single keys.\n";
   std::string group;
   for (const auto& spec : option_table()) {
