@@ -1,5 +1,6 @@
-// Private state of the Trainer, shared by trainer.cpp (set-up, evaluation, checkpoints) and
-// train_loop.cpp (the loop). Not part of the public API; include only from lib/train.
+// Private state of the Trainer, shared by trainer.cpp (set-up, model, evaluation),
+// trainer_checkpoints.cpp (save, resume) and train_loop.cpp (the loop). Not part of the public
+// API; include only from lib/train.
 #pragma once
 
 #include <memory>
@@ -80,5 +81,10 @@ struct Trainer::Impl {
   RunResult train();
   RunResult eval_only();
 };
+
+// --mixed-precision / --reduce-dtype / --export-dtype as a tensor dtype.
+inline c10::ScalarType to_dtype(config::Precision p) {
+  return p == config::Precision::kBF16 ? c10::kBFloat16 : c10::kFloat;
+}
 
 }  // namespace fsdp::train
