@@ -86,9 +86,12 @@ ToyDataPaths generate_toy_data(const ToyDataOptions& o) {
   lm_head = lm_head / lm_head.norm(2, 1, true);
   at::Tensor embed = at::randn({v, h}, gen, f32);
   // q[v] = sum_k p_k lm_head[succ[v,k]]: the direction whose logits peak at v's likely successors.
-  at::Tensor probs = at::tensor(std::vector<float>(chain.probs.begin(), chain.probs.end()), f32);
-  at::Tensor q = (lm_head.index_select(0, chain.succ.reshape(-1)).view({v, k, h}) *
-                  probs.view({1, k, 1})).sum(1);
+  // One successor at a time: a [v, k, h] gather is 9 GB for a gpt-oss-sized vocabulary.
+  at::Tensor q = at::zeros({v, h}, f32);
+  for (int64_t j = 0; j < k; ++j) {
+    q.add_(lm_head.index_select(0, chain.succ.select(1, j).contiguous()),
+           chain.probs[static_cast<size_t>(j)]);
+  }
   const double s = 1.0 / std::sqrt(static_cast<double>(h));
   at::Tensor r_ctx = at::randn({h, h}, gen, f32) * s;
   at::Tensor a_low = at::randn({h, h}, gen, f32) * s;
