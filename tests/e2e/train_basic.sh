@@ -16,6 +16,30 @@ for np in 1 2; do
     --save-interval 0 >"$W/np$np.log" 2>&1 || { cat "$W/np$np.log"; fail "training at $np rank(s)"; }
 done
 compare_exports "$(latest_ckpt "$W/np1")" "$(latest_ckpt "$W/np2")" 1e-5 || fail "1 vs 2 ranks"
+# Golden losses: the 1-rank fp32 run's per-step losses, gradient norms and accuracies against
+# tests/e2e/golden/ (any change of the numerics, the toy data or the schedule shows here; after
+# an intended change regenerate with FSDP_UPDATE_GOLDEN=1 and say why in the commit).
+"$PY" - "$W/np1/metrics.jsonl" "$SRC/tests/e2e/golden/train_basic_fp32_np1.json" <<'PYEOF' || fail "golden losses"
+import json, os, sys
+keys = ["train/loss", "train/grad_norm", "train/lr"] + [f"train/{m}_{i}" for m in ("ploss", "acc") for i in range(3)]
+got = {r["step"]: {k: r[k] for k in keys} for r in map(json.loads, open(sys.argv[1])) if "train/loss" in r}
+if os.environ.get("FSDP_UPDATE_GOLDEN") == "1":
+    json.dump({str(s): v for s, v in sorted(got.items())}, open(sys.argv[2], "w"), indent=1)
+    sys.exit(print("golden losses rewritten:", sys.argv[2]))
+want = {int(s): v for s, v in json.load(open(sys.argv[2])).items()}
+assert sorted(got) == sorted(want), (sorted(got), sorted(want))
+worst = 0.0
+for s in want:
+    for k in keys:
+        a, b = got[s][k], want[s][k]
+        if "/acc_" in k:  # a count over ~100 tokens: one flipped argmax moves it by ~0.01
+            assert abs(a - b) <= 0.011, (s, k, a, b)
+        else:  # other CPUs may order fp32 sums differently
+            rel = abs(a - b) / max(abs(b), 1e-12)
+            worst = max(worst, rel)
+            assert rel <= 1e-4, (s, k, a, b, rel)
+print(f"golden losses: {len(want)} steps match, worst relative difference {worst:.2e}")
+PYEOF
 # Activation checkpointing recomputes the layer in backward (here with the midlayer re-gathered
 # for each use, so the recomputation runs on parameters gathered by the backward hook):
 # bit-identical weights.
