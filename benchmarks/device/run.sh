@@ -27,7 +27,7 @@ T0=$(date +%s)
 stamp() { echo "[device +$(( $(date +%s) - T0 ))s] $*"; }
 PY="${FSDP_PYTHON:-/opt/torch/.venv/bin/python}"
 [ -x "$PY" ] || PY=python3
-stamp "host: $(hostname), $(nproc) cores; $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null)"
+stamp "host: $(hostname), $(nproc) cores, OMP_NUM_THREADS=${OMP_NUM_THREADS:-unset}; $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null)"
 timeout 60 "$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.is_available())'
 NVCC="$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null || true)"
 echo "nvcc: ${NVCC:-none} $( [ -n "$NVCC" ] && "$NVCC" --version | tail -1); g++: $(g++ --version | head -1)"

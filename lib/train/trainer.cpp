@@ -115,7 +115,11 @@ void Trainer::Impl::setup() {
   if (rank == 0) {
     FSDP_LOG0(kInfo) << "fsdp-train: " << world << " rank(s) on " << topo.num_nodes
                      << " node(s), device " << metrics::device_name(device) << ", " << threads
-                     << " thread(s) per rank\n"
+                     << " thread(s) per rank"
+                     << (cfg.runtime.threads > 0 ? ""
+                         : omp_threads > 0   ? " (OMP_NUM_THREADS)"
+                                             : " (cores / ranks)")
+                     << "\n"
                      << config::to_display(cfg);
   }
   draft_cfg = model::load_draft_config(cfg.model.draft_model_config);
