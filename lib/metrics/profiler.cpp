@@ -48,7 +48,9 @@ std::vector<ProfileRow> summarise(const torch::autograd::profiler::ProfilerResul
   return out;
 }
 
-void sync_device() { at::accelerator::synchronizeDevice(at::accelerator::getDeviceIndex()); }
+void sync_device() {
+  at::accelerator::synchronizeDevice(at::accelerator::getDeviceIndex());
+}
 
 }  // namespace
 

@@ -56,8 +56,9 @@ void Trainer::Impl::check_same_architecture(const std::string& saved_config,
       now.max_position_embeddings);
   cmp(other_diff, "hidden_act", saved.hidden_act, now.hidden_act);
   FSDP_USAGE_CHECK(shape_diff.empty(),
-                   flag + ": the checkpoint's draft (" + saved_config + ") and --draft-model-config " +
-                       cfg.model.draft_model_config + " differ in " + shape_diff,
+                   flag + ": the checkpoint's draft (" + saved_config +
+                       ") and --draft-model-config " + cfg.model.draft_model_config +
+                       " differ in " + shape_diff,
                    "use the draft config the checkpoint was trained with");
   if (!other_diff.empty()) {
     FSDP_LOG0(kWarn) << flag << ": the checkpoint's draft config (" << saved_config
@@ -99,7 +100,7 @@ std::string Trainer::Impl::save(int64_t epoch_for_name) {
     });
   }
   full.clear();  // not held through save_state's own host copies (1.7 GB for the llama3-8B draft)
-  try {  // collective: every rank enters it, also after an error of its own
+  try {          // collective: every rank enters it, also after an error of its own
     shard::save_state(*engine, checkpoint::join_path(writer.temp_dir(), "train_state"));
   } catch (const std::exception& e) {
     if (error.empty()) error = error_text(e);
@@ -141,9 +142,9 @@ std::string Trainer::Impl::save(int64_t epoch_for_name) {
 
 std::string Trainer::Impl::newest_checkpoint_text() const {
   const auto latest = checkpoint::find_latest(cfg.checkpoint.output_dir);
-  return latest ? "the newest complete checkpoint is " + latest->path +
-                      " (--resume continues from it)"
-                : std::string("there is no complete checkpoint");
+  return latest
+             ? "the newest complete checkpoint is " + latest->path + " (--resume continues from it)"
+             : std::string("there is no complete checkpoint");
 }
 
 bool Trainer::Impl::inside_output_dir(const std::string& checkpoint_dir) const {
@@ -216,7 +217,8 @@ void Trainer::Impl::plan_resume() {
                      export_only
                          ? "it holds weights only (a SpecForge checkpoint or an export), no "
                            "optimizer state to resume: start from its weights with "
-                           "--init-checkpoint " + dir + " (or --ckpt-dir) instead of --resume"
+                           "--init-checkpoint " +
+                               dir + " (or --ckpt-dir) instead of --resume"
                      : std::filesystem::exists(dir + "/train_state")
                          ? "its save was interrupted (the marker is written last), so its files "
                            "may be incomplete: resume from an older checkpoint, or --resume auto"
@@ -227,9 +229,10 @@ void Trainer::Impl::plan_resume() {
     if (!restarting && !cfg.loop.eval_only && !inside_output_dir(dir)) {
       const auto other = checkpoint::find_latest(cfg.checkpoint.output_dir);
       FSDP_USAGE_CHECK(!other,
-                       "--resume " + dir + " is outside --output-dir " +
-                           cfg.checkpoint.output_dir + ", which holds checkpoints of another run "
-                           "(the newest: " + (other ? other->path : std::string()) +
+                       "--resume " + dir + " is outside --output-dir " + cfg.checkpoint.output_dir +
+                           ", which holds checkpoints of another run "
+                           "(the newest: " +
+                           (other ? other->path : std::string()) +
                            "): the two runs' checkpoints would mix",
                        "continue into an empty --output-dir, or resume a checkpoint of " +
                            cfg.checkpoint.output_dir);
@@ -241,9 +244,8 @@ void Trainer::Impl::plan_resume() {
   // This launch's checkpoints first, then the first attempt's starting points (not twice).
   if (restarting) {
     for (const auto& c : candidates) {
-      const bool dup = std::any_of(own.begin(), own.end(), [&](const auto& o) {
-        return o.path == c.path;
-      });
+      const bool dup =
+          std::any_of(own.begin(), own.end(), [&](const auto& o) { return o.path == c.path; });
       if (!dup) own.push_back(c);
     }
     candidates = own;
