@@ -148,6 +148,11 @@ void Trainer::Impl::setup() {
                        << e.message();
     }
   }
+  // An evaluation set without one micro-batch per rank would only fail at the first
+  // evaluation, after the training before it.
+  if (eval_ds && (cfg.loop.eval_only || cfg.eval.eval_interval > 0 || cfg.eval.eval_steps > 0)) {
+    check_eval_size(*eval_ds);
+  }
   if (!cfg.model.init_checkpoint.empty()) {
     init_export = checkpoint::read_draft_export(cfg.model.init_checkpoint);
     have_init_export = true;
@@ -346,14 +351,19 @@ metrics::ProfilerOptions Trainer::Impl::profiler_options() const {
   return o;
 }
 
+void Trainer::Impl::check_eval_size(const data::FeatureDataset& ds) const {
+  FSDP_USAGE_CHECK(ds.size() >= static_cast<int64_t>(world) * plan.micro_batch,
+                   fsdp::str("evaluation data (", ds.root(), ") has ", ds.size(), " samples: ",
+                             "fewer than one micro-batch per rank (", world, " rank(s) x ",
+                             plan.micro_batch, ")"),
+                   "use more evaluation samples, fewer ranks or a smaller "
+                   "--draft-micro-batch-size");
+}
+
 std::vector<std::pair<std::string, double>> Trainer::Impl::evaluate(const std::string& prefix) {
   auto ds = eval_ds ? eval_ds : train_ds;
+  check_eval_size(*ds);
   auto loader = make_loader(ds, /*shuffle=*/false);
-  FSDP_USAGE_CHECK(
-      loader->batches_per_epoch() > 0,
-      fsdp::str("evaluation data (", ds->root(), ") has ", ds->size(),
-                " samples: fewer than one micro-batch per rank"),
-      "use more evaluation samples, fewer ranks or a smaller --draft-micro-batch-size");
   loader->start({0, 0});
   StepMetrics m(cfg.model.ttt_length, metrics_device());
   at::NoGradGuard no_grad;

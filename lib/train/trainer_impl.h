@@ -61,6 +61,8 @@ struct Trainer::Impl {
   std::string save(int64_t epoch_for_name);
   // True on every rank when `mine` is true on any rank. Collective (CPU control communicator).
   bool any_rank(bool mine) const;
+  // UsageError unless the evaluation set gives every rank at least one micro-batch.
+  void check_eval_size(const data::FeatureDataset& ds) const;
   // Exits 2 unless every rank lists the same checkpoints (collective).
   void check_same_checkpoints(const std::vector<checkpoint::CheckpointRef>& list) const;
   std::string newest_checkpoint_text() const;

@@ -21,6 +21,12 @@ expect2 "--target-model-path" $BASE --target-model-path /nonexistent/target
 expect2 "--train-hidden-states-path" $BASE --train-hidden-states-path /nonexistent/features
 expect2 "sharding-strategy" $BASE --sharding-strategy zero9
 expect2 "micro-batches per rank for one optimizer step" $BASE --draft-global-batch-size 512
+# An evaluation set smaller than one micro-batch per rank stops the run before training.
+mkdir -p "$W/tiny_eval/rows_0-1"
+cp "$(ls "$DATA"/eval_hidden_states/rows_*/*.ckpt | head -n 1)" "$W/tiny_eval/rows_0-1/"
+out="$("$BIN" $BASE --eval-hidden-states-path "$W/tiny_eval" 2>&1)"; r=$?
+[ $r -eq 2 ] && echo "$out" | grep -q "has 1 samples: fewer than one micro-batch per rank (1 rank(s) x 2)" &&
+  ! echo "$out" | grep -q "^step 1" || { echo "$out" | tail -5; fail "a too small eval set: exit $r"; }
 expect2 "--config" --config /nonexistent/run.yaml
 expect2 "is a directory" --config "$W"
 expect2 "given 2 times" --config "$W/a.yaml" --config "$W/b.yaml"
