@@ -377,11 +377,20 @@ void Trainer::Impl::resume_if_asked() {
   if (saved.world_size != world || saved.micro_batch_size != plan.micro_batch) {
     // Different data-parallel layout: keep the number of samples consumed in the epoch.
     const int64_t samples = saved.position * saved.micro_batch_size * saved.world_size;
-    state.position = samples / (plan.micro_batch * world);
-    FSDP_LOG0(kWarn) << "resuming a run saved at " << saved.world_size << " rank(s) on " << world
+    const int64_t per_round = plan.micro_batch * world;  // samples of one micro-batch per rank
+    state.position = samples / per_round;
+    const int64_t resumed_at = state.position * per_round;
+    FSDP_LOG0(kWarn) << "resuming a run saved at " << saved.world_size << " rank(s) x micro-batch "
+                     << saved.micro_batch_size << " on " << world << " x " << plan.micro_batch
                      << ": parameters and optimizer state are resharded exactly; the data order "
                         "continues at sample "
-                     << samples << " of epoch " << saved.epoch;
+                     << resumed_at << " of epoch " << saved.epoch
+                     << (resumed_at == samples
+                             ? std::string()
+                             : fsdp::str(" (the checkpoint had consumed ", samples,
+                                         ", not a multiple of ", per_round,
+                                         " = ranks x micro-batch: samples ", resumed_at, "..",
+                                         samples - 1, " are trained again)"));
   }
   state.world_size = world;
   state.accumulation_steps = plan.accumulation_steps;
