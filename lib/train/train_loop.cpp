@@ -187,6 +187,15 @@ RunResult Trainer::Impl::train() {
   // Just resumed: that step is saved already (a stop before the next step saves nothing again).
   bool saved_at_step = !resume_candidates.empty() && state.step > 0;
   int64_t deferred_eval_step = 0;  // an --eval-steps evaluation waiting for the epoch-end save
+  // One evaluation per step: an epoch end that is also an --eval-steps multiple evaluates once.
+  std::vector<std::pair<std::string, double>> last_eval;
+  int64_t last_eval_step = -1;
+  auto evaluate_at = [&](int64_t at) {
+    if (last_eval_step == at) return;
+    last_eval = evaluate("eval");
+    last_eval_step = at;
+    logger->log(at, last_eval);
+  };
   at::Tensor flag = at::zeros({1}, at::kInt);
   std::unique_ptr<metrics::StepProfiler> profiler;
   if (cfg.profile.enabled) profiler = std::make_unique<metrics::StepProfiler>(profiler_options());
@@ -329,7 +338,7 @@ RunResult Trainer::Impl::train() {
         if (epoch_end_saves) {
           deferred_eval_step = n;  // after that save (below)
         } else {
-          logger->log(n, evaluate("eval"));
+          evaluate_at(n);
         }
       }
       // Agree on stopping: a signal may have reached only some ranks.
@@ -360,12 +369,12 @@ RunResult Trainer::Impl::train() {
       saved_at_step = save_now(epoch);
     }
     if (deferred_eval_step > 0) {
-      logger->log(deferred_eval_step, evaluate("eval"));
+      evaluate_at(deferred_eval_step);
       deferred_eval_step = 0;
     }
     if (eval_ds && cfg.eval.eval_interval > 0 && (epoch + 1) % cfg.eval.eval_interval == 0) {
-      result.final_eval = evaluate("eval");
-      logger->log(state.step, result.final_eval);
+      evaluate_at(state.step);
+      result.final_eval = last_eval;
     }
   }
   health.flush();

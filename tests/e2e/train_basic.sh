@@ -171,4 +171,12 @@ js = {(r["step"], round(r["train/acc_0"], 5)) for r in map(json.loads, open(d + 
 assert tb == js and tb, (sorted(tb)[:3], sorted(js)[:3])
 print("tensorboard: %d points of train/acc_0 match metrics.jsonl" % len(tb))
 PYEOF
+# --eval-steps 3 and --eval-interval 1 over a 6-step epoch: evaluations at steps 3 and 6, the
+# epoch end's not repeated.
+"$BIN" $(train_args "$DATA" "$W/evals") --draft-global-batch-size 16 --draft-micro-batch-size 2 \
+  --num-epochs 1 --eval-steps 3 --eval-interval 1 --save-interval 0 \
+  --eval-hidden-states-path "$DATA/eval_hidden_states" >"$W/evals.log" 2>&1 ||
+  { cat "$W/evals.log"; fail "run with --eval-steps"; }
+steps="$("$PY" -c 'import json,sys; print(" ".join(str(r["step"]) for r in map(json.loads, open(sys.argv[1])) if "eval/loss" in r))' "$W/evals/metrics.jsonl")"
+[ "$steps" = "3 6" ] || fail "evaluations at steps '$steps', expected '3 6'"
 echo PASS
