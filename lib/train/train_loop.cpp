@@ -190,9 +190,19 @@ RunResult Trainer::Impl::train() {
   // One evaluation per step: an epoch end that is also an --eval-steps multiple evaluates once.
   std::vector<std::pair<std::string, double>> last_eval;
   int64_t last_eval_step = -1;
+  int64_t epoch_now = 0;  // the epoch a failed evaluation's save is named after
   auto evaluate_at = [&](int64_t at) {
     if (last_eval_step == at) return;
-    last_eval = evaluate("eval");
+    // Unreadable evaluation data ends the run like a bad training sample: the last completed
+    // step is saved first.
+    last_eval = evaluate("eval", [&] {
+      health.flush();
+      if (state.step > 0 && !saved_at_step) {
+        FSDP_LOG0(kWarn) << "evaluation data failed: saving step " << state.step
+                         << " first (after fixing the cause, --resume continues from it)";
+        saved_at_step = save_now(epoch_now);
+      }
+    });
     last_eval_step = at;
     logger->log(at, last_eval);
   };
@@ -201,6 +211,7 @@ RunResult Trainer::Impl::train() {
   if (cfg.profile.enabled) profiler = std::make_unique<metrics::StepProfiler>(profiler_options());
 
   for (int64_t epoch = state.epoch; epoch < cfg.loop.num_epochs && !stop; ++epoch) {
+    epoch_now = epoch;
     loader->start({epoch, epoch == state.epoch ? state.position : 0});
     int64_t in_group = 0;
     std::vector<model::StepOutput> group_outputs;  // this optimizer step's micro-batches
@@ -235,11 +246,7 @@ RunResult Trainer::Impl::train() {
           saved_at_step = save_now(epoch);
         }
         if (bad_sample) std::rethrow_exception(bad_sample);
-        // The rank that failed reports its error and stops the job; this one only speaks if
-        // that did not happen within a few seconds (its report waits 2 s on ranks other than 0).
-        std::this_thread::sleep_for(std::chrono::seconds(6));
-        FSDP_USAGE_CHECK(false, "stopping: another rank's data loading failed (its error is above)",
-                         "fix or remove that file (or pass --skip-bad-samples), then --resume");
+        stop_for_other_rank("data loading");
       }
       if (!batch) break;
       const int64_t b_index = batch->batch_index;

@@ -12,6 +12,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <chrono>
+#include <optional>
 #include <thread>
 
 #include "checkpoint/checkpoint_dir.h"
@@ -360,14 +362,37 @@ void Trainer::Impl::check_eval_size(const data::FeatureDataset& ds) const {
                    "--draft-micro-batch-size");
 }
 
-std::vector<std::pair<std::string, double>> Trainer::Impl::evaluate(const std::string& prefix) {
+void Trainer::Impl::stop_for_other_rank(const char* what) const {
+  // The rank that failed reports its error and stops the job; this one only speaks if that did
+  // not happen within a few seconds (its report waits 2 s on ranks other than 0).
+  std::this_thread::sleep_for(std::chrono::seconds(6));
+  FSDP_USAGE_CHECK(false, fsdp::str("stopping: another rank's ", what, " failed (its error is above)"),
+                   "fix or remove that file (or pass --skip-bad-samples), then --resume");
+  std::abort();  // not reached: the check throws
+}
+
+std::vector<std::pair<std::string, double>> Trainer::Impl::evaluate(
+    const std::string& prefix, const std::function<void()>& before_failure) {
   auto ds = eval_ds ? eval_ds : train_ds;
   check_eval_size(*ds);
   auto loader = make_loader(ds, /*shuffle=*/false);
   loader->start({0, 0});
   StepMetrics m(cfg.model.ttt_length, metrics_device());
   at::NoGradGuard no_grad;
-  while (auto b = loader->next()) {
+  while (true) {
+    std::optional<data::Batch> b;
+    std::exception_ptr failure;
+    try {
+      b = loader->next();
+    } catch (const std::exception&) {
+      failure = std::current_exception();
+    }
+    if (world > 1 ? any_rank(failure != nullptr) : failure != nullptr) {
+      if (before_failure) before_failure();
+      if (failure) std::rethrow_exception(failure);
+      stop_for_other_rank("evaluation data loading");
+    }
+    if (!b) break;
     const auto rows = model::LossRows::build(b->loss_mask, cfg.model.ttt_length, device);
     auto out = model::ttt_step(*draft, head, rows, b->input_ids.to(device, true),
                                b->attention_mask.to(device, true), b->loss_mask.to(device, true),

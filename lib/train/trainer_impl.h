@@ -3,6 +3,7 @@
 // API; include only from lib/train.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -55,7 +56,14 @@ struct Trainer::Impl {
                                                 bool shuffle) const;
   model::LossOptions loss_options(int64_t accumulation) const;
   metrics::ProfilerOptions profiler_options() const;
-  std::vector<std::pair<std::string, double>> evaluate(const std::string& prefix);
+  // Evaluates the current weights on the evaluation set (the training set without one). When
+  // reading a micro-batch fails on any rank, the ranks agree on it before its collectives, run
+  // before_failure (the loop saves the last completed step there), and the failing rank
+  // rethrows its error; the others stop with a usage error pointing at it.
+  std::vector<std::pair<std::string, double>> evaluate(
+      const std::string& prefix, const std::function<void()>& before_failure = {});
+  // On a rank whose peer's data loading failed: waits for that rank's report, then throws.
+  [[noreturn]] void stop_for_other_rank(const char* what) const;
   // Saves a checkpoint; returns its directory, or "" when a write failed on some rank (every
   // rank returns "" then; the earlier checkpoints are untouched). Collective.
   std::string save(int64_t epoch_for_name);

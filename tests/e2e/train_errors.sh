@@ -78,6 +78,17 @@ out="$(run_np 2 $(train_args "$W/data" "$W/keep2r") --vocab-mapping-path "$VMAP"
   --draft-micro-batch-size 2 --num-epochs 1 --save-interval 0 2>&1)"; rc=$?
 [ $rc -eq 2 ] && echo "$out" | grep -q "$(basename "$victim"): cannot load" || { echo "$out" | tail; fail "2 ranks: bad sample exit $rc"; }
 [ -f "$(latest_ckpt "$W/keep2r")/COMPLETE" ] || { echo "$out" | tail; fail "2 ranks: no checkpoint after the bad sample"; }
+# A damaged evaluation file (not the first: that one is read at start-up) met by an --eval-steps
+# evaluation at 2 ranks: the step is saved first, then the run stops naming the file.
+cp -r "$DATA/eval_hidden_states" "$W/bad_eval"
+ev="$(ls "$W"/bad_eval/rows_*/*.ckpt | sort | sed -n 5p)"
+head -c 300 "$W/victim.good" >"$ev"
+out="$(run_np 2 $(train_args "$DATA" "$W/evalbad") --draft-global-batch-size 4 --draft-micro-batch-size 2 \
+  --num-epochs 1 --save-interval 0 --eval-steps 2 --eval-interval 0 --eval-hidden-states-path "$W/bad_eval" 2>&1)"; rc=$?
+[ $rc -eq 2 ] && echo "$out" | grep -q "$(basename "$ev"): cannot load" &&
+  echo "$out" | grep -q "evaluation data failed: saving step 2 first" ||
+  { echo "$out" | tail; fail "2 ranks: bad evaluation file: exit $rc"; }
+[ -f "$W/evalbad/epoch_0_step_2/COMPLETE" ] || { ls "$W/evalbad"; fail "no checkpoint of step 2 before the evaluation error"; }
 cp "$W/victim.good" "$victim"
 "$BIN" $(train_args "$W/data" "$W/keep") --vocab-mapping-path "$VMAP" --draft-global-batch-size 2 \
   --draft-micro-batch-size 2 --num-epochs 1 --save-interval 0 --max-steps $(( ${K##*_step_} + 1 )) --resume >"$W/keep2.log" 2>&1 ||
