@@ -553,7 +553,8 @@ std::vector<OptionSpec> build_table() {
       "where the optimizer step's gradient norm, clip coefficient, skip flag and step count "
       "live: auto = on the GPU when the optimizer state is there (no host synchronisation per "
       "step; skipped steps are reported at logging steps), host = read every step, device = on "
-      "the state's device even on the CPU; results are identical",
+      "the state's device even on the CPU; the same training either way (on the CPU, device "
+      "steps use torch's fused AdamW kernel and differ from host steps by rounding, ~1e-7)",
       FIELD(runtime.step_scalars)));
   t.push_back(row<int64_t>("dist-timeout", K::kInt, rt,
                            "minutes a collective may wait before the job is aborted",

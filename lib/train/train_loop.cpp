@@ -74,15 +74,31 @@ RunResult Trainer::Impl::train() {
   resume_if_asked();
   state.launch_id = launch_attempt().launch_id;  // the checkpoints of this launch carry it
   if (!cfg.loop.total_steps && state.total_steps > 0) {
-    if (state.total_steps != total_steps) {
-      FSDP_LOG0(kWarn) << "--num-epochs " << cfg.loop.num_epochs << " gives " << total_steps
-                       << " optimizer steps, but the resumed run's learning-rate schedule has "
-                       << state.total_steps << ": the schedule keeps " << state.total_steps
-                       << " steps (so the learning rate continues where it was) and training "
-                       << "ends there; to train to step " << total_steps
-                       << ", pass --total-steps " << total_steps;
+    // The schedule's length comes from the checkpoint (the learning rate continues where it
+    // was); say when this run's epochs end elsewhere (another --num-epochs, another layout).
+    const int64_t saved_total = state.total_steps;
+    int64_t end_step = state.step;
+    if (state.epoch < cfg.loop.num_epochs) {
+      end_step += (per_epoch - state.position + accum - 1) / accum +
+                  (cfg.loop.num_epochs - state.epoch - 1) * steps_per_epoch;
     }
-    total_steps = state.total_steps;
+    if (end_step > saved_total) {
+      FSDP_LOG0(kWarn) << "--num-epochs " << cfg.loop.num_epochs << " runs to step " << end_step
+                       << ", but the resumed run's learning-rate schedule has " << saved_total
+                       << " steps: training ends at step " << saved_total
+                       << " (the schedule's end); to train to step " << end_step
+                       << ", pass --total-steps " << end_step;
+    } else if (end_step < std::min(saved_total, cfg.loop.max_steps.value_or(saved_total))) {
+      const int64_t more = (saved_total - end_step + steps_per_epoch - 1) / steps_per_epoch;
+      FSDP_LOG0(kWarn) << "--num-epochs " << cfg.loop.num_epochs << " ends at step " << end_step
+                       << " on this data-parallel layout, before the end of the resumed run's "
+                       << "learning-rate schedule (" << saved_total << " steps; the learning "
+                       << "rate will not have decayed): to finish the schedule pass --num-epochs "
+                       << cfg.loop.num_epochs + more << " --max-steps " << saved_total
+                       << " (or --total-steps " << end_step << " to end it at step " << end_step
+                       << ", which changes the learning rate from here on)";
+    }
+    total_steps = saved_total;
   }
   state.total_steps = total_steps;
   warmup = cfg.optim.warmup_steps ? *cfg.optim.warmup_steps

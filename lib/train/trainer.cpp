@@ -279,6 +279,13 @@ void Trainer::Impl::build_model() {
   eo.device = device;
   eo.cpu_offload = cfg.shard.cpu_offload;
   eo.reshard_between_uses = cfg.shard.reshard_between_uses;
+  if (cfg.shard.reshard_between_uses && eo.strategy != shard::Strategy::kFullShard &&
+      eo.strategy != shard::Strategy::kHybridShard) {
+    FSDP_LOG0(kWarn) << "--reshard-between-uses has no effect with --sharding-strategy "
+                     << config::to_string(cfg.shard.strategy)
+                     << " (parameters stay gathered through the forward); it applies to "
+                        "full_shard and hybrid_shard";
+  }
   eo.step_scalars = cfg.runtime.step_scalars == config::StepScalars::kHost
                         ? shard::EngineOptions::StepScalars::kHost
                     : cfg.runtime.step_scalars == config::StepScalars::kDevice

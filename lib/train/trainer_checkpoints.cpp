@@ -10,6 +10,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include <nlohmann/json.hpp>
+
 #include "checkpoint/checkpoint_dir.h"
 #include "checkpoint/export.h"
 #include "checkpoint/safetensors.h"
@@ -319,6 +321,29 @@ void Trainer::Impl::plan_resume() {
   }
 }
 
+void Trainer::Impl::report_changed_settings(const std::string& saved_json) const {
+  // Settings that change what a step computes: a resume may change them on purpose (a lower
+  // learning rate, a longer unroll), but never silently.
+  static const char* const kKeys[] = {
+      "draft_global_batch_size", "learning_rate", "lr_scheduler", "warmup_ratio", "warmup_steps",
+      "max_grad_norm", "adam_beta1", "adam_beta2", "adam_eps", "weight_decay", "ttt_length",
+      "max_length", "loss_normalization", "mixed_precision", "reduce_dtype", "seed",
+      "train_hidden_states_path"};
+  const auto saved = nlohmann::json::parse(saved_json, nullptr, /*allow_exceptions=*/false);
+  const auto now = nlohmann::json::parse(config_json, nullptr, /*allow_exceptions=*/false);
+  if (!saved.is_object() || !now.is_object()) return;
+  std::string changes;
+  for (const char* key : kKeys) {
+    if (!saved.contains(key) || !now.contains(key) || saved[key] == now[key]) continue;
+    changes += fsdp::str(changes.empty() ? "" : ", ", key, " ", saved[key].dump(), " -> ",
+                         now[key].dump());
+  }
+  if (!changes.empty()) {
+    FSDP_LOG0(kWarn) << "resuming with settings that differ from the checkpoint's run: "
+                     << changes;
+  }
+}
+
 void Trainer::Impl::resume_if_asked() {
   const std::vector<checkpoint::CheckpointRef>& candidates = resume_candidates;
   if (candidates.empty()) return;
@@ -374,23 +399,27 @@ void Trainer::Impl::resume_if_asked() {
                      << " is not used: the run resumes from " << loaded;
   }
   state = saved;
+  state.config_json = config_json;  // later checkpoints record this run's settings
+  if (!cfg.loop.eval_only) report_changed_settings(saved.config_json);
   if (saved.world_size != world || saved.micro_batch_size != plan.micro_batch) {
     // Different data-parallel layout: keep the number of samples consumed in the epoch.
     const int64_t samples = saved.position * saved.micro_batch_size * saved.world_size;
     const int64_t per_round = plan.micro_batch * world;  // samples of one micro-batch per rank
     state.position = samples / per_round;
     const int64_t resumed_at = state.position * per_round;
-    FSDP_LOG0(kWarn) << "resuming a run saved at " << saved.world_size << " rank(s) x micro-batch "
-                     << saved.micro_batch_size << " on " << world << " x " << plan.micro_batch
-                     << ": parameters and optimizer state are resharded exactly; the data order "
-                        "continues at sample "
-                     << resumed_at << " of epoch " << saved.epoch
-                     << (resumed_at == samples
-                             ? std::string()
-                             : fsdp::str(" (the checkpoint had consumed ", samples,
-                                         ", not a multiple of ", per_round,
-                                         " = ranks x micro-batch: samples ", resumed_at, "..",
-                                         samples - 1, " are trained again)"));
+    if (!cfg.loop.eval_only) {  // an evaluation has no data position
+      FSDP_LOG0(kWarn)
+          << "resuming a run saved at " << saved.world_size << " rank(s) x micro-batch "
+          << saved.micro_batch_size << " on " << world << " x " << plan.micro_batch << ": "
+          << (saved.world_size != world ? "parameters and optimizer state are resharded exactly; "
+                                        : "")
+          << "the data order continues at sample " << resumed_at << " of epoch " << saved.epoch
+          << (resumed_at == samples
+                  ? std::string()
+                  : fsdp::str(" (the checkpoint had consumed ", samples, ", not a multiple of ",
+                              per_round, " = ranks x micro-batch: samples ", resumed_at, "..",
+                              samples - 1, " are trained again)"));
+    }
   }
   state.world_size = world;
   state.accumulation_steps = plan.accumulation_steps;

@@ -88,6 +88,9 @@ struct Trainer::Impl {
   std::unique_ptr<checkpoint::OutputDirLock> output_lock;  // rank 0, training runs
   // Loads the first loadable candidate (engine, run state), sets newer checkpoints aside.
   void resume_if_asked();
+  // Warns (rank 0) about settings that change the computation and differ from saved_json, the
+  // resumed checkpoint's recorded configuration.
+  void report_changed_settings(const std::string& saved_json) const;
   RunResult train();
   RunResult eval_only();
 };

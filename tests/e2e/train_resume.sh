@@ -39,8 +39,10 @@ run_np 1 $(train_args "$DATA" "$W/part_np1") $COMMON --num-epochs 2 --max-steps 
 compare_exports "$(latest_ckpt "$W/full")" "$(latest_ckpt "$W/part_np1")" 1e-4 || fail "resharded resume"
 # A resume with more epochs keeps the checkpoint's schedule (48 steps) and says how to extend it.
 "$BIN" $(train_args "$DATA" "$W/part_np1") $COMMON --num-epochs 3 --max-steps 30 --resume \
-  >"$W/epochs.log" 2>&1 || { cat "$W/epochs.log"; fail "resume with --num-epochs 3"; }
-grep -q "num-epochs 3 gives 72 optimizer steps, but the resumed run's learning-rate schedule has 48" \
+  --learning-rate 2e-3 >"$W/epochs.log" 2>&1 || { cat "$W/epochs.log"; fail "resume with --num-epochs 3"; }
+grep -q "resuming with settings that differ from the checkpoint's run: learning_rate 0.001 -> 0.002" \
+  "$W/epochs.log" || { cat "$W/epochs.log"; fail "no warning for a changed learning rate"; }
+grep -q "num-epochs 3 runs to step 72, but the resumed run's learning-rate schedule has 48 steps: training ends at step 48" \
   "$W/epochs.log" && grep -q "pass --total-steps 72" "$W/epochs.log" ||
   { cat "$W/epochs.log"; fail "no warning for a resume with another --num-epochs"; }
 
