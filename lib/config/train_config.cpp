@@ -133,7 +133,8 @@ void validate(const TrainConfig& cfg, int world_size, const ValidateOptions& opt
   FSDP_USAGE_CHECK(cfg.model.ttt_length <= 64,
                    str("--ttt-length ", cfg.model.ttt_length, " is implausibly large"),
                    "EAGLE3 uses 7; keep it at most 64");
-  batch_plan(cfg, world_size);
+  if (train) batch_plan(cfg, world_size);  // an evaluation only needs a micro-batch
+  check_positive(cfg.loop.draft_micro_batch_size, "--draft-micro-batch-size");
   if (cfg.loop.total_steps) check_positive(*cfg.loop.total_steps, "--total-steps");
   if (cfg.loop.max_steps) {
     check_positive(*cfg.loop.max_steps, "--max-steps");

@@ -87,7 +87,19 @@ void Trainer::Impl::setup() {
   config::ValidateOptions vo;
   vo.training = !cfg.loop.eval_only;
   config::validate(cfg, world, vo, topo.local_size);
-  plan = config::batch_plan(cfg, world);
+  if (cfg.loop.eval_only) {
+    // No optimizer steps: only the micro-batch matters (the training batch need not divide).
+    FSDP_USAGE_CHECK(cfg.loop.draft_micro_batch_size > 0,
+                     fsdp::str("--draft-micro-batch-size must be positive, got ",
+                               cfg.loop.draft_micro_batch_size),
+                     "");
+    plan.micro_batch = cfg.loop.draft_micro_batch_size;
+    plan.dp_size = world;
+    plan.global_batch = plan.micro_batch * world;
+    plan.accumulation_steps = 1;
+  } else {
+    plan = config::batch_plan(cfg, world);
+  }
   device = pick_device(cfg.runtime.device);
   // --threads, else OMP_NUM_THREADS as PyTorch honours it (torchrun and Slurm scripts set it),
   // else the node's cores divided among its ranks.
