@@ -30,15 +30,14 @@ int report(const Error& e, int code) {
 // same message is printed once, and report only an error of their own (then rank 0 is waiting
 // in a collective and does not stop the job).
 void let_rank0_report_first() {
-  if (comm::initialized() && comm::topology().world_size > 1 && comm::topology().world_rank != 0) {
-    std::this_thread::sleep_for(std::chrono::seconds(2));
-  }
+  const auto [rank, size] = comm::mpi_rank_and_size();
+  if (size > 1 && rank != 0) std::this_thread::sleep_for(std::chrono::seconds(2));
 }
 
 // Reports `e` and returns `code`; with several ranks, stops the whole job with that code (other
 // ranks may be waiting in a collective).
 int fail(const Error& e, int code) {
-  if (comm::initialized() && comm::topology().world_size > 1) {
+  if (comm::mpi_rank_and_size().second > 1) {
     let_rank0_report_first();
     report(e, code);
     comm::abort_job("stopping all ranks after the error above", code);

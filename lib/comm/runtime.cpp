@@ -113,6 +113,18 @@ bool initialized() {
   return state().ready;
 }
 
+std::pair<int, int> mpi_rank_and_size() {
+  if (state().ready) return {state().topo.world_rank, state().topo.world_size};
+  int init = 0, fin = 0;
+  MPI_Initialized(&init);
+  MPI_Finalized(&fin);
+  if (!init || fin) return {0, 1};
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  return {rank, size};
+}
+
 void finalize() {
   State& s = state();
   if (!s.ready) return;

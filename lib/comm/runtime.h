@@ -9,6 +9,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -37,6 +38,9 @@ struct Topology {
 //                         hybrid sharding on one machine); world size must divide by K.
 void init(int* argc, char*** argv);
 bool initialized();
+// This process's rank and the world size as MPI knows them, also when init() failed half way
+// (e.g. a bad FSDP_PRETEND_NODES): {0, 1} without MPI. For error reporting.
+std::pair<int, int> mpi_rank_and_size();
 // Finalises MPI if this process initialised it. Safe to call twice.
 void finalize();
 
