@@ -166,6 +166,16 @@ void Trainer::Impl::setup() {
   // evaluation, after the training before it.
   if (eval_ds && (cfg.loop.eval_only || cfg.eval.eval_interval > 0 || cfg.eval.eval_steps > 0)) {
     check_eval_size(*eval_ds);
+    // Evaluation splits the set like training: whole micro-batches per rank (docs/data.md).
+    const int64_t n = eval_ds->size();
+    const int64_t used = (n / world) / plan.micro_batch * plan.micro_batch * world;
+    if (used < n) {
+      FSDP_LOG0(kWarn) << "--eval-hidden-states-path: each evaluation uses " << used << " of the "
+                       << n << " samples (whole micro-batches on every rank: " << world
+                       << " rank(s) x micro-batch " << plan.micro_batch << "): "
+                       << n - used << " sample(s) at its end are left out (a set size divisible by "
+                       << world * plan.micro_batch << " evaluates all)";
+    }
   }
   if (!cfg.model.init_checkpoint.empty()) {
     init_export = checkpoint::read_draft_export(cfg.model.init_checkpoint);
