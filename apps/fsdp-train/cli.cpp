@@ -1,8 +1,8 @@
 // Root command line and exit-code policy (cli.h).
 #include "cli.h"
 
-#include <CLI/CLI.hpp>
 #include <torch/version.h>
+#include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <chrono>

@@ -185,10 +185,10 @@ void validate(const TrainConfig& cfg, int world_size, const ValidateOptions& opt
     check_positive(cfg.profile.num_steps, "--profile-num-steps");
   }
   if (const auto dp = cfg.specforge_flags.find("dp-size"); dp != cfg.specforge_flags.end()) {
-    FSDP_USAGE_CHECK(dp->second == std::to_string(world_size),
-                     str("--dp-size ", dp->second, " but the job has ", world_size,
-                         " data-parallel ranks"),
-                     "drop --dp-size (every rank is data-parallel) or start that many ranks");
+    FSDP_USAGE_CHECK(
+        dp->second == std::to_string(world_size),
+        str("--dp-size ", dp->second, " but the job has ", world_size, " data-parallel ranks"),
+        "drop --dp-size (every rank is data-parallel) or start that many ranks");
   }
   if (cfg.metrics.mfu_peak_tflops) {
     FSDP_USAGE_CHECK(*cfg.metrics.mfu_peak_tflops > 0,

@@ -57,12 +57,11 @@ RunResult Trainer::Impl::train() {
                 " (every step would otherwise average fewer samples than it divides by)"));
   const int64_t steps_per_epoch = (per_epoch + accum - 1) / accum;
   if (per_epoch % accum != 0) {
-    FSDP_LOG0(kWarn) << "each epoch ends with an optimizer step of " << per_epoch % accum
-                     << " of " << accum << " micro-batches (" << per_epoch
+    FSDP_LOG0(kWarn) << "each epoch ends with an optimizer step of " << per_epoch % accum << " of "
+                     << accum << " micro-batches (" << per_epoch
                      << " per rank per epoch): its loss is still divided by " << accum
-                     << ", as in SpecForge, so that step's gradient is "
-                     << per_epoch % accum << "/" << accum
-                     << " as large; a global batch that divides the epoch avoids it";
+                     << ", as in SpecForge, so that step's gradient is " << per_epoch % accum << "/"
+                     << accum << " as large; a global batch that divides the epoch avoids it";
   }
   total_steps =
       cfg.loop.total_steps ? *cfg.loop.total_steps : cfg.loop.num_epochs * steps_per_epoch;
@@ -150,8 +149,7 @@ RunResult Trainer::Impl::train() {
   sc.wandb_run_id = state.wandb_run_id;  // from the checkpoint resumed from, if any
   // Also a fresh start (step 0): records of an earlier attempt that saved nothing move aside.
   sc.resumed_step = state.step;
-  sc.tensorboard_resumed_step =
-      state.step > 0 || launch_attempt().attempt > 0 ? state.step : -1;
+  sc.tensorboard_resumed_step = state.step > 0 || launch_attempt().attempt > 0 ? state.step : -1;
   logger = metrics::make_logger(cfg.metrics, sc);
   // Kept when this part of the run has no W&B sink: a later resume with W&B continues the run.
   if (const std::string id = logger->wandb_run_id(); !id.empty()) state.wandb_run_id = id;
@@ -255,8 +253,8 @@ RunResult Trainer::Impl::train() {
         health.flush();
         if (state.step > 0 && !saved_at_step) {
           FSDP_LOG0(kWarn) << (is_bad_sample ? "a bad sample stops the run"
-                               : bad_sample ? "the data loader failed"
-                                            : "data loading failed on another rank")
+                               : bad_sample  ? "the data loader failed"
+                                             : "data loading failed on another rank")
                            << ": saving step " << state.step
                            << " first (after fixing the cause, --resume continues from it)";
           saved_at_step = save_now(epoch);
@@ -277,11 +275,10 @@ RunResult Trainer::Impl::train() {
       // fsdp:: scopes name the phases in --profile traces (free when not profiling).
       auto out = [&] {
         RECORD_USER_SCOPE("fsdp::forward");
-        return model::ttt_step(*draft, head, rows, batch->input_ids.to(device, true),
-                               batch->attention_mask.to(device, true),
-                               batch->loss_mask.to(device, true),
-                               batch->aux_hidden.to(device, true),
-                               batch->target_hidden.to(device, true), loss_opts);
+        return model::ttt_step(
+            *draft, head, rows, batch->input_ids.to(device, true),
+            batch->attention_mask.to(device, true), batch->loss_mask.to(device, true),
+            batch->aux_hidden.to(device, true), batch->target_hidden.to(device, true), loss_opts);
       }();
       {
         RECORD_USER_SCOPE("fsdp::backward");

@@ -8,11 +8,11 @@
 #include <torch/nn/module.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <chrono>
 #include <optional>
 #include <thread>
 
@@ -20,10 +20,10 @@
 #include "checkpoint/export.h"
 #include "checkpoint/safetensors.h"
 #include "comm/runtime.h"
-#include "core/fs_util.h"
 #include "config/options.h"
 #include "core/error.h"
 #include "core/finite.h"
+#include "core/fs_util.h"
 #include "core/log.h"
 #include "core/timer.h"
 #include "data/dataset.h"
@@ -131,8 +131,8 @@ void Trainer::Impl::setup() {
                      << " node(s), device " << metrics::device_name(device) << ", " << threads
                      << " thread(s) per rank"
                      << (cfg.runtime.threads > 0 ? ""
-                         : omp_threads > 0   ? " (OMP_NUM_THREADS)"
-                                             : " (cores / ranks)")
+                         : omp_threads > 0       ? " (OMP_NUM_THREADS)"
+                                                 : " (cores / ranks)")
                      << "\n"
                      << config::to_display(cfg);
   }
@@ -172,8 +172,8 @@ void Trainer::Impl::setup() {
     if (used < n) {
       FSDP_LOG0(kWarn) << "--eval-hidden-states-path: each evaluation uses " << used << " of the "
                        << n << " samples (whole micro-batches on every rank: " << world
-                       << " rank(s) x micro-batch " << plan.micro_batch << "): "
-                       << n - used << " sample(s) at its end are left out (a set size divisible by "
+                       << " rank(s) x micro-batch " << plan.micro_batch << "): " << n - used
+                       << " sample(s) at its end are left out (a set size divisible by "
                        << world * plan.micro_batch << " evaluates all)";
     }
   }
@@ -206,8 +206,8 @@ void Trainer::Impl::setup() {
   }
   if (!cfg.loop.eval_only || cfg.checkpoint.resume != config::ResumeMode::kNone) plan_resume();
   if (!resume_candidates.empty()) {
-    check_same_architecture(
-        checkpoint::join_path(resume_candidates.front().path, "config.json"), "--resume");
+    check_same_architecture(checkpoint::join_path(resume_candidates.front().path, "config.json"),
+                            "--resume");
   }
   build_model();
 }
@@ -273,9 +273,9 @@ void Trainer::Impl::build_model() {
     // learning rate).
     FSDP_USAGE_CHECK(all_finite(t),
                      fsdp::str("target tensor '", key, "' in ", cfg.model.target_model_path,
-                               t.is_floating_point() ? " contains NaN or Inf values"
-                                                     : fsdp::str(" is ", t.scalar_type(),
-                                                                 ", not floating point")),
+                               t.is_floating_point()
+                                   ? " contains NaN or Inf values"
+                                   : fsdp::str(" is ", t.scalar_type(), ", not floating point")),
                      "the target checkpoint is damaged or not the model's weights; check it");
   }
   FSDP_USAGE_CHECK(
@@ -350,8 +350,8 @@ std::unique_ptr<data::DataLoader> Trainer::Impl::make_loader(
   lo.pin_memory = !device.is_cpu();
   // Four readers on a GPU, like SpecForge's DataLoader workers: a 2k-token sample of an 8B
   // target is 64 MiB to read and unpickle per micro-batch.
-  lo.prefetch_threads = static_cast<int>(
-      cfg.data.loader_threads > 0 ? cfg.data.loader_threads : (device.is_cpu() ? 1 : 4));
+  lo.prefetch_threads = static_cast<int>(cfg.data.loader_threads > 0 ? cfg.data.loader_threads
+                                                                     : (device.is_cpu() ? 1 : 4));
   lo.validate();
   return std::make_unique<data::DataLoader>(ds, sampler, lo);
 }
@@ -384,9 +384,9 @@ metrics::ProfilerOptions Trainer::Impl::profiler_options() const {
 
 void Trainer::Impl::check_eval_size(const data::FeatureDataset& ds) const {
   FSDP_USAGE_CHECK(ds.size() >= static_cast<int64_t>(world) * plan.micro_batch,
-                   fsdp::str("evaluation data (", ds.root(), ") has ", ds.size(), " samples: ",
-                             "fewer than one micro-batch per rank (", world, " rank(s) x ",
-                             plan.micro_batch, ")"),
+                   fsdp::str("evaluation data (", ds.root(), ") has ", ds.size(),
+                             " samples: ", "fewer than one micro-batch per rank (", world,
+                             " rank(s) x ", plan.micro_batch, ")"),
                    "use more evaluation samples, fewer ranks or a smaller "
                    "--draft-micro-batch-size");
 }
@@ -395,7 +395,8 @@ void Trainer::Impl::stop_for_other_rank(const char* what) const {
   // The rank that failed reports its error and stops the job; this one only speaks if that did
   // not happen within a few seconds (its report waits 2 s on ranks other than 0).
   std::this_thread::sleep_for(std::chrono::seconds(6));
-  FSDP_USAGE_CHECK(false, fsdp::str("stopping: another rank's ", what, " failed (its error is above)"),
+  FSDP_USAGE_CHECK(false,
+                   fsdp::str("stopping: another rank's ", what, " failed (its error is above)"),
                    "fix or remove that file (or pass --skip-bad-samples), then --resume");
   std::abort();  // not reached: the check throws
 }
