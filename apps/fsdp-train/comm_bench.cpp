@@ -108,14 +108,9 @@ int run_bench(const BenchOptions& o) {
   // A stop request (SIGUSR1: the launcher's Ctrl-C, Slurm's --signal) ends the run after the
   // current size; the ranks agree on it on the CPU, since a signal may reach only some of them.
   auto control = comm::make_communicator(comm::Group::kWorld, c10::Device(c10::kCPU));
-  auto stop_agreed = [&] {
-    at::Tensor flag = at::full({1}, train::stop_requested() ? 1 : 0, at::kInt);
-    control->all_reduce(flag, comm::ReduceOp::kMax)->wait();
-    return flag.item<int>() != 0;
-  };
   for (const auto& v : variants) {
     for (int64_t bytes = lo; bytes <= hi; bytes *= (o.quick ? 4 : 2)) {
-      if (stop_agreed()) {
+      if (comm::any_rank(*control, train::stop_requested())) {
         if (topo.world_rank == 0) std::printf("# stopped by a stop request\n");
         return 0;
       }

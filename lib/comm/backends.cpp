@@ -2,6 +2,8 @@
 #include "comm/mpi_backend.h"
 #include "comm/mpi_util.h"
 #include "comm/runtime.h"
+
+#include <ATen/ATen.h>
 #if defined(FSDP_HAVE_NCCL)
 #include "comm/nccl_backend.h"
 #endif
@@ -29,6 +31,12 @@ std::shared_ptr<Communicator> make_communicator(Group group, const c10::Device& 
              "this build has: mpi (CPU)" +
                  std::string(compiled_backends().size() > 1 ? ", nccl (CUDA)" : "") +
                  "; rebuild with the CUDA LibTorch and NCCL for GPU training");
+}
+
+bool any_rank(Communicator& comm, bool mine) {
+  at::Tensor flag = at::full({1}, mine ? 1 : 0, at::kInt);
+  comm.all_reduce(flag, ReduceOp::kMax)->wait();
+  return flag.item<int>() != 0;
 }
 
 std::vector<std::string> compiled_backends() {

@@ -60,4 +60,9 @@ class Communicator {
   CommStats stats_;
 };
 
+// True on every rank when `mine` is true on any rank: one int all-reduce (max) on `comm`, a CPU
+// (MPI) communicator. The ranks' agreement on flags one rank may see alone (a stop signal, a
+// failed read, a failed write).
+bool any_rank(Communicator& comm, bool mine);
+
 }  // namespace fsdp::comm

@@ -220,7 +220,6 @@ RunResult Trainer::Impl::train() {
     last_eval_step = at;
     logger->log(at, last_eval);
   };
-  at::Tensor flag = at::zeros({1}, at::kInt);
   std::unique_ptr<metrics::StepProfiler> profiler;
   if (cfg.profile.enabled) profiler = std::make_unique<metrics::StepProfiler>(profiler_options());
 
@@ -362,9 +361,7 @@ RunResult Trainer::Impl::train() {
         }
       }
       // Agree on stopping: a signal may have reached only some ranks.
-      flag.fill_(stop_requested() ? 1 : 0);
-      control->all_reduce(flag, comm::ReduceOp::kMax)->wait();
-      if (flag.item<int>() != 0) {
+      if (any_rank(stop_requested())) {
         FSDP_LOG0(kWarn) << "stop requested (signal " << stop_signal() << "): saving at step " << n
                          << " and exiting";
         health.flush();

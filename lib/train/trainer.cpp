@@ -28,6 +28,7 @@
 #include "core/timer.h"
 #include "data/dataset.h"
 #include "data/loader.h"
+#include "data/sampler.h"
 #include "data/vocab_mapping.h"
 #include "metrics/meters.h"
 #include "metrics/sinks.h"
@@ -168,7 +169,9 @@ void Trainer::Impl::setup() {
     check_eval_size(*eval_ds);
     // Evaluation splits the set like training: whole micro-batches per rank (docs/data.md).
     const int64_t n = eval_ds->size();
-    const int64_t used = (n / world) / plan.micro_batch * plan.micro_batch * world;
+    const int64_t used =
+        data::DistributedSampler(n, rank, world, plan.micro_batch, 0, false).batches_per_epoch() *
+        plan.micro_batch * world;
     if (used < n) {
       FSDP_LOG0(kWarn) << "--eval-hidden-states-path: each evaluation uses " << used << " of the "
                        << n << " samples (whole micro-batches on every rank: " << world

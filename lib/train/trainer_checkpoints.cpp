@@ -70,9 +70,7 @@ void Trainer::Impl::check_same_architecture(const std::string& saved_config,
 }
 
 bool Trainer::Impl::any_rank(bool mine) const {
-  at::Tensor f = at::full({1}, mine ? 1 : 0, at::kInt);
-  control->all_reduce(f, comm::ReduceOp::kMax)->wait();
-  return f.item<int>() != 0;
+  return comm::any_rank(*control, mine);
 }
 
 std::string Trainer::Impl::save(int64_t epoch_for_name) {
@@ -324,11 +322,23 @@ void Trainer::Impl::plan_resume() {
 void Trainer::Impl::report_changed_settings(const std::string& saved_json) const {
   // Settings that change what a step computes: a resume may change them on purpose (a lower
   // learning rate, a longer unroll), but never silently.
-  static const char* const kKeys[] = {
-      "draft_global_batch_size", "learning_rate", "lr_scheduler", "warmup_ratio", "warmup_steps",
-      "max_grad_norm", "adam_beta1", "adam_beta2", "adam_eps", "weight_decay", "ttt_length",
-      "max_length", "loss_normalization", "mixed_precision", "reduce_dtype", "seed",
-      "train_hidden_states_path"};
+  static const char* const kKeys[] = {"draft_global_batch_size",
+                                      "learning_rate",
+                                      "lr_scheduler",
+                                      "warmup_ratio",
+                                      "warmup_steps",
+                                      "max_grad_norm",
+                                      "adam_beta1",
+                                      "adam_beta2",
+                                      "adam_eps",
+                                      "weight_decay",
+                                      "ttt_length",
+                                      "max_length",
+                                      "loss_normalization",
+                                      "mixed_precision",
+                                      "reduce_dtype",
+                                      "seed",
+                                      "train_hidden_states_path"};
   const auto saved = nlohmann::json::parse(saved_json, nullptr, /*allow_exceptions=*/false);
   const auto now = nlohmann::json::parse(config_json, nullptr, /*allow_exceptions=*/false);
   if (!saved.is_object() || !now.is_object()) return;
@@ -339,8 +349,7 @@ void Trainer::Impl::report_changed_settings(const std::string& saved_json) const
                          now[key].dump());
   }
   if (!changes.empty()) {
-    FSDP_LOG0(kWarn) << "resuming with settings that differ from the checkpoint's run: "
-                     << changes;
+    FSDP_LOG0(kWarn) << "resuming with settings that differ from the checkpoint's run: " << changes;
   }
 }
 
