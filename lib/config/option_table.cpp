@@ -343,11 +343,14 @@ std::vector<OptionSpec> build_table() {
                                "draft model JSON (LlamaForCausalLMEagle3)",
                                FIELD(model.draft_model_config)));
   t.push_back(row<std::string>("embedding-key", K::kString, md,
-                               "tensor name of the target's token embedding",
+                               "tensor name of the target's token embedding; when the "
+                               "default is absent, the one tensor named *.embed_tokens.weight "
+                               "(prefixed multimodal checkpoints)",
                                FIELD(model.embedding_key)));
   t.push_back(row<std::string>("lm-head-key", K::kString, md,
-                               "tensor name of the target's LM head (set it to the embedding "
-                               "name for tied-embedding targets)",
+                               "tensor name of the target's LM head; when the default is "
+                               "absent, the one tensor named *.lm_head.weight, else the "
+                               "embedding if config.json says tie_word_embeddings: true",
                                FIELD(model.lm_head_key)));
   t.push_back(row<std::string>("vocab-mapping-path", K::kPath, md,
                                "ready vocab mapping (torch.save dict {d2t, t2d}); default: "

@@ -19,6 +19,7 @@
 #include "checkpoint/checkpoint_dir.h"
 #include "checkpoint/export.h"
 #include "checkpoint/safetensors.h"
+#include "checkpoint/target_keys.h"
 #include "comm/runtime.h"
 #include "config/options.h"
 #include "core/error.h"
@@ -259,12 +260,22 @@ void Trainer::Impl::build_model() {
     mapping = data::build_vocab_mapping(*ds, vmo, control.get());
   }
   // Only the embedding and the LM head are read out of the target checkpoint.
-  auto target = checkpoint::read_model_tensors(cfg.model.target_model_path,
-                                               {cfg.model.embedding_key, cfg.model.lm_head_key});
-  const at::Tensor& emb = target.at(cfg.model.embedding_key);
-  const at::Tensor& lmh = target.at(cfg.model.lm_head_key);
-  for (const auto& [key, t, flag] : {std::tuple{cfg.model.embedding_key, emb, "--embedding-key"},
-                                     std::tuple{cfg.model.lm_head_key, lmh, "--lm-head-key"}}) {
+  const config::ModelConfig defaults;
+  const checkpoint::TargetKeys keys = checkpoint::resolve_target_keys(
+      cfg.model.target_model_path, {cfg.model.embedding_key, cfg.model.lm_head_key,
+                                    cfg.model.embedding_key == defaults.embedding_key,
+                                    cfg.model.lm_head_key == defaults.lm_head_key});
+  if (!keys.note.empty())
+    FSDP_LOG0(kInfo) << "target " << cfg.model.target_model_path << ": " << keys.note;
+  auto target = checkpoint::read_model_tensors(
+      cfg.model.target_model_path,
+      keys.embedding_key == keys.lm_head_key
+          ? std::vector<std::string>{keys.embedding_key}
+          : std::vector<std::string>{keys.embedding_key, keys.lm_head_key});
+  const at::Tensor& emb = target.at(keys.embedding_key);
+  const at::Tensor& lmh = target.at(keys.lm_head_key);
+  for (const auto& [key, t, flag] : {std::tuple{keys.embedding_key, emb, "--embedding-key"},
+                                     std::tuple{keys.lm_head_key, lmh, "--lm-head-key"}}) {
     FSDP_USAGE_CHECK(t.dim() == 2 && t.size(0) == V && t.size(1) == Ht,
                      fsdp::str("target tensor '", key, "' in ", cfg.model.target_model_path,
                                " has shape ", t.sizes(), ", the draft config (",

@@ -49,6 +49,26 @@ f = f'{d}/{json.load(open(f"{d}/model.safetensors.index.json"))["weight_map"]["l
 t = load_file(f); t["lm_head.weight"][3, 1] = float("nan"); save_file(t, f, metadata={"format": "pt"})
 PYEOF
 expect2 "lm_head.weight' in $W/nan_target contains NaN" $BASE --target-model-path "$W/nan_target"
+# A target that stores no LM head (tied embeddings, as Hugging Face saves SmolLM2 or Qwen3-0.6B):
+# an error while its config.json does not say tie_word_embeddings: true, then the embedding.
+mkdir -p "$W/tied_target"
+"$PY" - "$DATA/target" "$W/tied_target" <<'PYEOF' || fail "writing a tied target"
+import json, sys
+from safetensors.torch import load_file, save_file
+src, dst = sys.argv[1:]
+idx = json.load(open(f"{src}/model.safetensors.index.json"))["weight_map"]
+emb = load_file(f"{src}/{idx['model.embed_tokens.weight']}")["model.embed_tokens.weight"]
+save_file({"model.embed_tokens.weight": emb}, f"{dst}/model.safetensors", metadata={"format": "pt"})
+cfg = json.load(open(f"{src}/config.json")); cfg["tie_word_embeddings"] = False
+json.dump(cfg, open(f"{dst}/config.json", "w"))
+PYEOF
+expect2 "no tensor named 'lm_head.weight' in the checkpoint, and its config.json says tie_word_embeddings: false" \
+  $BASE --target-model-path "$W/tied_target"
+sed -i 's/"tie_word_embeddings": false/"tie_word_embeddings": true/' "$W/tied_target/config.json"
+out="$("$BIN" $BASE --target-model-path "$W/tied_target" --max-steps 1 --output-dir "$W/tied_out" 2>&1)" &&
+  echo "$out" | grep -q "LM head tied to the embedding 'model.embed_tokens.weight'" &&
+  echo "$out" | grep -q "^step 1" || { echo "$out" | tail -5; fail "a tied target"; }
+echo "ok: tied target"
 sed 's/"hidden_size": [0-9]*/"hidden_size": 96/' "$DATA/draft_config.json" >"$W/bad_draft.json"
 expect2 "hidden" $BASE --draft-model-config "$W/bad_draft.json"
 

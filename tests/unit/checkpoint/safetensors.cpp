@@ -1,14 +1,16 @@
 // safetensors reader/writer: round trips over every dtype, a table of corrupt files each with
-// its own message, and selective reads from a sharded Hugging Face directory.
+// its own message, selective reads from a sharded Hugging Face directory, and the resolution of
+// the target's embedding and LM head names (tied, prefixed, missing).
 #include <ATen/ATen.h>
 #include <catch2/catch.hpp>
 
+#include <unistd.h>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <unistd.h>
 
 #include "checkpoint/safetensors.h"
+#include "checkpoint/target_keys.h"
 #include "core/error.h"
 #include "core/fs_util.h"
 
@@ -35,9 +37,20 @@ std::string error_of(const std::function<void()>& f) {
   try {
     f();
   } catch (const fsdp::UsageError& e) {
-    return e.message();
+    return e.message() + " | " + e.hint();
   }
   return "<no error>";
+}
+
+// A target directory holding `names` (tiny tensors) and a config.json made of `config`.
+fs::path target_dir(const std::string& name, const std::vector<std::string>& names,
+                    const nlohmann::json& config) {
+  const auto dir = temp_dir(name);
+  NamedTensors ts;
+  for (const auto& n : names) ts.emplace_back(n, at::zeros({4, 2}));
+  write_safetensors((dir / "model.safetensors").string(), ts);
+  if (!config.is_null()) std::ofstream(dir / "config.json") << config.dump();
+  return dir;
 }
 
 }  // namespace
@@ -116,9 +129,11 @@ TEST_CASE("safetensors rejects corrupt files with a message naming the problem",
     out.write(len, 8);
     out << "{}";
     out.close();
-    CHECK(error_of([&] { SafetensorsFile::open(p.string()); }).find("not plausible") != std::string::npos);
+    CHECK(error_of([&] { SafetensorsFile::open(p.string()); }).find("not plausible") !=
+          std::string::npos);
     std::ofstream(p, std::ios::binary | std::ios::trunc) << "abc";
-    CHECK(error_of([&] { SafetensorsFile::open(p.string()); }).find("shorter than") != std::string::npos);
+    CHECK(error_of([&] { SafetensorsFile::open(p.string()); }).find("shorter than") !=
+          std::string::npos);
   }
   CHECK(error_of([&] { SafetensorsFile::open((dir / "missing").string()); }).find("cannot open") !=
         std::string::npos);
@@ -132,7 +147,8 @@ TEST_CASE("safetensors rejects corrupt files with a message naming the problem",
 
 TEST_CASE("read_model_tensors opens only the shards holding the requested names", "[checkpoint]") {
   const auto dir = temp_dir("model");
-  at::Tensor emb = at::randn({10, 4}).to(at::kBFloat16), head = at::randn({10, 4}).to(at::kBFloat16);
+  at::Tensor emb = at::randn({10, 4}).to(at::kBFloat16),
+             head = at::randn({10, 4}).to(at::kBFloat16);
   write_safetensors((dir / "model-1.safetensors").string(),
                     {{"model.embed_tokens.weight", emb}, {"model.layers.0.w", at::randn({4, 4})}});
   write_safetensors((dir / "model-2.safetensors").string(), {{"lm_head.weight", head}});
@@ -150,15 +166,110 @@ TEST_CASE("read_model_tensors opens only the shards holding the requested names"
   CHECK(at::equal(got.at("lm_head.weight"), head));
   CHECK(model_weight_map(dir.string()).size() == 4);
 
-  const std::string missing = error_of([&] { read_model_tensors(dir.string(), {"embed_tokens.weight"}); });
+  const std::string missing =
+      error_of([&] { read_model_tensors(dir.string(), {"embed_tokens.weight"}); });
   CHECK(missing.find("no tensor named 'embed_tokens.weight'") != std::string::npos);
-  const std::string garbage = error_of([&] { read_model_tensors(dir.string(), {"model.layers.1.w"}); });
+  const std::string garbage =
+      error_of([&] { read_model_tensors(dir.string(), {"model.layers.1.w"}); });
   CHECK(garbage.find("model-3.safetensors") != std::string::npos);
 
   // Single-file checkpoint without an index.
   const auto single = temp_dir("single");
   write_safetensors((single / "model.safetensors").string(), {{"lm_head.weight", head}});
-  CHECK(at::equal(read_model_tensors(single.string(), {"lm_head.weight"}).at("lm_head.weight"), head));
-  CHECK(error_of([&] { read_model_tensors(temp_dir("empty").string(), {"x"}); })
-            .find("neither model.safetensors nor") != std::string::npos);
+  CHECK(at::equal(read_model_tensors(single.string(), {"lm_head.weight"}).at("lm_head.weight"),
+                  head));
+  CHECK(error_of([&] {
+          read_model_tensors(temp_dir("empty").string(), {"x"});
+        }).find("neither model.safetensors nor") != std::string::npos);
+}
+
+TEST_CASE("target embedding and LM head names: tied, prefixed, explicit, missing", "[checkpoint]") {
+  const TargetKeyRequest defaults{"model.embed_tokens.weight", "lm_head.weight", true, true};
+  const std::vector<std::string> layer{"model.layers.0.mlp.up_proj.weight", "model.norm.weight"};
+  const auto with = [&](std::vector<std::string> names) {
+    names.insert(names.end(), layer.begin(), layer.end());
+    return names;
+  };
+
+  // Llama layout: used as given, nothing to note.
+  auto k = resolve_target_keys(
+      target_dir("plain", with({"model.embed_tokens.weight", "lm_head.weight"}), {}).string(),
+      defaults);
+  CHECK(k.embedding_key == "model.embed_tokens.weight");
+  CHECK(k.lm_head_key == "lm_head.weight");
+  CHECK(k.note.empty());
+
+  // Tied (SmolLM2, Qwen3-0.6B, Llama 3.2 1B): no lm_head tensor, config says so.
+  const auto tied =
+      target_dir("tied", with({"model.embed_tokens.weight"}), {{"tie_word_embeddings", true}});
+  k = resolve_target_keys(tied.string(), defaults);
+  CHECK(k.lm_head_key == "model.embed_tokens.weight");
+  CHECK(k.note.find("tied") != std::string::npos);
+  // Under text_config (multimodal configs) too.
+  k = resolve_target_keys(target_dir("tied_text", with({"model.embed_tokens.weight"}),
+                                     {{"text_config", {{"tie_word_embeddings", true}}}})
+                              .string(),
+                          defaults);
+  CHECK(k.lm_head_key == "model.embed_tokens.weight");
+
+  // No lm_head and the config does not say tied (Llama's default is untied): an error, no guess.
+  std::string e = error_of([&] {
+    resolve_target_keys(
+        target_dir("untied", with({"model.embed_tokens.weight"}), {{"tie_word_embeddings", false}})
+            .string(),
+        defaults);
+  });
+  CHECK(e.find("says tie_word_embeddings: false") != std::string::npos);
+  CHECK(e.find("--lm-head-key model.embed_tokens.weight") != std::string::npos);
+  e = error_of([&] {
+    resolve_target_keys(target_dir("noconfig", with({"model.embed_tokens.weight"}), {}).string(),
+                        defaults);
+  });
+  CHECK(e.find("does not say tie_word_embeddings: true") != std::string::npos);
+
+  // Prefixed language model (Llama 4, Qwen2.5-VL style): the one tensor with the same tail.
+  k = resolve_target_keys(
+      target_dir("prefixed",
+                 with({"language_model.model.embed_tokens.weight", "language_model.lm_head.weight",
+                       "vision_model.patch_embedding.weight"}),
+                 {})
+          .string(),
+      defaults);
+  CHECK(k.embedding_key == "language_model.model.embed_tokens.weight");
+  CHECK(k.lm_head_key == "language_model.lm_head.weight");
+  CHECK(k.note.find("token embedding 'language_model.model.embed_tokens.weight'") !=
+        std::string::npos);
+  // Prefixed and tied.
+  k = resolve_target_keys(
+      target_dir("prefixed_tied", with({"model.language_model.embed_tokens.weight"}),
+                 {{"tie_word_embeddings", true}})
+          .string(),
+      defaults);
+  CHECK(k.lm_head_key == "model.language_model.embed_tokens.weight");
+
+  // Two candidates: an error listing both.
+  e = error_of([&] {
+    resolve_target_keys(
+        target_dir("two",
+                   with({"a.embed_tokens.weight", "b.embed_tokens.weight", "lm_head.weight"}), {})
+            .string(),
+        defaults);
+  });
+  CHECK(e.find("'a.embed_tokens.weight', 'b.embed_tokens.weight'") != std::string::npos);
+
+  // An explicit name the checkpoint lacks is never replaced, even by a tied embedding.
+  TargetKeyRequest explicit_head = defaults;
+  explicit_head.lm_head_key = "output.weight";
+  explicit_head.lm_head_is_default = false;
+  e = error_of([&] { resolve_target_keys(tied.string(), explicit_head); });
+  CHECK(e.find("no tensor named 'output.weight'") != std::string::npos);
+  TargetKeyRequest explicit_emb = defaults;
+  explicit_emb.embedding_is_default = false;
+  e = error_of([&] {
+    resolve_target_keys(
+        target_dir("prefixed_only", with({"x.embed_tokens.weight", "lm_head.weight"}), {}).string(),
+        explicit_emb);
+  });
+  CHECK(e.find("no tensor named 'model.embed_tokens.weight'") != std::string::npos);
+  CHECK(e.find("'x.embed_tokens.weight'") != std::string::npos);
 }
