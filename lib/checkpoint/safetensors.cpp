@@ -32,9 +32,9 @@ constexpr uint64_t kMaxHeaderBytes = 100ull << 20;
 // Element sizes of every dtype string the format defines, including ones LibTorch lacks here.
 int64_t element_size(const std::string& d) {
   static const std::map<std::string, int64_t> sizes = {
-      {"F64", 8}, {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"I64", 8}, {"I32", 4},
-      {"I16", 2}, {"I8", 1}, {"U64", 8}, {"U32", 4}, {"U16", 2}, {"U8", 1},
-      {"BOOL", 1}, {"F8_E4M3", 1}, {"F8_E5M2", 1}};
+      {"F64", 8}, {"F32", 4}, {"F16", 2},  {"BF16", 2},    {"I64", 8},
+      {"I32", 4}, {"I16", 2}, {"I8", 1},   {"U64", 8},     {"U32", 4},
+      {"U16", 2}, {"U8", 1},  {"BOOL", 1}, {"F8_E4M3", 1}, {"F8_E5M2", 1}};
   auto it = sizes.find(d);
   return it == sizes.end() ? 0 : it->second;
 }
@@ -75,14 +75,16 @@ std::vector<TensorInfo> parse_safetensors_header(const std::string& text, uint64
     if (name == "__metadata__") {
       if (!v.is_object()) bad_file(where, "__metadata__ is not an object");
       for (auto m = v.begin(); m != v.end(); ++m) {
-        if (!m.value().is_string()) bad_file(where, "__metadata__ value '" + m.key() + "' is not a string");
+        if (!m.value().is_string())
+          bad_file(where, "__metadata__ value '" + m.key() + "' is not a string");
         if (metadata) (*metadata)[m.key()] = m.value().get<std::string>();
       }
       continue;
     }
     const std::string t = "tensor '" + name + "'";
     if (name.empty()) bad_file(where, "empty tensor name in header");
-    if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") || !v.contains("data_offsets"))
+    if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") ||
+        !v.contains("data_offsets"))
       bad_file(where, t + ": entry needs dtype, shape and data_offsets");
     if (!v["dtype"].is_string()) bad_file(where, t + ": dtype is not a string");
     TensorInfo info;
@@ -112,8 +114,8 @@ std::vector<TensorInfo> parse_safetensors_header(const std::string& text, uint64
       bad_file(where, str(t, ": ", e - b, " bytes do not match dtype ", info.dtype_str,
                           " and shape (", numel, " elements of ", esize, " bytes)"));
     if (data_base + e > file_size)
-      bad_file(where, str(t, ": data ends at byte ", data_base + e, " but the file has ",
-                          file_size, " bytes (truncated?)"));
+      bad_file(where, str(t, ": data ends at byte ", data_base + e, " but the file has ", file_size,
+                          " bytes (truncated?)"));
     info.begin = data_base + b;
     info.end = data_base + e;
     out.push_back(std::move(info));
@@ -136,7 +138,8 @@ std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) 
   struct stat st {};
   FSDP_CHECK(::fstat(f->fd_, &st) == 0, str(path, ": fstat failed: ", std::strerror(errno)), "");
   f->size_ = static_cast<uint64_t>(st.st_size);
-  if (f->size_ < 8) bad_file(path, str("only ", f->size_, " bytes, shorter than the 8-byte header length"));
+  if (f->size_ < 8)
+    bad_file(path, str("only ", f->size_, " bytes, shorter than the 8-byte header length"));
   void* p = ::mmap(nullptr, f->size_, PROT_READ, MAP_SHARED, f->fd_, 0);
   FSDP_CHECK(p != MAP_FAILED, str(path, ": mmap failed: ", std::strerror(errno)),
              "check free address space and that the file system supports mmap");
@@ -148,7 +151,8 @@ std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) 
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | f->base_[i];  // little-endian on any host
   if (n == 0 || n > kMaxHeaderBytes || n > f->size_ - 8)
-    bad_file(path, str("header length ", n, " is not plausible for a file of ", f->size_, " bytes"));
+    bad_file(path,
+             str("header length ", n, " is not plausible for a file of ", f->size_, " bytes"));
   std::string text(reinterpret_cast<const char*>(f->base_ + 8), n);
   f->tensors_ = parse_safetensors_header(text, 8 + n, f->size_, path, &f->metadata_);
   for (size_t i = 0; i < f->tensors_.size(); ++i) f->by_name_[f->tensors_[i].name] = i;
@@ -160,7 +164,9 @@ SafetensorsFile::~SafetensorsFile() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-bool SafetensorsFile::contains(const std::string& name) const { return by_name_.count(name) > 0; }
+bool SafetensorsFile::contains(const std::string& name) const {
+  return by_name_.count(name) > 0;
+}
 
 const TensorInfo& SafetensorsFile::info(const std::string& name) const {
   auto it = by_name_.find(name);
@@ -193,7 +199,8 @@ uint64_t write_safetensors(const std::string& path, const NamedTensors& tensors,
   std::set<std::string> seen;
   uint64_t offset = 0;
   for (const auto& [name, t] : tensors) {
-    FSDP_CHECK(!name.empty() && name != "__metadata__", path + ": invalid tensor name '" + name + "'", "");
+    FSDP_CHECK(!name.empty() && name != "__metadata__",
+               path + ": invalid tensor name '" + name + "'", "");
     FSDP_CHECK(seen.insert(name).second, path + ": tensor '" + name + "' given twice", "");
     FSDP_CHECK(t.defined(), path + ": tensor '" + name + "' is undefined", "");
     at::Tensor c = t.device().is_cpu() ? t.contiguous() : t.to(at::kCPU).contiguous();
@@ -221,13 +228,16 @@ uint64_t write_safetensors(const std::string& path, const NamedTensors& tensors,
     out.write(reinterpret_cast<const char*>(len), 8);
     out.write(text.data(), static_cast<std::streamsize>(n));
     for (const auto& c : cpu)
-      out.write(static_cast<const char*>(c.data_ptr()), static_cast<std::streamsize>(c.numel() * c.element_size()));
+      out.write(static_cast<const char*>(c.data_ptr()),
+                static_cast<std::streamsize>(c.numel() * c.element_size()));
     out.flush();
-    FSDP_CHECK(out.good(), str(tmp, ": write failed (", std::strerror(errno), ")"), "check free disk space");
+    FSDP_CHECK(out.good(), str(tmp, ": write failed (", std::strerror(errno), ")"),
+               "check free disk space");
   }
   // fsync before rename so a crash never leaves a complete-looking name over missing bytes.
   const int fd = ::open(tmp.c_str(), O_RDONLY | O_CLOEXEC);
-  FSDP_CHECK(fd >= 0 && ::fsync(fd) == 0, str(tmp, ": fsync failed (", std::strerror(errno), ")"), "");
+  FSDP_CHECK(fd >= 0 && ::fsync(fd) == 0, str(tmp, ": fsync failed (", std::strerror(errno), ")"),
+             "");
   ::close(fd);
   std::error_code ec;
   fs::rename(tmp, path, ec);
@@ -260,9 +270,17 @@ std::map<std::string, std::string> model_weight_map(const std::string& model_dir
     return map;
   }
   const fs::path single = dir / "model.safetensors";
-  FSDP_USAGE_CHECK(fs::exists(single),
-                   model_dir + ": neither model.safetensors nor model.safetensors.index.json found",
-                   "point --target-model-path at a Hugging Face checkpoint in safetensors format");
+  const bool pickled =
+      fs::exists(dir / "pytorch_model.bin") || fs::exists(dir / "pytorch_model.bin.index.json");
+  FSDP_USAGE_CHECK(
+      fs::exists(single),
+      model_dir + ": neither model.safetensors nor model.safetensors.index.json found" +
+          (pickled ? " (it holds pytorch_model*.bin: pickled weights, which are not read)" : ""),
+      pickled ? "convert it once: python -c \"from transformers import AutoModelForCausalLM as M; "
+                "M.from_pretrained('" +
+                    model_dir + "').save_pretrained('" + model_dir +
+                    "-safetensors')\" (safetensors is the default format) and pass that directory"
+              : "point --target-model-path at a Hugging Face checkpoint in safetensors format");
   auto f = SafetensorsFile::open(single.string());
   for (const auto& t : f->tensors()) map[t.name] = single.string();
   return map;
@@ -287,9 +305,10 @@ std::map<std::string, at::Tensor> read_model_tensors(const std::string& model_di
       for (const auto& [k, v] : map)
         if (k.find(tail) != std::string::npos && similar.size() < 300) similar += " '" + k + "'";
       FSDP_USAGE_CHECK(false, model_dir + ": no tensor named '" + name + "' in the checkpoint",
-                       similar.empty() ? "set --embedding-key / --lm-head-key to a tensor name of the "
-                                         "checkpoint (tied embeddings: use the embedding name for both)"
-                                       : "similar names:" + similar);
+                       similar.empty()
+                           ? "set --embedding-key / --lm-head-key to a tensor name of the "
+                             "checkpoint (tied embeddings: use the embedding name for both)"
+                           : "similar names:" + similar);
     }
     auto& f = open_files[it->second];
     if (!f) f = SafetensorsFile::open(it->second);
