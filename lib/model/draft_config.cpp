@@ -318,6 +318,14 @@ void DraftConfig::validate() const {
     bad_key(source, "hidden_act", str("is '", hidden_act, "'; only 'silu' is supported"),
             "set \"hidden_act\": \"silu\"");
   }
+  // The draft's projections have no bias terms; a config saying otherwise would be exported
+  // as is and make the serving engine look for bias weights that were never trained.
+  for (const char* key : {"attention_bias", "mlp_bias"}) {
+    const auto it = extra_json.find(key);
+    if (it != extra_json.end() && it->second == "true")
+      bad_key(source, key, "is true, but the EAGLE3 draft has no bias terms",
+              str("write \"", key, "\": false"));
+  }
   if (rope_scaling.type == RopeType::kLlama3 &&
       rope_scaling.original_max_position_embeddings <= 0) {
     bad_key(source, "rope_scaling.original_max_position_embeddings", "must be positive for llama3",

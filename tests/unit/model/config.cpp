@@ -154,6 +154,11 @@ TEST_CASE("config errors name the key and the file", "[model][config]") {
   CHECK_THAT(e, Catch::Contains("'hidden_size'") && Catch::Contains("integer"));
   e = error_for("hidden_act", R"("gelu")");
   CHECK_THAT(e, Catch::Contains("'hidden_act'"));
+  e = error_for("attention_bias", "true");
+  CHECK_THAT(e, Catch::Contains("'attention_bias'") && Catch::Contains("no bias terms"));
+  e = error_for("mlp_bias", "true");
+  CHECK_THAT(e, Catch::Contains("'mlp_bias'"));
+  CHECK(error_for("attention_bias", "false").empty());  // false is what the draft is
   e = error_for("num_key_value_heads", "3");
   CHECK_THAT(e, Catch::Contains("'num_key_value_heads'") && Catch::Contains("divide"));
   e = error_for("draft_vocab_size", "1000");
