@@ -61,13 +61,15 @@ std::string ConsoleSink::format_line(int64_t step, const Scalars& scalars) const
   for (const char* prefix : {"eval", "train_epoch"}) {
     const std::string p = prefix;
     if (!find(scalars, p + "/acc_0")) continue;
-    std::string line = (p == "eval" ? "eval at step " : "epoch summary at step ") +
-                       std::to_string(step);
+    std::string line =
+        (p == "eval" ? "eval at step " : "epoch summary at step ") + std::to_string(step);
     if (const double* l = find(scalars, p + "/loss")) line += " | loss " + num(*l, "%.4f");
     line += " | acc";
     for (int i = 0; const double* a = find(scalars, p + "/acc_" + std::to_string(i)); ++i) {
       line += num(*a, " %.3f");
     }
+    if (const double* a = find(scalars, p + "/accept_len"))
+      line += " | accept_len " + num(*a, "%.2f");
     return line;
   }
   std::string line = "step " + std::to_string(step);

@@ -117,7 +117,9 @@ StepOutput step_on_rows(Eagle3DraftImpl& model, const RowsTarget& target, const 
   res.batch = B;
   res.seq = S;
   std::vector<at::Tensor> ploss, correct, loss_tokens, position_tokens;
+  std::vector<at::Tensor> hits;  // step i: fp32 [N], hit * position mask at each loss row
   at::Tensor total;
+  const int64_t N = rows.rows.numel();
   unroll(
       model, input_ids, attention_mask, aux_hidden, T, options.attention,
       [&](int64_t i, const at::Tensor& out) {
@@ -144,7 +146,10 @@ StepOutput step_on_rows(Eagle3DraftImpl& model, const RowsTarget& target, const 
         // The cast to fp32 is exact, so the logits' own argmax is the fp32 one.
         at::Tensor hit = logits.argmax(-1).eq(target.target_best.index_select(0, take));
         ploss.push_back(ploss_i.detach().to(at::kFloat));
-        correct.push_back((hit.to(acc) * pm).sum().to(at::kFloat));
+        at::Tensor scored = hit.to(acc) * pm;
+        correct.push_back(scored.sum().to(at::kFloat));
+        hits.push_back(at::zeros({N}, scored.options().dtype(at::kFloat))
+                           .index_copy_(0, take, scored.to(at::kFloat)));
         loss_tokens.push_back(
             at::scalar_tensor(static_cast<double>(rows.count[static_cast<size_t>(i)]),
                               at::TensorOptions().dtype(at::kFloat).device(logits.device())));
@@ -157,6 +162,25 @@ StepOutput step_on_rows(Eagle3DraftImpl& model, const RowsTarget& target, const 
   res.position_tokens = at::stack(position_tokens);
   res.acc = res.correct / res.loss_tokens.clamp_min(1e-6);
   res.valid_tokens = attention_mask.to(at::kLong).sum();
+  {
+    // Chains (StepOutput::accepted): step i of the chain anchored at loss row j is step i's hit
+    // at row j + i, counted while the rows stay consecutive positions of one sample.
+    at::NoGradGuard guard;
+    const auto f32 = at::TensorOptions().dtype(at::kFloat).device(rows.rows.device());
+    at::Tensor alive = at::ones({N}, f32), accepted = at::zeros({N}, f32);
+    for (int64_t i = 0; i < T && N > 0; ++i) {
+      at::Tensor at_i =
+          i == 0
+              ? hits[0]
+              : at::cat({hits[static_cast<size_t>(i)].narrow(0, std::min(i, N), N - std::min(i, N)),
+                         at::zeros({std::min(i, N)}, f32)});
+      alive.mul_(at_i).mul_(rows.run.gt(i));
+      accepted.add_(alive);
+    }
+    const at::Tensor full = rows.run.ge(T);  // chains that can reach length T
+    res.accepted = accepted.mul_(full).sum();
+    res.anchors = full.sum().to(at::kFloat);
+  }
   return res;
 }
 
@@ -196,9 +220,16 @@ LossRows LossRows::build(const at::Tensor& loss_mask, int64_t ttt_length, c10::D
   for (int64_t k = 0; k < m.numel(); ++k) {
     if (mp[k] != 0) rows.push_back(k);
   }
+  // Consecutive loss positions of one sample, from each row on, capped at T.
+  std::vector<int64_t> run(rows.size(), 1);
+  for (size_t j = rows.size(); j-- > 1;) {
+    if (rows[j] == rows[j - 1] + 1 && rows[j] % r.seq != 0)
+      run[j - 1] = std::min(run[j] + 1, ttt_length);
+  }
   // All index lists go in one host buffer (pinned for a GPU) and one asynchronous copy; the
   // lists are views of the device copy. No per-list blocking copies, no stream sync.
   std::vector<int64_t> all(rows);
+  all.insert(all.end(), run.begin(), run.end());
   std::vector<std::pair<size_t, size_t>> target_span, draft_span;  // (offset, length)
   for (int64_t i = 0; i < ttt_length; ++i) {
     const size_t t0 = all.size();
@@ -222,6 +253,7 @@ LossRows LossRows::build(const at::Tensor& loss_mask, int64_t ttt_length, c10::D
     return dev.narrow(0, static_cast<int64_t>(offset), static_cast<int64_t>(length));
   };
   r.rows = view(0, rows.size());
+  r.run = view(rows.size(), rows.size());
   for (int64_t i = 0; i < ttt_length; ++i) {
     r.target.push_back(view(target_span[i].first, target_span[i].second));
     r.draft.push_back(view(draft_span[i].first, draft_span[i].second));

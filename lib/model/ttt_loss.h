@@ -44,6 +44,15 @@ struct StepOutput {
   at::Tensor loss_tokens;      // fp32 [T]: sum loss_mask_i (the acc denominator, unclamped)
   at::Tensor position_tokens;  // fp32 [T]: sum position_mask_i
   at::Tensor valid_tokens;     // int64 scalar: sum attention_mask (tokens/s accounting)
+  // Greedy chain drafting simulated on the unroll: a chain anchored at loss position t proposes
+  // step i's prediction for position t + i (i = 0..T-1) and keeps it while every earlier one
+  // was the target's argmax (a hit of acc_i, which needs that argmax in the draft vocabulary).
+  // accepted: fp32 scalar, sum over anchors of the number of leading hits (0..T); anchors:
+  // fp32 scalar, the loss positions t whose next T-1 positions are loss positions of the same
+  // sample (so every chain can reach length T). 1 + accepted / anchors estimates the mean
+  // acceptance length of a chain of T draft tokens (the +1 is the target's own token); exact
+  // when the data is the target's greedy output, since the unroll feeds the data's tokens.
+  at::Tensor accepted, anchors;
   int64_t batch = 0, seq = 0;  // B and S of this micro-batch (the kBatchTokens normaliser)
 };
 
@@ -66,6 +75,9 @@ struct LossRows {
   std::vector<at::Tensor> target;  // step i: int64 [N_i], indices into `rows` with t >= i
   std::vector<at::Tensor> draft;   // step i: int64 [N_i], the draft rows b*S + t - i they feed
   std::vector<int64_t> count;      // N_i = sum loss_mask_i (host)
+  // int64 [N]: how many loss rows, from this one on, are consecutive positions of one sample,
+  // capped at ttt_length (the chains of StepOutput::accepted).
+  at::Tensor run;
   // loss_mask int64/bool [B, S]: on the host ideally (else one copy to the host); the index
   // tensors are placed on `device`.
   static LossRows build(const at::Tensor& loss_mask, int64_t ttt_length, c10::Device device);

@@ -30,8 +30,9 @@ class StepMetrics {
   void add(const model::StepOutput& out);
   bool empty() const { return micro_batches_ == 0; }
   // All-reduces the sums over `comm` (every rank must call) and returns
-  // <prefix>/ploss_i, <prefix>/acc_i (i < T), <prefix>/loss (0.8^i-weighted sum of ploss_i) and
-  // the global number of valid tokens; then clears the sums.
+  // <prefix>/ploss_i, <prefix>/acc_i (i < T), <prefix>/loss (0.8^i-weighted sum of ploss_i),
+  // <prefix>/accept_len (1 + accepted / anchors of model::StepOutput, when there were anchors)
+  // and the global number of valid tokens; then clears the sums.
   std::vector<std::pair<std::string, double>> report(comm::Communicator& comm,
                                                      const std::string& prefix,
                                                      int64_t* global_tokens = nullptr);
@@ -48,7 +49,7 @@ class StepMetrics {
   int64_t ttt_;
   c10::Device device_;
   int64_t micro_batches_ = 0;
-  at::Tensor ploss_, correct_, loss_tokens_, valid_tokens_;
+  at::Tensor ploss_, correct_, loss_tokens_, valid_tokens_, chains_;  // chains_: accepted, anchors
 };
 
 }  // namespace fsdp::train

@@ -2,8 +2,8 @@
 // back by the venv's tensorboard package, both on a full disk, and the --report-to factory.
 #include "metrics/sinks.h"
 
-#include <nlohmann/json.hpp>
 #include <sys/stat.h>
+#include <nlohmann/json.hpp>
 
 #include <cmath>
 #include <fstream>
@@ -77,6 +77,14 @@ TEST_CASE("the progress line carries step/total, loss, acc_0, lr, tokens/s and E
         "step 120/1000 (12.0%) | loss 3.2500 | acc_0 0.412 | lr 9.87e-05 | 5.1k tok/s | ETA 4m10s");
   const Scalars nan_loss = {{"train/ploss_0", std::nan("")}};
   CHECK(c.format_line(1, nan_loss) == "step 1/1000 (0.1%) | loss nan");
+  // An evaluation: every step's accuracy and the simulated acceptance length on one line.
+  const Scalars eval = {{"eval/loss", 2.5},
+                        {"eval/acc_0", 0.5},
+                        {"eval/acc_1", 0.25},
+                        {"eval/ploss_0", 1.0},
+                        {"eval/accept_len", 1.625}};
+  CHECK(c.format_line(40, eval) ==
+        "eval at step 40 | loss 2.5000 | acc 0.500 0.250 | accept_len 1.62");
 }
 
 TEST_CASE("redirected output gets one line per log call and no live updates", "[metrics]") {
@@ -219,7 +227,8 @@ TEST_CASE("a resumed run's TensorBoard file replaces the steps logged after its 
   std::string out;
   std::string loss;
   for (const auto& [tag, step, value] : read_tensorboard(dir, &out)) {
-    if (tag == "train/loss") loss += std::to_string(step) + ":" + std::to_string(static_cast<int>(value)) + " ";
+    if (tag == "train/loss")
+      loss += std::to_string(step) + ":" + std::to_string(static_cast<int>(value)) + " ";
   }
   INFO(out);  // (TensorBoard reports the records it removed: the purge.)
   CHECK(loss == "1:1 2:2 3:3 4:40 5:50 ");

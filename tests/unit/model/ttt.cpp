@@ -627,3 +627,75 @@ TEST_CASE("loss rows: the recomputing loss node is bit-identical to the plain co
     }
   }
 }
+
+TEST_CASE("chain acceptance: the unroll's leading hits per anchor, against a brute-force count",
+          "[model][ttt]") {
+  // Longer samples than StepFixture's so chains of T = 3 fit, with a gap in the loss mask.
+  const DraftConfig cfg = small_config(8, 2, 1, 4, 12, 20, 10);
+  Eagle3Draft model{cfg};
+  torch::manual_seed(5);
+  model->to(torch::kDouble);
+  {
+    torch::NoGradGuard g;
+    for (auto& p : model->parameters()) p.uniform_(-0.7, 0.7);
+  }
+  const int64_t B = 2, S = 9, T = 3, Vd = 10;
+  at::Tensor ids = torch::randint(0, 20, {B, S}, torch::kLong);
+  at::Tensor mask = torch::ones({B, S}, torch::kLong);
+  mask[1].narrow(0, 7, 2).zero_();
+  at::Tensor loss_mask = torch::tensor({0, 1, 1, 1, 1, 0, 1, 1, 0,   // runs of 4 and 2
+                                        1, 1, 1, 1, 1, 1, 0, 0, 0},  // a run of 6
+                                       torch::kLong)
+                             .view({B, S});
+  at::Tensor aux = torch::randn({B, S, 24}, torch::kDouble);
+  torch::NoGradGuard g;
+  const auto logits = ttt_logits(*model, ids, mask, aux, T, AttentionImpl::kDense);
+  // Target row t copies the argmax of step t % T at draft position t - t % T: the chain
+  // anchored at a multiple of T hits every step (unless a position mask stops it), others
+  // miss at once unless argmaxes coincide. position_mask zeroes a few rows.
+  at::Tensor best = torch::zeros({B, S}, torch::kLong);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < S; ++t)
+      best[b][t] = logits[t % T][b][t - t % T].argmax().item<int64_t>();
+  TargetDistribution target;
+  target.target_p = torch::full({B, S + T, Vd}, 0.01, torch::kFloat);
+  target.target_p.narrow(1, 0, S).scatter_(2, best.unsqueeze(-1), 1.0);
+  target.target_p /= target.target_p.sum(-1, true);
+  target.position_mask = loss_mask.clone();
+  target.position_mask[0][3] = 0;
+  for (int64_t t : {int64_t{0}, int64_t{5}}) target.position_mask[1][t] = 0;
+
+  // Brute force: anchor t0 needs loss positions t0..t0+T-1 in its sample; depth i is a hit when
+  // step i's argmax at draft position t0 equals the target's best at t0 + i (position mask 1).
+  double accepted = 0, anchors = 0, max_chain = 0;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t0 = 0; t0 + T <= S; ++t0) {
+      bool full = true;
+      for (int64_t i = 0; i < T; ++i) full = full && loss_mask[b][t0 + i].item<int64_t>() == 1;
+      if (!full) continue;
+      anchors += 1;
+      int64_t n = 0;
+      while (n < T && target.position_mask[b][t0 + n].item<int64_t>() == 1 &&
+             logits[n][b][t0].argmax().item<int64_t>() == best[b][t0 + n].item<int64_t>())
+        ++n;
+      accepted += static_cast<double>(n);
+      max_chain = std::max(max_chain, static_cast<double>(n));
+    }
+  REQUIRE(anchors == 2 + 4);  // the run of 4 gives 2 anchors, the run of 6 gives 4
+  CHECK(max_chain >= 2);      // the anchor at position 3 of sample 1 (row 5 is masked)
+
+  LossOptions opt;
+  opt.ttt_length = T;
+  opt.attention = AttentionImpl::kDense;
+  StepOutput r = ttt_step(*model, target, ids, mask, loss_mask, aux, opt);
+  CHECK(r.anchors.item<double>() == anchors);
+  CHECK(r.accepted.item<double>() == accepted);
+
+  // With T = 1 every loss row is an anchor and the chain is step 0's hit: accepted = correct_0.
+  opt.ttt_length = 1;
+  TargetDistribution one = target;
+  one.target_p = target.target_p.narrow(1, 0, S + 1).contiguous();
+  StepOutput r1 = ttt_step(*model, one, ids, mask, loss_mask, aux, opt);
+  CHECK(r1.anchors.item<double>() == loss_mask.sum().item<double>());
+  CHECK(r1.accepted.item<double>() == r1.correct[0].item<double>());
+}
