@@ -340,7 +340,11 @@ std::vector<OptionSpec> build_table() {
                                "embedding and LM head are read",
                                FIELD(model.target_model_path)));
   t.push_back(row<std::string>("draft-model-config", K::kPath, md,
-                               "draft model JSON (LlamaForCausalLMEagle3)",
+                               "draft model JSON (LlamaForCausalLMEagle3); not given: the "
+                               "--init-checkpoint's config.json, else one made from the "
+                               "target's config.json as SpecForge does (the llama3-8B-eagle3 "
+                               "template with the target's sizes, written to "
+                               "<cache-dir>/draft_configs/)",
                                FIELD(model.draft_model_config)));
   t.push_back(row<std::string>("embedding-key", K::kString, md,
                                "tensor name of the target's token embedding; when the "

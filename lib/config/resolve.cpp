@@ -1,6 +1,7 @@
 // Builds the TrainConfig from defaults, the --config YAML file, the --deepspeed ds_config and the
 // command line (options.h), in that order of precedence. Never validates the whole
-// configuration (validate() does) and never reads anything but the files the user named.
+// configuration (validate() does) and never reads anything but the files the user named, except
+// the target's config.json when a draft config must be made from it (draft_auto.h).
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -8,6 +9,7 @@
 #include <fstream>
 
 #include "config/deepspeed.h"
+#include "config/draft_auto.h"
 #include "config/options.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -55,16 +57,15 @@ void check_alias_agrees(const OptionSpec& alias, const OptionValue& value,
 // SpecForge's per-rank batch model: with --batch-size or --draft-accumulation-steps and no
 // global batch, one optimizer step takes micro x ranks x accumulation samples.
 void derive_specforge_global_batch(const CommandLineValues& cli,
-                                   const std::vector<std::string>& explicit_names,
-                                   int world_size, TrainConfig* cfg) {
+                                   const std::vector<std::string>& explicit_names, int world_size,
+                                   TrainConfig* cfg) {
   const bool specforge_batch =
       cli.given.count("batch-size") > 0 || cli.given.count("draft-accumulation-steps") > 0;
   const bool global_set = std::find(explicit_names.begin(), explicit_names.end(),
                                     "draft-global-batch-size") != explicit_names.end();
   if (!specforge_batch || global_set || world_size <= 0) return;
   const int64_t accumulation = cfg->loop.gradient_accumulation_steps.value_or(1);
-  cfg->loop.draft_global_batch_size =
-      cfg->loop.draft_micro_batch_size * world_size * accumulation;
+  cfg->loop.draft_global_batch_size = cfg->loop.draft_micro_batch_size * world_size * accumulation;
 }
 
 }  // namespace
@@ -86,6 +87,14 @@ TrainConfig resolve(const CommandLineValues& cli, const ResolveOptions& options)
       if (aliases) check_alias_agrees(*spec, value, cli);
       spec->set(cfg, value, spec->flag());
       explicit_names.push_back(spec->alias_of.empty() ? spec->name : spec->alias_of);
+    }
+  }
+  // SpecForge makes a draft config from the target when none is given; so do we.
+  if (const std::string made = generate_missing_draft_config(&cfg); !made.empty()) {
+    if (options.report) {
+      options.report->push_back(made);
+    } else {
+      FSDP_LOG0(kInfo) << made;
     }
   }
   if (cfg.deepspeed_config.empty()) {

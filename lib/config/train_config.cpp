@@ -238,8 +238,12 @@ void validate(const TrainConfig& cfg, int world_size, const ValidateOptions& opt
   }
   FSDP_USAGE_CHECK(!cfg.model.target_model_path.empty(), "--target-model-path is required",
                    "point it at the target model's Hugging Face directory");
-  FSDP_USAGE_CHECK(!cfg.model.draft_model_config.empty(), "--draft-model-config is required",
-                   "point it at the draft model JSON, e.g. configs/models/llama3-8B-eagle3.json");
+  FSDP_USAGE_CHECK(!cfg.model.draft_model_config.empty(),
+                   str("--draft-model-config is required: none was given, and none can be made "
+                       "without the target's config.json (",
+                       cfg.model.target_model_path, "/config.json)"),
+                   "point it at the draft model JSON, e.g. configs/models/llama3-8B-eagle3.json, "
+                   "or --target-model-path at a Hugging Face model directory");
   if (cfg.checkpoint.resume == ResumeMode::kAuto) {
     FSDP_USAGE_CHECK(!cfg.checkpoint.output_dir.empty(), "--resume auto needs --output-dir",
                      "give the --output-dir of the run to continue");

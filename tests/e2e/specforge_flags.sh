@@ -59,6 +59,23 @@ grep -q "draft checkpoint(s) without optimizer state ($W/sfout/epoch_0)" "$W/sfr
 run_np 1 $(sf_args "$DATA" "$W/sfout") $COMMON --max-num-steps 1 --draft-global-batch-size 2   --draft-micro-batch-size 2 --ckpt-dir "$W/sfout/epoch_0" --resume >"$W/sfinit.log" 2>&1 || { cat "$W/sfinit.log"; fail "--ckpt-dir from a SpecForge checkpoint"; }
 grep -q "no complete checkpoint" "$W/sfinit.log" || { cat "$W/sfinit.log"; fail "--ckpt-dir with --resume should start from the weights"; }
 
+# No --draft-model-config (SpecForge makes one from the target): the draft config is made from
+# the target's config.json into the cache, trains, and is what the checkpoint records.
+run_np 1 $(sf_args "$DATA" "$W/auto" | sed 's/--draft-model-config [^ ]*//') $COMMON \
+  --max-num-steps 1 --draft-global-batch-size 2 --draft-micro-batch-size 2 >"$W/auto.log" 2>&1 ||
+  { cat "$W/auto.log"; fail "a run without --draft-model-config"; }
+made="$(grep -o "no --draft-model-config: made [^ ]*" "$W/auto.log" | head -n 1 | cut -d' ' -f4)"
+[ -f "$made" ] && [ "${made#"$DATA/cache/draft_configs/target-eagle3-auto-"}" != "$made" ] ||
+  { cat "$W/auto.log"; fail "no made draft config under the cache: '$made'"; }
+"$PY" - "$made" "$(latest_ckpt "$W/auto")/config.json" <<'PYEOF' || fail "made draft config"
+import json, sys
+made, saved = (json.load(open(p)) for p in sys.argv[1:])
+# The toy target: hidden 64, 2 heads, intermediate 128, vocab 512 (< 32000: all of it drafted).
+assert (made["hidden_size"], made["num_attention_heads"], made["intermediate_size"],
+        made["vocab_size"], made["draft_vocab_size"]) == (64, 2, 128, 512, 512), made
+assert saved["hidden_size"] == 64 and saved["draft_vocab_size"] == 512, saved
+PYEOF
+
 # Refused and unknown flags: exit 2 and the reason.
 expect_refusal() {
   local needle="$1"; shift

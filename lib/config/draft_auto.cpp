@@ -1,0 +1,139 @@
+// SpecForge-compatible draft config generation (draft_auto.h).
+#include "config/draft_auto.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "config/train_config.h"
+#include "core/error.h"
+
+namespace fsdp::config {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+// configs/models/llama3-8B-eagle3.json (SpecForge's default template), key for key.
+constexpr const char* kTemplate = R"({
+  "architectures": ["LlamaForCausalLMEagle3"],
+  "bos_token_id": 128000,
+  "eos_token_id": 128001,
+  "hidden_act": "silu",
+  "hidden_size": 4096,
+  "initializer_range": 0.02,
+  "intermediate_size": 14336,
+  "max_position_embeddings": 2048,
+  "model_type": "llama",
+  "num_attention_heads": 32,
+  "num_key_value_heads": 8,
+  "num_hidden_layers": 1,
+  "pad_token_id": 0,
+  "rms_norm_eps": 1e-05,
+  "tie_word_embeddings": false,
+  "torch_dtype": "float16",
+  "transformers_version": "4.28.1",
+  "use_cache": true,
+  "vocab_size": 128256,
+  "draft_vocab_size": 32000
+}
+)";
+
+uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+}  // namespace
+
+const std::string& draft_config_template() {
+  static const std::string text = kTemplate;
+  return text;
+}
+
+std::string draft_config_from_target(const std::string& target_config_text,
+                                     const std::string& source) {
+  json target = json::parse(target_config_text, nullptr, /*allow_exceptions=*/false);
+  FSDP_USAGE_CHECK(target.is_object(), source + ": not a JSON object",
+                   "point --target-model-path at a Hugging Face model directory");
+  if (!target.contains("hidden_size") && target.contains("text_config") &&
+      target["text_config"].is_object())
+    target = target["text_config"];
+  FSDP_USAGE_CHECK(target.contains("hidden_size") && target.contains("vocab_size"),
+                   source + ": has no hidden_size and vocab_size (nor a text_config with them)",
+                   "give --draft-model-config, e.g. a copy of configs/models/llama3-8B-eagle3.json "
+                   "with the target's sizes");
+  json draft = json::parse(kTemplate);
+  for (const char* key : {"vocab_size", "hidden_size", "num_attention_heads", "num_key_value_heads",
+                          "intermediate_size", "max_position_embeddings", "rms_norm_eps",
+                          "hidden_act", "bos_token_id", "eos_token_id", "torch_dtype"}) {
+    if (target.contains(key) && !target[key].is_null()) draft[key] = target[key];
+  }
+  if (!target.contains("num_key_value_heads") && target.contains("num_attention_heads"))
+    draft["num_key_value_heads"] = target["num_attention_heads"];
+  if (!target.contains("torch_dtype") && target.contains("dtype"))
+    draft["torch_dtype"] = target["dtype"];
+  draft["num_hidden_layers"] = 1;
+  draft["tie_word_embeddings"] = false;
+  draft["use_cache"] = true;
+  if (draft["vocab_size"].is_number_integer() && draft["draft_vocab_size"].is_number_integer() &&
+      draft["vocab_size"].get<int64_t>() < draft["draft_vocab_size"].get<int64_t>())
+    draft["draft_vocab_size"] = draft["vocab_size"];
+  return draft.dump(2) + "\n";
+}
+
+std::string generate_missing_draft_config(TrainConfig* cfg) {
+  if (!cfg->model.draft_model_config.empty() || cfg->model.target_model_path.empty()) return "";
+  if (!cfg->model.init_checkpoint.empty()) {
+    const std::string own = cfg->model.init_checkpoint + "/config.json";
+    if (fs::is_regular_file(own)) {
+      cfg->model.draft_model_config = own;
+      return str("no --draft-model-config: using ", own, " (the --init-checkpoint's own)");
+    }
+  }
+  const std::string target_json = cfg->model.target_model_path + "/config.json";
+  std::ifstream in(target_json);
+  if (!in.good()) return "";  // validate() says that a draft config is needed
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string draft = draft_config_from_target(text.str(), target_json);
+
+  std::string name = fs::path(cfg->model.target_model_path).lexically_normal().filename().string();
+  if (name.empty())
+    name =
+        fs::path(cfg->model.target_model_path).lexically_normal().parent_path().filename().string();
+  std::transform(name.begin(), name.end(), name.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  char hash[17];
+  std::snprintf(hash, sizeof(hash), "%016llx", static_cast<unsigned long long>(fnv1a(draft)));
+  const fs::path dir = fs::path(cfg->data.cache_dir) / "draft_configs";
+  const fs::path path = dir / (name + "-eagle3-auto-" + std::string(hash, 8) + ".json");
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  const std::string tmp = str(path.string(), ".tmp.", ::getpid());
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << draft;
+    out.flush();
+    FSDP_USAGE_CHECK(
+        out.good() && !ec,
+        str("cannot write the generated draft config ", tmp, ec ? " (" + ec.message() + ")" : ""),
+        "make --cache-dir writable, or give --draft-model-config");
+  }
+  fs::rename(tmp, path, ec);
+  FSDP_USAGE_CHECK(!ec, str("cannot rename ", tmp, " to ", path.string(), ": ", ec.message()),
+                   "make --cache-dir writable, or give --draft-model-config");
+  cfg->model.draft_model_config = path.string();
+  return str("no --draft-model-config: made ", path.string(), " from ", target_json,
+             " (SpecForge's llama3-8B-eagle3 template with the target's sizes); pass it as "
+             "--draft-model-config to change it");
+}
+
+}  // namespace fsdp::config

@@ -1,0 +1,140 @@
+// The draft config made from a target's config.json when --draft-model-config is absent (as
+// SpecForge's generate_draft_model_config does): copied keys, the template's own values,
+// multimodal text_config, small vocabularies, and the file written into the cache.
+#include <unistd.h>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "config/draft_auto.h"
+#include "config_test_util.h"
+#include "core/fs_util.h"
+
+using namespace fsdp::config;
+using fsdp::config::test::require_usage_error;
+using fsdp::config::test::resolve_args;
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+json made(const json& target) {
+  return json::parse(draft_config_from_target(target.dump(), "t"));
+}
+
+fs::path temp_dir(const std::string& name) {
+  const fs::path p =
+      fs::temp_directory_path() / ("fsdp_da_" + name + "_" + std::to_string(::getpid()));
+  fsdp::remove_tree(p.string());
+  fs::create_directories(p);
+  return p;
+}
+}  // namespace
+
+TEST_CASE("the embedded template is configs/models/llama3-8B-eagle3.json", "[config]") {
+  std::ifstream in(std::string(FSDP_SOURCE_DIR) + "/configs/models/llama3-8B-eagle3.json");
+  REQUIRE(in.good());
+  CHECK(json::parse(in) == json::parse(draft_config_template()));
+}
+
+TEST_CASE("a draft config from a Llama 3.1 target copies its sizes into the template", "[config]") {
+  const json llama = {{"architectures", {"LlamaForCausalLM"}},
+                      {"hidden_size", 4096},
+                      {"intermediate_size", 14336},
+                      {"num_attention_heads", 32},
+                      {"num_key_value_heads", 8},
+                      {"num_hidden_layers", 32},
+                      {"vocab_size", 128256},
+                      {"max_position_embeddings", 131072},
+                      {"rms_norm_eps", 1e-5},
+                      {"rope_theta", 500000.0},
+                      {"bos_token_id", 128000},
+                      {"eos_token_id", {128001, 128008, 128009}},
+                      {"torch_dtype", "bfloat16"},
+                      {"hidden_act", "silu"},
+                      {"tie_word_embeddings", false}};
+  const json d = made(llama);
+  CHECK(d["architectures"] == json{"LlamaForCausalLMEagle3"});
+  CHECK(d["num_hidden_layers"] == 1);
+  CHECK(d["max_position_embeddings"] == 131072);
+  CHECK(d["eos_token_id"] == json{128001, 128008, 128009});
+  CHECK(d["torch_dtype"] == "bfloat16");
+  CHECK(d["draft_vocab_size"] == 32000);
+  // Not copied, as in SpecForge: the template's (absent) rope_theta and rope_scaling.
+  CHECK_FALSE(d.contains("rope_theta"));
+  CHECK(d["use_cache"] == true);
+
+  // Qwen3-4B-like: 2560 hidden, no num_key_value_heads key (multi-head: the heads), dtype key,
+  // tied embeddings (the draft's own lm_head is never tied).
+  const json qwen = {{"hidden_size", 2560},       {"intermediate_size", 9728},
+                     {"num_attention_heads", 32}, {"vocab_size", 151936},
+                     {"dtype", "bfloat16"},       {"tie_word_embeddings", true},
+                     {"rms_norm_eps", 1e-6},      {"hidden_act", "silu"}};
+  const json q = made(qwen);
+  CHECK(q["hidden_size"] == 2560);
+  CHECK(q["num_key_value_heads"] == 32);
+  CHECK(q["torch_dtype"] == "bfloat16");
+  CHECK(q["tie_word_embeddings"] == false);
+  CHECK(q["rms_norm_eps"] == 1e-6);
+  CHECK(q["bos_token_id"] == 128000);  // the template's, as SpecForge leaves it
+
+  // Multimodal: the language model's sizes under text_config.
+  const json mm = {{"architectures", {"Llama4ForConditionalGeneration"}},
+                   {"text_config",
+                    {{"hidden_size", 5120},
+                     {"vocab_size", 202048},
+                     {"num_attention_heads", 40},
+                     {"num_key_value_heads", 8},
+                     {"intermediate_size", 8192}}},
+                   {"vision_config", {{"hidden_size", 1408}}}};
+  CHECK(made(mm)["hidden_size"] == 5120);
+  CHECK(made(mm)["vocab_size"] == 202048);
+
+  // A vocabulary smaller than 32000: the draft vocabulary is all of it.
+  CHECK(made({{"hidden_size", 64}, {"vocab_size", 512}})["draft_vocab_size"] == 512);
+  require_usage_error([] { made({{"model_type", "x"}}); }, "no hidden_size and vocab_size");
+  require_usage_error([] { draft_config_from_target("[1]", "t.json"); },
+                      "t.json: not a JSON object");
+}
+
+TEST_CASE("no --draft-model-config: the made config is written into the cache", "[config]") {
+  const fs::path dir = temp_dir("target");
+  const fs::path target = dir / "My-Target-7B";
+  fs::create_directories(target);
+  std::ofstream(target / "config.json") << R"({"hidden_size": 64, "vocab_size": 512,
+      "num_attention_heads": 2, "num_key_value_heads": 2, "intermediate_size": 128})";
+  const std::string cache = (dir / "cache").string();
+  const TrainConfig c =
+      resolve_args({"--target-model-path", target.string(), "--cache-dir", cache});
+  const std::string path = c.model.draft_model_config;
+  CHECK(path.rfind(cache + "/draft_configs/my-target-7b-eagle3-auto-", 0) == 0);
+  std::ifstream in(path);
+  REQUIRE(in.good());
+  std::stringstream text;
+  text << in.rdbuf();
+  CHECK(json::parse(text.str())["hidden_size"] == 64);
+  // Same target, same file (the name is the content's hash); a given config is left alone.
+  CHECK(resolve_args({"--target-model-path", target.string(), "--cache-dir", cache})
+            .model.draft_model_config == path);
+  CHECK(resolve_args({"--target-model-path", target.string(), "--cache-dir", cache,
+                      "--draft-model-config", "/my/draft.json"})
+            .model.draft_model_config == "/my/draft.json");
+  // --init-checkpoint brings its own config.json.
+  const fs::path init = dir / "init";
+  fs::create_directories(init);
+  std::ofstream(init / "config.json") << "{}";
+  CHECK(resolve_args({"--target-model-path", target.string(), "--cache-dir", cache,
+                      "--init-checkpoint", init.string()})
+            .model.draft_model_config == (init / "config.json").string());
+  // No config.json in the target: nothing is made, and validation asks for a draft config.
+  TrainConfig none = resolve_args({"--target-model-path", dir.string(), "--cache-dir", cache,
+                                   "--output-dir", (dir / "out").string()});
+  CHECK(none.model.draft_model_config.empty());
+  require_usage_error(
+      [&] {
+        validate(none, 1, ValidateOptions{false, false});
+      },
+      "none can be made without the target's config.json");
+  fsdp::remove_tree(dir.string());
+}
