@@ -105,10 +105,13 @@ std::string generate_missing_draft_config(TrainConfig* cfg) {
   text << in.rdbuf();
   const std::string draft = draft_config_from_target(text.str(), target_json);
 
-  std::string name = fs::path(cfg->model.target_model_path).lexically_normal().filename().string();
-  if (name.empty())
-    name =
-        fs::path(cfg->model.target_model_path).lexically_normal().parent_path().filename().string();
+  fs::path target = fs::path(cfg->model.target_model_path).lexically_normal();
+  if (target.filename().empty()) target = target.parent_path();
+  std::string name = target.filename().string();
+  // A Hugging Face cache snapshot (models--<org>--<name>/snapshots/<hash>): the repository name.
+  const std::string repo = target.parent_path().parent_path().filename().string();
+  if (target.parent_path().filename() == "snapshots" && repo.rfind("models--", 0) == 0)
+    name = repo.substr(repo.rfind("--") + 2);
   std::transform(name.begin(), name.end(), name.begin(),
                  [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
   char hash[17];

@@ -336,7 +336,9 @@ std::vector<OptionSpec> build_table() {
       FIELD(deepspeed_config)));
 
   t.push_back(row<std::string>("target-model-path", K::kPath, md,
-                               "target model directory (config.json + safetensors); only the "
+                               "target model directory (config.json + safetensors), or a "
+                               "Hugging Face repository id already in the local Hugging Face "
+                               "cache (SpecForge's meta-llama/Llama-3.1-8B-Instruct); only the "
                                "embedding and LM head are read",
                                FIELD(model.target_model_path)));
   t.push_back(row<std::string>("draft-model-config", K::kPath, md,
@@ -647,8 +649,9 @@ std::vector<OptionSpec> build_table() {
                            "(recorded; the raw jsonl is not read here)",
                            nullptr));
   t.push_back(recorded_row("model-download-dir", K::kPath,
-                           "SpecForge's Hugging Face download directory (recorded; "
-                           "--target-model-path must be a local directory)",
+                           "SpecForge's Hugging Face download directory: searched first "
+                           "when --target-model-path is a repository id (then the "
+                           "HF_HUB_CACHE / HF_HOME caches); nothing is downloaded",
                            nullptr));
   t.push_back(recorded_row("is-vlm", K::kBool,
                            "SpecForge's vision-language target switch; refused (not supported)",

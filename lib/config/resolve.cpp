@@ -1,7 +1,8 @@
 // Builds the TrainConfig from defaults, the --config YAML file, the --deepspeed ds_config and the
 // command line (options.h), in that order of precedence. Never validates the whole
 // configuration (validate() does) and never reads anything but the files the user named, except
-// the target's config.json when a draft config must be made from it (draft_auto.h).
+// the target's config.json when a draft config must be made from it (draft_auto.h) and the
+// Hugging Face cache's directories when the target is a repository id (hf_cache.h).
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 
 #include "config/deepspeed.h"
 #include "config/draft_auto.h"
+#include "config/hf_cache.h"
 #include "config/options.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -89,12 +91,14 @@ TrainConfig resolve(const CommandLineValues& cli, const ResolveOptions& options)
       explicit_names.push_back(spec->alias_of.empty() ? spec->name : spec->alias_of);
     }
   }
-  // SpecForge makes a draft config from the target when none is given; so do we.
-  if (const std::string made = generate_missing_draft_config(&cfg); !made.empty()) {
+  // SpecForge resolves repository ids through the Hugging Face cache and makes a draft config
+  // from the target when none is given; so do we.
+  for (const std::string& note : {resolve_hub_target(&cfg), generate_missing_draft_config(&cfg)}) {
+    if (note.empty()) continue;
     if (options.report) {
-      options.report->push_back(made);
+      options.report->push_back(note);
     } else {
-      FSDP_LOG0(kInfo) << made;
+      FSDP_LOG0(kInfo) << note;
     }
   }
   if (cfg.deepspeed_config.empty()) {

@@ -3,6 +3,8 @@
 // system; sizes that must agree with the target model are checked where the model is loaded.
 #include "config/train_config.h"
 
+#include "config/hf_cache.h"
+
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -250,6 +252,13 @@ void validate(const TrainConfig& cfg, int world_size, const ValidateOptions& opt
   }
 
   if (!options.check_paths) return;
+  if (!is_dir(cfg.model.target_model_path) && looks_like_repo_id(cfg.model.target_model_path)) {
+    const auto it = cfg.specforge_flags.find("model-download-dir");
+    FSDP_USAGE_CHECK(false,
+                     str("--target-model-path '", cfg.model.target_model_path, "' not found"),
+                     hub_target_hint(cfg.model.target_model_path,
+                                     it == cfg.specforge_flags.end() ? "" : it->second));
+  }
   check_dir(cfg.model.target_model_path, "--target-model-path");
   check_file(cfg.model.draft_model_config, "--draft-model-config");
   if (!cfg.data.train_hidden_states_path.empty())

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "config/draft_auto.h"
+#include "config/hf_cache.h"
 #include "config_test_util.h"
 #include "core/fs_util.h"
 
@@ -136,5 +137,61 @@ TEST_CASE("no --draft-model-config: the made config is written into the cache", 
         validate(none, 1, ValidateOptions{false, false});
       },
       "none can be made without the target's config.json");
+  fsdp::remove_tree(dir.string());
+}
+
+TEST_CASE("a repository id as --target-model-path is found in the Hugging Face cache", "[config]") {
+  CHECK(looks_like_repo_id("meta-llama/Llama-3.1-8B-Instruct"));
+  CHECK(looks_like_repo_id("Qwen/Qwen3-8B"));
+  for (const char* path : {"/models/x", "./a/b", "a/b/c", "models", "a/", "../x", "a b/c"})
+    CHECK_FALSE(looks_like_repo_id(path));
+
+  const fs::path dir = temp_dir("hub");
+  const fs::path repo = dir / "hub" / "models--Qwen--Qwen3-8B";
+  fs::create_directories(repo / "snapshots" / "abc123");
+  fs::create_directories(repo / "snapshots" / "old999");
+  fs::create_directories(repo / "refs");
+  std::ofstream(repo / "refs" / "main") << "abc123";
+  std::ofstream(repo / "snapshots" / "abc123" / "config.json")
+      << R"({"hidden_size": 64, "vocab_size": 512, "num_attention_heads": 2,
+            "intermediate_size": 128})";
+  const std::vector<std::string> caches{(dir / "empty").string(), (dir / "hub").string()};
+  CHECK(find_hub_snapshot("Qwen/Qwen3-8B", caches) == (repo / "snapshots" / "abc123").string());
+  CHECK_FALSE(find_hub_snapshot("Qwen/Qwen3-4B", caches).has_value());
+  // refs/main naming a missing snapshot, and two snapshots without refs/main: errors.
+  std::ofstream(repo / "refs" / "main") << "gone";
+  require_usage_error([&] { find_hub_snapshot("Qwen/Qwen3-8B", caches); }, "interrupted download");
+  fs::remove(repo / "refs" / "main");
+  require_usage_error([&] { find_hub_snapshot("Qwen/Qwen3-8B", caches); }, "2 snapshots");
+  fsdp::remove_tree((repo / "snapshots" / "old999").string());
+  CHECK(find_hub_snapshot("Qwen/Qwen3-8B", caches) == (repo / "snapshots" / "abc123").string());
+
+  // Through resolve(): SpecForge's --model-download-dir is searched first, the draft config
+  // made from the snapshot is named after the repository.
+  const std::string cache = (dir / "cache").string();
+  const TrainConfig c =
+      resolve_args({"--target-model-path", "Qwen/Qwen3-8B", "--model-download-dir",
+                    (dir / "hub").string(), "--cache-dir", cache});
+  CHECK(c.model.target_model_path == (repo / "snapshots" / "abc123").string());
+  std::vector<std::string> report;
+  ResolveOptions ro;
+  ro.report = &report;
+  resolve_args({"--target-model-path", "Qwen/Qwen3-8B", "--model-download-dir",
+                (dir / "hub").string(), "--cache-dir", cache},
+               ro);
+  REQUIRE(report.size() == 2);
+  CHECK(report[0].rfind("--target-model-path Qwen/Qwen3-8B: the Hugging Face cache's snapshot",
+                        0) == 0);
+  CHECK(c.model.draft_model_config.rfind(cache + "/draft_configs/qwen3-8b-eagle3-auto-", 0) == 0);
+  // Not cached: resolve() leaves it, validation says how to download it.
+  TrainConfig missing = resolve_args({"--target-model-path", "Qwen/Qwen3-4B", "--cache-dir", cache,
+                                      "--model-download-dir", (dir / "hub").string()});
+  CHECK(missing.model.target_model_path == "Qwen/Qwen3-4B");
+  missing.model.draft_model_config = (dir / "d.json").string();
+  require_usage_error(
+      [&] {
+        validate(missing, 1, ValidateOptions{true, false});
+      },
+      "huggingface-cli download Qwen/Qwen3-4B");
   fsdp::remove_tree(dir.string());
 }
