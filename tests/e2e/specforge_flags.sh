@@ -3,7 +3,8 @@
 # --draft-accumulation-steps, --log-interval, --max-num-steps and the no-effect flags train to
 # bitwise the same weights as our own flags, with --profile on (profiling changes nothing); the
 # trace names the phases; the flags are recorded; refused and unknown flags exit 2 with the
-# reason; SGLANG_TORCH_PROFILER_DIR is where SpecForge users look for traces.
+# reason; SGLANG_TORCH_PROFILER_DIR is where SpecForge users look for traces; a repository id
+# and no draft config (SpecForge's example scripts) work.
 set -uo pipefail
 source "$(dirname "$0")/lib/common.sh"
 DATA=$(toy_data fixed --num-samples 128 --min-len 32 --max-len 32 --samples-per-dir 32 --seed 1)
@@ -59,11 +60,18 @@ grep -q "draft checkpoint(s) without optimizer state ($W/sfout/epoch_0)" "$W/sfr
 run_np 1 $(sf_args "$DATA" "$W/sfout") $COMMON --max-num-steps 1 --draft-global-batch-size 2   --draft-micro-batch-size 2 --ckpt-dir "$W/sfout/epoch_0" --resume >"$W/sfinit.log" 2>&1 || { cat "$W/sfinit.log"; fail "--ckpt-dir from a SpecForge checkpoint"; }
 grep -q "no complete checkpoint" "$W/sfinit.log" || { cat "$W/sfinit.log"; fail "--ckpt-dir with --resume should start from the weights"; }
 
-# No --draft-model-config (SpecForge makes one from the target): the draft config is made from
-# the target's config.json into the cache, trains, and is what the checkpoint records.
-run_np 1 $(sf_args "$DATA" "$W/auto" | sed 's/--draft-model-config [^ ]*//') $COMMON \
-  --max-num-steps 1 --draft-global-batch-size 2 --draft-micro-batch-size 2 >"$W/auto.log" 2>&1 ||
-  { cat "$W/auto.log"; fail "a run without --draft-model-config"; }
+# SpecForge's example scripts: a repository id as --target-model-path (found in the Hugging Face
+# cache, here a copy of the toy target laid out as huggingface_hub does) and no
+# --draft-model-config (made from the target's config.json into the cache; trains, and is what
+# the checkpoint records).
+mkdir -p "$W/hub/models--toy--target/snapshots/0a1b" "$W/hub/models--toy--target/refs"
+cp "$DATA"/target/* "$W/hub/models--toy--target/snapshots/0a1b/"
+printf 0a1b >"$W/hub/models--toy--target/refs/main"
+HF_HUB_CACHE="$W/hub" run_np 1 $(sf_args "$DATA" "$W/auto" | sed 's/--draft-model-config [^ ]*//; s|--target-model-path [^ ]*|--target-model-path toy/target|') \
+  $COMMON --max-num-steps 1 --draft-global-batch-size 2 --draft-micro-batch-size 2 >"$W/auto.log" 2>&1 ||
+  { cat "$W/auto.log"; fail "a run with a repository id and without --draft-model-config"; }
+grep -q "target-model-path toy/target: the Hugging Face cache's snapshot $W/hub/models--toy--target/snapshots/0a1b" "$W/auto.log" ||
+  { cat "$W/auto.log"; fail "the repository id was not resolved through HF_HUB_CACHE"; }
 made="$(grep -o "no --draft-model-config: made [^ ]*" "$W/auto.log" | head -n 1 | cut -d' ' -f4)"
 [ -f "$made" ] && [ "${made#"$DATA/cache/draft_configs/target-eagle3-auto-"}" != "$made" ] ||
   { cat "$W/auto.log"; fail "no made draft config under the cache: '$made'"; }
