@@ -13,6 +13,7 @@
 
 #include "config/train_config.h"
 #include "core/error.h"
+#include "core/hash.h"
 
 namespace fsdp::config {
 namespace {
@@ -44,12 +45,6 @@ constexpr const char* kTemplate = R"({
   "draft_vocab_size": 32000
 }
 )";
-
-uint64_t fnv1a(const std::string& s) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
-  return h;
-}
 
 }  // namespace
 

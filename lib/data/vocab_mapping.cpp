@@ -3,8 +3,8 @@
 #include "data/vocab_mapping.h"
 
 #include <ATen/ATen.h>
-#include <torch/serialize.h>
 #include <sys/stat.h>
+#include <torch/serialize.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,9 +15,10 @@
 
 #include "comm/communicator.h"
 #include "core/fs_util.h"
+#include "core/hash.h"
 #include "core/log.h"
-#include "data/native_format.h"
 #include "core/zip_check.h"
+#include "data/native_format.h"
 #include "data/torch_save.h"
 
 namespace fsdp::data {
@@ -90,7 +91,8 @@ VocabMapping load_vocab_mapping(const std::string& path, int64_t v, int64_t vd) 
   std::vector<char> bytes;
   {
     std::ifstream in(path, std::ios::binary | std::ios::ate);
-    FSDP_USAGE_CHECK(in.good(), path + ": cannot open vocab mapping file", "check --vocab-mapping-path");
+    FSDP_USAGE_CHECK(in.good(), path + ": cannot open vocab mapping file",
+                     "check --vocab-mapping-path");
     bytes.resize(static_cast<size_t>(in.tellg()));
     in.seekg(0);
     in.read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
@@ -104,28 +106,34 @@ VocabMapping load_vocab_mapping(const std::string& path, int64_t v, int64_t vd) 
     FSDP_USAGE_CHECK(false, path + ": not a torch.save file with {d2t, t2d}",
                      "pass a file written by SpecForge (torch.save({'d2t':..., 't2d':...}))");
   }
-  FSDP_USAGE_CHECK(iv.isGenericDict(), path + ": holds no dict", "expected torch.save({'d2t', 't2d'})");
+  FSDP_USAGE_CHECK(iv.isGenericDict(), path + ": holds no dict",
+                   "expected torch.save({'d2t', 't2d'})");
   VocabMapping m;
   for (const auto& kv : iv.toGenericDict()) {
     if (!kv.key().isString() || !kv.value().isTensor()) continue;
     if (kv.key().toStringRef() == "d2t") m.d2t = kv.value().toTensor();
     if (kv.key().toStringRef() == "t2d") m.t2d = kv.value().toTensor();
   }
-  FSDP_USAGE_CHECK(m.d2t.defined() && m.t2d.defined(), path + ": needs tensors 'd2t' and 't2d'", "");
+  FSDP_USAGE_CHECK(m.d2t.defined() && m.t2d.defined(), path + ": needs tensors 'd2t' and 't2d'",
+                   "");
   FSDP_USAGE_CHECK(m.d2t.dim() == 1 && m.d2t.size(0) == vd,
-                   fsdp::str(path, ": d2t has shape ", m.d2t.sizes(), ", expected [", vd, "] (draft_vocab_size)"),
+                   fsdp::str(path, ": d2t has shape ", m.d2t.sizes(), ", expected [", vd,
+                             "] (draft_vocab_size)"),
                    "the mapping was built for another draft vocabulary size");
-  FSDP_USAGE_CHECK(m.t2d.dim() == 1 && m.t2d.size(0) == v,
-                   fsdp::str(path, ": t2d has shape ", m.t2d.sizes(), ", expected [", v, "] (vocab_size)"),
-                   "the mapping was built for another target vocabulary");
+  FSDP_USAGE_CHECK(
+      m.t2d.dim() == 1 && m.t2d.size(0) == v,
+      fsdp::str(path, ": t2d has shape ", m.t2d.sizes(), ", expected [", v, "] (vocab_size)"),
+      "the mapping was built for another target vocabulary");
   m.d2t = m.d2t.to(at::kLong).contiguous();
   m.t2d = m.t2d.to(at::kBool).contiguous();
   const at::Tensor used = m.used_ids();
-  const bool ok = used.min().item<int64_t>() >= 0 && used.max().item<int64_t>() < v &&
-                  (vd == 1 || (used.narrow(0, 1, vd - 1) > used.narrow(0, 0, vd - 1)).all().item<bool>()) &&
-                  m.t2d.sum().item<int64_t>() == vd && m.t2d.index_select(0, used).all().item<bool>();
-  FSDP_USAGE_CHECK(ok, path + ": d2t and t2d disagree (t2d must be true exactly at j + d2t[j], ascending)",
-                   "regenerate the mapping file");
+  const bool ok =
+      used.min().item<int64_t>() >= 0 && used.max().item<int64_t>() < v &&
+      (vd == 1 || (used.narrow(0, 1, vd - 1) > used.narrow(0, 0, vd - 1)).all().item<bool>()) &&
+      m.t2d.sum().item<int64_t>() == vd && m.t2d.index_select(0, used).all().item<bool>();
+  FSDP_USAGE_CHECK(
+      ok, path + ": d2t and t2d disagree (t2d must be true exactly at j + d2t[j], ascending)",
+      "regenerate the mapping file");
   return m;
 }
 
@@ -136,13 +144,12 @@ void save_vocab_mapping(const std::string& path, const VocabMapping& m) {
   torch_save_file(path, dict);
 }
 
-std::string vocab_cache_file(const std::string& data_path, int64_t max_length, int64_t v, int64_t vd,
-                             const std::string& fingerprint) {
-  const std::string key = fsdp::str(fs::weakly_canonical(data_path).string(), "|max_length=", max_length,
-                              "|vocab_size=", v, "|draft_vocab_size=", vd,
-                              fingerprint.empty() ? "" : "|files=" + fingerprint);
-  uint64_t h = 1469598103934665603ull;  // FNV-1a: stable across compilers and runs
-  for (unsigned char ch : key) h = (h ^ ch) * 1099511628211ull;
+std::string vocab_cache_file(const std::string& data_path, int64_t max_length, int64_t v,
+                             int64_t vd, const std::string& fingerprint) {
+  const std::string key = fsdp::str(
+      fs::weakly_canonical(data_path).string(), "|max_length=", max_length, "|vocab_size=", v,
+      "|draft_vocab_size=", vd, fingerprint.empty() ? "" : "|files=" + fingerprint);
+  const uint64_t h = fsdp::fnv1a(key);
   char buf[64];
   std::snprintf(buf, sizeof(buf), "vocab_mapping_%016llx.pt", static_cast<unsigned long long>(h));
   return buf;
@@ -151,10 +158,8 @@ std::string vocab_cache_file(const std::string& data_path, int64_t max_length, i
 std::string dataset_fingerprint(const FeatureDataset& dataset) {
   // FNV-1a over: the sample count, and per file its name, size and modification time (a native
   // dataset: its index, which convert rewrites with every shard).
-  uint64_t h = 1469598103934665603ull;
-  const auto mix = [&h](const std::string& s) {
-    for (unsigned char ch : s) h = (h ^ ch) * 1099511628211ull;
-  };
+  uint64_t h = fsdp::kFnv1aOffset;
+  const auto mix = [&h](const std::string& s) { h = fsdp::fnv1a(s, h); };
   const auto mix_file = [&](const std::string& path) {
     struct stat st {};
     mix(path);
@@ -196,7 +201,8 @@ VocabMapping build_vocab_mapping(const FeatureDataset& dataset, const VocabMappi
                                  comm::Communicator* comm) {
   FSDP_USAGE_CHECK(o.vocab_size > 0 && o.draft_vocab_size > 0,
                    "vocab mapping needs vocab_size and draft_vocab_size", "check the draft config");
-  if (!o.mapping_path.empty()) return load_vocab_mapping(o.mapping_path, o.vocab_size, o.draft_vocab_size);
+  if (!o.mapping_path.empty())
+    return load_vocab_mapping(o.mapping_path, o.vocab_size, o.draft_vocab_size);
   std::string cache;
   if (!o.cache_dir.empty()) {
     cache = (fs::path(o.cache_dir) / "vocab_mapping" /
@@ -221,11 +227,12 @@ VocabMapping build_vocab_mapping(const FeatureDataset& dataset, const VocabMappi
       return cached;
     }
     if (!problem.empty()) {
-      FSDP_LOG0(kWarn) << "vocab mapping: the cache file " << cache
-                       << " cannot be used (" << problem << "); computing it again";
+      FSDP_LOG0(kWarn) << "vocab mapping: the cache file " << cache << " cannot be used ("
+                       << problem << "); computing it again";
     }
   }
-  const at::Tensor counts = count_loss_tokens(dataset, o.vocab_size, o.max_length, comm, o.skip_bad_samples);
+  const at::Tensor counts =
+      count_loss_tokens(dataset, o.vocab_size, o.max_length, comm, o.skip_bad_samples);
   VocabMapping m = mapping_from_counts(counts, o.draft_vocab_size);
   const int64_t distinct = counts.gt(0).sum().item<int64_t>();
   FSDP_LOG0(kInfo) << "vocab mapping: " << distinct << " distinct loss tokens, keeping "
