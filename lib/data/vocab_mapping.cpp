@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iomanip>
 #include <numeric>
 
 #include "comm/communicator.h"
@@ -144,6 +145,12 @@ void save_vocab_mapping(const std::string& path, const VocabMapping& m) {
   torch_save_file(path, dict);
 }
 
+double mapping_coverage(const at::Tensor& counts, const VocabMapping& mapping) {
+  const double total = counts.sum().item<double>();
+  if (total <= 0) return 100.0;
+  return 100.0 * counts.masked_select(mapping.t2d.to(at::kBool)).sum().item<double>() / total;
+}
+
 std::string vocab_cache_file(const std::string& data_path, int64_t max_length, int64_t v,
                              int64_t vd, const std::string& fingerprint) {
   const std::string key = fsdp::str(
@@ -235,8 +242,11 @@ VocabMapping build_vocab_mapping(const FeatureDataset& dataset, const VocabMappi
       count_loss_tokens(dataset, o.vocab_size, o.max_length, comm, o.skip_bad_samples);
   VocabMapping m = mapping_from_counts(counts, o.draft_vocab_size);
   const int64_t distinct = counts.gt(0).sum().item<int64_t>();
+  // Coverage bounds every acc_i: the draft can never propose the ids it does not keep.
   FSDP_LOG0(kInfo) << "vocab mapping: " << distinct << " distinct loss tokens, keeping "
-                   << o.draft_vocab_size << " of " << o.vocab_size;
+                   << o.draft_vocab_size << " of " << o.vocab_size << ", which cover "
+                   << fsdp::str(std::fixed, std::setprecision(2), mapping_coverage(counts, m))
+                   << "% of the loss-token occurrences";
   if (!cache.empty() && (!comm || comm->rank() == 0)) {
     // The cache only saves the next run this pass: a cache that cannot be written is a warning.
     try {

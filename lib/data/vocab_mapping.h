@@ -29,13 +29,16 @@ struct VocabMapping {
 // first), fills with the smallest unused ids when fewer than Vd ids occur, sorts ascending.
 VocabMapping mapping_from_counts(const at::Tensor& counts, int64_t draft_vocab_size);
 
+// Percentage (0-100) of the counted occurrences whose id the mapping's t2d keeps: the draft can
+// never propose the others. 100 when nothing was counted.
+double mapping_coverage(const at::Tensor& counts, const VocabMapping& mapping);
+
 // Counts input_ids at positions with loss_mask == 1 over samples [0, N) of the dataset, reading
 // each sample's ORIGINAL (unshifted) input_ids[:max_length] and loss_mask[:max_length], exactly
 // as SpecForge counts its tokenized (max_length-truncated) dataset. With `comm`, each rank
 // counts a strided subset and the counts are all-reduced. Throws when an id is >= V.
-at::Tensor count_loss_tokens(const FeatureDataset& dataset, int64_t vocab_size,
-                             int64_t max_length, comm::Communicator* comm = nullptr,
-                             bool skip_bad_samples = true);
+at::Tensor count_loss_tokens(const FeatureDataset& dataset, int64_t vocab_size, int64_t max_length,
+                             comm::Communicator* comm = nullptr, bool skip_bad_samples = true);
 
 // Reads a torch.save dict {"d2t": int64 [Vd], "t2d": bool [V]} (SpecForge's vocab mapping file)
 // and checks it against V and Vd and for consistency (t2d true exactly at j + d2t[j]).

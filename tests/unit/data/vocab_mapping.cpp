@@ -28,6 +28,9 @@ TEST_CASE("hand-computed mapping: top Vd by count, sorted, d2t offsets, t2d mask
   CHECK(vec(m.t2d) == std::vector<int64_t>{0, 0, 1, 0, 0, 0, 0, 1, 0, 1});
   CHECK(m.d2t.scalar_type() == at::kLong);
   CHECK(m.t2d.scalar_type() == at::kBool);
+  // Kept occurrences 5 + 4 + 3 of 13: the draft can never propose id 4.
+  CHECK(mapping_coverage(counts, m) == Approx(100.0 * 12 / 13));
+  CHECK(mapping_coverage(at::zeros({10}, at::kLong), m) == 100.0);
 }
 
 TEST_CASE("fewer distinct ids than Vd: fill with the smallest unused ids", "[data]") {
@@ -35,7 +38,8 @@ TEST_CASE("fewer distinct ids than Vd: fill with the smallest unused ids", "[dat
   counts[5] = 3;
   counts[6] = 1;
   CHECK(vec(mapping_from_counts(counts, 4).used_ids()) == std::vector<int64_t>{0, 1, 5, 6});
-  CHECK(vec(mapping_from_counts(at::zeros({8}, at::kLong), 3).used_ids()) == std::vector<int64_t>{0, 1, 2});
+  CHECK(vec(mapping_from_counts(at::zeros({8}, at::kLong), 3).used_ids()) ==
+        std::vector<int64_t>{0, 1, 2});
   CHECK(vec(mapping_from_counts(counts, 8).d2t) == std::vector<int64_t>(8, 0));
 }
 
@@ -46,7 +50,8 @@ TEST_CASE("ties are broken by the smaller id", "[data]") {
   CHECK_THROWS_WITH(mapping_from_counts(counts, 7), Catch::Contains("draft_vocab_size 7"));
 }
 
-TEST_CASE("counting reads unshifted input_ids at loss_mask == 1, truncated to max_length", "[data]") {
+TEST_CASE("counting reads unshifted input_ids at loss_mask == 1, truncated to max_length",
+          "[data]") {
   const auto dir = temp_dir("vocab_count");
   auto write = [&](const std::string& name, std::vector<int64_t> ids, std::vector<int64_t> mask) {
     c10::Dict<std::string, at::Tensor> d;
@@ -60,10 +65,12 @@ TEST_CASE("counting reads unshifted input_ids at loss_mask == 1, truncated to ma
   write("a.ckpt", {3, 4, 5, 6}, {0, 1, 1, 0});
   write("b.ckpt", {4, 4, 7, 1}, {1, 1, 0, 1});
   auto ds = open_feature_dataset(dir.string());
-  CHECK(vec(count_loss_tokens(*ds, 8, 100, nullptr)) == std::vector<int64_t>{0, 1, 0, 0, 3, 1, 0, 0});
+  CHECK(vec(count_loss_tokens(*ds, 8, 100, nullptr)) ==
+        std::vector<int64_t>{0, 1, 0, 0, 3, 1, 0, 0});
   // max_length 2: a counts [3,4] at mask [0,1] -> 4; b counts [4,4] -> 4,4.
   CHECK(vec(count_loss_tokens(*ds, 8, 2, nullptr)) == std::vector<int64_t>{0, 0, 0, 0, 3, 0, 0, 0});
-  CHECK_THROWS_WITH(count_loss_tokens(*ds, 4, 100, nullptr), Catch::Contains("token id 5 >= vocab_size 4"));
+  CHECK_THROWS_WITH(count_loss_tokens(*ds, 4, 100, nullptr),
+                    Catch::Contains("token id 5 >= vocab_size 4"));
 
   // build_vocab_mapping caches by key; a cached file is reused (we overwrite it to prove it).
   const auto cache = temp_dir("vocab_cache");
@@ -73,7 +80,9 @@ TEST_CASE("counting reads unshifted input_ids at loss_mask == 1, truncated to ma
   const auto file =
       cache / "vocab_mapping" / vocab_cache_file(dir.string(), 100, 8, 2, dataset_fingerprint(*ds));
   REQUIRE(std::filesystem::exists(file));
-  save_vocab_mapping(file.string(), mapping_from_counts(at::tensor(std::vector<int64_t>{0, 0, 0, 9, 0, 0, 0, 9}), 2));
+  save_vocab_mapping(
+      file.string(),
+      mapping_from_counts(at::tensor(std::vector<int64_t>{0, 0, 0, 9, 0, 0, 0, 9}), 2));
   CHECK(vec(build_vocab_mapping(*ds, o).used_ids()) == std::vector<int64_t>{3, 7});
   // Other keys miss the cache.
   CHECK(vocab_cache_file(dir.string(), 50, 8, 2) != vocab_cache_file(dir.string(), 100, 8, 2));
@@ -104,15 +113,23 @@ TEST_CASE("mapping files: round trip, validation, and Python/SpecForge interop",
   const VocabMapping r = load_vocab_mapping((dir / "m.pt").string(), 6, 3);
   CHECK(at::equal(r.d2t, m.d2t));
   CHECK(at::equal(r.t2d, m.t2d));
-  CHECK(error_of([&] { load_vocab_mapping((dir / "m.pt").string(), 6, 4); }).find("d2t has shape") != std::string::npos);
-  CHECK(error_of([&] { load_vocab_mapping((dir / "m.pt").string(), 7, 3); }).find("t2d has shape") != std::string::npos);
+  CHECK(error_of([&] {
+          load_vocab_mapping((dir / "m.pt").string(), 6, 4);
+        }).find("d2t has shape") != std::string::npos);
+  CHECK(error_of([&] {
+          load_vocab_mapping((dir / "m.pt").string(), 7, 3);
+        }).find("t2d has shape") != std::string::npos);
   VocabMapping broken = m;
   broken.t2d = m.t2d.clone();
   broken.t2d[1] = true;
   broken.t2d[0] = false;
   save_vocab_mapping((dir / "broken.pt").string(), broken);
-  CHECK(error_of([&] { load_vocab_mapping((dir / "broken.pt").string(), 6, 3); }).find("disagree") != std::string::npos);
-  CHECK(error_of([&] { load_vocab_mapping((dir / "none.pt").string(), 6, 3); }).find("cannot open") != std::string::npos);
+  CHECK(error_of([&] {
+          load_vocab_mapping((dir / "broken.pt").string(), 6, 3);
+        }).find("disagree") != std::string::npos);
+  CHECK(error_of([&] {
+          load_vocab_mapping((dir / "none.pt").string(), 6, 3);
+        }).find("cannot open") != std::string::npos);
 
   if (!have_python()) {
     WARN("FSDP_PYTHON not set: skipping the Python interop half");
@@ -123,7 +140,8 @@ TEST_CASE("mapping files: round trip, validation, and Python/SpecForge interop",
   script << "import torch\n"
          << "m = torch.load('" << (dir / "m.pt").string() << "')\n"
          << "assert m['d2t'].dtype == torch.int64 and m['d2t'].tolist() == [0, 1, 2], m\n"
-         << "assert m['t2d'].dtype == torch.bool and m['t2d'].tolist() == [True, False, True, False, True, False]\n"
+         << "assert m['t2d'].dtype == torch.bool and m['t2d'].tolist() == [True, False, True, "
+            "False, True, False]\n"
          << "used = torch.tensor([1, 3, 4, 8])\n"
          << "d2t = used - torch.arange(4)\n"
          << "t2d = torch.zeros(10, dtype=torch.bool); t2d[used] = True\n"
