@@ -65,7 +65,7 @@ void StepMetrics::add_sums(const std::vector<double>& sums) {
   padded.resize(3 * T + 4, 0.0);
   const auto opts = at::TensorOptions().dtype(at::kDouble);
   const at::Tensor all = at::tensor(padded, opts).to(device_);
-  const auto part = [&](int64_t from, int64_t n) { return all.narrow(0, from, n).clone(); };
+  const auto part = [&](int64_t from, int64_t len) { return all.narrow(0, from, len).clone(); };
   if (micro_batches_ == 0) {
     ploss_ = part(0, T);
     correct_ = part(T, T);
