@@ -65,8 +65,8 @@ void install_launcher_handlers() {
 }
 
 // Variables passed to every rank by name (mpirun copies the whole environment only to ranks on
-// this node): ours, NCCL's, W&B's (rank 0 may run on another node), the thread count and the
-// library path. The launcher sets FSDP_LAUNCHED and the attempt/launch id itself.
+// this node): ours, NCCL's, W&B's (rank 0 may run on another node), the thread count, the
+// library path and the Hugging Face cache locations (a repository id as --target-model-path). The launcher sets FSDP_LAUNCHED and the attempt/launch id itself.
 std::vector<std::string> forwarded_variables() {
   std::vector<std::string> names;
   for (char** e = environ; e && *e; ++e) {
@@ -77,7 +77,8 @@ std::vector<std::string> forwarded_variables() {
         name == train::kLaunchIdVar)
       continue;
     if (starts("FSDP_") || starts("NCCL_") || starts("WANDB_") || name == "OMP_NUM_THREADS" ||
-        name == "LD_LIBRARY_PATH")
+        name == "LD_LIBRARY_PATH" || name == "HF_HOME" || name == "HF_HUB_CACHE" ||
+        name == "TRANSFORMERS_CACHE")
       names.push_back(name);
   }
   std::sort(names.begin(), names.end());

@@ -35,10 +35,11 @@ hf="$(mktemp)"; echo "localhost slots=4" >"$hf"
 plan="$("$BIN" --nproc-per-node 2 --nnodes 2 --hostfile "$hf" --launch-dry-run comm-bench)"
 echo "$plan" | grep -q -- "--hostfile $hf" || fail "hostfile not passed: $plan"
 echo "$plan" | grep -q -- "-np 4" || fail "nnodes x nproc not applied: $plan"
-# Ranks on other nodes get NCCL's, W&B's and our variables and the thread count by name only.
+# Ranks on other nodes get NCCL's, W&B's, Hugging Face's and our variables and the thread count
+# by name only.
 plan="$(NCCL_IB_HCA=mlx5 WANDB_API_KEY=secret-value OMP_NUM_THREADS=3 FSDP_PROGRESS=lines \
-  "$BIN" --nproc-per-node 2 --nnodes 2 --hostfile "$hf" --launch-dry-run comm-bench)"
-for v in NCCL_IB_HCA WANDB_API_KEY OMP_NUM_THREADS FSDP_PROGRESS; do
+  HF_HOME=/models/hf "$BIN" --nproc-per-node 2 --nnodes 2 --hostfile "$hf" --launch-dry-run comm-bench)"
+for v in NCCL_IB_HCA WANDB_API_KEY OMP_NUM_THREADS FSDP_PROGRESS HF_HOME; do
   echo "$plan" | grep -q -- "-x $v " || fail "$v not passed to the ranks: $plan"
 done
 echo "$plan" | grep -q "secret-value" && fail "a variable's value on the mpirun command line: $plan"
