@@ -75,6 +75,16 @@ std::string draft_config_from_target(const std::string& target_config_text,
     draft["num_key_value_heads"] = target["num_attention_heads"];
   if (!target.contains("torch_dtype") && target.contains("dtype"))
     draft["torch_dtype"] = target["dtype"];
+  // SpecForge leaves head_dim to hidden_size / heads; where that cannot work (gpt-oss: 2880 / 64
+  // = 45, odd, so no rotary embedding), the target's own head_dim is taken instead.
+  if (draft["hidden_size"].is_number_integer() &&
+      draft["num_attention_heads"].is_number_integer() && target.contains("head_dim") &&
+      target["head_dim"].is_number_integer()) {
+    const int64_t hidden = draft["hidden_size"].get<int64_t>();
+    const int64_t heads = draft["num_attention_heads"].get<int64_t>();
+    if (heads > 0 && (hidden % heads != 0 || (hidden / heads) % 2 != 0))
+      draft["head_dim"] = target["head_dim"];
+  }
   draft["num_hidden_layers"] = 1;
   draft["tie_word_embeddings"] = false;
   draft["use_cache"] = true;

@@ -15,8 +15,10 @@ struct TrainConfig;
 // heads, as Hugging Face's Llama config does), intermediate_size, max_position_embeddings,
 // rms_norm_eps, hidden_act, bos/eos_token_id and torch_dtype (or dtype) taken from the target
 // (from its text_config when the top level has no hidden_size: multimodal checkpoints);
-// num_hidden_layers 1, tie_word_embeddings false; draft_vocab_size the template's 32000, or
-// vocab_size when that is smaller. `source` names the file in errors (fsdp::UsageError).
+// num_hidden_layers 1, tie_word_embeddings false; head_dim left to hidden_size / heads as in
+// SpecForge, except where that is odd or not whole (gpt-oss) and the target has a head_dim;
+// draft_vocab_size the template's 32000, or vocab_size when that is smaller. `source` names the
+// file in errors (fsdp::UsageError).
 std::string draft_config_from_target(const std::string& target_config_text,
                                      const std::string& source);
 

@@ -92,6 +92,16 @@ TEST_CASE("a draft config from a Llama 3.1 target copies its sizes into the temp
   CHECK(made(mm)["hidden_size"] == 5120);
   CHECK(made(mm)["vocab_size"] == 202048);
 
+  // gpt-oss-120b: hidden / heads = 2880 / 64 = 45 is odd (no rotary embedding): the target's
+  // head_dim. Where hidden / heads works, head_dim stays unset as in SpecForge (Qwen3-4B: 80).
+  const json oss = {{"hidden_size", 2880},      {"num_attention_heads", 64},
+                    {"num_key_value_heads", 8}, {"head_dim", 64},
+                    {"vocab_size", 201088},     {"intermediate_size", 2880}};
+  CHECK(made(oss)["head_dim"] == 64);
+  json qwen4 = qwen;
+  qwen4["head_dim"] = 128;
+  CHECK_FALSE(made(qwen4).contains("head_dim"));
+
   // A vocabulary smaller than 32000: the draft vocabulary is all of it.
   CHECK(made({{"hidden_size", 64}, {"vocab_size", 512}})["draft_vocab_size"] == 512);
   require_usage_error([] { made({{"model_type", "x"}}); }, "no hidden_size and vocab_size");
