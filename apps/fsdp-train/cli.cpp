@@ -55,7 +55,7 @@ std::string version_text() {
 int run_cli(int argc, char** argv) {
   CLI::App app{
       "fsdp-train: train EAGLE3 draft models on precomputed hidden states with a ZeRO-3 sharding "
-      "engine.\nTrain: fsdp-train --target-model-path DIR --draft-model-config FILE "
+      "engine.\nTrain: fsdp-train --target-model-path DIR|ORG/NAME [--draft-model-config FILE] "
       "--train-hidden-states-path DIR --output-dir DIR [...] | fsdp-train --config run.yaml\n"
       "Launch: mpirun -np N fsdp-train ... | fsdp-train --nproc-per-node N ... "
       "(--hostfile FILE --nnodes K for several nodes; --max-restarts K restarts a failed job from "
