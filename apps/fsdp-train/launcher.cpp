@@ -66,7 +66,8 @@ void install_launcher_handlers() {
 
 // Variables passed to every rank by name (mpirun copies the whole environment only to ranks on
 // this node): ours, NCCL's, W&B's (rank 0 may run on another node), the thread count, the
-// library path and the Hugging Face cache locations (a repository id as --target-model-path). The launcher sets FSDP_LAUNCHED and the attempt/launch id itself.
+// library path and the Hugging Face cache locations (a repository id as --target-model-path). The
+// launcher sets FSDP_LAUNCHED and the attempt/launch id itself.
 std::vector<std::string> forwarded_variables() {
   std::vector<std::string> names;
   for (char** e = environ; e && *e; ++e) {
@@ -225,8 +226,9 @@ int supervise(const LaunchPlan& plan, int max_restarts) {
     LaunchPlan run = plan;
     auto at = std::find(run.argv.begin(), run.argv.end(), "FSDP_LAUNCHED=1");
     at = at == run.argv.end() ? at : at + 1;
-    run.argv.insert(at, {"-x", std::string(train::kRestartAttemptVar) + "=" + std::to_string(attempt),
-                         "-x", std::string(train::kLaunchIdVar) + "=" + launch_id});
+    run.argv.insert(
+        at, {"-x", std::string(train::kRestartAttemptVar) + "=" + std::to_string(attempt), "-x",
+             std::string(train::kLaunchIdVar) + "=" + launch_id});
     int err = 0;
     const pid_t pid = start_child(run, &err);
     if (pid < 0) {
@@ -252,7 +254,8 @@ int supervise(const LaunchPlan& plan, int max_restarts) {
     }
     if (attempt >= max_restarts) {
       std::cerr << "fsdp-train: the job failed again (exit code " << rc << ") and all "
-                << max_restarts << " restart(s) of --max-restarts are used; --resume continues "
+                << max_restarts
+                << " restart(s) of --max-restarts are used; --resume continues "
                    "from the newest checkpoint\n";
       return rc;
     }
@@ -343,7 +346,8 @@ int maybe_relaunch(int& argc, char** argv) {
     return -1;
   }
   if (nnodes > 1 && hostfile.empty()) {
-    return usage_error("--nnodes " + std::to_string(nnodes) + " needs --hostfile listing the nodes");
+    return usage_error("--nnodes " + std::to_string(nnodes) +
+                       " needs --hostfile listing the nodes");
   }
   LaunchPlan plan = plan_launch(nproc, nnodes, hostfile, self_path(argv[0]), rest);
   if (dry_run) {

@@ -272,13 +272,16 @@ std::map<std::string, std::string> model_weight_map(const std::string& model_dir
   const fs::path single = dir / "model.safetensors";
   const bool pickled =
       fs::exists(dir / "pytorch_model.bin") || fs::exists(dir / "pytorch_model.bin.index.json");
+  // "dir/" and "dir" name the same model; the converted copy goes next to it, not inside.
+  std::string plain = dir.lexically_normal().string();
+  while (plain.size() > 1 && plain.back() == '/') plain.pop_back();
   FSDP_USAGE_CHECK(
       fs::exists(single),
       model_dir + ": neither model.safetensors nor model.safetensors.index.json found" +
           (pickled ? " (it holds pytorch_model*.bin: pickled weights, which are not read)" : ""),
       pickled ? "convert it once: python -c \"from transformers import AutoModelForCausalLM as M; "
                 "M.from_pretrained('" +
-                    model_dir + "').save_pretrained('" + model_dir +
+                    plain + "', torch_dtype='auto').save_pretrained('" + plain +
                     "-safetensors')\" (safetensors is the default format) and pass that directory"
               : "point --target-model-path at a Hugging Face checkpoint in safetensors format");
   auto f = SafetensorsFile::open(single.string());

@@ -11,8 +11,9 @@ namespace fsdp::checkpoint {
 struct TargetKeyRequest {
   std::string embedding_key;  // the name asked for (--embedding-key)
   std::string lm_head_key;    // the name asked for (--lm-head-key)
-  // A name may be replaced only when it is the default: an explicit name the checkpoint lacks is
-  // an error, never a guess.
+  // A name may be replaced only when it is the default (the caller compares with the default
+  // value, so the default given explicitly counts as the default): any other name the
+  // checkpoint lacks is an error, never a guess.
   bool embedding_is_default = true;
   bool lm_head_is_default = true;
 };
@@ -26,9 +27,9 @@ struct TargetKeys {
 //  - a name present in the checkpoint is used as given;
 //  - a missing default name is replaced by the one tensor whose name ends with it after a
 //    prefix (".embed_tokens.weight", ".lm_head.weight"), e.g. "language_model.lm_head.weight";
-//  - a missing default LM head with no such tensor is the embedding when the target ties them:
-//    config.json's tie_word_embeddings (or text_config's) is true, or absent (Hugging Face's
-//    default is true) while the checkpoint holds no LM head at all;
+//  - a missing default LM head with no such tensor is the embedding when config.json's
+//    tie_word_embeddings (or text_config's) is true; absent is not enough (the default differs
+//    between model classes: Llama's is false), so that is an error;
 //  - anything else throws fsdp::UsageError naming the directory, the name and the candidates.
 TargetKeys resolve_target_keys(const std::string& model_dir, const TargetKeyRequest& request);
 

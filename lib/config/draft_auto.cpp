@@ -46,6 +46,30 @@ constexpr const char* kTemplate = R"({
 }
 )";
 
+// The newest epoch_<E>_step_<S> directory of `output_dir` with the completion marker ("" when
+// none): the one --resume auto continues, unless it turns out damaged (then the trainer's own
+// check compares the draft configs).
+std::string newest_complete_checkpoint(const std::string& output_dir) {
+  std::error_code ec;
+  if (output_dir.empty() || !fs::is_directory(output_dir, ec)) return "";
+  std::string best;
+  long long best_e = -1, best_s = -1;
+  for (const auto& entry : fs::directory_iterator(output_dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    long long e = 0, s = 0;
+    int used = 0;
+    if (std::sscanf(name.c_str(), "epoch_%lld_step_%lld%n", &e, &s, &used) != 2 ||
+        used != static_cast<int>(name.size()) || !fs::exists(entry.path() / "COMPLETE", ec))
+      continue;
+    if (e > best_e || (e == best_e && s > best_s)) {
+      best_e = e;
+      best_s = s;
+      best = entry.path().string();
+    }
+  }
+  return best;
+}
+
 }  // namespace
 
 const std::string& draft_config_template() {
@@ -71,7 +95,8 @@ std::string draft_config_from_target(const std::string& target_config_text,
                           "hidden_act", "bos_token_id", "eos_token_id", "torch_dtype"}) {
     if (target.contains(key) && !target[key].is_null()) draft[key] = target[key];
   }
-  if (!target.contains("num_key_value_heads") && target.contains("num_attention_heads"))
+  if ((!target.contains("num_key_value_heads") || target["num_key_value_heads"].is_null()) &&
+      target.contains("num_attention_heads"))
     draft["num_key_value_heads"] = target["num_attention_heads"];
   if (!target.contains("torch_dtype") && target.contains("dtype"))
     draft["torch_dtype"] = target["dtype"];
@@ -96,13 +121,23 @@ std::string draft_config_from_target(const std::string& target_config_text,
 
 std::string generate_missing_draft_config(TrainConfig* cfg) {
   if (!cfg->model.draft_model_config.empty() || cfg->model.target_model_path.empty()) return "";
-  if (!cfg->model.init_checkpoint.empty()) {
-    const std::string own = cfg->model.init_checkpoint + "/config.json";
-    if (fs::is_regular_file(own)) {
-      cfg->model.draft_model_config = own;
-      return str("no --draft-model-config: using ", own, " (the --init-checkpoint's own)");
-    }
+  // A checkpoint to continue or start from brings the draft config it was trained with.
+  const auto use_own = [&](const std::string& dir, const char* whose) -> std::string {
+    const std::string own = dir + "/config.json";
+    std::error_code ec;
+    if (dir.empty() || !fs::is_regular_file(own, ec)) return "";
+    cfg->model.draft_model_config = own;
+    return str("no --draft-model-config: using ", own, " (", whose, ")");
+  };
+  std::string note;
+  if (cfg->checkpoint.resume == ResumeMode::kPath) {
+    note = use_own(cfg->checkpoint.resume_path, "the --resume checkpoint's own");
+  } else if (cfg->checkpoint.resume == ResumeMode::kAuto) {
+    note = use_own(newest_complete_checkpoint(cfg->checkpoint.output_dir),
+                   "the newest checkpoint's own, which --resume continues");
   }
+  if (note.empty()) note = use_own(cfg->model.init_checkpoint, "the --init-checkpoint's own");
+  if (!note.empty()) return note;
   const std::string target_json = cfg->model.target_model_path + "/config.json";
   std::ifstream in(target_json);
   if (!in.good()) return "";  // validate() says that a draft config is needed
@@ -125,7 +160,10 @@ std::string generate_missing_draft_config(TrainConfig* cfg) {
   const fs::path path = dir / (name + "-eagle3-auto-" + std::string(hash, 8) + ".json");
   std::error_code ec;
   fs::create_directories(dir, ec);
-  const std::string tmp = str(path.string(), ".tmp.", ::getpid());
+  // Ranks on several nodes may share the cache and a pid: the host name keeps the names apart.
+  char host[256] = "host";
+  ::gethostname(host, sizeof(host) - 1);
+  const std::string tmp = str(path.string(), ".tmp.", host, ".", ::getpid());
   {
     std::ofstream out(tmp, std::ios::trunc);
     out << draft;
@@ -136,7 +174,11 @@ std::string generate_missing_draft_config(TrainConfig* cfg) {
         "make --cache-dir writable, or give --draft-model-config");
   }
   fs::rename(tmp, path, ec);
-  FSDP_USAGE_CHECK(!ec, str("cannot rename ", tmp, " to ", path.string(), ": ", ec.message()),
+  std::error_code ignored;
+  if (ec) fs::remove(tmp, ignored);
+  // The name is the content's hash: another rank's file under it is the same file.
+  FSDP_USAGE_CHECK(!ec || fs::is_regular_file(path),
+                   str("cannot rename ", tmp, " to ", path.string(), ": ", ec.message()),
                    "make --cache-dir writable, or give --draft-model-config");
   cfg->model.draft_model_config = path.string();
   return str("no --draft-model-config: made ", path.string(), " from ", target_json,

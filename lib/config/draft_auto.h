@@ -25,14 +25,15 @@ std::string draft_config_from_target(const std::string& target_config_text,
 // The template above, as embedded in the binary (a test keeps it equal to the file).
 const std::string& draft_config_template();
 
-// When cfg has a target but no draft config: uses --init-checkpoint's config.json when there is
-// one; else writes draft_config_from_target(<target>/config.json)
-// to <cache-dir>/draft_configs/<target dir name>-eagle3-auto-<content hash>.json (atomically;
-// the name depends on the content, so concurrent ranks and runs never disagree), sets
-// cfg->model.draft_model_config to it and returns a line saying so; else (also when the target
-// has no readable config.json: validate() then asks for --draft-model-config) changes nothing
-// and returns "". A config.json without sizes, or an unwritable cache, throws
-// fsdp::UsageError naming the path.
+// When cfg has a target but no draft config: uses the config.json of the checkpoint the run
+// continues (--resume PATH, or the newest complete checkpoint of --output-dir for --resume
+// auto) or starts from (--init-checkpoint) when there is one; else writes
+// draft_config_from_target(<target>/config.json) to <cache-dir>/draft_configs/<target dir
+// name>-eagle3-auto-<content hash>.json (atomically; the name depends on the content, so concurrent
+// ranks and runs never disagree), sets cfg->model.draft_model_config to it and returns a line
+// saying so; else (also when the target has no readable config.json: validate() then asks for
+// --draft-model-config) changes nothing and returns "". A config.json without sizes, or an
+// unwritable cache, throws fsdp::UsageError naming the path.
 std::string generate_missing_draft_config(TrainConfig* cfg);
 
 }  // namespace fsdp::config

@@ -240,6 +240,17 @@ void validate(const TrainConfig& cfg, int world_size, const ValidateOptions& opt
   }
   FSDP_USAGE_CHECK(!cfg.model.target_model_path.empty(), "--target-model-path is required",
                    "point it at the target model's Hugging Face directory");
+  // The target first: a missing one also explains a missing draft config (none can be made).
+  if (options.check_paths) {
+    if (!is_dir(cfg.model.target_model_path) && looks_like_repo_id(cfg.model.target_model_path)) {
+      const auto it = cfg.specforge_flags.find("model-download-dir");
+      FSDP_USAGE_CHECK(false,
+                       str("--target-model-path '", cfg.model.target_model_path, "' not found"),
+                       hub_target_hint(cfg.model.target_model_path,
+                                       it == cfg.specforge_flags.end() ? "" : it->second));
+    }
+    check_dir(cfg.model.target_model_path, "--target-model-path");
+  }
   FSDP_USAGE_CHECK(!cfg.model.draft_model_config.empty(),
                    str("--draft-model-config is required: none was given, and none can be made "
                        "without the target's config.json (",
@@ -252,14 +263,6 @@ void validate(const TrainConfig& cfg, int world_size, const ValidateOptions& opt
   }
 
   if (!options.check_paths) return;
-  if (!is_dir(cfg.model.target_model_path) && looks_like_repo_id(cfg.model.target_model_path)) {
-    const auto it = cfg.specforge_flags.find("model-download-dir");
-    FSDP_USAGE_CHECK(false,
-                     str("--target-model-path '", cfg.model.target_model_path, "' not found"),
-                     hub_target_hint(cfg.model.target_model_path,
-                                     it == cfg.specforge_flags.end() ? "" : it->second));
-  }
-  check_dir(cfg.model.target_model_path, "--target-model-path");
   check_file(cfg.model.draft_model_config, "--draft-model-config");
   if (!cfg.data.train_hidden_states_path.empty())
     check_dir(cfg.data.train_hidden_states_path, "--train-hidden-states-path");

@@ -322,8 +322,10 @@ void DraftConfig::validate() const {
   // as is and make the serving engine look for bias weights that were never trained.
   for (const char* key : {"attention_bias", "mlp_bias"}) {
     const auto it = extra_json.find(key);
-    if (it != extra_json.end() && it->second == "true")
-      bad_key(source, key, "is true, but the EAGLE3 draft has no bias terms",
+    // Anything but false, 0 or null would make Hugging Face's config truthy.
+    if (it != extra_json.end() && it->second != "false" && it->second != "0" &&
+        it->second != "null")
+      bad_key(source, key, str("is ", it->second, ", but the EAGLE3 draft has no bias terms"),
               str("write \"", key, "\": false"));
   }
   if (rope_scaling.type == RopeType::kLlama3 &&

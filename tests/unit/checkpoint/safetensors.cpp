@@ -184,8 +184,12 @@ TEST_CASE("read_model_tensors opens only the shards holding the requested names"
   // A pickled checkpoint gets the conversion command.
   const auto pickled = temp_dir("pickled");
   std::ofstream(pickled / "pytorch_model.bin") << "x";
-  CHECK(error_of([&] { read_model_tensors(pickled.string(), {"x"}); })
-            .find("save_pretrained('" + pickled.string() + "-safetensors')") != std::string::npos);
+  CHECK(error_of([&] {
+          read_model_tensors(pickled.string(), {"x"});
+        }).find("save_pretrained('" + pickled.string() + "-safetensors')") != std::string::npos);
+  CHECK(error_of([&] {
+          read_model_tensors(pickled.string() + "/", {"x"});
+        }).find("save_pretrained('" + pickled.string() + "-safetensors')") != std::string::npos);
 }
 
 TEST_CASE("target embedding and LM head names: tied, prefixed, explicit, missing", "[checkpoint]") {

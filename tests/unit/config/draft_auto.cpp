@@ -75,6 +75,9 @@ TEST_CASE("a draft config from a Llama 3.1 target copies its sizes into the temp
   const json q = made(qwen);
   CHECK(q["hidden_size"] == 2560);
   CHECK(q["num_key_value_heads"] == 32);
+  json qnull = qwen;
+  qnull["num_key_value_heads"] = nullptr;  // Hugging Face reads null as "the attention heads"
+  CHECK(made(qnull)["num_key_value_heads"] == 32);
   CHECK(q["torch_dtype"] == "bfloat16");
   CHECK(q["tie_word_embeddings"] == false);
   CHECK(q["rms_norm_eps"] == 1e-6);
@@ -138,6 +141,25 @@ TEST_CASE("no --draft-model-config: the made config is written into the cache", 
   CHECK(resolve_args({"--target-model-path", target.string(), "--cache-dir", cache,
                       "--init-checkpoint", init.string()})
             .model.draft_model_config == (init / "config.json").string());
+  // --resume brings the checkpoint's own: PATH's, or for auto the newest complete one's.
+  const fs::path out = dir / "out";
+  for (const char* name :
+       {"epoch_0_step_2", "epoch_1_step_10", "epoch_1_step_9", "epoch_2_step_1"}) {
+    fs::create_directories(out / name);
+    std::ofstream(out / name / "config.json") << "{}";
+    if (std::string(name) != "epoch_2_step_1") std::ofstream(out / name / "COMPLETE") << "";
+  }
+  CHECK(resolve_args({"--target-model-path", target.string(), "--cache-dir", cache, "--resume",
+                      (out / "epoch_0_step_2").string()})
+            .model.draft_model_config == (out / "epoch_0_step_2" / "config.json").string());
+  CHECK(resolve_args({"--target-model-path", target.string(), "--cache-dir", cache, "--resume",
+                      "auto", "--output-dir", out.string()})
+            .model.draft_model_config == (out / "epoch_1_step_10" / "config.json").string());
+  // A fresh --resume auto (no checkpoint yet) makes one from the target.
+  CHECK(resolve_args({"--target-model-path", target.string(), "--cache-dir", cache, "--resume",
+                      "auto", "--output-dir", (dir / "fresh").string()})
+            .model.draft_model_config == path);
+
   // No config.json in the target: nothing is made, and validation asks for a draft config.
   TrainConfig none = resolve_args({"--target-model-path", dir.string(), "--cache-dir", cache,
                                    "--output-dir", (dir / "out").string()});

@@ -158,6 +158,9 @@ TEST_CASE("config errors name the key and the file", "[model][config]") {
   CHECK_THAT(e, Catch::Contains("'attention_bias'") && Catch::Contains("no bias terms"));
   e = error_for("mlp_bias", "true");
   CHECK_THAT(e, Catch::Contains("'mlp_bias'"));
+  CHECK_THAT(error_for("attention_bias", "1"), Catch::Contains("no bias terms"));
+  CHECK_THAT(error_for("attention_bias", R"("true")"), Catch::Contains("no bias terms"));
+  CHECK(error_for("attention_bias", "null").empty());
   CHECK(error_for("attention_bias", "false").empty());  // false is what the draft is
   e = error_for("num_key_value_heads", "3");
   CHECK_THAT(e, Catch::Contains("'num_key_value_heads'") && Catch::Contains("divide"));
