@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "checkpoint/checkpoint_dir.h"
 #include "config/train_config.h"
 #include "core/error.h"
 #include "core/hash.h"
@@ -45,30 +46,6 @@ constexpr const char* kTemplate = R"({
   "draft_vocab_size": 32000
 }
 )";
-
-// The newest epoch_<E>_step_<S> directory of `output_dir` with the completion marker ("" when
-// none): the one --resume auto continues, unless it turns out damaged (then the trainer's own
-// check compares the draft configs).
-std::string newest_complete_checkpoint(const std::string& output_dir) {
-  std::error_code ec;
-  if (output_dir.empty() || !fs::is_directory(output_dir, ec)) return "";
-  std::string best;
-  long long best_e = -1, best_s = -1;
-  for (const auto& entry : fs::directory_iterator(output_dir, ec)) {
-    const std::string name = entry.path().filename().string();
-    long long e = 0, s = 0;
-    int used = 0;
-    if (std::sscanf(name.c_str(), "epoch_%lld_step_%lld%n", &e, &s, &used) != 2 ||
-        used != static_cast<int>(name.size()) || !fs::exists(entry.path() / "COMPLETE", ec))
-      continue;
-    if (e > best_e || (e == best_e && s > best_s)) {
-      best_e = e;
-      best_s = s;
-      best = entry.path().string();
-    }
-  }
-  return best;
-}
 
 }  // namespace
 
@@ -133,8 +110,9 @@ std::string generate_missing_draft_config(TrainConfig* cfg) {
   if (cfg->checkpoint.resume == ResumeMode::kPath) {
     note = use_own(cfg->checkpoint.resume_path, "the --resume checkpoint's own");
   } else if (cfg->checkpoint.resume == ResumeMode::kAuto) {
-    note = use_own(newest_complete_checkpoint(cfg->checkpoint.output_dir),
-                   "the newest checkpoint's own, which --resume continues");
+    const auto latest = checkpoint::find_latest(cfg->checkpoint.output_dir);
+    if (latest)
+      note = use_own(latest->path, "the newest checkpoint's own, which --resume continues");
   }
   if (note.empty()) note = use_own(cfg->model.init_checkpoint, "the --init-checkpoint's own");
   if (!note.empty()) return note;
