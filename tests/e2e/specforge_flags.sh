@@ -83,6 +83,12 @@ assert (made["hidden_size"], made["num_attention_heads"], made["intermediate_siz
         made["vocab_size"], made["draft_vocab_size"]) == (64, 2, 128, 512, 512), made
 assert saved["hidden_size"] == 64 and saved["draft_vocab_size"] == 512, saved
 PYEOF
+# Continuing it without --draft-model-config takes the checkpoint's own config, not a new one.
+HF_HUB_CACHE="$W/hub" run_np 1 $(sf_args "$DATA" "$W/auto" | sed 's/--draft-model-config [^ ]*//; s|--target-model-path [^ ]*|--target-model-path toy/target|') \
+  $COMMON --max-num-steps 2 --draft-global-batch-size 2 --draft-micro-batch-size 2 --resume >"$W/auto2.log" 2>&1 ||
+  { cat "$W/auto2.log"; fail "resuming without --draft-model-config"; }
+grep -q "no --draft-model-config: using $W/auto/epoch_0_step_1/config.json (the newest checkpoint's own" "$W/auto2.log" ||
+  { cat "$W/auto2.log"; fail "the resume did not take the checkpoint's draft config"; }
 
 # Refused and unknown flags: exit 2 and the reason.
 expect_refusal() {
