@@ -19,6 +19,12 @@ std::string env(const char* name) {
   return v ? v : "";
 }
 
+// SpecForge's --model-download-dir, recorded among its no-effect flags ("" when not given).
+std::string model_download_dir(const TrainConfig& cfg) {
+  const auto it = cfg.specforge_flags.find("model-download-dir");
+  return it == cfg.specforge_flags.end() ? "" : it->second;
+}
+
 std::string joined(const std::vector<std::string>& dirs) {
   std::string s;
   for (const auto& d : dirs) s += (s.empty() ? "" : ", ") + d;
@@ -87,19 +93,18 @@ std::string resolve_hub_target(TrainConfig* cfg) {
   const std::string target = cfg->model.target_model_path;  // a copy: replaced below
   std::error_code ec;
   if (target.empty() || fs::exists(target, ec) || !looks_like_repo_id(target)) return "";
-  const auto it = cfg->specforge_flags.find("model-download-dir");
-  const std::string download = it == cfg->specforge_flags.end() ? "" : it->second;
-  const auto snap = find_hub_snapshot(target, hub_cache_dirs(download));
+  const auto snap = find_hub_snapshot(target, hub_cache_dirs(model_download_dir(*cfg)));
   if (!snap) return "";
   cfg->model.target_model_path = *snap;
   return str("--target-model-path ", target, ": the Hugging Face cache's snapshot ", *snap);
 }
 
-std::string hub_target_hint(const std::string& repo_id, const std::string& model_download_dir) {
+std::string hub_target_hint(const TrainConfig& cfg) {
+  const std::string& repo_id = cfg.model.target_model_path;
   return str(
       "it is no local directory and no downloaded copy of the Hugging Face repository "
       "is in the caches searched (",
-      joined(hub_cache_dirs(model_download_dir)),
+      joined(hub_cache_dirs(model_download_dir(cfg))),
       "); fsdp-train does not download: run `huggingface-cli download ", repo_id,
       " --include '*.json' '*.safetensors'` (only config.json and the tensors of the "
       "embedding and LM head are read), or pass the local directory");

@@ -32,6 +32,6 @@ std::optional<std::string> find_hub_snapshot(const std::string& repo_id,
 std::string resolve_hub_target(TrainConfig* cfg);
 
 // The hint for a --target-model-path that is neither a directory nor a cached repo id.
-std::string hub_target_hint(const std::string& repo_id, const std::string& model_download_dir);
+std::string hub_target_hint(const TrainConfig& cfg);
 
 }  // namespace fsdp::config

@@ -243,11 +243,9 @@ void validate(const TrainConfig& cfg, int world_size, const ValidateOptions& opt
   // The target first: a missing one also explains a missing draft config (none can be made).
   if (options.check_paths) {
     if (!is_dir(cfg.model.target_model_path) && looks_like_repo_id(cfg.model.target_model_path)) {
-      const auto it = cfg.specforge_flags.find("model-download-dir");
       FSDP_USAGE_CHECK(false,
                        str("--target-model-path '", cfg.model.target_model_path, "' not found"),
-                       hub_target_hint(cfg.model.target_model_path,
-                                       it == cfg.specforge_flags.end() ? "" : it->second));
+                       hub_target_hint(cfg));
     }
     check_dir(cfg.model.target_model_path, "--target-model-path");
   }
