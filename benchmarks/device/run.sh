@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # THE script for the GPU machine (one H200; torch 2.11.0+cu130 in /opt/torch/.venv; CUDA 13.0;
 # CMake + ninja; no internet, no apt). Call it through the device tool from the repo root with
-# carry [".deb"] (made here by benchmarks/device/fetch_debs.sh, about 6 MB) and timeout_s 590:
+# carry [".deb", ".gpubin"] (made here by benchmarks/device/fetch_debs.sh, about 6 MB, and
+# benchmarks/device/prebuild.sh, about 9 MB) and timeout_s 590:
 #   bash benchmarks/device/run.sh
-# It: 1) uses the machine's MPI or unpacks the carried Debian packages, 2) builds fsdp-train
-# against the machine's torch, 3) benchmarks the llama3-8B-eagle3 draft at sequence length 2048
+# It: 1) uses the machine's MPI or unpacks the carried Debian packages, 2) uses the prebuilt
+# executables when they load there, else builds fsdp-train against the machine's torch, 3) benchmarks the llama3-8B-eagle3 draft at sequence length 2048
 # on synthetic features for fsdp-train and for the PyTorch FSDP2 reference on the same GPU and
 # prints tokens/s, MFU and peak memory for both and their ratio, 4) measures
 # --activation-checkpointing, 5) checks parity with the reference on the GPU in fp32, 6) runs
@@ -62,7 +63,28 @@ fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 [ -n "$NVCC" ] && [ ! -d /usr/local/cuda ] && EXTRA_CMAKE+=(-DCUDAToolkit_ROOT="$(dirname "$(dirname "$NVCC")")")
 
-# 2. Build against the machine's torch. Warnings do not stop this one-shot build (another
+# 2. Executables built ahead on the development machine (benchmarks/device/prebuild.sh puts
+# them in .gpubin; carry it too) against the same torch 2.11.0+cu130, nvcc 13.0 and sm_90: used
+# when every library resolves and --version runs, which saves the build's minutes of device
+# time. Their RUNPATH and the tests' source paths name /work/main: linked to this copy when
+# absent. Otherwise, or when they fail, the build below.
+TORCH_DIR="$("$PY" -c 'import os, torch; print(os.path.dirname(torch.__file__))')"
+SITE="$(dirname "$TORCH_DIR")"
+B=""
+if [ "${FSDP_DEVICE_BUILD_ONLY:-0}" != 1 ] && [ -x "$REPO/.gpubin/fsdp-train" ]; then
+  [ -e /work/main ] || { mkdir -p /work && ln -s "$REPO" /work/main; }
+  export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$TORCH_DIR/lib:$SITE/nvidia/nccl/lib:$SITE/nvidia/cu13/lib"
+  if ldd "$REPO/.gpubin/fsdp-train" "$REPO"/.gpubin/tests/* | grep "not found"; then
+    stamp "prebuilt executables: libraries missing (above); building here"
+  elif "$REPO/.gpubin/fsdp-train" --version; then
+    B="$REPO/.gpubin"
+    stamp "using the prebuilt executables in $B"
+  else
+    stamp "prebuilt fsdp-train --version failed; building here"
+  fi
+fi
+if [ -z "$B" ]; then
+# Build against the machine's torch. Warnings do not stop this one-shot build (another
 # compiler version may warn where Debian's GCC 12 does not); they stay in build.log.
 TORCH_PREFIX="$("$PY" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')"
 B="$REPO/build-gpu"
@@ -76,8 +98,19 @@ grep "fsdp-train: Torch" "$OUT/build.log"
 stamp "build"
 timeout "${FSDP_DEVICE_BUILD_LIMIT:-360}" ninja -C "$B" -j "$(nproc)" fsdp-train mpi_comm unit_model unit_shard \
   >>"$OUT/build.log" 2>&1 || { grep -E "error|FAILED" "$OUT/build.log" | head -40; exit 1; }
-ldd "$B/fsdp-train" | grep -E "not found|nccl|cudart|libmpi" 
 stamp "built"
+fi
+# FSDP_DEVICE_BUILD_ONLY=1 (benchmarks/device/prebuild.sh, on the development machine): keep the
+# executables in .gpubin for the device call and stop.
+if [ "${FSDP_DEVICE_BUILD_ONLY:-0}" = 1 ]; then
+  rm -rf "$REPO/.gpubin"; mkdir -p "$REPO/.gpubin/tests"
+  cp "$B/fsdp-train" "$REPO/.gpubin/" &&
+    cp "$B/tests/unit_model" "$B/tests/unit_shard" "$B/tests/mpi_comm" "$REPO/.gpubin/tests/" ||
+    exit 1
+  stamp "executables in $REPO/.gpubin: $(du -sh "$REPO/.gpubin" | cut -f1)"
+  exit 0
+fi
+ldd "$B/fsdp-train" | grep -E "not found|nccl|cudart|libmpi|libtorch_cuda"
 
 # 3. Synthetic llama3-8B features at S=$SEQ (hidden 4096, vocab 128256, draft vocab 32000).
 # A second call on the same (still warm) machine reuses them.
@@ -114,7 +147,7 @@ stamp "fsdp-train: $STEPS steps, bf16, 1 GPU"
 # Steps 9-10 are profiled (operators and CUDA kernels): they lie in the first logged window,
 # which compare.py leaves out as warm-up, so the measured windows are not slowed by it.
 rm -rf /tmp/fsdp-device-profile
-fsdp_run fsdp-train 150 --profile --profile-start-step 8 --profile-num-steps 2 \
+fsdp_run fsdp-train 120 --profile --profile-start-step 8 --profile-num-steps 2 \
   --profile-dir /tmp/fsdp-device-profile
 if [ -f /tmp/fsdp-device-profile/rank0.summary.txt ]; then
   cp /tmp/fsdp-device-profile/rank0.summary.txt "$OUT/profile-summary.txt"
@@ -123,7 +156,7 @@ fi
 
 stamp "reference (PyTorch FSDP2): $STEPS steps, bf16, 1 GPU"
 rm -rf /tmp/fsdp-device-ref
-timeout 180 "$PY" -m torch.distributed.run --standalone --nproc-per-node 1 \
+timeout 150 "$PY" -m torch.distributed.run --standalone --nproc-per-node 1 \
   "$REPO/benchmarks/reference/train.py" --device cuda --target-model-path "$DATA/target" \
   --draft-model-config "$DRAFT" --train-hidden-states-path "$DATA/hidden_states" \
   --cache-dir "$DATA/cache-ref" --output-dir /tmp/fsdp-device-ref --max-length "$SEQ" \
@@ -140,7 +173,7 @@ stamp "comparison"
 
 # 4. Activation checkpointing on the same run: tokens/s and peak memory against the plain run.
 stamp "fsdp-train --activation-checkpointing"
-fsdp_run checkpointed 120 --activation-checkpointing &&
+fsdp_run checkpointed 90 --activation-checkpointing &&
   "$PY" "$REPO/benchmarks/device/compare.py" --checkpointing "$OUT/fsdp-train-metrics.jsonl" \
     "$OUT/checkpointed-metrics.jsonl"
 
@@ -150,7 +183,7 @@ fsdp_run checkpointed 120 --activation-checkpointing &&
 stamp "parity with the reference on the GPU (fp32, 3 steps)"
 printf '#!/bin/sh\nshift 2\nexec "$@"\n' >/tmp/fsdp-single-rank.sh   # drops parity.sh's "-n 1"
 rm -rf /tmp/fsdp-device-parity
-timeout 150 env DEVICE=cuda RANKS=1 FSDP_PYTHON="$PY" MPIRUN="sh /tmp/fsdp-single-rank.sh" \
+timeout 120 env DEVICE=cuda RANKS=1 FSDP_PYTHON="$PY" MPIRUN="sh /tmp/fsdp-single-rank.sh" \
   WORK=/tmp/fsdp-device-parity bash "$REPO/benchmarks/compare/parity.sh" "$B/fsdp-train" 2>&1 |
   tail -8
 
@@ -160,14 +193,14 @@ rc_tests=0
 for t in "unit_model [cuda]" "unit_shard [cuda]" "mpi_comm [nccl]"; do
   exe="$B/tests/${t%% *}"
   [ -x "$exe" ] || { echo "missing test executable $exe"; rc_tests=1; continue; }
-  timeout 90 "$exe" "${t#* }" || { echo "$t: exit code $?"; rc_tests=1; }
+  timeout 60 "$exe" "${t#* }" || { echo "$t: exit code $?"; rc_tests=1; }
 done
 stamp "GPU tests: $([ $rc_tests -eq 0 ] && echo passed || echo FAILED)"
 
 # 7. CPU offload on the GPU host: optimizer state in pinned host memory, AdamW on the CPU
 # overlapped with the uploads. Fewer steps (the CPU step of 0.42 B parameters is the cost).
 stamp "fsdp-train --cpu-offload: 10 steps"
-STEPS=10 fsdp_run offload 120 --cpu-offload &&
+STEPS=10 fsdp_run offload 90 --cpu-offload &&
   "$PY" - "$OUT/offload-metrics.jsonl" <<'PYEOF'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
