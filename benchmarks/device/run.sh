@@ -4,23 +4,32 @@
 # carry [".deb", ".gpubin"] (made here by benchmarks/device/fetch_debs.sh, about 6 MB, and
 # benchmarks/device/prebuild.sh, about 9 MB) and timeout_s 590:
 #   bash benchmarks/device/run.sh
-# It: 1) uses the machine's MPI or unpacks the carried Debian packages, 2) uses the prebuilt
-# executables when they load there, else builds fsdp-train against the machine's torch, 3) benchmarks the llama3-8B-eagle3 draft at sequence length 2048
-# on synthetic features for fsdp-train and for the PyTorch FSDP2 reference on the same GPU and
-# prints tokens/s, MFU and peak memory for both and their ratio, 4) measures
-# --activation-checkpointing, 5) checks parity with the reference on the GPU in fp32, 6) runs
-# the [cuda]/[nccl] tests, 7) measures --cpu-offload. The
-# benchmarks come before the tests because they are what a session cannot get elsewhere; every
-# stage has a time limit so one hang cannot spend the call, and a failed stage does not stop
-# the later ones. $OUT gets 8 files (the device tool returns at most 8): device.log (everything
-# printed), build.log (configure, build, feature generation), runs.log (the four training runs'
-# output), the metrics.jsonl of fsdp-train, reference, checkpointed and offload, and
-# profile-summary.txt (the operators and CUDA kernels of two profiled fsdp-train steps).
+# It: 1) unpacks the carried Debian packages (the machine, seen 2026-11-30, has an Open MPI,
+# CLI11 and yaml-cpp 0.8 of its own but no Catch2, and the prebuilt executables need Debian's
+# yaml-cpp 0.7), 2) uses the prebuilt executables when they load there, else builds fsdp-train
+# against the machine's torch, 3) benchmarks the llama3-8B-eagle3 draft at sequence length 2048
+# on synthetic features for fsdp-train (twice: once profiled, once not) and for the PyTorch
+# FSDP2 reference on the same GPU and prints tokens/s, MFU and peak memory for both and their
+# ratio, 4) measures --activation-checkpointing, 5) checks parity with the reference on the GPU
+# in fp32, 6) runs the [cuda]/[nccl] tests, 7) measures --cpu-offload. The benchmarks come
+# before the tests because they are what a session cannot get elsewhere; every stage has a
+# time limit so one hang cannot spend the call, and a failed stage does not stop the later
+# ones. $OUT gets 6 files (the device tool returns at most 8): device.log (everything printed),
+# build.log (configure, build, feature generation), runs.log (every training run's output),
+# metrics.tar.gz (the runs' metrics.jsonl), profile-summary.txt (the operators and CUDA kernels
+# of two profiled fsdp-train steps) and trace.json.gz (their timeline, for ui.perfetto.dev).
 set -uo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 OUT="${OUT:-$REPO/out/device}"
 mkdir -p "$OUT"
 exec > >(tee "$OUT/device.log") 2>&1
+M=/tmp/fsdp-device-metrics   # the metrics.jsonl files; bundled into $OUT/metrics.tar.gz
+rm -rf "$M"; mkdir -p "$M"
+bundle() { tar czf "$OUT/metrics.tar.gz" -C "$M" . 2>/dev/null; }
+# FSDP_DEVICE_SKIP: stages to leave out of a rerun whose numbers are already in hand, any of
+# "checkpointing parity tests offload".
+skip() { [[ " ${FSDP_DEVICE_SKIP:-} " == *" $1 "* ]]; }
+SAMPLES="${FSDP_DEVICE_SAMPLES:-48}"   # > STEPS: no epoch boundary inside the measured windows
 STEPS="${FSDP_DEVICE_STEPS:-40}"   # dry runs on a CPU machine: FSDP_DEVICE_SEQ=128
 # FSDP_DEVICE_STEPS=2 FSDP_DEVICE_BUILD_LIMIT=900 FSDP_PYTHON=<venv python>
 SEQ="${FSDP_DEVICE_SEQ:-2048}"
@@ -37,10 +46,11 @@ echo "nvcc: ${NVCC:-none} $( [ -n "$NVCC" ] && "$NVCC" --version | tail -1); g++
 DEBROOT="$REPO/.deb/root"
 PREFIXES=""
 EXTRA_CMAKE=()
-# FSDP_DEVICE_FORCE_DEB=1: use the carried packages even where the machine has its own (for a
-# dry run of this path on a development machine).
-if [ "${FSDP_DEVICE_FORCE_DEB:-0}" != 1 ] && command -v mpicxx >/dev/null &&
-   [ -f /usr/include/yaml-cpp/yaml.h ] && [ -f /usr/include/CLI/CLI.hpp ]; then
+# The carried packages whenever they are there (FSDP_DEVICE_FORCE_DEB=1 insists on them, for a
+# dry run of this path on a development machine); the machine's own only without them.
+if [ "${FSDP_DEVICE_FORCE_DEB:-0}" != 1 ] && [ ! -d "$REPO/.deb" ] && command -v mpicxx >/dev/null &&
+   [ -f /usr/include/yaml-cpp/yaml.h ] && [ -f /usr/include/CLI/CLI.hpp ] &&
+   [ -f /usr/include/catch2/catch.hpp ]; then
   stamp "using the machine's MPI and libraries"
 else
   [ -d "$REPO/.deb" ] || { echo "no MPI here and no carried .deb folder: run benchmarks/device/fetch_debs.sh and carry .deb"; exit 1; }
@@ -114,16 +124,16 @@ ldd "$B/fsdp-train" | grep -E "not found|nccl|cudart|libmpi|libtorch_cuda"
 
 # 3. Synthetic llama3-8B features at S=$SEQ (hidden 4096, vocab 128256, draft vocab 32000).
 # A second call on the same (still warm) machine reuses them.
-DATA="/tmp/fsdp-device-data-$SEQ"
+DATA="/tmp/fsdp-device-data-$SEQ-$SAMPLES"
 DRAFT="$REPO/configs/models/llama3-8B-eagle3.json"
 if [ -f "$DATA/toy_data.json" ]; then
   stamp "reusing the synthetic features in $DATA"
 else
   stamp "generating synthetic features"
   rm -rf "$DATA"
-  timeout 150 "$B/fsdp-train" gen-toy-data --out "$DATA" --num-samples 16 --min-len "$SEQ" \
+  timeout 150 "$B/fsdp-train" gen-toy-data --out "$DATA" --num-samples "$SAMPLES" --min-len "$SEQ" \
     --max-len "$SEQ" --hidden-size 4096 --vocab-size 128256 --draft-vocab-size 32000 \
-    --samples-per-dir 16 >>"$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; rm -rf "$DATA"; exit 1; }
+    --samples-per-dir 64 >>"$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; rm -rf "$DATA"; exit 1; }
 fi
 
 # Same data, batches (micro-batch 1, global batch 1), schedule and step count for both.
@@ -139,7 +149,8 @@ fsdp_run() {  # $1 name, $2 time limit, then extra flags
     "$@" >"/tmp/fsdp-device-$name.log" 2>&1
   local rc=$?
   { echo "===== $name (exit code $rc)"; cat "/tmp/fsdp-device-$name.log"; } >>"$OUT/runs.log"
-  cp "/tmp/fsdp-device-$name/metrics.jsonl" "$OUT/$name-metrics.jsonl" 2>/dev/null
+  cp "/tmp/fsdp-device-$name/metrics.jsonl" "$M/$name-metrics.jsonl" 2>/dev/null
+  bundle
   [ $rc -eq 0 ] || { echo "$name: exit code $rc (124: time limit)"; tail -30 "/tmp/fsdp-device-$name.log"; }
   return $rc
 }
@@ -148,11 +159,15 @@ stamp "fsdp-train: $STEPS steps, bf16, 1 GPU"
 # which compare.py leaves out as warm-up, so the measured windows are not slowed by it.
 rm -rf /tmp/fsdp-device-profile
 fsdp_run fsdp-train 120 --profile --profile-start-step 8 --profile-num-steps 2 \
-  --profile-dir /tmp/fsdp-device-profile
+  --profile-record-shapes true --profile-dir /tmp/fsdp-device-profile
 if [ -f /tmp/fsdp-device-profile/rank0.summary.txt ]; then
   cp /tmp/fsdp-device-profile/rank0.summary.txt "$OUT/profile-summary.txt"
-  grep -A 14 "GPU kernels" /tmp/fsdp-device-profile/rank0.summary.txt
+  gzip -c /tmp/fsdp-device-profile/rank0.trace.json >"$OUT/trace.json.gz" 2>/dev/null
+  grep -A 14 "GPU kernels" /tmp/fsdp-device-profile/rank0.summary.txt | cut -c1-160
 fi
+# The same run again without the profiler: the spread between the two is the noise floor.
+stamp "fsdp-train again (no profiler)"
+fsdp_run fsdp-train-2 120
 
 stamp "reference (PyTorch FSDP2): $STEPS steps, bf16, 1 GPU"
 rm -rf /tmp/fsdp-device-ref
@@ -165,43 +180,46 @@ timeout 150 "$PY" -m torch.distributed.run --standalone --nproc-per-node 1 \
 rc=$?
 { echo "===== reference (exit code $rc)"; cat /tmp/fsdp-device-reference.log; } >>"$OUT/runs.log"
 [ $rc -eq 0 ] || { echo "reference: exit code $rc (124: time limit)"; tail -30 /tmp/fsdp-device-reference.log; }
-cp /tmp/fsdp-device-ref/metrics.jsonl "$OUT/reference-metrics.jsonl" 2>/dev/null
+cp /tmp/fsdp-device-ref/metrics.jsonl "$M/reference-metrics.jsonl" 2>/dev/null
+bundle
 
 stamp "comparison"
-"$PY" "$REPO/benchmarks/device/compare.py" "$OUT/fsdp-train-metrics.jsonl" \
-  "$OUT/reference-metrics.jsonl" "$DRAFT" "$SEQ"
+for run in fsdp-train fsdp-train-2; do
+  "$PY" "$REPO/benchmarks/device/compare.py" "$M/$run-metrics.jsonl" \
+    "$M/reference-metrics.jsonl" "$DRAFT" "$SEQ"
+done
 
 # 4. Activation checkpointing on the same run: tokens/s and peak memory against the plain run.
-stamp "fsdp-train --activation-checkpointing"
+skip checkpointing || { stamp "fsdp-train --activation-checkpointing"
 fsdp_run checkpointed 90 --activation-checkpointing &&
-  "$PY" "$REPO/benchmarks/device/compare.py" --checkpointing "$OUT/fsdp-train-metrics.jsonl" \
-    "$OUT/checkpointed-metrics.jsonl"
+  "$PY" "$REPO/benchmarks/device/compare.py" --checkpointing "$M/fsdp-train-metrics.jsonl" \
+    "$M/checkpointed-metrics.jsonl"; }
 
 # 5. Exactness on the GPU: fsdp-train against the reference in fp32 on small toy features, same
 # initial weights and batches, ploss_i/acc_i of 3 steps to 1e-4 (benchmarks/compare/parity.sh;
 # one rank, started without mpirun as above).
-stamp "parity with the reference on the GPU (fp32, 3 steps)"
+skip parity || { stamp "parity with the reference on the GPU (fp32, 3 steps)"
 printf '#!/bin/sh\nshift 2\nexec "$@"\n' >/tmp/fsdp-single-rank.sh   # drops parity.sh's "-n 1"
 rm -rf /tmp/fsdp-device-parity
 timeout 120 env DEVICE=cuda RANKS=1 FSDP_PYTHON="$PY" MPIRUN="sh /tmp/fsdp-single-rank.sh" \
   WORK=/tmp/fsdp-device-parity bash "$REPO/benchmarks/compare/parity.sh" "$B/fsdp-train" 2>&1 |
-  tail -8
+  tail -8; }
 
 # 6. GPU tests (they skip nothing here: a GPU is present).
-stamp "GPU tests"
+skip tests || { stamp "GPU tests"
 rc_tests=0
 for t in "unit_model [cuda]" "unit_shard [cuda]" "mpi_comm [nccl]"; do
   exe="$B/tests/${t%% *}"
   [ -x "$exe" ] || { echo "missing test executable $exe"; rc_tests=1; continue; }
   timeout 60 "$exe" "${t#* }" || { echo "$t: exit code $?"; rc_tests=1; }
 done
-stamp "GPU tests: $([ $rc_tests -eq 0 ] && echo passed || echo FAILED)"
+stamp "GPU tests: $([ $rc_tests -eq 0 ] && echo passed || echo FAILED)"; }
 
 # 7. CPU offload on the GPU host: optimizer state in pinned host memory, AdamW on the CPU
 # overlapped with the uploads. Fewer steps (the CPU step of 0.42 B parameters is the cost).
-stamp "fsdp-train --cpu-offload: 10 steps"
+skip offload || { stamp "fsdp-train --cpu-offload: 10 steps"
 STEPS=10 fsdp_run offload 90 --cpu-offload &&
-  "$PY" - "$OUT/offload-metrics.jsonl" <<'PYEOF'
+  "$PY" - "$M/offload-metrics.jsonl" <<'PYEOF'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 rows = [r for r in rows if "perf/tokens_per_s" in r]
@@ -210,4 +228,5 @@ for r in rows:
           f"{r.get('mem/device_peak_allocated_gib', 0):.1f} GiB, host RSS "
           f"{r.get('mem/host_peak_rss_gib', 0):.1f} GiB")
 PYEOF
+}
 stamp "done"

@@ -155,7 +155,7 @@ class Eagle3Draft(nn.Module):
     def rope(self, positions, dtype):
         # fp32 throughout, as HF Llama and spec 3 compute it.
         d = self.c.head_dim
-        inv = 1.0 / (self.c.theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+        inv = 1.0 / (self.c.theta ** (torch.arange(0, d, 2, dtype=torch.int64, device=positions.device).float() / d))
         ang = positions.float()[:, None] * inv[None, :]
         emb = torch.cat([ang, ang], dim=-1)
         return emb.cos().to(dtype), emb.sin().to(dtype)

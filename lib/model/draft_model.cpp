@@ -107,11 +107,24 @@ RMSNormImpl::RMSNormImpl(int64_t dim, double eps_) : eps(eps_) {
   weight = register_parameter("weight", torch::ones({dim}));
 }
 
-at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
+at::Tensor rms_norm_composite(const at::Tensor& x, const at::Tensor& weight, double eps) {
   const auto wide = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   at::Tensor xf = x.to(wide);
   at::Tensor normed = xf * at::rsqrt(xf.pow(2).mean(-1, true) + eps);
   return weight * normed.to(x.scalar_type());
+}
+
+at::Tensor rms_norm_fused(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  // Without a weight the kernel's output is exactly the normalised x rounded once to x's dtype
+  // (its statistics and products in fp32); its autograd formula runs the fused backward kernel.
+  // 8 forward and about 14 backward kernels of the composite become 2 and 4.
+  at::Tensor normed = std::get<0>(at::_fused_rms_norm(x, {x.size(-1)}, std::nullopt, eps));
+  return weight * normed;
+}
+
+at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
+  if (x.is_cuda() && x.scalar_type() != at::kDouble) return rms_norm_fused(x, weight, eps);
+  return rms_norm_composite(x, weight, eps);
 }
 
 Eagle3MLPImpl::Eagle3MLPImpl(int64_t hidden, int64_t intermediate) {

@@ -18,7 +18,18 @@
 
 namespace fsdp::model {
 
-// x * rsqrt(mean(x^2) + eps) in fp32, cast back to x's dtype, then times weight (init ones).
+// x * rsqrt(mean(x^2) + eps) in fp32, cast back to x's dtype, then times weight (spec 3), as
+// separate ATen operations: the definition, used on the CPU and for float64 everywhere.
+at::Tensor rms_norm_composite(const at::Tensor& x, const at::Tensor& weight, double eps);
+
+// The same on a GPU: the normalisation through LibTorch's fused RMSNorm kernel without a
+// weight (fp32 statistics, one rounding to x's dtype, a fused backward), then the weight
+// multiplied in x's dtype as the spec orders it. Differs from the composite only in the fp32
+// summation order of mean(x^2).
+at::Tensor rms_norm_fused(const at::Tensor& x, const at::Tensor& weight, double eps);
+
+// x * rsqrt(mean(x^2) + eps) in fp32, cast back to x's dtype, then times weight (init ones):
+// rms_norm_fused for CUDA (and ROCm) tensors other than float64, rms_norm_composite otherwise.
 class RMSNormImpl : public torch::nn::Module {
  public:
   RMSNormImpl(int64_t dim, double eps);

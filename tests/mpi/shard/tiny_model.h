@@ -48,7 +48,7 @@ struct BlockImpl : torch::nn::Module {
     auto split = [&](const torch::Tensor& t) { return t.view({B, S, kHeads, D}).transpose(1, 2); };
     auto qs = split(q(h)), ks = split(k(h)), vs = split(v(h));
     auto scores = torch::matmul(qs, ks.transpose(-1, -2)) / std::sqrt(static_cast<double>(D));
-    auto mask = torch::ones({S, S}, torch::kBool).triu(1);
+    auto mask = torch::ones({S, S}, torch::TensorOptions().dtype(torch::kBool).device(x.device())).triu(1);
     scores = scores.masked_fill(mask, -1e9);
     auto attn = torch::matmul(torch::softmax(scores.to(torch::kFloat), -1).to(x.scalar_type()), vs);
     auto y = x + o(attn.transpose(1, 2).reshape({B, S, kHidden}));

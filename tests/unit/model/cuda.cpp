@@ -1,10 +1,12 @@
-// GPU path of the TTT attention (fused flash / memory-efficient SDPA kernels merged through the
-// log-sum-exp) against the dense reference on the same device. Skips without a usable GPU.
+// GPU paths of the model against their definitions on the same device: the TTT attention
+// (fused flash / memory-efficient SDPA kernels merged through the log-sum-exp) against the dense
+// reference, the fused RMSNorm against the composite one. Skip without a usable GPU.
 #include <catch2/catch.hpp>
 
 #include <torch/cuda.h>
 #include <torch/torch.h>
 
+#include "model/draft_model.h"
 #include "model/ttt_attention.h"
 
 using namespace fsdp::model;
@@ -48,4 +50,47 @@ TEST_CASE("cuda: efficient TTT attention matches dense for bf16 and fp32", "[cud
             tol * std::max(1.0f, scale_ref) * 4);
     }
   }
+}
+
+TEST_CASE("cuda: fused RMSNorm matches the composite definition", "[cuda][model]") {
+  MODEL_REQUIRE_GPU();
+  torch::manual_seed(11);
+  const int64_t H = 4096;
+  for (auto dt : {torch::kFloat, torch::kBFloat16}) {
+    INFO("dtype " << dt);
+    auto opt = torch::TensorOptions().device(torch::kCUDA).dtype(dt);
+    at::Tensor x = (torch::randn({2, 333, H}, opt) * 3).requires_grad_(true);
+    at::Tensor w = (1 + 0.1 * torch::randn({H}, opt)).detach().requires_grad_(true);
+    at::Tensor yf = rms_norm_fused(x, w, 1e-5);
+    at::Tensor yc = rms_norm_composite(x, w, 1e-5);
+    REQUIRE(yf.scalar_type() == dt);
+    REQUIRE(yf.sizes() == yc.sizes());
+    at::Tensor diff = (yf.to(torch::kFloat) - yc.to(torch::kFloat)).abs();
+    const float top = yc.to(torch::kFloat).abs().max().item<float>();
+    if (dt == torch::kFloat) {
+      CHECK(diff.max().item<float>() < 1e-5f * top);
+    } else {
+      // Same rounding steps; only the fp32 summation order of mean(x^2) differs, which moves an
+      // element across a bf16 rounding boundary rarely and by one unit.
+      CHECK(diff.gt(0).to(torch::kFloat).mean().item<float>() < 0.01f);
+      CHECK(diff.max().item<float>() <= top / 64);
+    }
+    at::Tensor g = torch::randn_like(yc);
+    auto gf = torch::autograd::grad({yf}, {x, w}, {g});
+    auto gc = torch::autograd::grad({yc}, {x, w}, {g});
+    const float tol = dt == torch::kFloat ? 1e-4f : 2e-2f;
+    for (size_t k = 0; k < gf.size(); ++k) {
+      INFO("gradient " << k);
+      REQUIRE(gf[k].scalar_type() == dt);
+      const at::Tensor a = gf[k].to(torch::kFloat), b = gc[k].to(torch::kFloat);
+      CHECK((a - b).abs().max().item<float>() < tol * b.abs().max().item<float>());
+      CHECK((a - b).norm().item<float>() < tol * b.norm().item<float>());
+    }
+  }
+  // The module picks the fused path on the GPU: same output as rms_norm_fused, bitwise.
+  RMSNorm norm(H, 1e-5);
+  norm->to(torch::kCUDA, torch::kBFloat16);
+  at::Tensor x =
+      torch::randn({4, H}, torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16));
+  CHECK(torch::equal(norm(x), rms_norm_fused(x, norm->weight, 1e-5)));
 }
