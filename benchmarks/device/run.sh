@@ -27,7 +27,7 @@ M=/tmp/fsdp-device-metrics   # the metrics.jsonl files; bundled into $OUT/metric
 rm -rf "$M"; mkdir -p "$M"
 bundle() { tar czf "$OUT/metrics.tar.gz" -C "$M" . 2>/dev/null; }
 # FSDP_DEVICE_SKIP: stages to leave out of a rerun whose numbers are already in hand, any of
-# "checkpointing parity tests offload".
+# "benchmark checkpointing parity tests offload" (benchmark: the fsdp-train and reference runs).
 skip() { [[ " ${FSDP_DEVICE_SKIP:-} " == *" $1 "* ]]; }
 SAMPLES="${FSDP_DEVICE_SAMPLES:-48}"   # > STEPS: no epoch boundary inside the measured windows
 STEPS="${FSDP_DEVICE_STEPS:-40}"   # dry runs on a CPU machine: FSDP_DEVICE_SEQ=128
@@ -154,6 +154,7 @@ fsdp_run() {  # $1 name, $2 time limit, then extra flags
   [ $rc -eq 0 ] || { echo "$name: exit code $rc (124: time limit)"; tail -30 "/tmp/fsdp-device-$name.log"; }
   return $rc
 }
+skip benchmark || {
 stamp "fsdp-train: $STEPS steps, bf16, 1 GPU"
 # Steps 9-10 are profiled (operators and CUDA kernels): they lie in the first logged window,
 # which compare.py leaves out as warm-up, so the measured windows are not slowed by it.
@@ -188,6 +189,7 @@ for run in fsdp-train fsdp-train-2; do
   "$PY" "$REPO/benchmarks/device/compare.py" "$M/$run-metrics.jsonl" \
     "$M/reference-metrics.jsonl" "$DRAFT" "$SEQ"
 done
+}
 
 # 4. Activation checkpointing on the same run: tokens/s and peak memory against the plain run.
 skip checkpointing || { stamp "fsdp-train --activation-checkpointing"
@@ -216,9 +218,17 @@ done
 stamp "GPU tests: $([ $rc_tests -eq 0 ] && echo passed || echo FAILED)"; }
 
 # 7. CPU offload on the GPU host: optimizer state in pinned host memory, AdamW on the CPU
-# overlapped with the uploads. Fewer steps (the CPU step of 0.42 B parameters is the cost).
-skip offload || { stamp "fsdp-train --cpu-offload: 10 steps"
-STEPS=10 fsdp_run offload 90 --cpu-offload &&
+# overlapped with the uploads. 30 steps: the first window holds the pinned host allocations
+# (6.3 GiB) and warm-up, so only later windows are steady state; steps 21-22 are profiled
+# (offload-profile-summary.txt).
+skip offload || { OSTEPS="${FSDP_DEVICE_OFFLOAD_STEPS:-30}"
+stamp "fsdp-train --cpu-offload: $OSTEPS steps"
+rm -rf /tmp/fsdp-device-offload-profile
+STEPS="$OSTEPS" fsdp_run offload 150 --cpu-offload --profile --profile-start-step 20 \
+  --profile-num-steps 2 --profile-dir /tmp/fsdp-device-offload-profile
+cp /tmp/fsdp-device-offload-profile/rank0.summary.txt "$OUT/offload-profile-summary.txt" 2>/dev/null &&
+  head -25 "$OUT/offload-profile-summary.txt" | cut -c1-150
+[ -s "$M/offload-metrics.jsonl" ] &&
   "$PY" - "$M/offload-metrics.jsonl" <<'PYEOF'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]

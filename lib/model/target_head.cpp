@@ -12,10 +12,6 @@ namespace {
 
 constexpr int64_t kTileElements = int64_t{16} << 20;  // one tile's logits: at most 16 Mi elements
 
-int64_t auto_tile(int64_t rows, int64_t vocab) {
-  return std::min(std::max<int64_t>(kTileElements / std::max<int64_t>(rows, 1), 1024), vocab);
-}
-
 // Pads target_p [B, S, Vd] with T rows of 1/Vd (spec 4: steps past the end see uniform targets).
 at::Tensor pad_uniform(const at::Tensor& p, int64_t T) {
   if (T == 0) return p;
@@ -40,6 +36,11 @@ TargetHead::TargetHead(const at::Tensor& lm_head_weight, const at::Tensor& t2d) 
   FSDP_CHECK(draft_weight_.size(0) > 0, "t2d marks no token", "rebuild the vocab mapping");
 }
 
+int64_t TargetHead::auto_vocab_tile(int64_t rows, int64_t vocab) {
+  const int64_t fit = kTileElements / std::max<int64_t>(rows, 1) / 256 * 256;
+  return std::min(std::max<int64_t>(fit, 1024), vocab);
+}
+
 void TargetHead::to(c10::Device device) {
   weight_ = weight_.to(device);
   draft_weight_ = draft_weight_.to(device);
@@ -50,7 +51,7 @@ at::Tensor TargetHead::tiled_argmax(const at::Tensor& hidden, int64_t vocab_tile
   at::NoGradGuard guard;
   const int64_t V = weight_.size(0);
   at::Tensor x = hidden.to(weight_.scalar_type()).reshape({-1, hidden.size(-1)});
-  const int64_t tile = vocab_tile > 0 ? std::min(vocab_tile, V) : auto_tile(x.size(0), V);
+  const int64_t tile = vocab_tile > 0 ? std::min(vocab_tile, V) : auto_vocab_tile(x.size(0), V);
   at::Tensor best_val, best_idx;
   for (int64_t v0 = 0; v0 < V; v0 += tile) {
     const int64_t n = std::min(tile, V - v0);

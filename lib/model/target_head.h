@@ -33,9 +33,14 @@ class TargetHead {
   // exactly Vd true entries. The t2d rows are gathered once into a [Vd, H] matrix.
   TargetHead(const at::Tensor& lm_head_weight, const at::Tensor& t2d);
 
+  // The tile width (vocabulary rows per matmul) chosen for `rows` hidden rows: one tile's
+  // logits stay within 16 Mi elements, at least 1024 columns, at most the vocabulary, and a
+  // multiple of 256 below it, so the logits' row stride keeps the alignment the GPU's
+  // tensor-core GEMM kernels need (an odd width fell back to a kernel 8x slower on an H200).
+  static int64_t auto_vocab_tile(int64_t rows, int64_t vocab);
+
   // target_hidden [B, S, H] (cast to the weight dtype), loss_mask int64 [B, S]. ttt_length T
-  // is the number of padding rows. vocab_tile 0 = choose so one tile's logits stay <= 16 Mi
-  // elements. Runs without gradient.
+  // is the number of padding rows. vocab_tile 0 = auto_vocab_tile. Runs without gradient.
   TargetDistribution compute(const at::Tensor& target_hidden, const at::Tensor& loss_mask,
                              int64_t ttt_length, TargetImpl impl = TargetImpl::kTiled,
                              int64_t vocab_tile = 0) const;

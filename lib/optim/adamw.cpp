@@ -2,11 +2,8 @@
 // order of torch's single-tensor AdamW so results agree to rounding; it must never allocate.
 #include "optim/adamw.h"
 
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <ATen/ops/_fused_adamw.h>
-#include <ATen/ops/addcdiv.h>
-#include <ATen/ops/full.h>
-#include <ATen/ops/sqrt.h>
 
 #include <cmath>
 #include <map>
@@ -28,7 +25,9 @@ void AdamWOptions::validate() const {
                    "use 2 to exclude 1-D parameters from weight decay, 0 to decay all");
 }
 
-bool decays(const AdamWOptions& options, int64_t dim) { return dim >= options.decay_min_dim; }
+bool decays(const AdamWOptions& options, int64_t dim) {
+  return dim >= options.decay_min_dim;
+}
 
 void adamw_update(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,
                   const at::Tensor& exp_avg_sq, const AdamWOptions& o, double weight_decay,

@@ -1,11 +1,8 @@
 // Global gradient norm (see grad_norm.h). One fp64 all-reduce per step; never gathers gradients.
 #include "optim/grad_norm.h"
 
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <ATen/ops/empty.h>
-#include <ATen/ops/full.h>
-#include <ATen/ops/linalg_vector_norm.h>
-#include <ATen/ops/zeros.h>
 
 #include <cmath>
 #include <functional>
@@ -43,7 +40,14 @@ at::Tensor global_norm_tensor(const std::vector<at::Tensor>& pieces, comm::Commu
   at::Tensor total = at::zeros({1}, pieces.front().options().dtype(at::kDouble));
   for (const at::Tensor& p : pieces) {
     if (p.numel() == 0) continue;
-    total.add_(at::linalg_vector_norm(p, 2, {}, false, at::kDouble).square());
+    // On an accelerator each piece's norm is reduced in its own dtype (fp32 gradients: the
+    // reduction kernel's tree of fp32 partial sums, as torch's clip_grad_norm_ does) and only the
+    // per-piece results are summed in fp64: asking for a float64 norm would first copy the whole
+    // shard to float64 (2 GB read and 4 GB written per step for the llama3-8B draft, 1.6 ms of
+    // an 80 ms H200 step). The CPU keeps the float64 reduction.
+    at::Tensor norm = p.device().is_cpu() ? at::linalg_vector_norm(p, 2, {}, false, at::kDouble)
+                                          : at::linalg_vector_norm(p, 2).to(at::kDouble);
+    total.add_(norm.square());
   }
   if (comm != nullptr && comm->size() > 1) comm->all_reduce(total, comm::ReduceOp::kSum)->wait();
   return total.sqrt().squeeze(0);

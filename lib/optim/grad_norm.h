@@ -24,9 +24,9 @@ double global_norm(double local_sum_sq, comm::Communicator* comm,
                    c10::Device device = c10::Device(c10::kCPU));
 
 // The same global norm for pieces on an accelerator: the local sum of squares stays on the
-// device (accumulated in fp64 without an fp64 copy of the gradients), is all-reduced there, and
-// the host reads one value: one synchronisation per step instead of one per piece. Works on
-// any device (the CPU too).
+// device (each piece's norm reduced in its own dtype there, the pieces' squares summed in
+// fp64; on the CPU each piece reduced in fp64), is all-reduced there, and the host reads one
+// value: one synchronisation per step instead of one per piece. Works on any device.
 double global_norm_on_device(const std::vector<at::Tensor>& pieces, comm::Communicator* comm);
 // The same norm left on the pieces' device as a 0-dim fp64 tensor (no host read at all; the
 // same bits as global_norm_on_device).

@@ -43,7 +43,8 @@ FlatParam::FlatParam(FlatLayout layout, std::vector<at::Tensor> params,
   const bool offload = options.cpu_offload && trainable();
   const bool pinned = offload && device_.is_cuda();
   const c10::ScalarType master_dtype = trainable() ? at::kFloat : compute_dtype_;
-  master_ = offload ? host_zeros(n, master_dtype, pinned) : at::zeros({n}, opts(master_dtype, device_));
+  master_ =
+      offload ? host_zeros(n, master_dtype, pinned) : at::zeros({n}, opts(master_dtype, device_));
 
   // This rank's pieces of every parameter go into its shard; the rest of each tensor is dropped.
   const auto pieces = shard_pieces(layout_, shard_rank_);
@@ -52,9 +53,12 @@ FlatParam::FlatParam(FlatLayout layout, std::vector<at::Tensor> params,
     master_.narrow(0, p.shard_offset, p.length).copy_(src);
   }
   if (trainable()) {
-    grad_shard_ = offload ? host_zeros(n, at::kFloat, pinned) : at::zeros({n}, opts(at::kFloat, device_));
-    exp_avg_ = offload ? host_zeros(n, at::kFloat, pinned) : at::zeros({n}, opts(at::kFloat, device_));
-    exp_avg_sq_ = offload ? host_zeros(n, at::kFloat, pinned) : at::zeros({n}, opts(at::kFloat, device_));
+    grad_shard_ =
+        offload ? host_zeros(n, at::kFloat, pinned) : at::zeros({n}, opts(at::kFloat, device_));
+    exp_avg_ =
+        offload ? host_zeros(n, at::kFloat, pinned) : at::zeros({n}, opts(at::kFloat, device_));
+    exp_avg_sq_ =
+        offload ? host_zeros(n, at::kFloat, pinned) : at::zeros({n}, opts(at::kFloat, device_));
     for (const ShardPiece& p : pieces) {
       const bool decay = layout_.params[p.param].decay;
       if (!runs_.empty() && runs_.back().decay == decay &&
@@ -176,7 +180,8 @@ void FlatParam::reduce_grads(bool sync) {
   at::Tensor grads = std::move(grad_full_);
   grad_full_ = at::Tensor();
   if (!sync) {
-    if (!acc_full_.defined()) acc_full_ = at::zeros({layout_.padded_numel}, opts(at::kFloat, device_));
+    if (!acc_full_.defined())
+      acc_full_ = at::zeros({layout_.padded_numel}, opts(at::kFloat, device_));
     acc_full_.add_(grads);
     return;
   }
@@ -210,15 +215,22 @@ void FlatParam::finish_reduce() {
   }
   if (grad_shard_.device() == pending_.device()) {
     grad_shard_.add_(pending_);
+  } else if (grad_shard_zero_) {
+    // --cpu-offload, first contribution since zero_grad: one copy straight into the pinned host
+    // shard (a DMA at the link's speed) rather than into a fresh pageable tensor plus a host
+    // add; measured on an H200 host, the pageable route took 1.1 s per step for 1.7 GB.
+    grad_shard_.copy_(pending_);
   } else {
     grad_shard_.add_(pending_.to(grad_shard_.device(), at::kFloat));
   }
+  grad_shard_zero_ = false;
   pending_ = at::Tensor();
 }
 
 void FlatParam::zero_grad() {
   c10::NoGradGuard no_grad;
   if (grad_shard_.defined()) grad_shard_.zero_();
+  grad_shard_zero_ = true;
   for (auto& p : params_) p.mutable_grad().reset();
   grad_full_ = at::Tensor();
   acc_full_ = at::Tensor();

@@ -94,17 +94,18 @@ class FlatParam {
   std::vector<DecayRun> runs_;
 
   at::Tensor master_, grad_shard_, exp_avg_, exp_avg_sq_;
-  at::Tensor compute_shard_;  // all-gather input in the compute dtype on the device (may alias)
-  at::Tensor full_;           // parameters are views of this; its storage is freed/refilled
-  at::Tensor writer_;         // same storage, own version counter: fills never bump params'
+  bool grad_shard_zero_ = true;  // nothing reduced into grad_shard_ since it was zeroed
+  at::Tensor compute_shard_;     // all-gather input in the compute dtype on the device (may alias)
+  at::Tensor full_;              // parameters are views of this; its storage is freed/refilled
+  at::Tensor writer_;            // same storage, own version counter: fills never bump params'
   int64_t full_nbytes_ = 0;
   State state_ = State::kFree;
   comm::WorkPtr gather_work_;
 
-  at::Tensor grad_full_;  // compute dtype, padded; parameters' .grad are views
-  at::Tensor acc_full_;   // fp32 local accumulation across micro-batches (no-sync)
-  at::Tensor pending_;    // reduction output being produced
-  at::Tensor pending_in_; // its input, kept alive until the work finished
+  at::Tensor grad_full_;   // compute dtype, padded; parameters' .grad are views
+  at::Tensor acc_full_;    // fp32 local accumulation across micro-batches (no-sync)
+  at::Tensor pending_;     // reduction output being produced
+  at::Tensor pending_in_;  // its input, kept alive until the work finished
   comm::WorkPtr reduce_work_;
 };
 

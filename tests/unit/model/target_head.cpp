@@ -87,3 +87,21 @@ TEST_CASE("target head rejects mismatched inputs", "[model][target]") {
   CHECK_THROWS_WITH(head.compute(torch::randn({1, 3, 5}), torch::ones({1, 3}), 1),
                     Catch::Contains("target_hidden"));
 }
+
+TEST_CASE("automatic vocabulary tiles are aligned and bounded", "[model][target]") {
+  const int64_t limit = int64_t{16} << 20;
+  for (int64_t rows : {1, 7, 1414, 1489, 2048, 4095, 8192, 16384, 100000}) {
+    for (int64_t vocab : {1000, 32000, 128256, 151936}) {
+      INFO("rows " << rows << ", vocab " << vocab);
+      const int64_t tile = TargetHead::auto_vocab_tile(rows, vocab);
+      CHECK(tile >= 1);
+      CHECK(tile <= vocab);
+      CHECK((tile == vocab || tile % 256 == 0));  // 1414 rows gave 11865 columns before
+      CHECK((tile <= 1024 || rows * tile <= limit));
+      CHECK((tile >= std::min<int64_t>(1024, vocab)));
+    }
+  }
+  // The width that misaligned the logits' rows on the GPU (measured 2026-11-30): now a multiple
+  // of 256 just below it.
+  CHECK(TargetHead::auto_vocab_tile(1414, 128256) == 11776);
+}
