@@ -14,10 +14,11 @@
 # in fp32, 6) runs the [cuda]/[nccl] tests, 7) measures --cpu-offload. The benchmarks come
 # before the tests because they are what a session cannot get elsewhere; every stage has a
 # time limit so one hang cannot spend the call, and a failed stage does not stop the later
-# ones. $OUT gets 6 files (the device tool returns at most 8): device.log (everything printed),
+# ones. $OUT gets 7 files (the device tool returns at most 8): device.log (everything printed),
 # build.log (configure, build, feature generation), runs.log (every training run's output),
 # metrics.tar.gz (the runs' metrics.jsonl), profile-summary.txt (the operators and CUDA kernels
-# of two profiled fsdp-train steps) and trace.json.gz (their timeline, for ui.perfetto.dev).
+# of two profiled fsdp-train steps), trace.json.gz (their timeline, for ui.perfetto.dev) and
+# offload-profile-summary.txt (two profiled --cpu-offload steps).
 set -uo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 OUT="${OUT:-$REPO/out/device}"
