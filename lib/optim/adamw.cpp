@@ -5,8 +5,12 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include <chrono>
 #include <cmath>
 #include <map>
+#include <mutex>
+#include <set>
+#include <thread>
 
 #include "core/error.h"
 
@@ -84,6 +88,19 @@ void adamw_update(const at::Tensor& param, const at::Tensor& grad, const at::Ten
   exp_avg_sq.mul_(o.beta2).addcmul_(g, g, 1.0 - o.beta2);
   at::Tensor denom = (exp_avg_sq.sqrt() / bc2_sqrt).add_(o.eps);
   param.addcdiv_(exp_avg, denom, -step_size);
+}
+
+int host_loop_threads() {
+  std::mutex mu;
+  std::set<std::thread::id> seen;
+  const int64_t n = at::get_num_threads();
+  at::parallel_for(0, n, 1, [&](int64_t, int64_t) {
+    // Hold each chunk briefly so one thread cannot take every chunk before the others start.
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    std::lock_guard<std::mutex> lock(mu);
+    seen.insert(std::this_thread::get_id());
+  });
+  return static_cast<int>(seen.size());
 }
 
 namespace {

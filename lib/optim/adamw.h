@@ -27,8 +27,8 @@ struct AdamWOptions {
 // Scalars shared by every piece in one optimizer step.
 struct AdamWStep {
   double lr = 0.0;
-  int64_t step = 1;          // 1-based count of applied steps (bias correction uses it)
-  double grad_scale = 1.0;   // clip coefficient, multiplied into the gradient before use
+  int64_t step = 1;         // 1-based count of applied steps (bias correction uses it)
+  double grad_scale = 1.0;  // clip coefficient, multiplied into the gradient before use
 };
 
 // Updates param, exp_avg and exp_avg_sq in place from grad (all fp32, same numel, contiguous,
@@ -40,6 +40,12 @@ struct AdamWStep {
 void adamw_update(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,
                   const at::Tensor& exp_avg_sq, const AdamWOptions& options, double weight_decay,
                   const AdamWStep& step);
+
+// How many threads adamw_update's CPU loop (and the host sum of squares) actually run on now:
+// at most --threads, and 1 if this build's at::parallel_for cannot run in parallel (sources
+// compiled without OpenMP: LibTorch's parallel_for is an inline OpenMP template). Logged at
+// start-up for --cpu-offload, checked by a unit test.
+int host_loop_threads();
 
 // One contiguous piece of a flat shard and the weight decay it gets.
 struct AdamWPiece {

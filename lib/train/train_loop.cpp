@@ -19,6 +19,7 @@
 #include "metrics/meters.h"
 #include "metrics/profiler.h"
 #include "model/flops.h"
+#include "optim/adamw.h"
 #include "optim/lr_schedule.h"
 #include "train/signals.h"
 #include "train/step_health.h"
@@ -138,7 +139,8 @@ RunResult Trainer::Impl::train() {
                      << metrics::device_name(device)
                      << (mem.persistent_host_bytes > 0
                              ? " + " + metrics::format_bytes(mem.persistent_host_bytes) +
-                                   " in host memory (--cpu-offload)"
+                                   " in host memory (--cpu-offload; the optimizer step on " +
+                                   std::to_string(optim::host_loop_threads()) + " CPU thread(s))"
                              : std::string());
   }
   metrics::SinkContext sc;
