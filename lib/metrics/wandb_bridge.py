@@ -33,6 +33,12 @@ def main():
                      config=init.get("config") or {},
                      id=init.get("id") or None,
                      resume="allow" if init.get("resume") else None)
+    # The optimizer step is every chart's x-axis as a metric of its own ("trainer/step"), not
+    # W&B's history step: W&B drops a row whose history step is not above the last one logged,
+    # so the steps re-run after a resume from an older checkpoint (a damaged newest one, a
+    # restart past the last save) would vanish from the run; as a step metric they are kept.
+    run.define_metric("trainer/step")
+    run.define_metric("*", step_metric="trainer/step")
     ready_out.write(json.dumps({"ready": True, "run_dir": run.dir, "run_id": run.id}) + "\n")
     ready_out.flush()
     for line in sys.stdin:
@@ -42,7 +48,8 @@ def main():
         msg = json.loads(line)
         if "scalars" in msg:
             scalars = {k: v for k, v in msg["scalars"].items() if v is not None}
-            run.log(scalars, step=int(msg["step"]))
+            scalars["trainer/step"] = int(msg["step"])
+            run.log(scalars)
     run.finish()
     return 0
 

@@ -45,6 +45,9 @@ TEST_CASE("an offline W&B run is written through the bridge", "[metrics]") {
     for (int step = 1; step <= 3; ++step) {
       sink.log(step, {{"train/loss", 2.0 / step}, {"train/acc_0", 0.25 * step}});
     }
+    // A step logged again (what a resume from a checkpoint older than the last logged step
+    // does) is kept: W&B would drop it as a history step that does not increase.
+    sink.log(2, {{"train/loss", 0.125}, {"train/acc_0", 0.875}});
     sink.close();
   }
   INFO("run dir " << run_dir);
@@ -76,7 +79,7 @@ while pos + 7 <= len(data):
         kind = rec.WhichOneof("record_type")
         if kind == "history":
             items = {(i.key or "/".join(i.nested_key)): i.value_json for i in rec.history.item}
-            print("history", rec.history.step.num, items["train/acc_0"], items["train/loss"])
+            print("history", items["trainer/step"], items["train/acc_0"], items["train/loss"])
         elif kind == "run":
             print("project", rec.run.project, "name", rec.run.display_name)
             print("run_id", rec.run.run_id)
@@ -92,6 +95,7 @@ while pos + 7 <= len(data):
   CHECK(out.find("history 1 0.25 2") != std::string::npos);
   CHECK(out.find("history 2 0.5 1") != std::string::npos);
   CHECK(out.find("history 3 0.75 0.666") != std::string::npos);
+  CHECK(out.find("history 2 0.875 0.125") != std::string::npos);
   CHECK(out.find("project fsdp-train-test name unit") != std::string::npos);
   CHECK(out.find("config learning_rate 0.0001") != std::string::npos);
   REQUIRE(!run_id.empty());
