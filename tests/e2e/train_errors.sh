@@ -75,9 +75,10 @@ expect2 "hidden" $BASE --draft-model-config "$W/bad_draft.json"
 # A corrupt feature file in the middle of the data: exit 2 naming the file; every checkpoint
 # directory left behind is complete.
 cp -r "$DATA" "$W/data"
-# Without the shared data's cached mappings (other tests' runs leave theirs there: a tied target's
-# full-vocabulary one among them), so the warm-up run's mapping is the only one below. Which one
-# `ls | head` met first depended on the hash in the names, which depends on the data's path.
+# Without the shared data's cached mappings (other tests' runs leave theirs there, e.g. the one of
+# e2e.specforge_flags' made draft config, whose draft vocabulary is the full 512), so the warm-up
+# run's mapping is the only one below. Which one `ls | head` met first was a draw: the names hash
+# the data's path and its files' modification times.
 rm -rf "$W/data/cache"
 victim="$(ls "$W"/data/hidden_states/rows_*/*.ckpt | sort | sed -n 40p)"
 cp "$victim" "$W/victim.good"
