@@ -14,3 +14,6 @@ PY="${FSDP_PYTHON:-$HOME/.cache/fsdp-train/venv/bin/python}"
 OUT="${OUT:-$REPO/out/prebuild}" FSDP_DEVICE_FORCE_DEB=1 FSDP_DEVICE_BUILD_ONLY=1 \
   FSDP_DEVICE_BUILD_LIMIT="${FSDP_DEVICE_BUILD_LIMIT:-3000}" FSDP_PYTHON="$PY" \
   bash "$REPO/benchmarks/device/run.sh"
+# run.sh unpacked the packages into .deb/root for this build (34 MB); the GPU machine unpacks
+# them again, so they need not travel with the carried .deb folder.
+rm -rf "$REPO/.deb/root"
