@@ -4,6 +4,7 @@ find_package(CLI11 REQUIRED)
 find_package(nlohmann_json REQUIRED)
 find_package(yaml-cpp REQUIRED)
 find_package(Threads REQUIRED)
+find_package(ZLIB REQUIRED)
 
 # LibTorch from the torch wheel. Its CMake config looks for the CUDA toolkit when the
 # wheel was built with CUDA; point it at /usr/local/cuda unless the user said otherwise.

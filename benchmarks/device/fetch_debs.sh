@@ -16,7 +16,7 @@ mkdir -p "$DEST"
 grep -qx '/.deb/' "$REPO/.git/info/exclude" 2>/dev/null || echo '/.deb/' >>"$REPO/.git/info/exclude"
 PKGS=(openmpi-bin openmpi-common libopenmpi3 libopenmpi-dev libpmix2 libmunge2 libhwloc15
   libevent-core-2.1-7 libevent-pthreads-2.1-7 libyaml-cpp-dev libyaml-cpp0.7 libcli11-dev
-  nlohmann-json3-dev catch2)
+  nlohmann-json3-dev catch2 zlib1g-dev)
 echo "downloading ${#PKGS[@]} packages into $DEST"
 cd "$DEST"
 apt-get download "${PKGS[@]}" >/dev/null

@@ -1,7 +1,7 @@
 // SpecForge .ckpt reading and the sample validation shared by every reader (dataset.h).
-// Loads with torch::pickle_load, which rebuilds tensors/dicts only and never runs Python code.
+// Loads with our own bounded torch.save reader (core/torch_archive.h): tensors and containers only,
+// every record checked against its bytes, nothing ever executed.
 #include <ATen/ATen.h>
-#include <torch/serialize.h>
 
 #include <cerrno>
 #include <cstring>
@@ -9,7 +9,7 @@
 
 #include "core/dtype.h"
 #include "core/finite.h"
-#include "core/zip_check.h"
+#include "core/torch_archive_load.h"
 #include "data/dataset.h"
 
 namespace fsdp::data {
@@ -127,15 +127,11 @@ RawSample read_ckpt_sample(const std::string& path, const DatasetOptions& option
           "re-save it in Python with torch.save(obj, path) from torch >= 1.6 (zip format)");
     bad(path, "not a torch.save zip archive (no zip signature)", kRegenerate);
   }
-  if (const std::string problem = zip_archive_problem(bytes); !problem.empty())
-    bad(path, "cannot load torch.save archive: " + problem, kRegenerate);
   c10::IValue v;
   try {
-    v = torch::pickle_load(bytes);
-  } catch (const std::exception& e) {
-    std::string what = e.what();
-    if (const auto nl = what.find('\n'); nl != std::string::npos) what.resize(nl);
-    bad(path, "cannot load torch.save archive (truncated or corrupt?): " + what, kRegenerate);
+    v = load_torch_archive(bytes);
+  } catch (const FormatError& e) {
+    bad(path, std::string("cannot load torch.save archive: ") + e.what(), kRegenerate);
   }
   if (!v.isGenericDict()) bad(path, fsdp::str("holds a ", v.tagKind(), ", expected a dict"), kRegenerate);
   at::Tensor t[4];

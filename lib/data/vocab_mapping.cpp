@@ -18,7 +18,7 @@
 #include "core/fs_util.h"
 #include "core/hash.h"
 #include "core/log.h"
-#include "core/zip_check.h"
+#include "core/torch_archive_load.h"
 #include "data/native_format.h"
 #include "data/torch_save.h"
 
@@ -98,13 +98,11 @@ VocabMapping load_vocab_mapping(const std::string& path, int64_t v, int64_t vd) 
     in.seekg(0);
     in.read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
   }
-  const std::string problem = zip_archive_problem(bytes);
   c10::IValue iv;
   try {
-    if (!problem.empty()) throw std::runtime_error(problem);
-    iv = torch::pickle_load(bytes);
-  } catch (const std::exception& e) {
-    FSDP_USAGE_CHECK(false, path + ": not a torch.save file with {d2t, t2d}",
+    iv = load_torch_archive(bytes);
+  } catch (const FormatError& e) {
+    FSDP_USAGE_CHECK(false, path + ": not a readable torch.save file with {d2t, t2d}: " + e.what(),
                      "pass a file written by SpecForge (torch.save({'d2t':..., 't2d':...}))");
   }
   FSDP_USAGE_CHECK(iv.isGenericDict(), path + ": holds no dict",

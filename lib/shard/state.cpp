@@ -23,7 +23,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/fs_util.h"
-#include "core/zip_check.h"
+#include "core/torch_archive_load.h"
 #include "shard/engine.h"
 #include "shard/flat_param.h"
 
@@ -253,19 +253,23 @@ using ShardFile = c10::Dict<std::string, at::Tensor>;
 
 ShardFile read_shard_file(const std::string& path) {
   const std::vector<char> bytes = read_bytes(path);
-  const std::string problem = zip_archive_problem(bytes);
-  FSDP_CHECK(problem.empty(), str(path, ": ", problem),
-             "the state file is damaged (cut short?); use another checkpoint");
   c10::IValue v;
   try {
-    v = torch::jit::pickle_load(bytes);
-  } catch (const c10::Error& e) {
-    FSDP_CHECK(false, str(path, ": ", e.what_without_backtrace()),
-               "the state file is damaged (cut short?); use another checkpoint");
+    v = load_torch_archive(bytes);
+  } catch (const FormatError& e) {
+    FSDP_CHECK(false, str(path, ": ", e.what()),
+               "the state file is damaged; use another checkpoint");
   }
   FSDP_CHECK(v.isGenericDict(), str(path, " does not hold a dict of tensors"),
              "the state file is corrupt; use another checkpoint");
-  return c10::impl::toTypedDict<std::string, at::Tensor>(v.toGenericDict());
+  ShardFile out;
+  for (const auto& kv : v.toGenericDict()) {
+    FSDP_CHECK(kv.key().isString() && kv.value().isTensor(),
+               str(path, " holds an entry that is not a named tensor"),
+               "the state file is corrupt; use another checkpoint");
+    out.insert(kv.key().toStringRef(), kv.value().toTensor());
+  }
+  return out;
 }
 
 }  // namespace

@@ -7,7 +7,7 @@
 #include <fstream>
 #include <iterator>
 
-#include "core/zip_check.h"
+#include "core/zip_reader.h"
 #include "data/dataset.h"
 #include "data/loader.h"
 #include "test_util.h"
