@@ -75,8 +75,8 @@ std::shared_ptr<FeatureDataset> open_feature_dataset(const std::string& path,
 // All *.ckpt files under `dir`, recursively, sorted (the sample order of a .ckpt dataset).
 std::vector<std::string> list_ckpt_files(const std::string& dir);
 
-// Reads one SpecForge .ckpt file (torch.save zip of a dict; torch::pickle_load reconstructs
-// tensors and dicts only, it never runs Python code) and validates it:
+// Reads one SpecForge .ckpt file (torch.save zip of a dict, read by core/torch_archive_load.h:
+// tensors and containers only, every record bounded, nothing ever executed) and validates it:
 //   keys input_ids, loss_mask, hidden_state, aux_hidden_state must be present (others ignored);
 //   input_ids/loss_mask: int64 (int32, and bool/uint8 for loss_mask, converted), shape [S] or
 //   [1,S]; loss_mask values 0/1; hidden_state [1,S,H] or [S,H], aux [1,S,3H] or [S,3H], bf16
