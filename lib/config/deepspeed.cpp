@@ -61,6 +61,16 @@ class Translator {
     FSDP_USAGE_CHECK(j.is_number() && std::floor(j.get<double>()) == j.get<double>(),
                      str(src_, " ", key, ": expected an integer or \"auto\", got ", j.dump()),
                      "fix the ds_config value");
+    if (j.is_number_unsigned()) {
+      FSDP_USAGE_CHECK(j.get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX),
+                       str(src_, " ", key, ": ", j.dump(), " is out of range"),
+                       "fix the ds_config value: write a whole number of sensible size");
+      return static_cast<int64_t>(j.get<uint64_t>());
+    }
+    if (j.is_number_integer()) return j.get<int64_t>();
+    FSDP_USAGE_CHECK(std::fabs(j.get<double>()) < 9.0e18,
+                     str(src_, " ", key, ": ", j.dump(), " is out of range"),
+                     "fix the ds_config value: write a whole number of sensible size");
     return static_cast<int64_t>(j.get<double>());
   }
   double as_double(const json& j, const std::string& key) const {
@@ -72,7 +82,8 @@ class Translator {
   bool as_bool(const json& j, const std::string& key) const {
     if (j.is_boolean()) return j.get<bool>();
     if (j.is_number_integer()) return j.get<int64_t>() != 0;
-    FSDP_USAGE_CHECK(false, str(src_, " ", key, ": expected true or false, got ", j.dump()), "");
+    FSDP_USAGE_CHECK(false, str(src_, " ", key, ": expected true or false, got ", j.dump()),
+                     "fix the ds_config value: write true or false");
     return false;
   }
 
@@ -164,15 +175,33 @@ class Translator {
     if (tbs && !is_auto(*tbs)) t = as_int(*tbs, "train_batch_size");
     if (mbs && !is_auto(*mbs)) m = as_int(*mbs, "train_micro_batch_size_per_gpu");
     if (gas && !is_auto(*gas)) g = as_int(*gas, "gradient_accumulation_steps");
+    // Batch sizes far beyond any run (the flags' own limits are lower): refused here, so the
+    // products below cannot overflow.
+    const auto bounded = [&](const std::optional<int64_t>& v, const char* key) {
+      FSDP_USAGE_CHECK(!v || (*v >= 1 && *v <= (int64_t{1} << 24)),
+                       str(src_, " ", key, ": ", v ? *v : 0, " is outside [1, 16777216]"),
+                       str("fix ", key, " in the ds_config, or set it to \"auto\""));
+    };
+    bounded(t, "train_batch_size");
+    bounded(m, "train_micro_batch_size_per_gpu");
+    bounded(g, "gradient_accumulation_steps");
+    const auto product = [&](int64_t a, int64_t b) {
+      int64_t r = 0;
+      FSDP_USAGE_CHECK(!__builtin_mul_overflow(a, b, &r) && !__builtin_mul_overflow(r, int64_t{ws}, &r),
+                       str(src_, ": train_micro_batch_size_per_gpu ", a,
+                           " x gradient_accumulation_steps ", b, " x ", ws, " ranks overflows"),
+                       "fix the ds_config batch sizes");
+      return r;
+    };
     if (t && m && g && ws > 0) {
       FSDP_USAGE_CHECK(
-          *t == *m * *g * ws,
+          *t == product(*m, *g),
           str(src_, ": train_batch_size ", *t, " != train_micro_batch_size_per_gpu ", *m,
-              " x gradient_accumulation_steps ", *g, " x ", ws, " ranks = ", *m * *g * ws),
+              " x gradient_accumulation_steps ", *g, " x ", ws, " ranks = ", product(*m, *g)),
           "make the three agree, or set one of them to \"auto\"");
     }
     // Derive the auto member of the triple when the other two and the world size are known.
-    if (!t && m && g && ws > 0) t = *m * *g * ws;
+    if (!t && m && g && ws > 0) t = product(*m, *g);
     if (t && !m && g && ws > 0 && *t % (*g * ws) == 0) m = *t / (*g * ws);
     if (m)
       set("draft-micro-batch-size", std::to_string(*m), "train_micro_batch_size_per_gpu");
@@ -241,7 +270,8 @@ class Translator {
           auto_note(key, "adam-beta2");
         } else {
           FSDP_USAGE_CHECK(v.is_array() && v.size() == 2,
-                           str(src_, " ", key, ": expected [beta1, beta2], got ", v.dump()), "");
+                           str(src_, " ", key, ": expected [beta1, beta2], got ", v.dump()),
+                           "fix the ds_config value, e.g. [0.9, 0.999]");
           set("adam-beta1", detail::format_float(as_double(v[0], key)), key);
           set("adam-beta2", detail::format_float(as_double(v[1], key)), key);
         }
@@ -356,13 +386,15 @@ class Translator {
   void zero() {
     const json* z = top("zero_optimization");
     if (!z) return;
-    FSDP_USAGE_CHECK(z->is_object(), str(src_, " zero_optimization must be an object"), "");
+    FSDP_USAGE_CHECK(z->is_object(), str(src_, " zero_optimization must be an object"),
+                     "fix the ds_config: e.g. \"zero_optimization\": {\"stage\": 3}");
     for (const auto& [k, v] : z->items()) {
       const std::string key = "zero_optimization." + k;
       if (k == "stage") {
         const int64_t s = is_auto(v) ? 3 : as_int(v, key);
         static const char* kMap[] = {"no_shard", "shard_grad_op", "shard_grad_op", "full_shard"};
-        FSDP_USAGE_CHECK(s >= 0 && s <= 3, str(src_, " ", key, " ", s, " is not 0..3"), "");
+        FSDP_USAGE_CHECK(s >= 0 && s <= 3, str(src_, " ", key, " ", s, " is not 0..3"),
+                         "fix the ds_config: ZeRO stages are 0, 1, 2 and 3");
         set("sharding-strategy", kMap[s], key, fmt(v));
         if (s == 1) {
           note(key,

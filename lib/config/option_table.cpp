@@ -290,7 +290,8 @@ void check_sequence_parallel(const std::string& v, const std::string& src) {
               "--sharding-strategy full_shard");
 }
 void check_positive_text(const std::string& v, const std::string& src) {
-  FSDP_USAGE_CHECK(parse_int(v, src) > 0, str(src, " must be positive, got ", v), "");
+  FSDP_USAGE_CHECK(parse_int(v, src) > 0, str(src, " must be positive, got ", v),
+                   str("give ", src, " a positive whole number, or drop it (it is only recorded)"));
 }
 void check_attention_backend(const std::string& v, const std::string& src) {
   const std::string t = detail::to_lower(v);
@@ -568,6 +569,20 @@ std::vector<OptionSpec> build_table() {
   t.push_back(row<int64_t>("dist-timeout", K::kInt, rt,
                            "minutes a collective may wait before the job is aborted",
                            FIELD(runtime.dist_timeout_minutes)));
+  // Bounded already when parsed (validate() checks again): the trainer converts the minutes to
+  // clock durations before it validates, and no value held may overflow that.
+  t.back().set = [](TrainConfig& c, const OptionValue& v, const std::string& src) {
+    constexpr int64_t kMaxMinutes = 7 * 24 * 60;  // train_config.cpp's kMaxDistTimeoutMinutes
+    const int64_t n = parse_int(v.text, src);
+    FSDP_USAGE_CHECK(n > 0, str(src, " must be positive, got ", n),
+                     str("give the minutes a collective may wait, 1 to ", kMaxMinutes,
+                         " (default 20)"));
+    FSDP_USAGE_CHECK(n <= kMaxMinutes,
+                     str(src, " ", n, " is above its maximum ", kMaxMinutes, " (a week)"),
+                     str("give the minutes a collective may wait, 1 to ", kMaxMinutes,
+                         " (default 20)"));
+    c.runtime.dist_timeout_minutes = n;
+  };
 
   // Names other SpecForge versions use (their --help differs between releases). Aliases go
   // through our option's parser; the rest are checked, recorded and otherwise unused.
@@ -590,7 +605,10 @@ std::vector<OptionSpec> build_table() {
                         "'load in the main process', means one reader thread)"));
   t.back().set = [](TrainConfig& c, const OptionValue& v, const std::string& src) {
     const int64_t n = parse_int(v.text, src);
-    FSDP_USAGE_CHECK(n >= 0, str(src, " must be 0 or more, got ", n), "");
+    FSDP_USAGE_CHECK(n >= 0, str(src, " must be 0 or more, got ", n),
+                     "give 0 to 64 reader threads (0: one)");
+    FSDP_USAGE_CHECK(n <= 64, str(src, " ", n, " is above its maximum 64"),
+                     "give 0 to 64 reader threads (0: one)");
     c.data.loader_threads = std::max<int64_t>(n, 1);
   };
   t.push_back(alias_row(t, "wandb", "report-to",

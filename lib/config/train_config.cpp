@@ -68,10 +68,13 @@ BatchPlan batch_plan(const TrainConfig& cfg, int world_size) {
   p.micro_batch = cfg.loop.draft_micro_batch_size;
   p.dp_size = world_size;
   FSDP_USAGE_CHECK(p.global_batch > 0,
-                   str("--draft-global-batch-size must be positive, got ", p.global_batch), "");
+                   str("--draft-global-batch-size must be positive, got ", p.global_batch),
+                   "give the samples per optimizer step over all ranks, e.g. 16");
   FSDP_USAGE_CHECK(p.micro_batch > 0,
-                   str("--draft-micro-batch-size must be positive, got ", p.micro_batch), "");
-  FSDP_USAGE_CHECK(world_size > 0, str("world size must be positive, got ", world_size), "");
+                   str("--draft-micro-batch-size must be positive, got ", p.micro_batch),
+                   "give the samples per forward on one rank, e.g. 1");
+  FSDP_USAGE_CHECK(world_size > 0, str("world size must be positive, got ", world_size),
+                   "start at least one rank (mpirun -np N or --nproc-per-node N)");
   const int64_t per_step = p.micro_batch * world_size;
   FSDP_USAGE_CHECK(p.global_batch % per_step == 0,
                    str("--draft-global-batch-size ", p.global_batch, " is not a multiple of ",
@@ -95,11 +98,31 @@ BatchPlan batch_plan(const TrainConfig& cfg, int world_size) {
 
 namespace {
 
-void check_positive(int64_t v, const char* flag) {
-  FSDP_USAGE_CHECK(v > 0, str(flag, " must be positive, got ", v), "");
+// Integer flags are bounded at start-up (docs/usage.md, Limits): far above any real run, and
+// low enough that no product or conversion of them (steps x batches, minutes -> ms) overflows.
+constexpr int64_t kMaxDistTimeoutMinutes = 7 * 24 * 60;  // a week (minutes -> ms cannot overflow)
+constexpr int64_t kMaxSteps = 1000000000000;      // 1e12 optimizer steps
+constexpr int64_t kMaxEpochs = 1000000;           // 1e6 epochs (also epoch intervals)
+constexpr int64_t kMaxLength = 1 << 20;           // tokens per sample
+constexpr int64_t kMaxMicroBatch = 1 << 16;       // samples per rank per forward
+constexpr int64_t kMaxGlobalBatch = 1 << 24;      // samples per optimizer step
+constexpr int64_t kMaxThreads = 1024;             // CPU threads per rank
+constexpr int64_t kMaxProfileSteps = 10000;       // profiled optimizer steps
+constexpr double kMaxTflops = 1.0e6;              // peak TFLOP/s of one device
+
+void check_at_most(int64_t v, int64_t max, const char* flag, const std::string& hint) {
+  FSDP_USAGE_CHECK(v <= max, str(flag, " ", v, " is above its maximum ", max),
+                   hint.empty() ? str("give ", flag, " a value of at most ", max) : hint);
 }
-void check_non_negative(int64_t v, const char* flag) {
-  FSDP_USAGE_CHECK(v >= 0, str(flag, " must be 0 or more, got ", v), "");
+void check_positive(int64_t v, const char* flag, int64_t max) {
+  FSDP_USAGE_CHECK(v > 0, str(flag, " must be positive, got ", v),
+                   str("give ", flag, " a whole number from 1 to ", max));
+  check_at_most(v, max, flag, "");
+}
+void check_non_negative(int64_t v, const char* flag, int64_t max, const char* zero_means = "") {
+  FSDP_USAGE_CHECK(v >= 0, str(flag, " must be 0 or more, got ", v),
+                   str("give ", flag, " a whole number from 0 to ", max, zero_means));
+  check_at_most(v, max, flag, "");
 }
 
 bool is_dir(const std::string& p) {
@@ -129,17 +152,27 @@ void check_file(const std::string& p, const char* flag) {
 void validate(const TrainConfig& cfg, int world_size, const ValidateOptions& options,
               int ranks_per_node) {
   const bool train = options.training && !cfg.loop.eval_only;
-  check_positive(cfg.loop.num_epochs, "--num-epochs");
-  check_positive(cfg.data.max_length, "--max-length");
-  check_positive(cfg.model.ttt_length, "--ttt-length");
+  check_positive(cfg.loop.num_epochs, "--num-epochs", kMaxEpochs);
+  check_positive(cfg.data.max_length, "--max-length", kMaxLength);
+  FSDP_USAGE_CHECK(cfg.model.ttt_length > 0,
+                   str("--ttt-length must be positive, got ", cfg.model.ttt_length),
+                   "EAGLE3 uses 7; give 1 to 64");
   FSDP_USAGE_CHECK(cfg.model.ttt_length <= 64,
                    str("--ttt-length ", cfg.model.ttt_length, " is implausibly large"),
                    "EAGLE3 uses 7; keep it at most 64");
+  check_at_most(cfg.loop.draft_global_batch_size, kMaxGlobalBatch, "--draft-global-batch-size",
+                "");
+  check_at_most(cfg.loop.draft_micro_batch_size, kMaxMicroBatch, "--draft-micro-batch-size",
+                "lower --draft-micro-batch-size and raise the accumulation instead");
+  if (cfg.loop.gradient_accumulation_steps) {
+    check_positive(*cfg.loop.gradient_accumulation_steps, "--gradient-accumulation-steps",
+                   kMaxGlobalBatch);
+  }
   if (train) batch_plan(cfg, world_size);  // an evaluation only needs a micro-batch
-  check_positive(cfg.loop.draft_micro_batch_size, "--draft-micro-batch-size");
-  if (cfg.loop.total_steps) check_positive(*cfg.loop.total_steps, "--total-steps");
+  check_positive(cfg.loop.draft_micro_batch_size, "--draft-micro-batch-size", kMaxMicroBatch);
+  if (cfg.loop.total_steps) check_positive(*cfg.loop.total_steps, "--total-steps", kMaxSteps);
   if (cfg.loop.max_steps) {
-    check_positive(*cfg.loop.max_steps, "--max-steps");
+    check_positive(*cfg.loop.max_steps, "--max-steps", kMaxSteps);
     if (cfg.loop.total_steps) {
       FSDP_USAGE_CHECK(*cfg.loop.max_steps <= *cfg.loop.total_steps,
                        str("--max-steps ", *cfg.loop.max_steps, " is past --total-steps ",
@@ -154,8 +187,9 @@ void validate(const TrainConfig& cfg, int world_size, const ValidateOptions& opt
                    str("--learning-rate ", o.learning_rate, " is outside (0, 1)"),
                    "typical values are 1e-5 .. 1e-3 (SpecForge default 1e-4)");
   FSDP_USAGE_CHECK(o.warmup_ratio >= 0 && o.warmup_ratio <= 1,
-                   str("--warmup-ratio ", o.warmup_ratio, " is outside [0, 1]"), "");
-  if (o.warmup_steps) check_non_negative(*o.warmup_steps, "--warmup-steps");
+                   str("--warmup-ratio ", o.warmup_ratio, " is outside [0, 1]"),
+                   "give a fraction of the total steps, e.g. 0.015 (SpecForge's default)");
+  if (o.warmup_steps) check_non_negative(*o.warmup_steps, "--warmup-steps", kMaxSteps);
   if (o.warmup_steps && cfg.loop.total_steps) {
     FSDP_USAGE_CHECK(
         *o.warmup_steps <= *cfg.loop.total_steps,
@@ -165,27 +199,31 @@ void validate(const TrainConfig& cfg, int world_size, const ValidateOptions& opt
   FSDP_USAGE_CHECK(o.max_grad_norm >= 0, str("--max-grad-norm ", o.max_grad_norm, " is negative"),
                    "use 0 to disable clipping");
   FSDP_USAGE_CHECK(o.adam_beta1 >= 0 && o.adam_beta1 < 1,
-                   str("--adam-beta1 ", o.adam_beta1, " is outside [0, 1)"), "");
+                   str("--adam-beta1 ", o.adam_beta1, " is outside [0, 1)"),
+                   "give a value in [0, 1), e.g. 0.9 (the default)");
   FSDP_USAGE_CHECK(o.adam_beta2 >= 0 && o.adam_beta2 < 1,
-                   str("--adam-beta2 ", o.adam_beta2, " is outside [0, 1)"), "");
-  FSDP_USAGE_CHECK(o.adam_eps > 0, str("--adam-eps ", o.adam_eps, " must be positive"), "");
-  FSDP_USAGE_CHECK(o.weight_decay >= 0, str("--weight-decay ", o.weight_decay, " is negative"), "");
+                   str("--adam-beta2 ", o.adam_beta2, " is outside [0, 1)"),
+                   "give a value in [0, 1), e.g. 0.999 (the default)");
+  FSDP_USAGE_CHECK(o.adam_eps > 0 && o.adam_eps <= 1,
+                   str("--adam-eps ", o.adam_eps, " is outside (0, 1]"),
+                   "give a small positive value, e.g. 1e-8 (the default)");
+  FSDP_USAGE_CHECK(o.weight_decay >= 0 && o.weight_decay <= 1,
+                   str("--weight-decay ", o.weight_decay, " is outside [0, 1]"),
+                   "give a value in [0, 1], e.g. 0 (the default) or 0.01");
 
-  check_non_negative(cfg.checkpoint.save_interval, "--save-interval");
-  check_non_negative(cfg.checkpoint.save_steps, "--save-steps");
-  check_non_negative(cfg.checkpoint.keep_last, "--keep-last");
-  check_non_negative(cfg.eval.eval_interval, "--eval-interval");
-  check_non_negative(cfg.eval.eval_steps, "--eval-steps");
-  check_positive(cfg.metrics.log_steps, "--log-steps");
-  check_non_negative(cfg.runtime.threads, "--threads");
-  check_positive(cfg.runtime.dist_timeout_minutes, "--dist-timeout");
+  check_non_negative(cfg.checkpoint.save_interval, "--save-interval", kMaxEpochs, " (0: off)");
+  check_non_negative(cfg.checkpoint.save_steps, "--save-steps", kMaxSteps, " (0: off)");
+  check_non_negative(cfg.checkpoint.keep_last, "--keep-last", kMaxEpochs, " (0: keep all)");
+  check_non_negative(cfg.eval.eval_interval, "--eval-interval", kMaxEpochs, " (0: off)");
+  check_non_negative(cfg.eval.eval_steps, "--eval-steps", kMaxSteps, " (0: off)");
+  check_positive(cfg.metrics.log_steps, "--log-steps", kMaxSteps);
+  check_non_negative(cfg.runtime.threads, "--threads", kMaxThreads, " (0: chosen from the cores)");
+  check_positive(cfg.runtime.dist_timeout_minutes, "--dist-timeout", kMaxDistTimeoutMinutes);
   FSDP_USAGE_CHECK(cfg.data.loader_threads >= 0 && cfg.data.loader_threads <= 64,
                    str("--loader-threads must be in [0, 64], got ", cfg.data.loader_threads),
                    "0 picks 1 on the CPU and 4 on a GPU");
-  if (cfg.profile.enabled) {
-    check_non_negative(cfg.profile.start_step, "--profile-start-step");
-    check_positive(cfg.profile.num_steps, "--profile-num-steps");
-  }
+  check_non_negative(cfg.profile.start_step, "--profile-start-step", kMaxSteps);
+  check_positive(cfg.profile.num_steps, "--profile-num-steps", kMaxProfileSteps);
   if (const auto dp = cfg.specforge_flags.find("dp-size"); dp != cfg.specforge_flags.end()) {
     FSDP_USAGE_CHECK(
         dp->second == std::to_string(world_size),
@@ -196,14 +234,38 @@ void validate(const TrainConfig& cfg, int world_size, const ValidateOptions& opt
     FSDP_USAGE_CHECK(*cfg.metrics.mfu_peak_tflops > 0,
                      str("--mfu-peak-tflops ", *cfg.metrics.mfu_peak_tflops, " must be positive"),
                      "give the device's dense bf16 peak, e.g. 989 for an H100 SXM");
+    FSDP_USAGE_CHECK(*cfg.metrics.mfu_peak_tflops <= kMaxTflops,
+                     str("--mfu-peak-tflops ", *cfg.metrics.mfu_peak_tflops,
+                         " is above its maximum ", kMaxTflops),
+                     "give the device's dense bf16 peak in TFLOP/s, e.g. 989 for an H100 SXM");
   }
+  // W&B refuses these project names only when the side process creates the run, after the
+  // start-up: checked here instead. Run names (display names) may hold any printable text.
+  const auto& wp = cfg.metrics.wandb_project;
+  FSDP_USAGE_CHECK(wp.size() <= 128,
+                   str("--wandb-project is ", wp.size(), " characters long; W&B allows 128"),
+                   "give a shorter --wandb-project");
+  FSDP_USAGE_CHECK(wp.find_first_of("/\\#?%:") == std::string::npos &&
+                       std::none_of(wp.begin(), wp.end(),
+                                    [](char ch) { return static_cast<unsigned char>(ch) < 0x20; }),
+                   str("--wandb-project '", wp, "' contains a character W&B does not allow in "
+                       "project names (any of / \\ # ? % : or a control character)"),
+                   "give a plain name, e.g. --wandb-project eagle3-llama3-8b");
+  const auto& wn = cfg.metrics.wandb_name;
+  FSDP_USAGE_CHECK(wn.size() <= 128,
+                   str("--wandb-name is ", wn.size(), " characters long; W&B allows 128"),
+                   "give a shorter --wandb-name");
+  FSDP_USAGE_CHECK(std::none_of(wn.begin(), wn.end(),
+                                [](char ch) { return static_cast<unsigned char>(ch) < 0x20; }),
+                   "--wandb-name contains a control character (a newline, a tab, ...)",
+                   "give a name on one line of printable characters");
   static const char* kLevels[] = {"trace", "debug", "info", "warn", "error", "off"};
   FSDP_USAGE_CHECK(
       std::find(std::begin(kLevels), std::end(kLevels), cfg.runtime.log_level) != std::end(kLevels),
       str("--log-level '", cfg.runtime.log_level,
           "' is not one of trace, debug, "
           "info, warn, error, off"),
-      "");
+      "pick one of trace, debug, info, warn, error, off");
 
   if (cfg.shard.strategy == ShardingStrategy::kHybridShard && ranks_per_node > 0) {
     FSDP_USAGE_CHECK(world_size % ranks_per_node == 0,

@@ -30,7 +30,16 @@ int64_t parse_int(const std::string& text, const std::string& source) {
       d == std::floor(d) && std::fabs(d) < 9.0e18) {
     return static_cast<int64_t>(d);
   }
-  FSDP_USAGE_CHECK(false, str(source, ": '", text, "' is not an integer"),
+  // A whole number too large for 64 bits ("99999999999999999999", "1e30"): out of range.
+  const bool digits = ec == std::errc::result_out_of_range && p == e;
+  const bool big = !text.empty() && end == text.c_str() + text.size() &&
+                   (std::isinf(d) || (d == std::floor(d) && std::fabs(d) >= 9.0e18));
+  FSDP_USAGE_CHECK(!(digits || big),
+                   str(source, ": '", text.size() > 40 ? text.substr(0, 40) + "..." : text,
+                       "' is out of range"),
+                   "write a whole number of sensible size (the limits are in docs/usage.md)");
+  FSDP_USAGE_CHECK(false, str(source, ": '", text.size() > 40 ? text.substr(0, 40) + "..." : text,
+                              "' is not an integer"),
                    "write a whole number, e.g. 16");
   return 0;
 }
