@@ -78,9 +78,14 @@ int run_cli(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ExtrasError& e) {
     // Training flags are the root's: its extras get the SpecForge-aware advice. A subcommand's
-    // extras (the root has none then) get CLI11's own message.
+    // extras (the root has none then) get CLI11's message in our format.
     const auto extras = app.remaining();
-    if (extras.empty()) return app.exit(e) == 0 ? 0 : 2;
+    if (extras.empty()) {
+      std::cerr << "fsdp-train: error: " << e.what()
+                << "\n---> HINT: drop it, or check its spelling: fsdp-train <subcommand> --help "
+                   "lists the subcommand's flags\n";
+      return 2;
+    }
     // Values after an unknown flag are its own: report the flags, or else the stray words.
     const bool any_flag = std::any_of(extras.begin(), extras.end(),
                                       [](const std::string& a) { return a.rfind("--", 0) == 0; });
@@ -92,8 +97,20 @@ int run_cli(int argc, char** argv) {
     }
     return 2;
   } catch (const CLI::ParseError& e) {
-    const int rc = app.exit(e);
-    return rc == 0 ? 0 : 2;
+    // --help and --version are "errors" with exit code 0: CLI11 prints them.
+    if (e.get_exit_code() == 0) return app.exit(e);
+    // Every other parse error in our format, with a hint ("--x requires an argument", ...).
+    const std::string what = e.what();
+    const bool missing = what.find("requires") != std::string::npos ||
+                         what.find("required") != std::string::npos ||
+                         what.find("missing") != std::string::npos;
+    std::cerr << "fsdp-train: error: " << what << "\n---> HINT: "
+              << (missing ? "give the flag its value (--name VALUE or --name=VALUE); "
+                            "fsdp-train --help lists every flag and its values"
+                          : "check the flag's spelling and value; fsdp-train --help lists every "
+                            "flag and its values")
+              << "\n";
+    return 2;
   } catch (const UsageError& e) {
     return report(e, 2);
   }

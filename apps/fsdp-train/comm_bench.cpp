@@ -38,7 +38,12 @@ int64_t parse_bytes(const std::string& s, const char* flag) {
   else if (suffix == "G" || suffix == "GiB") mult = int64_t{1} << 30;
   else FSDP_USAGE_CHECK(suffix.empty(), str(flag, ": cannot read size '", s, "'"),
                         "write a byte count like 4096, 64K, 16M or 1G");
-  FSDP_USAGE_CHECK(v > 0, str(flag, ": size must be positive, got '", s, "'"), "");
+  FSDP_USAGE_CHECK(v > 0, str(flag, ": size must be positive, got '", s, "'"),
+                   "write a byte count like 4096, 64K, 16M or 1G");
+  // At most 64G: larger than any device's memory, and the conversion cannot overflow.
+  FSDP_USAGE_CHECK(v * static_cast<double>(mult) <= static_cast<double>(int64_t{1} << 36),
+                   str(flag, ": size '", s, "' is above the maximum 64G"),
+                   "write a byte count up to 64G, like 256M or 1G");
   return static_cast<int64_t>(v * static_cast<double>(mult));
 }
 
@@ -67,12 +72,14 @@ int run_bench(const BenchOptions& o) {
     device = c10::Device(c10::kCUDA, topo.machine_local_rank % comm::gpu_count());
   } else {
     FSDP_USAGE_CHECK(o.device == "cpu" || o.device == "auto",
-                     "--device: '" + o.device + "' is not one of auto, cpu, cuda", "");
+                     "--device: '" + o.device + "' is not one of auto, cpu, cuda",
+                     "pick one of auto, cpu, cuda");
   }
   const auto dtype = parse_dtype(o.dtype);
   int64_t lo = parse_bytes(o.quick ? "1K" : o.min_bytes, "--min-bytes");
   int64_t hi = parse_bytes(o.quick ? "1M" : o.max_bytes, "--max-bytes");
-  FSDP_USAGE_CHECK(lo <= hi, "--min-bytes is larger than --max-bytes", "");
+  FSDP_USAGE_CHECK(lo <= hi, "--min-bytes is larger than --max-bytes",
+                   "swap them, or lower --min-bytes");
   const int64_t esize = static_cast<int64_t>(dtype_size(dtype));
 
   struct Variant {

@@ -31,7 +31,11 @@ uint64_t parse_size(const std::string& s) {
   else if (suffix == "M" || suffix == "MiB") mult = 1024.0 * 1024;
   else if (suffix == "G" || suffix == "GiB") mult = 1024.0 * 1024 * 1024;
   else FSDP_USAGE_CHECK(suffix.empty(), "--shard-size: cannot read '" + s + "'", "write e.g. 512M or 2G");
-  FSDP_USAGE_CHECK(v > 0, "--shard-size must be positive, got '" + s + "'", "");
+  FSDP_USAGE_CHECK(v > 0, "--shard-size must be positive, got '" + s + "'",
+                   "write e.g. 512M or 2G");
+  // At most 1T (1024G): the conversion to bytes cannot overflow.
+  FSDP_USAGE_CHECK(v * mult <= 1024.0 * 1024 * 1024 * 1024,
+                   "--shard-size '" + s + "' is above the maximum 1024G", "write e.g. 512M or 2G");
   return static_cast<uint64_t>(v * mult);
 }
 

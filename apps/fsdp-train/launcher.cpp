@@ -22,11 +22,17 @@
 namespace fsdp::app {
 
 namespace {
-bool parse_int(const char* s, int min, int* out) {
+// Launcher limits (docs/usage.md): more ranks per node than any machine has GPUs or sensible CPU
+// ranks, more nodes and restarts than a job would use.
+constexpr int kMaxRanksPerNode = 1024;
+constexpr int kMaxNodes = 65536;
+constexpr int kMaxRestarts = 1000;
+
+bool parse_int(const char* s, int min, int* out, long max = 1 << 20) {
   char* end = nullptr;
   errno = 0;
   long v = std::strtol(s, &end, 10);
-  if (!end || end == s || *end != '\0' || errno != 0 || v < min || v > 1 << 20) return false;
+  if (!end || end == s || *end != '\0' || errno != 0 || v < min || v > max) return false;
   *out = static_cast<int>(v);
   return true;
 }
@@ -38,8 +44,9 @@ std::string self_path(const char* argv0) {
   return argv0;
 }
 
-int usage_error(const std::string& msg) {
-  std::cerr << "fsdp-train: " << msg << "\nRun 'fsdp-train --help' for usage.\n";
+// The same format as every other usage error (cli.cpp): the message, then what to do.
+int usage_error(const std::string& msg, const std::string& hint) {
+  std::cerr << "fsdp-train: error: " << msg << "\n---> HINT: " << hint << "\n";
   return 2;
 }
 
@@ -296,24 +303,44 @@ int maybe_relaunch(int& argc, char** argv) {
     };
     std::string v;
     if (is("--nproc-per-node")) {
-      if (!value("--nproc-per-node", &v)) return usage_error("--nproc-per-node needs a value");
-      if (!parse_int(v.c_str(), 1, &nproc)) {
-        return usage_error("--nproc-per-node: '" + v + "' is not a positive integer");
+      if (!value("--nproc-per-node", &v)) {
+        return usage_error("--nproc-per-node needs a value",
+                           "give the ranks to start on each node, e.g. --nproc-per-node 8");
+      }
+      if (!parse_int(v.c_str(), 1, &nproc, kMaxRanksPerNode)) {
+        return usage_error("--nproc-per-node: '" + v + "' is not an integer from 1 to " +
+                               std::to_string(kMaxRanksPerNode),
+                           "give the ranks to start on each node: one per GPU, or a few on "
+                           "the CPU (e.g. --nproc-per-node 2)");
       }
     } else if (is("--nnodes")) {
-      if (!value("--nnodes", &v)) return usage_error("--nnodes needs a value");
-      if (!parse_int(v.c_str(), 1, &nnodes)) {
-        return usage_error("--nnodes: '" + v + "' is not a positive integer");
+      if (!value("--nnodes", &v)) {
+        return usage_error("--nnodes needs a value",
+                           "give the number of nodes listed in --hostfile, e.g. --nnodes 2");
+      }
+      if (!parse_int(v.c_str(), 1, &nnodes, kMaxNodes)) {
+        return usage_error("--nnodes: '" + v + "' is not an integer from 1 to " +
+                               std::to_string(kMaxNodes),
+                           "give the number of nodes listed in --hostfile");
       }
     } else if (is("--max-restarts")) {
-      if (!value("--max-restarts", &v)) return usage_error("--max-restarts needs a value");
-      if (!parse_int(v.c_str(), 0, &max_restarts)) {
-        return usage_error("--max-restarts: '" + v + "' is not a non-negative integer");
+      if (!value("--max-restarts", &v)) {
+        return usage_error("--max-restarts needs a value",
+                           "give how often a failed job is restarted, e.g. --max-restarts 3");
+      }
+      if (!parse_int(v.c_str(), 0, &max_restarts, kMaxRestarts)) {
+        return usage_error("--max-restarts: '" + v + "' is not an integer from 0 to " +
+                               std::to_string(kMaxRestarts),
+                           "give how often a failed job is restarted, e.g. --max-restarts 3");
       }
     } else if (is("--hostfile")) {
-      if (!value("--hostfile", &hostfile)) return usage_error("--hostfile needs a value");
+      if (!value("--hostfile", &hostfile)) {
+        return usage_error("--hostfile needs a value",
+                           "give an Open MPI hostfile listing the nodes (docs/multi-node.md)");
+      }
       if (::access(hostfile.c_str(), R_OK) != 0) {
-        return usage_error("--hostfile: cannot read '" + hostfile + "'");
+        return usage_error("--hostfile: cannot read '" + hostfile + "'",
+                           "check the path and permissions of the hostfile");
       }
     } else if (a == "--launch-dry-run") {
       dry_run = true;
@@ -324,12 +351,14 @@ int maybe_relaunch(int& argc, char** argv) {
   }
   if (nproc == 0) {
     if (nnodes != 1 || !hostfile.empty()) {
-      return usage_error("--nnodes and --hostfile need --nproc-per-node");
+      return usage_error("--nnodes and --hostfile need --nproc-per-node",
+                         "add --nproc-per-node N (ranks per node)");
     }
     if (max_restarts >= 0 && !std::getenv("FSDP_LAUNCHED")) {
       return usage_error(
-          "--max-restarts needs --nproc-per-node: fsdp-train's own launcher restarts the job "
-          "(under mpirun or srun, let the scheduler rerun it with --resume auto)");
+          "--max-restarts needs --nproc-per-node: fsdp-train's own launcher restarts the job",
+          "add --nproc-per-node N; under mpirun or srun, drop --max-restarts and let the "
+          "scheduler rerun the job with --resume auto");
     }
     if (max_restarts < 0) return -1;
   }
@@ -347,7 +376,17 @@ int maybe_relaunch(int& argc, char** argv) {
   }
   if (nnodes > 1 && hostfile.empty()) {
     return usage_error("--nnodes " + std::to_string(nnodes) +
-                       " needs --hostfile listing the nodes");
+                           " needs --hostfile listing the nodes",
+                       "add --hostfile FILE (an Open MPI hostfile, docs/multi-node.md)");
+  }
+  // Far more ranks than cores only thrashes (each rank gets a sliver of a core and its own copy
+  // of the model): allowed, since tests and debugging oversubscribe, but said loudly.
+  const long cores = ::sysconf(_SC_NPROCESSORS_ONLN);
+  if (cores > 0 && nproc > 4 * cores) {
+    std::cerr << "fsdp-train: warning: --nproc-per-node " << nproc << " is more than 4x the "
+              << cores << " cores of this node: every rank gets a fraction of a core, and "
+                 "training is much slower than with fewer ranks (one per GPU, or a few on the "
+                 "CPU)\n";
   }
   LaunchPlan plan = plan_launch(nproc, nnodes, hostfile, self_path(argv[0]), rest);
   if (dry_run) {

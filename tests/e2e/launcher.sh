@@ -15,18 +15,32 @@ expect_usage() {  # expect_usage "pattern" args...
   local pat="$1"; shift
   local o; o="$("$BIN" "$@" 2>&1)"; local r=$?
   [ $r -eq 2 ] || fail "'$*' exited $r, expected 2 (output: $o)"
-  echo "$o" | grep -q -- "$pat" || fail "'$*' message lacks '$pat': $o"
+  grep -q -- "$pat" <<<"$o" || fail "'$*' message lacks '$pat': $o"
+  grep -q -- "---> HINT:" <<<"$o" || fail "'$*' has no HINT line: $o"
 }
 expect_usage "unknown flag --bogus-flag" --bogus-flag
 expect_usage "not expected: --bogus" export --checkpoint x --output y --bogus
-expect_usage "not a positive integer" --nproc-per-node abc comm-bench
+expect_usage "is not an integer from 1 to 1024" --nproc-per-node abc comm-bench
 expect_usage "needs a value" --nproc-per-node
+# Ranks per node are capped (1024); 0 and absurd counts are usage errors with a hint.
+expect_usage "--nproc-per-node: '0'" --nproc-per-node 0 comm-bench
+expect_usage "--nproc-per-node: '99999'" --nproc-per-node 99999 --launch-dry-run comm-bench
+expect_usage "--max-restarts: '100000'" --nproc-per-node 2 --max-restarts 100000 comm-bench
+# CLI11's own parse errors come out in our format (message, then HINT).
+expect_usage "--dist-timeout" --dist-timeout
+expect_usage "--dist-timeout 999999999999 is above its maximum" --dist-timeout 999999999999
+expect_usage "above the maximum 64G" comm-bench --max-bytes 1e30
 expect_usage "needs --hostfile" --nproc-per-node 2 --nnodes 2 comm-bench
 expect_usage "cannot read" --nproc-per-node 2 --hostfile /nonexistent/hosts comm-bench
 expect_usage "not in" comm-bench --dtype int7
 expect_usage "cannot read size" comm-bench --min-bytes 12Q
 # The launch plan: root and oversubscription handled, flags passed through.
-plan="$("$BIN" --nproc-per-node 64 --launch-dry-run comm-bench --quick)"
+plan="$("$BIN" --nproc-per-node 64 --launch-dry-run comm-bench --quick 2>"$BUILD/launcher-warn.txt")"
+# 64 ranks on a machine with fewer than 16 cores: started, with a warning naming the flag.
+if [ "$(nproc)" -lt 16 ]; then
+  [ "$(grep -c -- "warning: --nproc-per-node 64 is more than 4x" "$BUILD/launcher-warn.txt")" -ge 1 ] ||
+    fail "no oversubscription warning for 64 ranks on $(nproc) cores: $(cat "$BUILD/launcher-warn.txt")"
+fi
 echo "$plan" | grep -q -- "--oversubscribe" || fail "no --oversubscribe for 64 ranks: $plan"
 echo "$plan" | grep -q -- "-np 64" || fail "no -np 64: $plan"
 echo "$plan" | grep -q -- "comm-bench --quick" || fail "flags not passed through: $plan"
