@@ -3,15 +3,23 @@
 #include <yaml-cpp/yaml.h>
 #include <nlohmann/json.hpp>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
 
+#include "checkpoint/checkpoint_dir.h"
 #include "config/options.h"
+#include "config/run_config.h"
 #include "config/value_parse.h"
 #include "core/error.h"
+#include "core/fs_util.h"
 
 namespace fsdp::config {
 
@@ -66,7 +74,8 @@ std::vector<std::string> apply_yaml_text(const std::string& text, const std::str
   std::map<std::string, std::string> spellings;  // option name -> key as written
   for (const auto& kv : root) {
     const std::string src0 = where(source_name, kv.first.Mark());
-    FSDP_USAGE_CHECK(kv.first.IsScalar(), str(src0, ": keys must be plain words"), "");
+    FSDP_USAGE_CHECK(kv.first.IsScalar(), str(src0, ": keys must be plain words"),
+                     "write one option per line as key: value (the flag names with _)");
     const std::string key = kv.first.Scalar();
     const OptionSpec* spec = key.rfind("--", 0) == 0 ? nullptr : find_option(key);
     if (spec == nullptr) {
@@ -226,6 +235,28 @@ std::string to_display(const TrainConfig& cfg) {
   }
   if (!cfg.specforge_flags.empty()) os << "SpecForge flags (no effect):\n " << specforge_text(cfg) << "\n";
   return os.str();
+}
+
+std::string write_run_config(const TrainConfig& cfg) {
+  const std::string path = checkpoint::join_path(cfg.checkpoint.output_dir, "run_config.yaml");
+  const std::string tmp = checkpoint::join_path(cfg.checkpoint.output_dir, ".run_config.yaml.tmp");
+  const std::string text = to_yaml(with_absolute_paths(cfg));
+  const char* hint =
+      "free space on the disk of --output-dir (or raise its quota or file size limit, or fix "
+      "its permissions) and run again: nothing was trained yet";
+  try {
+    write_file_durably(tmp, text);
+  } catch (const Error& e) {
+    ::unlink(tmp.c_str());
+    FSDP_USAGE_CHECK(false, str("cannot write ", path, ": ", e.message()), hint);
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const std::string why = std::strerror(errno);
+    ::unlink(tmp.c_str());
+    FSDP_USAGE_CHECK(false, str("cannot write ", path, ": rename from ", tmp, " failed (", why, ")"),
+                     hint);
+  }
+  return path;
 }
 
 }  // namespace fsdp::config
