@@ -30,7 +30,7 @@ void make_dirs(const std::string& dir, const std::string& hint) {
   for (size_t pos = 1; pos <= dir.size(); ++pos) {
     if (pos < dir.size() && dir[pos] != '/') continue;
     const std::string part = dir.substr(0, pos);
-    if (::mkdir(part.c_str(), 0755) != 0 && errno != EEXIST) {
+    if (::mkdir(part.c_str(), 0750) != 0 && errno != EEXIST) {
       // Mostly a path the user gave (a file where a directory is needed, permissions): a usage
       // error (exit code 2); the save path catches it like any write error.
       FSDP_USAGE_CHECK(false, str("cannot create directory '", part, "': ", std::strerror(errno)),
@@ -50,7 +50,7 @@ bool remove_tree(const std::string& path, std::string* error) {
 }
 
 void write_file_durably(const std::string& path, const void* data, size_t size) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
   FSDP_CHECK(fd >= 0, path + ": cannot create (" + std::strerror(errno) + ")",
              "check that the directory exists and is writable");
   const char* p = static_cast<const char*>(data);

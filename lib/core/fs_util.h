@@ -14,7 +14,7 @@ namespace fsdp {
 // symbolic links. Returns false and fills *error when something could not be removed.
 bool remove_tree(const std::string& path, std::string* error = nullptr);
 
-// Creates `dir` and its missing parents (mode 0755); an existing directory is fine. Throws an
+// Creates `dir` and its missing parents (mode 0750); an existing directory is fine. Throws an
 // Error naming the part that could not be created, with `hint` as what to do.
 void make_dirs(const std::string& dir, const std::string& hint = "check the path and its permissions");
 

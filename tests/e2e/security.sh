@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Data-handling security through the binary: a .ckpt whose pickle asks to run a command is
-# rejected without running it; output directories get mode 0750; a W&B key given on the command
+# rejected without running it; files get mode 0640 and directories 0750 under any umask; a W&B key given on the command
 # line appears in no log line and no saved file.
 set -uo pipefail
 source "$(dirname "$0")/lib/common.sh"
@@ -30,12 +30,22 @@ echo "ok: malicious pickle rejected without running it"
 
 # Output directory permissions and secrets.
 SECRET="wandb-secret-$RANDOM$RANDOM"
-out="$("$BIN" $(train_args "$DATA" "$W/run/out") --draft-global-batch-size 2 --draft-micro-batch-size 2 \
-  --num-epochs 1 --max-steps 2 --wandb-key "$SECRET" 2>&1)"; rc=$?
+# Under umask 000 (a permissive caller): every file the run creates is 0640 and every directory
+# 0750 all the same.
+out="$(umask 000; "$BIN" $(train_args "$DATA" "$W/run/out") --draft-global-batch-size 2 --draft-micro-batch-size 2 \
+  --num-epochs 1 --max-steps 2 --report-to tensorboard --wandb-key "$SECRET" 2>&1)"; rc=$?
 [ $rc -eq 0 ] || { echo "$out" | tail -5; fail "training run exited $rc"; }
 [ "$(stat -c %a "$W/run/out")" = 750 ] || fail "output dir mode $(stat -c %a "$W/run/out"), expected 750"
 ck="$(latest_ckpt "$W/run/out")"
 [ "$(stat -c %a "$ck")" = 750 ] || fail "checkpoint dir mode $(stat -c %a "$ck"), expected 750"
+for f in "$W/run/out/run_config.yaml" "$W/run/out/metrics.jsonl" "$ck/model.safetensors"; do
+  [ "$(stat -c %a "$f")" = 640 ] || fail "$f: mode $(stat -c %a "$f") under umask 000, expected 640"
+done
+for d in "$ck/train_state" "$W/run/out/tensorboard"; do
+  [ "$(stat -c %a "$d")" = 750 ] || fail "$d: mode $(stat -c %a "$d") under umask 000, expected 750"
+done
+loose="$(find "$W/run/out" \( -type f -perm /0137 \) -o \( -type d -perm /0027 \))"
+[ -z "$loose" ] || fail "created with modes beyond 0640/0750 under umask 000: $loose"
 echo "$out" | grep -q "$SECRET" && fail "the W&B key was printed"
 grep -rq "$SECRET" "$W/run/out" && fail "the W&B key was written under the output directory"
 echo "ok: modes 750, key never printed or saved"
