@@ -25,7 +25,7 @@ APT_PACKAGES=(build-essential cmake ninja-build ccache git pkg-config python3 py
 if [ "${FSDP_SKIP_APT:-0}" != 1 ]; then
   missing=()
   for p in "${APT_PACKAGES[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+    [ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null)" = "install ok installed" ] || missing+=("$p")
   done
   if [ ${#missing[@]} -gt 0 ]; then
     say "installing Debian packages: ${missing[*]}"

@@ -20,7 +20,7 @@ out="$("$BIN" gen-toy-data --out "$TMP/x" --min-len 50 --max-len 10 2>&1)"
 rc=$?
 set -e
 [ "$rc" = 2 ] || { echo "expected exit code 2, got $rc: $out"; exit 1; }
-echo "$out" | grep -q -- "--min-len" || { echo "message does not name the flag: $out"; exit 1; }
+grep -q -- "--min-len" <<<"$out" || { echo "message does not name the flag: $out"; exit 1; }
 
 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 \
   "$MPIEXEC" --oversubscribe --bind-to none -n 2 \

@@ -21,7 +21,7 @@ grep -q "shard_size 2" "$(latest_ckpt "$W/hybrid")/train_state/manifest.txt" || 
 "$BIN" export --checkpoint "$(latest_ckpt "$W/hybrid")" --output "$W/hybrid_export" --dtype bf16 >/dev/null || fail "export of the hybrid checkpoint"
 compare_exports "$W/hybrid_export" "$(latest_ckpt "$W/hybrid")" 0 || fail "hybrid export differs"
 out=$(bash "$SRC/launch/multinode.sh" --nproc-per-node 2 -- --help 2>&1); rc=$?
-[ $rc -eq 2 ] && echo "$out" | grep -q "hostfile" || fail "missing --hostfile not rejected (rc $rc)"
+[ $rc -eq 2 ] && grep -q "hostfile" <<<"$out" || fail "missing --hostfile not rejected (rc $rc)"
 
 # Slurm recipe with a stand-in srun.
 mkdir -p "$W/bin"

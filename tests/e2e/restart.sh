@@ -13,9 +13,9 @@ args() { echo "$(train_args "$DATA" "$1") $COMMON"; }
 
 # Flags: --max-restarts belongs to the launcher.
 o="$("$BIN" --max-restarts 2 $(args "$W/x") 2>&1)"; r=$?
-[ $r -eq 2 ] && echo "$o" | grep -q "max-restarts needs --nproc-per-node" || fail "--max-restarts alone: exit $r: $o"
+[ $r -eq 2 ] && grep -q -- "--nproc-per-node" <<<"$o" || fail "--max-restarts alone: exit $r: $o"
 o="$("$BIN" --nproc-per-node 2 --max-restarts -1 comm-bench 2>&1)"; r=$?
-[ $r -eq 2 ] && echo "$o" | grep -q "not a non-negative integer" || fail "--max-restarts -1: exit $r: $o"
+[ $r -eq 2 ] && grep -q -- "--max-restarts" <<<"$o" || fail "--max-restarts -1: exit $r: $o"
 
 # The reference: 2 ranks, 6 steps, never interrupted.
 run_np 2 $(args "$W/straight") --max-steps 6 >"$W/straight.log" 2>&1 || { cat "$W/straight.log"; fail "reference run"; }

@@ -77,7 +77,7 @@ compare_exports "$(latest_ckpt "$W/dmg2")" "$(latest_ckpt "$W/intact")" 0 || fai
 # An --eval-only resume of an older checkpoint moves nothing aside.
 "$BIN" ${ARGS//$W\/base/$W\/clean} --eval-only --resume "$W/clean/epoch_0_step_2" \
   --eval-hidden-states-path "$DATA/eval_hidden_states" >"$W/evalonly.log" 2>&1 || { cat "$W/evalonly.log"; fail "--eval-only --resume PATH"; }
-ls "$W/clean" | grep -q superseded && fail "--eval-only set checkpoints aside: $(ls "$W/clean")"
+[ "$(ls "$W/clean" | grep -c superseded)" -gt 0 ] && fail "--eval-only set checkpoints aside: $(ls "$W/clean")"
 # --keep-last 2: after each successful save only the two newest complete checkpoints remain.
 cp -r "$W/base" "$W/keep"
 run_np 1 ${ARGS//$W\/base/$W\/keep} --max-steps 6 --resume --keep-last 2 >"$W/keep.log" 2>&1 || { cat "$W/keep.log"; fail "--keep-last run"; }
