@@ -14,8 +14,10 @@
 
 #include "checkpoint/checkpoint_dir.h"
 #include "comm/runtime.h"
+#include "config/run_config.h"
 #include "core/log.h"
 #include "core/timer.h"
+#include "data/loss_mask_stats.h"
 #include "metrics/meters.h"
 #include "metrics/profiler.h"
 #include "model/flops.h"
@@ -123,8 +125,7 @@ RunResult Trainer::Impl::train() {
       cfg.loop.max_steps ? std::min(*cfg.loop.max_steps, total_steps) : total_steps;
 
   if (rank == 0) {
-    std::ofstream(checkpoint::join_path(cfg.checkpoint.output_dir, "run_config.yaml"))
-        << config::to_yaml(config::with_absolute_paths(cfg));
+    config::write_run_config(cfg);  // checked: a full disk is an error naming the file
     const auto counts = model::count_parameters(draft_cfg);
     FSDP_LOG0(kInfo) << "draft: " << counts.trainable << " trainable parameters (+"
                      << counts.frozen_embedding << " frozen embedding); " << train_ds->size()
@@ -232,6 +233,8 @@ RunResult Trainer::Impl::train() {
     std::vector<model::StepOutput> group_outputs;  // this optimizer step's micro-batches
     double step_flops = 0;
     int64_t step_tokens = 0;
+    // This rank's samples without a loss token, and loss tokens, in the epoch (this run's part).
+    int64_t epoch_zero_loss = 0, epoch_loss_tokens = 0, epoch_batches = 0;
     Stopwatch step_clock;
     while (!stop) {
       if (profiler && in_group == 0) profiler->before_step(state.step + 1);
@@ -264,6 +267,9 @@ RunResult Trainer::Impl::train() {
         stop_for_other_rank("data loading");
       }
       if (!batch) break;
+      ++epoch_batches;
+      epoch_zero_loss += data::zero_loss_rows(*batch);
+      epoch_loss_tokens += batch->num_loss_tokens();
       const int64_t b_index = batch->batch_index;
       const bool last_in_group = in_group == accum - 1 || b_index == per_epoch - 1;
       engine->set_sync_gradients(!cfg.shard.accumulate_locally || last_in_group);
@@ -382,6 +388,21 @@ RunResult Trainer::Impl::train() {
     state.epoch = epoch + 1;
     state.position = 0;
     auto em = epoch_metrics.report(*metrics_comm, "train_epoch");
+    {
+      at::Tensor counts =
+          at::tensor({epoch_zero_loss, epoch_loss_tokens, epoch_batches}, at::kLong);
+      if (world > 1) control->all_reduce(counts, comm::ReduceOp::kSum)->wait();
+      const int64_t zero = counts[0].item<int64_t>(), loss_tokens = counts[1].item<int64_t>();
+      em.emplace_back("train_epoch/zero_loss_samples", static_cast<double>(zero));
+      if (loss_tokens == 0 && counts[2].item<int64_t>() > 0) {
+        FSDP_LOG0(kWarn) << "epoch " << epoch << " had no loss tokens at all (" << zero
+                         << " samples, each with an all-zero loss mask): it trained nothing; "
+                         << "check the features' loss masks (docs/data.md 'Loss masks')";
+      } else if (zero > 0) {
+        FSDP_LOG0(kInfo) << "epoch " << epoch << ": " << zero
+                         << " sample(s) without a loss token (they train nothing)";
+      }
+    }
     logger->log(state.step, em);
     if (cfg.checkpoint.save_interval > 0 && (epoch + 1) % cfg.checkpoint.save_interval == 0) {
       health.flush();
