@@ -17,6 +17,7 @@
 
 #include "core/error.h"
 #include "core/fs_util.h"
+#include "core/log.h"
 
 namespace fs = std::filesystem;
 
@@ -250,7 +251,20 @@ std::vector<std::string> prune(const std::string& output_dir, int64_t keep_last,
                                const std::string& keep) {
   std::vector<std::string> removed;
   if (keep_last <= 0) return removed;
-  auto all = list_complete(output_dir);
+  // Only real directories are pruned: a symbolic link named like a checkpoint (someone's pointer
+  // to a checkpoint elsewhere) is neither counted nor removed, and nothing is ever deleted
+  // through it (the removal below would otherwise reach into the link's target).
+  std::vector<CheckpointRef> all;
+  for (auto& c : list_complete(output_dir)) {
+    std::error_code ec;
+    if (fs::symlink_status(c.path, ec).type() == fs::file_type::directory) {
+      all.push_back(std::move(c));
+    } else {
+      FSDP_LOG(kWarn) << "--keep-last: " << c.path
+                      << " is a symbolic link, not a checkpoint directory: not pruned (remove "
+                         "it yourself when it is not needed)";
+    }
+  }
   const int64_t excess = static_cast<int64_t>(all.size()) - keep_last;
   for (int64_t i = 0; i < excess; ++i) {
     if (fs::path(all[i].path) == fs::path(keep)) continue;

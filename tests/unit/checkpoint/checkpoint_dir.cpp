@@ -96,6 +96,24 @@ TEST_CASE("keep-last prunes the oldest complete checkpoints, never the new one",
   CHECK(find_latest(out)->step == 6);
 }
 
+TEST_CASE("keep-last never follows a symbolic link named like a checkpoint", "[checkpoint]") {
+  // A complete checkpoint elsewhere, linked into the output directory under an old name.
+  const std::string elsewhere = fresh_dir("prune-link-target");
+  const std::string target = save(elsewhere, 0, 1, "precious");
+  const std::string out = fresh_dir("prune-link");
+  fs::create_directory_symlink(target, out + "/epoch_0_step_1");
+  for (int64_t step : {2, 4, 6}) save(out, 0, step, std::to_string(step), /*keep_last=*/1);
+  // The link and everything it points at survive; the real old checkpoints are pruned.
+  CHECK(fs::is_symlink(out + "/epoch_0_step_1"));
+  CHECK(is_complete(target));
+  CHECK(payload(target) == "precious");
+  CHECK_FALSE(fs::exists(out + "/epoch_0_step_2"));
+  CHECK_FALSE(fs::exists(out + "/epoch_0_step_4"));
+  CHECK(is_complete(out + "/epoch_0_step_6"));
+  CHECK(prune(out, 1).empty());
+  CHECK(is_complete(target));
+}
+
 TEST_CASE("weights-only directories are not checkpoints, and are listed apart", "[checkpoint]") {
   const std::string out = fresh_dir("foreign");
   for (const char* name : {"epoch_3", "epoch_0_step_7"}) {
