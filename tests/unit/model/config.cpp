@@ -169,6 +169,8 @@ TEST_CASE("config errors name the key and the file", "[model][config]") {
   e = error_for("rope_scaling", R"({"rope_type": "llama3", "factor": 8.0})");
   CHECK_THAT(e, Catch::Contains("rope_scaling.low_freq_factor") && Catch::Contains("llama3"));
   CHECK_THROWS_AS(parse_draft_config("{not json", "bad.json"), fsdp::UsageError);
+  // A fuzz finding: a number too large for a double escaped as a JSON library exception.
+  CHECK_THROWS_AS(parse_draft_config("{\"hidden_size\": 1e308128000}", "big.json"), fsdp::UsageError);
   CHECK_THROWS_WITH(load_draft_config("/nonexistent/draft.json"),
                     Catch::Contains("/nonexistent/draft.json"));
 }
@@ -199,4 +201,22 @@ TEST_CASE("FLOP count matches the closed form", "[model][flops]") {
   StepFlops all = count_step_flops(c, B, S, T, {B * S, B * S, B * S});
   CHECK(all.total() == Approx(f.total()));
   CHECK_THROWS_WITH(count_step_flops(c, B, S, T, {1, 2}), Catch::Contains("head_rows has 2"));
+}
+
+TEST_CASE("absurd sizes are refused with the numbers, not met as out of memory later",
+          "[model][config]") {
+  // 2^40: above any model's size, caught before anything multiplies it.
+  std::string e = error_for("intermediate_size", "1099511627776");
+  CHECK_THAT(e, Catch::Contains("key 'intermediate_size' is 1099511627776"));
+  e = error_for("hidden_size", "4398046511104");
+  CHECK_THAT(e, Catch::Contains("key 'hidden_size' is 4398046511104"));
+  // 2^30 is a plausible-looking number whose parameters (3 x 64 x 2^30 = 2e11 in the MLP alone,
+  // 14 bytes each: 2.6 TiB) fit in no host's memory: refused with the count and the sizes.
+  e = error_for("intermediate_size", "1073741824");
+  CHECK_THAT(e, Catch::Contains("trainable parameters (hidden_size 64, intermediate_size "
+                                "1073741824"));
+  CHECK_THAT(e, Catch::Contains("GiB"));
+  CHECK_THAT(e, Catch::Contains("of memory"));
+  // The shipped configs fit (checked by loading them above); the tiny one too.
+  CHECK(error_for("intermediate_size", "256").empty());
 }
