@@ -82,4 +82,15 @@ compare_exports "$(latest_ckpt "$W/dmg2")" "$(latest_ckpt "$W/intact")" 0 || fai
 cp -r "$W/base" "$W/keep"
 run_np 1 ${ARGS//$W\/base/$W\/keep} --max-steps 6 --resume --keep-last 2 >"$W/keep.log" 2>&1 || { cat "$W/keep.log"; fail "--keep-last run"; }
 [ "$(cd "$W/keep" && ls -d epoch_*_step_* | sort | tr '\n' ' ')" = "epoch_0_step_4 epoch_0_step_6 " ] || { ls -a "$W/keep"; fail "--keep-last 2 did not keep exactly steps 4 and 6"; }
+# run_config.yaml that cannot be written at the start (its temporary name taken by a directory:
+# EISDIR, which fails the write as a full disk's ENOSPC does, for root too): exit 2 naming the
+# file, before any step, and no empty run_config.yaml left behind.
+mkdir -p "$W/rcfail/.run_config.yaml.tmp"
+"$BIN" ${ARGS//$W\/base/$W\/rcfail} --max-steps 2 >"$W/rcfail.log" 2>&1; rc=$?
+[ $rc -eq 2 ] || { cat "$W/rcfail.log"; fail "unwritable run_config.yaml: exit code $rc, expected 2"; }
+[ "$(grep -c "cannot write $W/rcfail/run_config.yaml" "$W/rcfail.log")" -ge 1 ] &&
+  [ "$(grep -c -- "---> HINT:" "$W/rcfail.log")" -ge 1 ] ||
+  { cat "$W/rcfail.log"; fail "unwritable run_config.yaml: no error naming it with a hint"; }
+[ ! -e "$W/rcfail/run_config.yaml" ] || fail "an unwritten run_config.yaml was left behind"
+[ "$(ls "$W/rcfail" | grep -c '^epoch_')" -eq 0 ] || fail "a run without its run_config.yaml trained"
 echo "save_failures: ok"
