@@ -364,7 +364,18 @@ void Trainer::Impl::resume_if_asked() {
     std::string error;
     try {
       saved = load_run_state(path);
-      shard::load_state(*engine, checkpoint::join_path(path, "train_state"));
+      const std::string state_dir = checkpoint::join_path(path, "train_state");
+      shard::load_state(*engine, state_dir);
+      // trainer_state.json and the shard manifest were written by the same save: the optimizer
+      // steps taken (the manifest's step) are the trainer's steps less the skipped ones.
+      const int64_t manifest_step = engine->step_count();
+      FSDP_USAGE_CHECK(manifest_step <= saved.step &&
+                           manifest_step >= saved.step - std::max<int64_t>(saved.skipped_steps, 0),
+                       fsdp::str(checkpoint::join_path(path, "trainer_state.json"), " says step ",
+                                 saved.step, " (", saved.skipped_steps, " skipped), ",
+                                 checkpoint::join_path(state_dir, "manifest.txt"), " says ",
+                                 manifest_step, " optimizer steps: the checkpoint is damaged"),
+                       "resume from an older checkpoint (--resume auto falls back to one)");
     } catch (const std::exception& e) {
       error = error_text(e);
     }
@@ -375,14 +386,20 @@ void Trainer::Impl::resume_if_asked() {
     if (!error.empty()) {
       FSDP_LOG(kError) << "rank " << rank << ": cannot load checkpoint " << path << ": " << error;
     }
-    FSDP_CHECK(i + 1 < candidates.size(),
-               "--resume: checkpoint " + path + " could not be loaded (see the error above)" +
-                   (candidates.size() > 1 ? ", nor any older one" : ""),
-               !fall_back
-                   ? "pick another checkpoint, or --resume auto (it falls back to older ones)"
-                   : "check the files named above; to start over use another --output-dir");
-    FSDP_LOG0(kWarn) << "checkpoint " << path << " could not be loaded (see the error above): "
-                     << "resuming from the next older one, " << candidates[i + 1].path;
+    // A checkpoint the user named (or the last one left) that cannot be loaded is a usage error
+    // (exit 2) naming the file, whatever the reader threw.
+    FSDP_USAGE_CHECK(i + 1 < candidates.size(),
+                     "--resume: checkpoint " + path + " could not be loaded" +
+                         (error.empty() ? std::string(" (on another rank: see its error above)")
+                                        : ": " + error) +
+                         (candidates.size() > 1 ? ", nor any older one" : ""),
+                     !fall_back
+                         ? "pick another checkpoint, or --resume auto (it falls back to older ones)"
+                         : "check the files named above; to start over use another --output-dir");
+    FSDP_LOG0(kWarn) << "checkpoint " << path << " could not be loaded ("
+                     << (error.empty() ? std::string("on another rank, see the error above")
+                                       : error)
+                     << "): resuming from the next older one, " << candidates[i + 1].path;
   }
   // The mapping the model was built with came from the first candidate (build_model); a fallback
   // to an older checkpoint must mean the same vocabulary.
