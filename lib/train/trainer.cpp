@@ -13,8 +13,10 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iomanip>
 #include <optional>
 #include <thread>
+#include <tuple>
 
 #include "checkpoint/checkpoint_dir.h"
 #include "checkpoint/export.h"
@@ -29,6 +31,7 @@
 #include "core/timer.h"
 #include "data/dataset.h"
 #include "data/loader.h"
+#include "data/loss_mask_stats.h"
 #include "data/sampler.h"
 #include "data/vocab_mapping.h"
 #include "metrics/meters.h"
@@ -163,6 +166,25 @@ void Trainer::Impl::setup() {
       FSDP_LOG0(kWarn) << flag << ": the first sample is bad (skipped with --skip-bad-samples): "
                        << e.message();
     }
+  }
+  // Loss masks: a set without loss tokens (or almost none) would train at loss 0 and grad
+  // norm 0 without any error (SpecForge issue #392). Counted (every native sample, at most 4096
+  // .ckpt files) in parallel over the ranks, all-reduced: every rank decides alike.
+  const bool evaluates =
+      cfg.loop.eval_only || cfg.eval.eval_interval > 0 || cfg.eval.eval_steps > 0;
+  for (const auto& [ds, flag, used] :
+       {std::tuple{train_ds, "--train-hidden-states-path", !cfg.loop.eval_only || !eval_ds},
+        std::tuple{eval_ds, "--eval-hidden-states-path", evaluates}}) {
+    if (!ds || ds->size() == 0 || !used) continue;
+    Stopwatch w;
+    const data::LossMaskCount c = data::count_loss_mask(*ds, cfg.data.max_length, control.get());
+    FSDP_LOG0(kInfo) << flag << ": " << c.loss_tokens << " loss tokens in " << c.tokens
+                     << " tokens (" << fsdp::str(std::fixed, std::setprecision(1),
+                                                 100.0 * c.share())
+                     << "%), " << c.zero_loss_samples << " of " << c.samples
+                     << " samples without any (counted in "
+                     << fsdp::str(std::setprecision(2), w.seconds()) << " s)";
+    data::check_loss_mask(c, flag, ds->root());
   }
   // An evaluation set without one micro-batch per rank would only fail at the first
   // evaluation, after the training before it.
@@ -423,6 +445,7 @@ std::vector<std::pair<std::string, double>> Trainer::Impl::evaluate(
   loader->start({0, 0});
   StepMetrics m(cfg.model.ttt_length, metrics_device());
   at::NoGradGuard no_grad;
+  int64_t zero_loss = 0, loss_tokens = 0;  // this rank's (samples without a loss token)
   while (true) {
     std::optional<data::Batch> b;
     std::exception_ptr failure;
@@ -437,6 +460,8 @@ std::vector<std::pair<std::string, double>> Trainer::Impl::evaluate(
       stop_for_other_rank("evaluation data loading");
     }
     if (!b) break;
+    zero_loss += data::zero_loss_rows(*b);
+    loss_tokens += b->num_loss_tokens();
     const auto rows = model::LossRows::build(b->loss_mask, cfg.model.ttt_length, device);
     auto out = model::ttt_step(*draft, head, rows, b->input_ids.to(device, true),
                                b->attention_mask.to(device, true), b->loss_mask.to(device, true),
@@ -445,6 +470,13 @@ std::vector<std::pair<std::string, double>> Trainer::Impl::evaluate(
     m.add(out);
   }
   auto r = m.report(*metrics_comm, prefix);
+  at::Tensor counts = at::tensor({zero_loss, loss_tokens}, at::kLong);
+  if (world > 1) control->all_reduce(counts, comm::ReduceOp::kSum)->wait();
+  r.emplace_back(prefix + "/zero_loss_samples", static_cast<double>(counts[0].item<int64_t>()));
+  if (counts[1].item<int64_t>() == 0) {
+    FSDP_LOG0(kWarn) << prefix << ": the evaluation set had no loss tokens at all (every loss "
+                     << "mask all-zero): its metrics mean nothing (docs/data.md 'Loss masks')";
+  }
   if (rank == 0 && !loader->bad_sample_summary().empty()) {
     FSDP_LOG0(kWarn) << loader->bad_sample_summary();
   }

@@ -69,6 +69,48 @@ out="$("$BIN" $BASE --target-model-path "$W/tied_target" --max-steps 1 --output-
   echo "$out" | grep -q "LM head tied to the embedding 'model.embed_tokens.weight'" &&
   echo "$out" | grep -q "^step 1" || { echo "$out" | tail -5; fail "a tied target"; }
 echo "ok: tied target"
+# Loss masks (docs/data.md "Loss masks"): all-zero in every sample, and a single loss token in
+# the whole set (below the 0.1% minimum), are refused at start-up with exit 2, the counts and a
+# hint; 3 of 8 samples without a loss token train, and the epoch summary counts them.
+zero_masks() {  # zero_masks SRC DST KEEP_FIRST N_ZERO: copies SRC's .ckpt files, zeroes masks
+  "$PY" - "$@" <<'PYEOF' || fail "writing zero loss masks"
+import glob, os, shutil, sys, torch
+src, dst, keep_first, n_zero = sys.argv[1], sys.argv[2], sys.argv[3] == "1", int(sys.argv[4])
+files = sorted(glob.glob(f"{src}/**/*.ckpt", recursive=True))
+for i, f in enumerate(files):
+    out = os.path.join(dst, os.path.relpath(f, src)); os.makedirs(os.path.dirname(out), exist_ok=True)
+    d = torch.load(f, weights_only=True)
+    if n_zero < 0 or i < n_zero:
+        d["loss_mask"] = torch.zeros_like(d["loss_mask"])
+        if keep_first and i == 0:
+            d["loss_mask"].view(-1)[1] = 1
+    torch.save(d, out)
+PYEOF
+}
+zero_masks "$DATA/hidden_states" "$W/zero_mask" 0 -1
+out="$("$BIN" $BASE --train-hidden-states-path "$W/zero_mask" 2>&1)"; rc=$?
+[ $rc -eq 2 ] && [ "$(grep -c "the loss mask is zero everywhere (0 loss tokens in" <<<"$out")" -eq 1 ] &&
+  [ "$(grep -c -- "---> HINT:.*loss-mask convention" <<<"$out")" -eq 1 ] && [ "$(grep -c "^step " <<<"$out")" -eq 0 ] ||
+  { tail -5 <<<"$out"; fail "all-zero loss masks: exit $rc"; }
+echo "ok: all-zero loss masks"
+zero_masks "$DATA/hidden_states" "$W/one_loss_token" 1 -1
+out="$("$BIN" $BASE --train-hidden-states-path "$W/one_loss_token" 2>&1)"; rc=$?
+[ $rc -eq 2 ] && [ "$(grep -c "1 loss tokens in .*below the minimum of 0.1%" <<<"$out")" -eq 1 ] ||
+  { tail -5 <<<"$out"; fail "one loss token in the set: exit $rc"; }
+echo "ok: loss-token share below the minimum"
+mkdir -p "$W/few_src/rows_0"
+cp $(ls "$DATA"/hidden_states/rows_*/*.ckpt | sort | head -n 8) "$W/few_src/rows_0/"
+zero_masks "$W/few_src" "$W/some_zero" 0 3
+out="$("$BIN" $(train_args "$DATA" "$W/some_zero_out") --train-hidden-states-path "$W/some_zero" \
+  --draft-global-batch-size 4 --draft-micro-batch-size 2 --num-epochs 1 2>&1)"; rc=$?
+[ $rc -eq 0 ] && [ "$(grep -c "3 of 8 samples without any" <<<"$out")" -eq 1 ] ||
+  { tail -5 <<<"$out"; fail "3 of 8 samples without a loss token: exit $rc"; }
+"$PY" - "$W/some_zero_out/metrics.jsonl" <<'PYEOF' || fail "epoch summary without zero_loss_samples 3"
+import json, sys
+rows = [r for r in map(json.loads, open(sys.argv[1])) if "train_epoch/zero_loss_samples" in r]
+assert len(rows) == 1 and rows[0]["train_epoch/zero_loss_samples"] == 3, rows
+PYEOF
+echo "ok: samples without a loss token counted per epoch"
 sed 's/"hidden_size": [0-9]*/"hidden_size": 96/' "$DATA/draft_config.json" >"$W/bad_draft.json"
 expect2 "hidden" $BASE --draft-model-config "$W/bad_draft.json"
 
