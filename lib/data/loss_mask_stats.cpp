@@ -26,8 +26,7 @@ LossMaskCount count_loss_mask(const FeatureDataset& dataset, int64_t max_length,
   const int64_t n_all = dataset.size();
   // .ckpt files are read whole (hidden states too): at most kMaxCountedCkptSamples of them,
   // evenly spaced; native shards read only ids and masks, so all of them.
-  const int64_t m = dataset.format() == "native" ? n_all
-                                                 : std::min(n_all, kMaxCountedCkptSamples);
+  const int64_t m = dataset.format() == "native" ? n_all : std::min(n_all, kMaxCountedCkptSamples);
   for (int64_t k = rank; k < m; k += world) {
     const int64_t i = m == n_all ? k : k * n_all / m;  // k < 4096: no overflow
     TokenSample s;
@@ -45,9 +44,8 @@ LossMaskCount count_loss_mask(const FeatureDataset& dataset, int64_t max_length,
     if (loss == 0) ++c.zero_loss_samples;
   }
   if (comm && world > 1) {
-    at::Tensor t = at::tensor({c.samples, c.tokens, c.loss_tokens, c.zero_loss_samples,
-                               c.unreadable},
-                              at::kLong);
+    at::Tensor t = at::tensor(
+        {c.samples, c.tokens, c.loss_tokens, c.zero_loss_samples, c.unreadable}, at::kLong);
     comm->all_reduce(t, comm::ReduceOp::kSum)->wait();
     const int64_t* p = t.data_ptr<int64_t>();
     c = {p[0], p[1], p[2], p[3], p[4]};
@@ -58,13 +56,13 @@ LossMaskCount count_loss_mask(const FeatureDataset& dataset, int64_t max_length,
 void check_loss_mask(const LossMaskCount& c, const std::string& flag, const std::string& path) {
   if (c.samples == 0) return;
   const std::string counts =
-      fsdp::str(c.loss_tokens, " loss tokens in ", c.tokens, " tokens of ", c.samples,
-                " samples (", c.zero_loss_samples, " samples without any)");
+      fsdp::str(c.loss_tokens, " loss tokens in ", c.tokens, " tokens of ", c.samples, " samples (",
+                c.zero_loss_samples, " samples without any)");
   const std::string hint =
       "check the chat template and the assistant-turn markers used when the features were "
-      "generated, whether the data was preformatted (SpecForge's --is-preformatted), and the feature "
-      "producer's loss-mask convention (1 = the token counts for the loss, as input_ids are "
-      "given); see docs/data.md 'Loss masks'";
+      "generated, whether the data was preformatted (SpecForge's --is-preformatted), and the "
+      "feature producer's loss-mask convention (1 = the token counts for the loss, as input_ids "
+      "are given); see docs/data.md 'Loss masks'";
   FSDP_USAGE_CHECK(c.loss_tokens > 0,
                    fsdp::str(flag, " ", path, ": the loss mask is zero everywhere (", counts,
                              "): training would run at loss 0 and learn nothing"),

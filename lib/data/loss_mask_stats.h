@@ -47,8 +47,7 @@ LossMaskCount count_loss_mask(const FeatureDataset& dataset, int64_t max_length,
 // Throws UsageError (exit 2) naming `flag` and the counts when the set has no loss token, or
 // a share below kMinLossTokenShare. Nothing counted (every sample unreadable) passes: the
 // loader reports those samples.
-void check_loss_mask(const LossMaskCount& count, const std::string& flag,
-                     const std::string& path);
+void check_loss_mask(const LossMaskCount& count, const std::string& flag, const std::string& path);
 
 // Rows of a collated micro-batch whose loss_mask has no 1, not counting the rows that stand in
 // for skipped bad samples (Batch::num_skipped).

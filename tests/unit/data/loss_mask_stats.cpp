@@ -79,8 +79,7 @@ TEST_CASE("check_loss_mask refuses all-zero masks and a share below the minimum"
   CHECK_NOTHROW(check_loss_mask(LossMaskCount{}, "--train-hidden-states-path", "/d"));
 }
 
-TEST_CASE("zero_loss_rows: rows without a loss token, less the rows of skipped samples",
-          "[data]") {
+TEST_CASE("zero_loss_rows: rows without a loss token, less the rows of skipped samples", "[data]") {
   Batch b;
   b.input_ids = at::zeros({4, 3}, at::kLong);
   b.loss_mask = at::tensor(std::vector<int64_t>{0, 1, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0}).view({4, 3});
