@@ -29,7 +29,8 @@ struct ExportFlags {
 int run_export(const ExportFlags& f) {
   namespace fs = std::filesystem;
   FSDP_USAGE_CHECK(f.dtype == "fp32" || f.dtype == "bf16",
-                   "--dtype '" + f.dtype + "' is not one of fp32, bf16", "");
+                   "--dtype '" + f.dtype + "' is not one of fp32, bf16",
+                   "use --dtype fp32 or --dtype bf16");
   std::error_code exists_ec;
   FSDP_USAGE_CHECK(fs::is_directory(f.checkpoint, exists_ec),
                    "--checkpoint " + f.checkpoint + " does not exist (or is not a directory)",
@@ -40,7 +41,8 @@ int run_export(const ExportFlags& f) {
                    "point it at an <output-dir>/epoch_<E>_step_<S> directory");
   const std::string state_dir = checkpoint::join_path(f.checkpoint, "train_state");
   FSDP_USAGE_CHECK(fs::is_regular_file(state_dir + "/manifest.txt"),
-                   "--checkpoint " + f.checkpoint + " has no train_state/manifest.txt", "");
+                   "--checkpoint " + f.checkpoint + " has no train_state/manifest.txt",
+                   "point --checkpoint at an <output-dir>/epoch_<E>_step_<S> directory");
   std::error_code ec;
   const std::string out = fs::weakly_canonical(f.output, ec).string();
   const std::string ckpt = fs::weakly_canonical(f.checkpoint, ec).string();
@@ -64,7 +66,8 @@ int run_export(const ExportFlags& f) {
     FSDP_CHECK(it != weights.end(), f.checkpoint + ": the training state has no '" + name + "'",
                "the checkpoint is inconsistent; use another one");
     FSDP_CHECK(it->second.sizes() == w.sizes(),
-               f.checkpoint + ": '" + name + "' differs in shape between state and export", "");
+               f.checkpoint + ": '" + name + "' differs in shape between state and export",
+               "the checkpoint is inconsistent; use another one");
     exported[name] = it->second;
     params += w.numel();
   }

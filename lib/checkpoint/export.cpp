@@ -30,7 +30,8 @@ uint64_t write_draft_export(const std::string& dir, const std::string& config_js
     if (name == "embed_tokens.weight") continue;
     tensors.emplace_back(name, t.detach().to(at::kCPU).to(dtype).contiguous());
   }
-  FSDP_CHECK(d2t.defined() && t2d.defined(), "export needs the vocabulary mapping (d2t, t2d)", "");
+  FSDP_CHECK(d2t.defined() && t2d.defined(), "export needs the vocabulary mapping (d2t, t2d)",
+             "this is a bug in fsdp-train: please report it with the command line and log");
   tensors.emplace_back("d2t", d2t.to(at::kCPU).to(at::kLong).contiguous());
   tensors.emplace_back("t2d", t2d.to(at::kCPU).to(at::kBool).contiguous());
   return write_safetensors(join_path(dir, "model.safetensors"), tensors,

@@ -136,7 +136,8 @@ std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) 
   FSDP_USAGE_CHECK(f->fd_ >= 0, str(path, ": cannot open (", std::strerror(errno), ")"),
                    "check the path and permissions");
   struct stat st {};
-  FSDP_CHECK(::fstat(f->fd_, &st) == 0, str(path, ": fstat failed: ", std::strerror(errno)), "");
+  FSDP_CHECK(::fstat(f->fd_, &st) == 0, str(path, ": fstat failed: ", std::strerror(errno)),
+             "check that the file is readable and its filesystem is mounted and healthy");
   f->size_ = static_cast<uint64_t>(st.st_size);
   if (f->size_ < 8)
     bad_file(path, str("only ", f->size_, " bytes, shorter than the 8-byte header length"));
@@ -200,9 +201,12 @@ uint64_t write_safetensors(const std::string& path, const NamedTensors& tensors,
   uint64_t offset = 0;
   for (const auto& [name, t] : tensors) {
     FSDP_CHECK(!name.empty() && name != "__metadata__",
-               path + ": invalid tensor name '" + name + "'", "");
-    FSDP_CHECK(seen.insert(name).second, path + ": tensor '" + name + "' given twice", "");
-    FSDP_CHECK(t.defined(), path + ": tensor '" + name + "' is undefined", "");
+               path + ": invalid tensor name '" + name + "'",
+               "this is a bug in fsdp-train: please report it with the command line and log");
+    FSDP_CHECK(seen.insert(name).second, path + ": tensor '" + name + "' given twice",
+               "this is a bug in fsdp-train: please report it with the command line and log");
+    FSDP_CHECK(t.defined(), path + ": tensor '" + name + "' is undefined",
+               "this is a bug in fsdp-train: please report it with the command line and log");
     at::Tensor c = t.device().is_cpu() ? t.contiguous() : t.to(at::kCPU).contiguous();
     const uint64_t nb = c.numel() * c.element_size();
     nlohmann::ordered_json e;
@@ -237,11 +241,12 @@ uint64_t write_safetensors(const std::string& path, const NamedTensors& tensors,
   // fsync before rename so a crash never leaves a complete-looking name over missing bytes.
   const int fd = ::open(tmp.c_str(), O_RDONLY | O_CLOEXEC);
   FSDP_CHECK(fd >= 0 && ::fsync(fd) == 0, str(tmp, ": fsync failed (", std::strerror(errno), ")"),
-             "");
+             "check free disk space and write permissions of the output directory");
   ::close(fd);
   std::error_code ec;
   fs::rename(tmp, path, ec);
-  FSDP_CHECK(!ec, str("cannot rename ", tmp, " to ", path, ": ", ec.message()), "");
+  FSDP_CHECK(!ec, str("cannot rename ", tmp, " to ", path, ": ", ec.message()),
+             "check free disk space and write permissions of the output directory");
   return 8 + n + offset;
 }
 
@@ -264,7 +269,8 @@ std::map<std::string, std::string> model_weight_map(const std::string& model_dir
                      index.string() + ": has no weight_map object", "re-download the index file");
     for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
       FSDP_USAGE_CHECK(it.value().is_string(),
-                       index.string() + ": weight_map['" + it.key() + "'] is not a file name", "");
+                       index.string() + ": weight_map['" + it.key() + "'] is not a file name",
+                       "re-download the index file (weight_map values must be file names)");
       map[it.key()] = (dir / it.value().get<std::string>()).string();
     }
     return map;

@@ -51,7 +51,8 @@ void check_reducible(const at::Tensor& t, ReduceOp op, const char* what) {
 }
 
 void check_cpu(const at::Tensor& t, const char* what) {
-  FSDP_CHECK(t.defined(), str("mpi backend: ", what, " got an undefined tensor"), "");
+  FSDP_CHECK(t.defined(), str("mpi backend: ", what, " got an undefined tensor"),
+             "this is a bug in fsdp-train: please report it with the command line and log");
   FSDP_CHECK(t.device().is_cpu(),
              str("mpi backend: ", what, " needs CPU tensors, got ", t.device().str()),
              "use the nccl backend for CUDA tensors (make_communicator with a CUDA device)");
@@ -243,7 +244,7 @@ WorkPtr MpiCommunicator::all_gather(const at::Tensor& shard, const at::Tensor& o
       MPI_Type_free(&spaced);
       MPI_Type_free(&block);
       FSDP_CHECK(rc == MPI_SUCCESS, "mpi backend: MPI_Iallgather failed: " + mpi_error_string(rc),
-                 "");
+                 "check the MPI errors above and that every rank is still running; then rerun");
       reqs.push_back(r);
     }
     return reqs;
@@ -294,7 +295,8 @@ WorkPtr MpiCommunicator::reduce_scatter(const at::Tensor& in, const at::Tensor& 
       int rc = MPI_Ireduce_scatter_block(src.data_ptr(), res.data_ptr(), static_cast<int>(n), mt,
                                          mpi_op(op), comm_, &r);
       FSDP_CHECK(rc == MPI_SUCCESS,
-                 "mpi backend: MPI_Ireduce_scatter_block failed: " + mpi_error_string(rc), "");
+                 "mpi backend: MPI_Ireduce_scatter_block failed: " + mpi_error_string(rc),
+                 "check the MPI errors above and that every rank is still running; then rerun");
       reqs.push_back(r);
       return reqs;
     }
@@ -307,7 +309,7 @@ WorkPtr MpiCommunicator::reduce_scatter(const at::Tensor& in, const at::Tensor& 
       int rc = MPI_Iallreduce(MPI_IN_PLACE, p + off * es, static_cast<int>(len), mt, mpi_op(op),
                               comm_, &r);
       FSDP_CHECK(rc == MPI_SUCCESS, "mpi backend: MPI_Iallreduce failed: " + mpi_error_string(rc),
-                 "");
+                 "check the MPI errors above and that every rank is still running; then rerun");
       reqs.push_back(r);
     }
     return reqs;
@@ -347,7 +349,7 @@ WorkPtr MpiCommunicator::all_reduce(const at::Tensor& t, ReduceOp op,
       int rc = MPI_Iallreduce(MPI_IN_PLACE, p + off * es, static_cast<int>(len), mt, mpi_op(op),
                               comm_, &r);
       FSDP_CHECK(rc == MPI_SUCCESS, "mpi backend: MPI_Iallreduce failed: " + mpi_error_string(rc),
-                 "");
+                 "check the MPI errors above and that every rank is still running; then rerun");
       reqs.push_back(r);
     }
     return reqs;
@@ -366,7 +368,7 @@ WorkPtr MpiCommunicator::broadcast(const at::Tensor& t, int root, const Collecti
   check_cpu(t, "broadcast");
   FSDP_CHECK(root >= 0 && root < size_,
              str("mpi backend: broadcast root ", root, " is outside the group of ", size_, " ranks"),
-             "");
+             "this is a bug in fsdp-train: please report it with the command line and log");
   auto task = std::make_unique<Task>();
   task->type = OpType::kBroadcast;
   task->name = "broadcast";
@@ -382,7 +384,8 @@ WorkPtr MpiCommunicator::broadcast(const at::Tensor& t, int root, const Collecti
       const int64_t len = std::min(maxc, total - off);
       MPI_Request r;
       int rc = MPI_Ibcast(p + off, static_cast<int>(len), MPI_BYTE, root, comm_, &r);
-      FSDP_CHECK(rc == MPI_SUCCESS, "mpi backend: MPI_Ibcast failed: " + mpi_error_string(rc), "");
+      FSDP_CHECK(rc == MPI_SUCCESS, "mpi backend: MPI_Ibcast failed: " + mpi_error_string(rc),
+                 "check the MPI errors above and that every rank is still running; then rerun");
       reqs.push_back(r);
     }
     return reqs;
@@ -399,7 +402,8 @@ void MpiCommunicator::barrier(const CollectiveOptions& opts) {
   task->start = [this]() {
     MPI_Request r;
     int rc = MPI_Ibarrier(comm_, &r);
-    FSDP_CHECK(rc == MPI_SUCCESS, "mpi backend: MPI_Ibarrier failed: " + mpi_error_string(rc), "");
+    FSDP_CHECK(rc == MPI_SUCCESS, "mpi backend: MPI_Ibarrier failed: " + mpi_error_string(rc),
+               "check the MPI errors above and that every rank is still running; then rerun");
     return std::vector<MPI_Request>{r};
   };
   enqueue(std::move(task))->wait();

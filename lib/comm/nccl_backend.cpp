@@ -70,7 +70,8 @@ ncclDataType_t nccl_type(c10::ScalarType t, const char* what) {
     default:
       break;
   }
-  FSDP_CHECK(false, str("nccl backend: ", what, " does not support dtype ", dtype_name(t)), "");
+  FSDP_CHECK(false, str("nccl backend: ", what, " does not support dtype ", dtype_name(t)),
+             "this is a bug in fsdp-train: please report it with the command line and log");
 }
 
 ncclRedOp_t nccl_op(ReduceOp op) {
@@ -159,7 +160,7 @@ class NcclCommunicator final : public Communicator {
     FSDP_CHECK(shard.scalar_type() == out.scalar_type() && out.numel() == shard.numel() * size_,
                str("nccl backend: all_gather needs an output of ", shard.numel(), " x ", size_,
                    " elements of the shard's dtype"),
-               "");
+               "this is a bug in fsdp-train: please report it with the command line and log");
     at::Tensor in = shard.contiguous();
     at::Tensor buf = out.is_contiguous() ? out : at::empty({out.numel()}, out.options());
     auto work = launch(OpType::kAllGather, "all_gather", out.nbytes(), opts, {in, buf}, [&] {
@@ -178,7 +179,7 @@ class NcclCommunicator final : public Communicator {
     FSDP_CHECK(in.scalar_type() == out.scalar_type() && in.numel() == out.numel() * size_,
                str("nccl backend: reduce_scatter needs an input of ", out.numel(), " x ", size_,
                    " elements of the output's dtype"),
-               "");
+               "this is a bug in fsdp-train: please report it with the command line and log");
     at::Tensor src = in.contiguous();
     at::Tensor buf = out.is_contiguous() ? out : at::empty({out.numel()}, out.options());
     auto work =

@@ -58,7 +58,8 @@ std::string dtype_to_safetensors(c10::ScalarType t) {
     case c10::kBool: return "BOOL";
     default: break;
   }
-  FSDP_CHECK(false, "dtype " + dtype_name(t) + " has no safetensors name", "");
+  FSDP_CHECK(false, "dtype " + dtype_name(t) + " has no safetensors name",
+             "this is a bug in fsdp-train: please report it with the command line and log");
 }
 
 size_t dtype_size(c10::ScalarType t) { return c10::elementSize(t); }

@@ -77,7 +77,8 @@ void write_file_durably(const std::string& path, const void* data, size_t size) 
 
 void fsync_file(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  FSDP_CHECK(fd >= 0, path + ": cannot open to fsync (" + std::strerror(errno) + ")", "");
+  FSDP_CHECK(fd >= 0, path + ": cannot open to fsync (" + std::strerror(errno) + ")",
+             "check that the file still exists and that you may read it");
   const bool ok = ::fsync(fd) == 0;
   const std::string why = ok ? "" : std::strerror(errno);
   ::close(fd);

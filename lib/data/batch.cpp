@@ -23,7 +23,8 @@ int64_t Batch::num_loss_tokens() const {
 Sample process_sample(const RawSample& raw, int64_t max_length) {
   FSDP_CHECK(max_length >= 1, str("max_length must be >= 1, got ", max_length), "set --max-length");
   const int64_t s = std::min(raw.length(), max_length);
-  FSDP_CHECK(s >= 1, raw.source + ": sample has no tokens", "");
+  FSDP_CHECK(s >= 1, raw.source + ": sample has no tokens",
+             "regenerate this feature file (it has no input_ids) or remove it from the data set");
   const int64_t h = raw.hidden_size();
   Sample out;
   out.aux_hidden = raw.aux_hidden_state.narrow(0, 0, s).contiguous();
@@ -41,7 +42,8 @@ Sample process_sample(const RawSample& raw, int64_t max_length) {
 }
 
 Sample empty_sample(int64_t hidden_size) {
-  FSDP_CHECK(hidden_size > 0, "empty_sample needs the hidden size", "");
+  FSDP_CHECK(hidden_size > 0, "empty_sample needs the hidden size",
+             "this is a bug in fsdp-train: please report it with the command line and log");
   Sample s;
   const auto i64 = at::TensorOptions().dtype(at::kLong);
   const auto bf16 = at::TensorOptions().dtype(at::kBFloat16);
@@ -54,7 +56,8 @@ Sample empty_sample(int64_t hidden_size) {
 }
 
 Batch collate(const std::vector<Sample>& samples, bool pin_memory) {
-  FSDP_CHECK(!samples.empty(), "collate: no samples", "");
+  FSDP_CHECK(!samples.empty(), "collate: no samples",
+             "this is a bug in fsdp-train: please report it with the command line and log");
   const int64_t b = static_cast<int64_t>(samples.size());
   const int64_t h = samples[0].target_hidden.size(1);
   int64_t s = 0;

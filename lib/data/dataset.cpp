@@ -44,7 +44,8 @@ class CkptDataset final : public FeatureDataset {
   std::string format() const override { return "ckpt"; }
   int64_t size() const override { return static_cast<int64_t>(files_.size()); }
   RawSample read(int64_t i) const override {
-    FSDP_CHECK(i >= 0 && i < size(), str("sample index ", i, " out of range [0, ", size(), ")"), "");
+    FSDP_CHECK(i >= 0 && i < size(), str("sample index ", i, " out of range [0, ", size(), ")"),
+               "this is a bug in fsdp-train: please report it with the command line and log");
     ++files_opened_;
     return read_ckpt_sample(files_[i], options_);
   }

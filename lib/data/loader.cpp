@@ -16,15 +16,18 @@
 namespace fsdp::data {
 
 void LoaderOptions::validate() const {
-  FSDP_USAGE_CHECK(max_length >= 2, str("--max-length must be >= 2, got ", max_length), "");
+  FSDP_USAGE_CHECK(max_length >= 2, str("--max-length must be >= 2, got ", max_length),
+                   "set --max-length to 2 or more");
   FSDP_USAGE_CHECK(prefetch_threads >= 1 && prefetch_threads <= 64,
-                   str("--loader-threads must be in [1, 64], got ", prefetch_threads), "");
+                   str("--loader-threads must be in [1, 64], got ", prefetch_threads),
+                   "set --loader-threads to a value from 1 to 64");
   FSDP_USAGE_CHECK(prefetch_depth >= 1 && prefetch_depth <= 1024,
-                   str("--prefetch-depth must be in [1, 1024], got ", prefetch_depth), "");
+                   str("--prefetch-depth must be in [1, 1024], got ", prefetch_depth),
+                   "this is a bug in fsdp-train: please report it with the command line and log");
   FSDP_USAGE_CHECK(read_retries >= 0 && retry_delay_s >= 0,
                    str("loader read retries ", read_retries, " / delay ", retry_delay_s,
                        " must not be negative"),
-                   "");
+                   "this is a bug in fsdp-train: please report it with the command line and log");
 }
 
 DataLoader::DataLoader(std::shared_ptr<FeatureDataset> dataset, DistributedSampler sampler,
@@ -34,7 +37,7 @@ DataLoader::DataLoader(std::shared_ptr<FeatureDataset> dataset, DistributedSampl
   FSDP_CHECK(dataset_ && dataset_->size() == sampler_.num_samples(),
              str("loader: sampler covers ", sampler_.num_samples(), " samples, dataset has ",
                  dataset_ ? dataset_->size() : 0),
-             "");
+             "this is a bug in fsdp-train: please report it with the command line and log");
 }
 
 DataLoader::~DataLoader() { stop_threads(); }

@@ -125,7 +125,8 @@ class NativeDataset final : public FeatureDataset {
   };
 
   std::pair<std::shared_ptr<SafetensorsFile>, std::string> locate(int64_t i) const {
-    FSDP_CHECK(i >= 0 && i < size(), str("sample index ", i, " out of range [0, ", size(), ")"), "");
+    FSDP_CHECK(i >= 0 && i < size(), str("sample index ", i, " out of range [0, ", size(), ")"),
+               "this is a bug in fsdp-train: please report it with the command line and log");
     const Entry& e = entries_[i];
     const std::string where = source(i);
     if (!e.bad.empty())
@@ -235,10 +236,13 @@ std::vector<std::pair<int64_t, int64_t>> plan_shards(const std::vector<std::stri
 ConvertReport convert_ckpt_to_native(const ConvertOptions& o, comm::Communicator* comm) {
   Stopwatch watch;
   const int rank = comm ? comm->rank() : 0, world = comm ? comm->size() : 1;
-  FSDP_USAGE_CHECK(!o.output.empty() && !o.input.empty(), "convert needs --input and --output", "");
+  FSDP_USAGE_CHECK(!o.output.empty() && !o.input.empty(), "convert needs --input and --output",
+                   "run: fsdp-train convert --input <dir of *.ckpt files> --output <new dir>");
   FSDP_USAGE_CHECK(fs::weakly_canonical(o.input) != fs::weakly_canonical(o.output),
-                   "convert: --output must differ from --input", "");
-  FSDP_USAGE_CHECK(o.shard_bytes > 0, "--shard-size must be positive", "");
+                   "convert: --output must differ from --input",
+                   "choose an --output directory other than --input");
+  FSDP_USAGE_CHECK(o.shard_bytes > 0, "--shard-size must be positive",
+                   "set --shard-size to a positive size, e.g. 512M or 2G");
   const auto files = list_ckpt_files(o.input);
   FSDP_USAGE_CHECK(!files.empty(), o.input + ": no *.ckpt files found", "check --input");
   const auto plan = plan_shards(files, o.shard_bytes);

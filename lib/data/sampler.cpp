@@ -13,10 +13,13 @@ DistributedSampler::DistributedSampler(int64_t num_samples, int rank, int world_
     : num_samples_(num_samples), rank_(rank), world_size_(world_size),
       micro_batch_size_(micro_batch_size), seed_(seed), shuffle_(shuffle) {
   FSDP_USAGE_CHECK(world_size >= 1 && rank >= 0 && rank < world_size,
-                   str("sampler: rank ", rank, " of world size ", world_size), "");
+                   str("sampler: rank ", rank, " of world size ", world_size),
+                   "this is a bug in fsdp-train: please report it with the command line and log");
   FSDP_USAGE_CHECK(micro_batch_size >= 1,
-                   str("--draft-micro-batch-size must be >= 1, got ", micro_batch_size), "");
-  FSDP_USAGE_CHECK(num_samples >= 0, "sampler: negative dataset size", "");
+                   str("--draft-micro-batch-size must be >= 1, got ", micro_batch_size),
+                   "set --draft-micro-batch-size to 1 or more");
+  FSDP_USAGE_CHECK(num_samples >= 0, "sampler: negative dataset size",
+                   "this is a bug in fsdp-train: please report it with the command line and log");
 }
 
 std::vector<int64_t> DistributedSampler::epoch_indices(int64_t epoch) const {
@@ -43,7 +46,8 @@ int64_t DistributedSampler::batches_per_epoch() const {
 
 std::vector<int64_t> DistributedSampler::batch_indices(int64_t epoch, int64_t batch) const {
   FSDP_CHECK(batch >= 0 && batch < batches_per_epoch(),
-             str("sampler: batch ", batch, " outside epoch of ", batches_per_epoch(), " batches"), "");
+             str("sampler: batch ", batch, " outside epoch of ", batches_per_epoch(), " batches"),
+             "this is a bug in fsdp-train: please report it with the command line and log");
   const auto all = epoch_indices(epoch);
   return std::vector<int64_t>(all.begin() + batch * micro_batch_size_,
                               all.begin() + (batch + 1) * micro_batch_size_);

@@ -22,17 +22,25 @@ namespace fs = std::filesystem;
 using json = nlohmann::ordered_json;
 
 void ToyDataOptions::validate() const {
-  FSDP_USAGE_CHECK(!out_dir.empty(), "gen-toy-data: --out is required", "");
-  FSDP_USAGE_CHECK(num_samples >= 1, "--num-samples must be >= 1", "");
+  FSDP_USAGE_CHECK(!out_dir.empty(), "gen-toy-data: --out is required",
+                   "pass --out <directory to write the toy data into>");
+  FSDP_USAGE_CHECK(num_samples >= 1, "--num-samples must be >= 1",
+                   "set --num-samples to 1 or more");
   FSDP_USAGE_CHECK(min_len >= 2 && max_len >= min_len,
-                   str("--min-len/--max-len: need 2 <= min <= max, got ", min_len, "/", max_len), "");
+                   str("--min-len/--max-len: need 2 <= min <= max, got ", min_len, "/", max_len),
+                   "set --min-len to 2 or more and --max-len to at least --min-len");
   FSDP_USAGE_CHECK(hidden_size >= 8 && hidden_size % 8 == 0,
-                   str("--hidden-size must be a multiple of 8 and >= 8, got ", hidden_size), "");
-  FSDP_USAGE_CHECK(vocab_size >= 16, str("--vocab-size must be >= 16, got ", vocab_size), "");
+                   str("--hidden-size must be a multiple of 8 and >= 8, got ", hidden_size),
+                   "set --hidden-size to a multiple of 8, e.g. 64");
+  FSDP_USAGE_CHECK(vocab_size >= 16, str("--vocab-size must be >= 16, got ", vocab_size),
+                   "set --vocab-size to 16 or more");
   FSDP_USAGE_CHECK(draft_vocab_size >= 1 && draft_vocab_size <= vocab_size,
-                   str("--draft-vocab-size must be in [1, vocab size], got ", draft_vocab_size), "");
-  FSDP_USAGE_CHECK(successors >= 1 && successors <= 64, "--successors must be in [1, 64]", "");
-  FSDP_USAGE_CHECK(samples_per_dir >= 1, "--samples-per-dir must be >= 1", "");
+                   str("--draft-vocab-size must be in [1, vocab size], got ", draft_vocab_size),
+                   "set --draft-vocab-size between 1 and --vocab-size");
+  FSDP_USAGE_CHECK(successors >= 1 && successors <= 64, "--successors must be in [1, 64]",
+                   "set --successors to a value from 1 to 64");
+  FSDP_USAGE_CHECK(samples_per_dir >= 1, "--samples-per-dir must be >= 1",
+                   "set --samples-per-dir to 1 or more");
 }
 
 namespace {

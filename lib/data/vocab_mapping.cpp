@@ -114,7 +114,7 @@ VocabMapping load_vocab_mapping(const std::string& path, int64_t v, int64_t vd) 
     if (kv.key().toStringRef() == "t2d") m.t2d = kv.value().toTensor();
   }
   FSDP_USAGE_CHECK(m.d2t.defined() && m.t2d.defined(), path + ": needs tensors 'd2t' and 't2d'",
-                   "");
+                   "point --vocab-mapping-path at the d2t/t2d file SpecForge wrote");
   FSDP_USAGE_CHECK(m.d2t.dim() == 1 && m.d2t.size(0) == vd,
                    fsdp::str(path, ": d2t has shape ", m.d2t.sizes(), ", expected [", vd,
                              "] (draft_vocab_size)"),

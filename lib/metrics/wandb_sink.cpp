@@ -79,9 +79,11 @@ WandbSink::WandbSink(const WandbOptions& options) {
   int in_pair[2];   // [0] trainer end, [1] child's stdin
   int out_pipe[2];  // child's stdout -> handshake
   FSDP_CHECK(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, in_pair) == 0,
-             str("--report-to wandb: socketpair failed: ", std::strerror(errno)), "");
+             str("--report-to wandb: socketpair failed: ", std::strerror(errno)),
+             "raise `ulimit -n` (out of file descriptors), or drop wandb from --report-to");
   FSDP_CHECK(::pipe2(out_pipe, O_CLOEXEC) == 0,
-             str("--report-to wandb: pipe failed: ", std::strerror(errno)), "");
+             str("--report-to wandb: pipe failed: ", std::strerror(errno)),
+             "raise `ulimit -n` (out of file descriptors), or drop wandb from --report-to");
 
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);

@@ -331,7 +331,8 @@ void save_state(ShardEngine& engine, const std::string& dir) {
     // Tests make one rank's writes fail (tests/e2e/save_failures.sh).
     const char* fail_rank = std::getenv("FSDP_TEST_FAIL_WRITES_ON_RANK");
     FSDP_CHECK(!fail_rank || std::to_string(comm::topology().world_rank) != fail_rank,
-               "state write failed: injected by FSDP_TEST_FAIL_WRITES_ON_RANK", "");
+               "state write failed: injected by FSDP_TEST_FAIL_WRITES_ON_RANK",
+               "unset FSDP_TEST_FAIL_WRITES_ON_RANK: it makes writes fail, for tests only");
     make_dirs(dir);
     // Replicas hold identical shards: only replicate rank 0 writes.
     if (engine.replicate_rank() == 0) {

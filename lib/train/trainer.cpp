@@ -97,7 +97,7 @@ void Trainer::Impl::setup() {
     FSDP_USAGE_CHECK(cfg.loop.draft_micro_batch_size > 0,
                      fsdp::str("--draft-micro-batch-size must be positive, got ",
                                cfg.loop.draft_micro_batch_size),
-                     "");
+                     "set --draft-micro-batch-size to 1 or more");
     plan.micro_batch = cfg.loop.draft_micro_batch_size;
     plan.dp_size = world;
     plan.global_batch = plan.micro_batch * world;
