@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs setup (install + build) and then the whole test suite through ctest.
 #   bash launch/test.sh            every tier that can run here (GPU tests skip themselves)
-#   bash launch/test.sh -L unit    one tier: unit, mpi, e2e, cuda
+#   bash launch/test.sh -L unit    one tier: unit, mpi, e2e, fuzz, cuda
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$REPO/launch/setup.sh"
