@@ -1,21 +1,14 @@
 // Restricted, bounded unpickler (core/pickle_reader.h). Opcode meanings: Python's
 // Lib/pickletools.py documentation of protocols 0-5.
+#include "core/error.h"  // fsdp::str (header-only)
 #include "core/pickle_reader.h"
 
 #include <cstring>
-#include <sstream>
 #include <unordered_map>
 
 namespace fsdp {
 
 namespace {
-
-template <typename... Args>
-std::string cat(const Args&... args) {
-  std::ostringstream os;
-  (os << ... << args);
-  return os.str();
-}
 
 using Kind = PickleNode::Kind;
 
@@ -43,7 +36,7 @@ class Unpickler {
 
   PickleTree run() {
     if (size_ > limits_.max_bytes)
-      throw FormatError(cat("pickle of ", size_, " bytes exceeds the limit of ", limits_.max_bytes));
+      throw FormatError(str("pickle of ", size_, " bytes exceeds the limit of ", limits_.max_bytes));
     while (true) {
       op_at_ = pos_;
       const unsigned char op = u8();
@@ -159,7 +152,7 @@ class Unpickler {
  private:
   template <typename... Args>
   [[noreturn]] void fail(const Args&... args) const {
-    throw FormatError(cat("pickle offset ", op_at_, ": ", args...));
+    throw FormatError(str("pickle offset ", op_at_, ": ", args...));
   }
 
   const char* take(uint64_t n) {

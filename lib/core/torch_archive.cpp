@@ -1,29 +1,20 @@
 // Checked torch.save archives (core/torch_archive.h).
+#include "core/error.h"  // fsdp::str (header-only)
 #include "core/torch_archive.h"
 
 #include <limits>
-#include <sstream>
 
 namespace fsdp {
-
-namespace {
-template <typename... Args>
-std::string cat(const Args&... args) {
-  std::ostringstream os;
-  (os << ... << args);
-  return os.str();
-}
-}  // namespace
 
 std::string tensor_view_problem(int64_t offset, const std::vector<int64_t>& sizes,
                                 const std::vector<int64_t>& strides, int64_t storage_numel) {
   if (sizes.size() != strides.size()) return "sizes and strides differ in length";
-  if (offset < 0) return cat("negative storage offset ", offset);
+  if (offset < 0) return str("negative storage offset ", offset);
   int64_t numel = 1, last = offset;
   bool empty = false;
   for (size_t d = 0; d < sizes.size(); ++d) {
-    if (sizes[d] < 0) return cat("negative size ", sizes[d], " in dimension ", d);
-    if (strides[d] < 0) return cat("negative stride ", strides[d], " in dimension ", d);
+    if (sizes[d] < 0) return str("negative size ", sizes[d], " in dimension ", d);
+    if (strides[d] < 0) return str("negative stride ", strides[d], " in dimension ", d);
     if (sizes[d] == 0) empty = true;
     if (__builtin_mul_overflow(numel, sizes[d], &numel))
       return "element count overflows 64 bits";
@@ -36,7 +27,7 @@ std::string tensor_view_problem(int64_t offset, const std::vector<int64_t>& size
       return "the view's extent overflows 64 bits";
   }
   if (last >= storage_numel)
-    return cat("the view (offset ", offset, ", extent to element ", last,
+    return str("the view (offset ", offset, ", extent to element ", last,
                ") reaches past its storage of ", storage_numel, " elements");
   return "";
 }
@@ -61,7 +52,7 @@ TorchArchive::TorchArchive(const std::vector<char>& bytes, const ArchiveLimits& 
       throw FormatError("byte order '" + std::string(v.begin(), v.end()) + "' (only little-endian archives are read)");
   }
   if (pkl->uncompressed > limits.pickle.max_bytes)
-    throw FormatError(cat("data.pkl of ", pkl->uncompressed, " bytes exceeds the limit of ",
+    throw FormatError(str("data.pkl of ", pkl->uncompressed, " bytes exceeds the limit of ",
                           limits.pickle.max_bytes));
   const std::vector<char> pickle = zip_.read(*pkl);
   tree_ = read_pickle(pickle.data(), pickle.size(), limits.pickle);
@@ -71,20 +62,20 @@ TorchArchive::TorchArchive(const std::vector<char>& bytes, const ArchiveLimits& 
       const int64_t elem = dtype_element_size(n.dtype);
       int64_t want = 0;
       if (__builtin_mul_overflow(n.i, elem, &want) || static_cast<uint64_t>(want) != e.uncompressed)
-        throw FormatError(cat("storage '", n.s, "' declares ", n.i, " ", n.dtype,
+        throw FormatError(str("storage '", n.s, "' declares ", n.i, " ", n.dtype,
                               " elements but its record '", e.name, "' holds ", e.uncompressed,
                               " bytes"));
     } else if (n.kind == PickleNode::Kind::kTensor) {
       const PickleNode& s = tree_.at(n.items[0]);
       const std::string problem = tensor_view_problem(n.i, n.sizes, n.strides, s.i);
-      if (!problem.empty()) throw FormatError(cat("tensor on storage '", s.s, "': ", problem));
+      if (!problem.empty()) throw FormatError(str("tensor on storage '", s.s, "': ", problem));
     }
   }
 }
 
 const ZipEntry& TorchArchive::storage_entry(const PickleNode& storage) const {
   const ZipEntry* e = zip_.find(prefix_ + "data/" + storage.s);
-  if (!e) throw FormatError(cat("storage '", storage.s, "' has no record ", prefix_, "data/", storage.s));
+  if (!e) throw FormatError(str("storage '", storage.s, "' has no record ", prefix_, "data/", storage.s));
   return *e;
 }
 

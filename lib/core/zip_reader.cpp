@@ -1,11 +1,11 @@
 // Bounded zip reading (core/zip_reader.h). Record layouts: PKWARE APPNOTE 4.3.
+#include "core/error.h"  // fsdp::str (header-only)
 #include "core/zip_reader.h"
 
 #include <zlib.h>
 
 #include <cstring>
 #include <limits>
-#include <sstream>
 
 namespace fsdp {
 
@@ -15,13 +15,6 @@ constexpr uint32_t kCentralHeader = 0x02014b50;
 constexpr uint32_t kEndOfDirectory = 0x06054b50;
 constexpr uint32_t kZip64End = 0x06064b50;
 constexpr uint32_t kZip64Locator = 0x07064b50;
-
-template <typename... Args>
-std::string cat(const Args&... args) {
-  std::ostringstream os;
-  (os << ... << args);
-  return os.str();
-}
 
 // Little-endian field of n bytes at pos; the caller has checked pos + n <= size.
 uint64_t le(const std::vector<char>& b, uint64_t pos, int n) {
@@ -44,7 +37,7 @@ uint32_t crc_of(const char* p, uint64_t n) {
 
 ZipArchive::ZipArchive(const std::vector<char>& b, ZipLimits limits) : bytes_(b), limits_(limits) {
   const uint64_t size = b.size();
-  if (size < 22) throw FormatError(cat("truncated: ", size, " bytes, less than a zip directory record"));
+  if (size < 22) throw FormatError(str("truncated: ", size, " bytes, less than a zip directory record"));
   // The end-of-central-directory record: 22 bytes plus a comment of up to 65535 bytes.
   uint64_t eocd = size;
   const uint64_t lowest = size >= 22 + 65535 ? size - 22 - 65535 : 0;
@@ -68,19 +61,19 @@ ZipArchive::ZipArchive(const std::vector<char>& b, ZipLimits limits) : bytes_(b)
     directory_end = z;
   }
   if (cd_offset > directory_end || cd_size > directory_end - cd_offset)
-    throw FormatError(cat("damaged: the central directory (", cd_size, " bytes at ", cd_offset,
+    throw FormatError(str("damaged: the central directory (", cd_size, " bytes at ", cd_offset,
                           ") does not fit before its end record at ", directory_end));
   // Each central entry takes at least 46 bytes: a count that cannot fit is caught before any
   // allocation sized by it.
   if (entries > cd_size / 46 || entries > limits_.max_entries)
-    throw FormatError(cat("damaged: the directory claims ", entries, " entries in ", cd_size,
+    throw FormatError(str("damaged: the directory claims ", entries, " entries in ", cd_size,
                           " bytes (at most ", limits_.max_entries, " are read)"));
   entries_.reserve(entries);
   uint64_t p = cd_offset;
   const uint64_t cd_end = cd_offset + cd_size;
   for (uint64_t i = 0; i < entries; ++i) {
     if (p + 46 > cd_end || le(b, p, 4) != kCentralHeader)
-      throw FormatError(cat("damaged: central directory entry ", i, " of ", entries));
+      throw FormatError(str("damaged: central directory entry ", i, " of ", entries));
     ZipEntry e;
     const uint64_t flags = le(b, p + 8, 2);
     e.method = static_cast<uint16_t>(le(b, p + 10, 2));
@@ -91,9 +84,9 @@ ZipArchive::ZipArchive(const std::vector<char>& b, ZipLimits limits) : bytes_(b)
     const uint64_t name_len = le(b, p + 28, 2), extra_len = le(b, p + 30, 2),
                    comment_len = le(b, p + 32, 2);
     const uint64_t next = p + 46 + name_len + extra_len + comment_len;
-    if (next > cd_end) throw FormatError(cat("damaged: central directory entry ", i));
+    if (next > cd_end) throw FormatError(str("damaged: central directory entry ", i));
     e.name.assign(b.data() + p + 46, name_len);
-    if (flags & 1u) throw FormatError(cat("entry '", e.name, "' is encrypted"));
+    if (flags & 1u) throw FormatError(str("entry '", e.name, "' is encrypted"));
     // Zip64 extended information (header id 1): the 8-byte fields that are 0xFFFFFFFF above,
     // in the order uncompressed size, compressed size, local header offset.
     const bool big_uncomp = e.uncompressed == 0xFFFFFFFFu, big_comp = e.compressed == 0xFFFFFFFFu,
@@ -114,14 +107,14 @@ ZipArchive::ZipArchive(const std::vector<char>& b, ZipLimits limits) : bytes_(b)
       }
     }
     if (local > cd_offset || cd_offset - local < 30 || le(b, local, 4) != kLocalHeader)
-      throw FormatError(cat("damaged: entry ", i, "'s local header at ", local, " is missing"));
+      throw FormatError(str("damaged: entry ", i, "'s local header at ", local, " is missing"));
     e.data_offset = local + 30 + le(b, local + 26, 2) + le(b, local + 28, 2);
     if (e.data_offset > cd_offset || e.compressed > cd_offset - e.data_offset)
-      throw FormatError(cat("truncated: entry ", i, " (", e.compressed, " bytes at ", e.data_offset,
+      throw FormatError(str("truncated: entry ", i, " (", e.compressed, " bytes at ", e.data_offset,
                             ") runs past the data area"));
     if (e.method == 0) {
       if (e.uncompressed != e.compressed)
-        throw FormatError(cat("damaged: stored entry '", e.name, "' declares ", e.uncompressed,
+        throw FormatError(str("damaged: stored entry '", e.name, "' declares ", e.uncompressed,
                               " bytes but holds ", e.compressed));
     } else if (e.method == 8) {
       const uint64_t ceiling = e.compressed > (std::numeric_limits<uint64_t>::max() -
@@ -129,15 +122,15 @@ ZipArchive::ZipArchive(const std::vector<char>& b, ZipLimits limits) : bytes_(b)
                                    ? std::numeric_limits<uint64_t>::max()
                                    : e.compressed * limits_.max_expansion_ratio + limits_.expansion_slack;
       if (e.uncompressed > ceiling)
-        throw FormatError(cat("entry '", e.name, "' declares ", e.uncompressed, " bytes from ",
+        throw FormatError(str("entry '", e.name, "' declares ", e.uncompressed, " bytes from ",
                               e.compressed, " compressed (more than ", limits_.max_expansion_ratio,
                               "x + ", limits_.expansion_slack, " bytes): refused as a zip bomb"));
     } else {
-      throw FormatError(cat("entry '", e.name, "' uses compression method ", e.method,
+      throw FormatError(str("entry '", e.name, "' uses compression method ", e.method,
                             " (only stored and deflate are read)"));
     }
     if (!index_.emplace(e.name, entries_.size()).second)
-      throw FormatError(cat("two entries named '", e.name, "'"));
+      throw FormatError(str("two entries named '", e.name, "'"));
     entries_.push_back(std::move(e));
     p = next;
   }
@@ -181,24 +174,24 @@ void ZipArchive::read_into(const ZipEntry& e, char* out) const {
       const uInt produced = before - z.avail_out;
       if (room == 0 && produced > 0) {
         inflateEnd(&z);
-        throw FormatError(cat("entry '", e.name, "' expands past its declared ", e.uncompressed,
+        throw FormatError(str("entry '", e.name, "' expands past its declared ", e.uncompressed,
                               " bytes: refused"));
       }
       out_done += produced;
       if (rc == Z_STREAM_END) break;
       if (rc != Z_OK && !(rc == Z_BUF_ERROR && (z.avail_in > 0 || in_left > 0))) {
         inflateEnd(&z);
-        throw FormatError(cat("entry '", e.name, "': bad deflate stream (", z.msg ? z.msg : "truncated", ")"));
+        throw FormatError(str("entry '", e.name, "': bad deflate stream (", z.msg ? z.msg : "truncated", ")"));
       }
     }
     inflateEnd(&z);
     if (out_done != e.uncompressed)
-      throw FormatError(cat("entry '", e.name, "' expands to ", out_done, " bytes, declared ",
+      throw FormatError(str("entry '", e.name, "' expands to ", out_done, " bytes, declared ",
                             e.uncompressed));
   }
   const uint32_t crc = crc_of(out, e.uncompressed);
   if (crc != e.crc32)
-    throw FormatError(cat("entry '", e.name, "' fails its CRC-32 check (damaged bytes)"));
+    throw FormatError(str("entry '", e.name, "' fails its CRC-32 check (damaged bytes)"));
 }
 
 std::vector<char> ZipArchive::read(const ZipEntry& e) const {
