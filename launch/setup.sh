@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything fsdp-train needs on Debian 12 and builds it. Idempotent: reruns reuse the
 # Debian packages, the venv and the build directory. Run as root (or with sudo available).
+#   bash launch/setup.sh [TARGET ...]   build only these Ninja targets (default: all, the tests too)
 #   FSDP_VENV       Python venv holding torch (LibTorch); default ~/.cache/fsdp-train/venv
 #   FSDP_BUILD_DIR  build directory; default <repo>/build
 #   FSDP_CMAKE_ARGS extra CMake arguments, e.g. "-DFSDP_SANITIZE=address,undefined"
@@ -21,7 +22,7 @@ fail() {
 # 1. Debian packages.
 APT_PACKAGES=(build-essential cmake ninja-build ccache git pkg-config python3 python3-venv
   libopenmpi-dev openmpi-bin libcli11-dev nlohmann-json3-dev libyaml-cpp-dev catch2 zlib1g-dev
-  clang libclang-rt-14-dev time)
+  clang libclang-rt-14-dev clang-format time)
 if [ "${FSDP_SKIP_APT:-0}" != 1 ]; then
   missing=()
   for p in "${APT_PACKAGES[@]}"; do
@@ -70,8 +71,11 @@ if [ ! -f "$FSDP_BUILD_DIR/build.ninja" ]; then
     -DFSDP_PYTHON="$FSDP_VENV/bin/python" ${FSDP_CMAKE_ARGS:-} ||
     fail "cmake configure" "read the CMake error above; delete $FSDP_BUILD_DIR to start clean"
 fi
-say "building (first build: several minutes on 2 cores; ccache makes rebuilds fast)"
+# Targets from the command line (quickstart.sh asks for fsdp-train only); none means all.
+targets=()
+for t in "$@"; do targets+=(--target "$t"); done
+say "building ${*:-all targets} (first build: several minutes on 2 cores; ccache makes rebuilds fast)"
 build_start=$(date +%s)
-cmake --build "$FSDP_BUILD_DIR" -j "$(nproc)" ||
+cmake --build "$FSDP_BUILD_DIR" -j "$(nproc)" "${targets[@]}" ||
   fail "build" "read the compiler error above; delete $FSDP_BUILD_DIR and rerun if the build directory is stale"
-say "ready: $FSDP_BUILD_DIR/fsdp-train (build step: $(( $(date +%s) - build_start )) s)"
+say "ready: $FSDP_BUILD_DIR/fsdp-train (${*:-all targets}; build step: $(( $(date +%s) - build_start )) s)"
