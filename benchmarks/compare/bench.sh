@@ -11,13 +11,13 @@
 #        REFERENCE_ONLY=1 (measure only the reference), THREADS (per rank; default cores/ranks).
 #
 # Assumptions about fsdp-train (flags not final when written; adjust here):
-#   - spec section 8 flag names at the root level, launched as `mpirun -n W fsdp-train ...`;
-#   - --init-checkpoint DIR (config.json + model.safetensors, spec 7) for the shared initial draft;
+#   - docs/reference.md §8 flag names at the root level, launched as `mpirun -n W fsdp-train ...`;
+#   - --init-checkpoint DIR (config.json + model.safetensors, docs/reference.md §7) for the shared initial draft;
 #   - --mixed-precision bf16|fp32, --reduce-dtype fp32, --threads N;
 #   - --report-to jsonl --log-steps 1: <output-dir>/metrics.jsonl per step with perf/tokens_per_s,
 #     perf/step_time_s and mem/host_peak_rss_gib (the reference writes perf/tokens, perf/step_s
 #     and mem/peak_rss_mib per rank; benchmarks/compare/metrics.py reads both);
-#   - it exports <output-dir>/epoch_<E>_step_<S>/ (spec 7) at the end of the run.
+#   - it exports <output-dir>/epoch_<E>_step_<S>/ (docs/reference.md §7) at the end of the run.
 # Quality: both final exports are evaluated by the same code (the reference's --eval-only) on
 # DATA/eval, so acc_i differences come from training, not from two evaluators.
 set -euo pipefail

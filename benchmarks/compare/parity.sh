@@ -11,14 +11,14 @@
 #        DEVICE (cpu; cuda: both trainers on the GPU, one rank per GPU: benchmarks/device/run.sh).
 #
 # Assumptions about fsdp-train (its flags were not final when this was written; adjust here):
-#   - SpecForge flag names of spec section 8 at the root level (no subcommand), launched as
+#   - SpecForge flag names of docs/reference.md §8 at the root level (no subcommand), launched as
 #     `mpirun -n W fsdp-train ...` (MPIRUN overrides the launcher command).
-#   - --init-checkpoint DIR loads config.json + model.safetensors (spec section 7), including
+#   - --init-checkpoint DIR loads config.json + model.safetensors (docs/reference.md §7), including
 #     d2t/t2d, so both trainers share the initial weights and the vocab mapping.
 #   - --mixed-precision fp32 --reduce-dtype fp32 for an all-fp32 run.
 #   - --report-to jsonl --log-steps 1 writes <output-dir>/metrics.jsonl with one line per step
 #     holding train/ploss_i and train/acc_i (acc token-weighted over the step's micro-batches).
-# The initial weights come from the reference's --save-init export (bf16, spec 7): both trainers
+# The initial weights come from the reference's --save-init export (bf16, docs/reference.md §7): both trainers
 # start from the same bf16-representable fp32 values. Set INIT=DIR to use an export made by
 # fsdp-train instead.
 set -euo pipefail

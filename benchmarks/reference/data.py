@@ -1,6 +1,6 @@
-# Data side of the reference trainer: SpecForge .ckpt reading and per-sample processing (spec 1.3),
+# Data side of the reference trainer: SpecForge .ckpt reading and per-sample processing (docs/reference.md §1.3),
 # collation, the DistributedSampler-compatible order of the cross-team contract, vocab mapping
-# (spec 2) and the target head (spec 1.2). Must never load the whole dataset before step 1.
+# (docs/reference.md §2) and the target head (docs/reference.md §1.2). Must never load the whole dataset before step 1.
 """Feature files, batches, sampler, vocab mapping and target head for the reference trainer."""
 
 import json
@@ -22,7 +22,7 @@ def list_feature_files(path, flag):
 
 
 def load_sample(path, max_length):
-    """One processed sample (spec 1.3): shifted ids/targets, loss_mask with the last element 0."""
+    """One processed sample (docs/reference.md §1.3): shifted ids/targets, loss_mask with the last element 0."""
     d = torch.load(path, weights_only=True)
     for key in ("input_ids", "loss_mask", "hidden_state", "aux_hidden_state"):
         if key not in d:
@@ -71,7 +71,7 @@ def epoch_microbatches(n, epoch, seed, rank, world, micro):
 
 
 def build_vocab_mapping(files, max_length, vocab, draft_vocab):
-    """Spec 2: the draft_vocab most frequent loss-masked ids (ties -> smaller id), padded with the
+    """docs/reference.md §2: the draft_vocab most frequent loss-masked ids (ties -> smaller id), padded with the
     smallest unused ids, sorted ascending."""
     counts = torch.zeros(vocab, dtype=torch.int64)
     for f in files:

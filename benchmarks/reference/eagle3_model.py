@@ -1,4 +1,4 @@
-# Reference EAGLE3 draft model in plain PyTorch (spec sections 3-5): parameter names, RoPE, the
+# Reference EAGLE3 draft model in plain PyTorch (docs/reference.md §3-5): parameter names, RoPE, the
 # test-time-training unroll with dense causal+diagonal attention, target distribution and loss.
 # Knows nothing about distribution; must never read fsdp-train code (it is the independent check).
 """EAGLE3 draft model (LlamaForCausalLMEagle3, one decoder layer) and its TTT training loss."""
@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 
 class DraftConfig:
-    """The keys of a LlamaForCausalLMEagle3 JSON config that the math needs (spec 1.1)."""
+    """The keys of a LlamaForCausalLMEagle3 JSON config that the math needs (docs/reference.md §1.1)."""
 
     def __init__(self, cfg, source="draft config"):
         def need(key):
@@ -59,7 +59,7 @@ class RMSNorm(nn.Module):
 
 
 def upcast(t):
-    """bf16/fp32 -> fp32 (the spec's softmax precision); fp64 stays fp64 for the self-test."""
+    """bf16/fp32 -> fp32 (the softmax precision of docs/reference.md §3.2); fp64 stays fp64 for the self-test."""
     return t if t.dtype == torch.float64 else t.float()
 
 
@@ -138,7 +138,7 @@ class DecoderLayer(nn.Module):
 
 
 class Eagle3Draft(nn.Module):
-    """State-dict names exactly as spec section 3 (embed_tokens, fc, midlayer.*, norm, lm_head)."""
+    """State-dict names exactly as docs/reference.md §3 (embed_tokens, fc, midlayer.*, norm, lm_head)."""
 
     def __init__(self, c):
         super().__init__()
@@ -153,7 +153,7 @@ class Eagle3Draft(nn.Module):
         self.register_buffer("t2d", torch.zeros(c.vocab, dtype=torch.bool))
 
     def rope(self, positions, dtype):
-        # fp32 throughout, as HF Llama and spec 3 compute it.
+        # fp32 throughout, as HF Llama and docs/reference.md §3 compute it.
         d = self.c.head_dim
         inv = 1.0 / (self.c.theta ** (torch.arange(0, d, 2, dtype=torch.int64, device=positions.device).float() / d))
         ang = positions.float()[:, None] * inv[None, :]
@@ -164,7 +164,7 @@ class Eagle3Draft(nn.Module):
         """Runs the TTT unroll; returns per-step (ploss, correct count, mask sum) lists.
 
         batch: input_ids/loss_mask/attention_mask [B,S], aux [B,S,3H]; target_p [B,S+T,Vd] fp32
-        padded per spec 4; position_mask [B,S] for step 0.
+        padded per docs/reference.md §4; position_mask [B,S] for step 0.
         """
         ids, loss_mask = batch["input_ids"], batch["loss_mask"]
         key_valid = batch["attention_mask"].bool()
@@ -192,13 +192,13 @@ class Eagle3Draft(nn.Module):
 
 
 def shift_left(t):
-    """Drop the first column and append a zero column (spec 3.2)."""
+    """Drop the first column and append a zero column (docs/reference.md §3.2)."""
     return F.pad(t[:, 1:], (0, 1), value=0)
 
 
 @torch.no_grad()
 def target_distribution(target_hidden, loss_mask, head, t2d, ttt_length):
-    """Spec 4: bf16 logits over the full vocab for argmax, softmax over the t2d columns only."""
+    """docs/reference.md §4: bf16 logits over the full vocab for argmax, softmax over the t2d columns only."""
     logits = torch.matmul(target_hidden.to(head.dtype), head.t())  # [B,S,V]
     position_mask = loss_mask * t2d[logits.argmax(-1)].to(loss_mask.dtype)
     p = torch.softmax(upcast(logits[..., t2d]), dim=-1)

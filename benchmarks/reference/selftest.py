@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# Self-checks of the reference trainer against second, deliberately naive formulations of the spec
+# Self-checks of the reference trainer against second, deliberately naive formulations of docs/reference.md
 # (per-query loops, torch's DistributedSampler, the written LR formula). Runs in seconds on CPU;
 # must never depend on fsdp-train or on real data. Exit code 1 on any mismatch.
 """python benchmarks/reference/selftest.py"""
@@ -26,7 +26,7 @@ def check(name, ok, detail=""):
 
 
 def naive_unroll(model, batch, target_p, pos_mask, T):
-    """Per-(step, sample, position, head) loops over the allowed keys of spec 3.2."""
+    """Per-(step, sample, position, head) loops over the allowed keys of docs/reference.md §3.2."""
     c = model.c
     ids0, lm0 = batch["input_ids"], batch["loss_mask"]
     B, S = ids0.shape
@@ -35,7 +35,7 @@ def naive_unroll(model, batch, target_p, pos_mask, T):
     h = model.fc(batch["aux"].double())
     keys, vals, plosses = [], [], []
     d = c.head_dim
-    # cos/sin in fp32 as the spec prescribes; everything else fp64.
+    # cos/sin in fp32 as docs/reference.md §3 prescribes; everything else fp64.
     inv = 1.0 / (c.theta ** (torch.arange(0, d, 2).float() / d))
 
     def rot(x, pos):
@@ -143,7 +143,7 @@ def test_lr():
     ok &= abs(lr_at(total, base, total, 0.015) -
               base * 0.5 * (1 + math.cos(math.pi * (total - 1 - w) / (total - w)))) < 1e-15
     ok &= lr_at(total + 5, base, total, 0.015) == lr_at(total, base, total, 0.015)
-    check("warmup-cosine schedule (spec 6)", ok)
+    check("warmup-cosine schedule (docs/reference.md §6)", ok)
 
 
 def test_vocab(tmp):

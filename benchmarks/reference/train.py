@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# Reference EAGLE3 offline trainer: the spec's model and loss wrapped with PyTorch FSDP2
+# Reference EAGLE3 offline trainer: the model and loss of docs/reference.md wrapped with PyTorch FSDP2
 # (fully_shard + MixedPrecisionPolicy) on gloo/CPU, launched with torchrun. The yardstick for
 # fsdp-train's parity and speed; it must never import or call fsdp-train code.
 """Reference EAGLE3 draft trainer (PyTorch FSDP2, gloo, CPU).
@@ -62,8 +62,8 @@ def parse_args(argv=None):
     a("--seed", type=int, default=0)
     a("--log-steps", type=int, default=1, help="print every N steps (JSONL gets every step)")
     a("--param-dtype", choices=["bf16", "fp32"], default="bf16", help="FSDP2 compute dtype")
-    a("--init-weights", help="safetensors file (or dir with model.safetensors), spec 7 names")
-    a("--save-init", help="export the initial draft (config.json + model.safetensors, spec 7) to "
+    a("--init-weights", help="safetensors file (or dir with model.safetensors), docs/reference.md §7 names")
+    a("--save-init", help="export the initial draft (config.json + model.safetensors, docs/reference.md §7) to "
       "this directory, then train as usual")
     a("--save-final", action="store_true", help="export epoch_<E>_step_<S>/ at the end")
     a("--eval-only", action="store_true", help="skip training: eval --init-weights and exit")
@@ -101,7 +101,7 @@ def init_distributed(args):
 
 
 def lr_at(n, base, total, warmup_ratio):
-    """Spec 6: linear warmup, then cosine to zero; n is 1-based and clamped at total."""
+    """docs/reference.md §6: linear warmup, then cosine to zero; n is 1-based and clamped at total."""
     n = min(n, total)
     w = int(warmup_ratio * total)
     if n <= w:
@@ -157,7 +157,7 @@ def build_model(args, cfg, rank):
 
 
 def export_weights(model, path, rank):
-    """Spec 7 tensors in bf16 (d2t int64, t2d bool), gathered from the shards; rank 0 writes."""
+    """docs/reference.md §7 tensors in bf16 (d2t int64, t2d bool), gathered from the shards; rank 0 writes."""
     out = {}
     for name, p in model.named_parameters():
         full = p.full_tensor() if hasattr(p, "full_tensor") else p
@@ -170,7 +170,7 @@ def export_weights(model, path, rank):
 
 
 def export_draft(model, args, out, rank):
-    """A spec 7 export directory: config.json (the draft config) + model.safetensors."""
+    """A docs/reference.md §7 export directory: config.json (the draft config) + model.safetensors."""
     export_weights(model, out / "model.safetensors", rank)
     if rank == 0:
         with open(args.draft_model_config) as f, open(out / "config.json", "w") as g:
@@ -284,7 +284,7 @@ def main():
     model, head, train_files = build_model(args, cfg, rank)
 
     pdt = torch.bfloat16 if args.param_dtype == "bf16" else torch.float32
-    # cast_forward_inputs=False: the model casts aux itself; target_p must stay fp32 (spec 4).
+    # cast_forward_inputs=False: the model casts aux itself; target_p must stay fp32 (docs/reference.md §4).
     mp = MixedPrecisionPolicy(param_dtype=pdt, reduce_dtype=torch.float32,
                               cast_forward_inputs=False)
     # One FSDP2 unit for the whole draft. Wrapping the midlayer as its own unit as well changes

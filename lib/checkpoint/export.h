@@ -1,5 +1,5 @@
-// The consolidated draft export of spec section 7: config.json (the draft config) and
-// model.safetensors (every tensor of spec section 3 except embed_tokens, bf16, plus d2t int64
+// The consolidated draft export of docs/reference.md §7: config.json (the draft config) and
+// model.safetensors (every tensor of docs/reference.md §3 except embed_tokens, bf16, plus d2t int64
 // and t2d bool), loadable by a serving engine and the safetensors library. Also the reader used
 // by --init-checkpoint and --eval-only. Rank 0 only; never writes training state.
 #pragma once
@@ -13,7 +13,7 @@
 namespace fsdp::checkpoint {
 
 // Writes `dir`/config.json (config_json verbatim) and `dir`/model.safetensors from full tensors
-// by name (any float dtype: stored as `dtype`, bf16 by default as spec section 7 says;
+// by name (any float dtype: stored as `dtype`, bf16 by default as docs/reference.md §7 says;
 // "embed_tokens.weight" is left out), with d2t and t2d. Tensor order: sorted by name. Returns
 // the bytes of model.safetensors.
 uint64_t write_draft_export(const std::string& dir, const std::string& config_json,

@@ -1,4 +1,4 @@
-// The one file that knows which communication backends were compiled in (style.md 5).
+// The one file that knows which communication backends were compiled in: no #ifdef elsewhere.
 #include "comm/mpi_backend.h"
 #include "comm/mpi_util.h"
 #include "comm/runtime.h"

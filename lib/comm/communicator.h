@@ -1,6 +1,6 @@
-// The communicator interface (design.md section 3, shaped like c10d's Backend): rank/size and
-// one virtual per collective. Collectives take tensors and derive count and dtype; they never
-// take raw pointers. Every call returns a Work handle. Backends throw fsdp::Error naming
+// The communicator interface (docs/architecture.md "Communication", shaped like c10d's Backend):
+// rank/size and one virtual per collective. Collectives take tensors and derive count and dtype;
+// they never take raw pointers. Every call returns a Work handle. Backends throw fsdp::Error naming
 // themselves for unsupported dtypes, ops or devices. This header knows no backend.
 #pragma once
 

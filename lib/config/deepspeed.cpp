@@ -1,6 +1,7 @@
-// ds_config -> fsdp-train options (deepspeed.h), key by key as shared/notes/deepspeed-config.md
-// says. Every key the user wrote ends up in the report: mapped, derived from "auto", accepted and
-// ignored (with a warning), or rejected with a UsageError. Never drops a key silently.
+// ds_config -> fsdp-train options (deepspeed.h), key by key as
+// docs/migration-from-deepspeed.md says. Every key the user wrote ends up in the report: mapped,
+// derived from "auto", accepted and ignored (with a warning), or rejected with a UsageError. Never
+// drops a key silently.
 #include "config/deepspeed.h"
 
 #include <nlohmann/json.hpp>

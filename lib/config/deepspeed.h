@@ -1,6 +1,6 @@
-// Translation of a DeepSpeed ds_config JSON into fsdp-train options (shared/notes/
-// deepspeed-config.md): every known key is mapped, ignored or rejected, "auto" values are derived,
-// and a report says what each key became. Never silently drops a key the user wrote.
+// Translation of a DeepSpeed ds_config JSON into fsdp-train options (key by key in
+// docs/migration-from-deepspeed.md): every known key is mapped, ignored or rejected, "auto" values
+// are derived, and a report says what each key became. Never silently drops a key the user wrote.
 #pragma once
 
 #include <cstdint>

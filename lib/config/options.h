@@ -1,7 +1,8 @@
-// The one option table of fsdp-train (style.md 10): every row produces a CLI11 flag, a YAML key,
-// its --help text, its line in docs/usage.md and docs/configuration.md, and its entry in the
-// effective configuration that a run prints and saves. Never declare a training option
-// anywhere else. CLI11, yaml-cpp and JSON stay inside lib/config's .cpp files (compile time).
+// The one option table of fsdp-train (one source of truth, so help and parser never drift): every
+// row produces a CLI11 flag, a YAML key, its --help text, its line in docs/usage.md and
+// docs/configuration.md, and its entry in the effective configuration that a run prints and saves.
+// Never declare a training option anywhere else. CLI11, yaml-cpp and JSON stay inside lib/config's
+// .cpp files (compile time).
 #pragma once
 
 #include <cstdint>

@@ -332,7 +332,7 @@ void validate(const TrainConfig& cfg, int world_size, const ValidateOptions& opt
     check_file(cfg.model.vocab_mapping_path, "--vocab-mapping-path");
   if (!cfg.model.init_checkpoint.empty()) check_dir(cfg.model.init_checkpoint, "--init-checkpoint");
   if (cfg.checkpoint.resume == ResumeMode::kPath) check_dir(cfg.checkpoint.resume_path, "--resume");
-  // SpecForge-only inputs are validated (spec section 8) but never opened.
+  // SpecForge-only inputs are validated (docs/reference.md §8) but never opened.
   if (!cfg.data.train_data_path.empty()) check_file(cfg.data.train_data_path, "--train-data-path");
   if (!cfg.data.eval_data_path.empty()) check_file(cfg.data.eval_data_path, "--eval-data-path");
   if (!cfg.checkpoint.output_dir.empty() && is_file(cfg.checkpoint.output_dir)) {

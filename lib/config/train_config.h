@@ -16,13 +16,13 @@ namespace fsdp::config {
 enum class ShardingStrategy { kFullShard, kShardGradOp, kNoShard, kHybridShard };
 // Compute/parameter dtype (master weights are always fp32) and gradient-reduction dtype.
 enum class Precision { kBF16, kFP32 };
-// ploss normalisation (spec section 5): kBatch divides by B*S, padding included (SpecForge
+// ploss normalisation (docs/reference.md §5): kBatch divides by B*S, padding included (SpecForge
 // compatible); kTokens divides by the number of valid (loss_mask == 1) tokens.
 enum class LossNormalization { kBatch, kTokens };
 enum class DeviceKind { kAuto, kCpu, kCuda };
 // Where the optimizer step's scalars live (shard::EngineOptions::StepScalars).
 enum class StepScalars { kAuto, kHost, kDevice };
-// After warmup: cosine to 0 (spec section 6), linear to 0, or constant.
+// After warmup: cosine to 0 (docs/reference.md §6), linear to 0, or constant.
 enum class LrScheduler { kCosine, kLinear, kConstant };
 // --resume: kNone starts fresh, kAuto takes the newest complete checkpoint in --output-dir
 // (fresh start when there is none), kPath resumes from resume_path and fails if it is missing.
@@ -113,7 +113,8 @@ struct CheckpointConfig {
   int64_t save_steps = 0;     // optimizer steps between saves; 0: off
   bool save_final = true;     // save when training ends (a signal-triggered save is separate)
   int64_t keep_last = 0;      // complete checkpoints kept; 0: keep all
-  Precision export_dtype = Precision::kBF16;  // model.safetensors dtype (spec 7: bf16)
+  Precision export_dtype =
+      Precision::kBF16;  // model.safetensors dtype (docs/reference.md §7: bf16)
   ResumeMode resume = ResumeMode::kNone;
   std::string resume_path;  // when resume == kPath
 };
@@ -166,7 +167,7 @@ struct TrainConfig {
   bool reports_to(const std::string& sink) const;
 };
 
-// Batch arithmetic (spec section 6) for a data-parallel size.
+// Batch arithmetic (docs/reference.md §6) for a data-parallel size.
 struct BatchPlan {
   int64_t global_batch = 0;
   int64_t micro_batch = 0;

@@ -1,4 +1,4 @@
-// Two levels of failure (style.md 11): FSDP_CHECK throws fsdp::Error with file:line, the
+// Two levels of failure: FSDP_CHECK throws fsdp::Error with file:line, the
 // failing library's own message and a hint for the user; FSDP_ASSERT aborts on broken
 // invariants (use it in destructors and where unwinding is unsafe). Never swallow errors here.
 #pragma once

@@ -1,4 +1,4 @@
-// Per-sample shifts and right-padding collate (batch.h, spec section 1.3).
+// Per-sample shifts and right-padding collate (batch.h, docs/reference.md §1.3).
 #include "data/batch.h"
 
 #include <ATen/ATen.h>

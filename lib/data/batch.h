@@ -1,4 +1,4 @@
-// One training sample and one micro-batch as the trainer sees them (spec section 1.3): the
+// One training sample and one micro-batch as the trainer sees them (docs/reference.md §1.3): the
 // per-sample shifts and truncation, and right-padding collate. Pure tensor code: no file access,
 // no threads. Must never change the layout the model expects (see the Batch comment).
 #pragma once
@@ -25,7 +25,7 @@ struct RawSample {
   uint64_t nbytes() const;
 };
 
-// A processed sample, S' = min(S, max_length) (spec 1.3):
+// A processed sample, S' = min(S, max_length) (docs/reference.md §1.3):
 //   aux = aux_hidden_state[:S'], target_hidden = hidden_state[:S'] shifted left by one with a
 //   zero row appended, input_ids = input_ids[:S'] shifted left by one with 0 appended,
 //   loss_mask = loss_mask[:S'] (not shifted) with its last element forced to 0,

@@ -1,5 +1,5 @@
 // Draft vocabulary mapping: counting, selection, SpecForge file I/O and the cache
-// (vocab_mapping.h, spec section 2).
+// (vocab_mapping.h, docs/reference.md §2).
 #include "data/vocab_mapping.h"
 
 #include <ATen/ATen.h>

@@ -1,5 +1,5 @@
-// Draft vocabulary mapping (spec section 2): which Vd target ids the draft predicts, built from
-// the features' own input_ids/loss_mask (no tokenizer), deterministic, cached; or read from a
+// Draft vocabulary mapping (docs/reference.md §2): which Vd target ids the draft predicts, built
+// from the features' own input_ids/loss_mask (no tokenizer), deterministic, cached; or read from a
 // SpecForge mapping file. Never guesses: a mapping that does not fit V and Vd is an error.
 #pragma once
 

@@ -1,5 +1,6 @@
-// The one file of lib/metrics that knows whether CUDA was compiled in (style.md 5): it asks the
-// CUDA runtime for the GPU's product name, used to pick a default MFU peak. Never allocates.
+// The one file of lib/metrics that knows whether CUDA was compiled in (no #ifdef elsewhere): it
+// asks the CUDA runtime for the GPU's product name, used to pick a default MFU peak. Never
+// allocates.
 #include "metrics/meters.h"
 
 #ifdef FSDP_HAVE_CUDA_RUNTIME

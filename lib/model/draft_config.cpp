@@ -1,5 +1,5 @@
-// Parsing, validation and saving of the draft config JSON (spec 1.1). Kept free of torch
-// headers so it compiles in a second; never accepts a value the model would misinterpret.
+// Parsing, validation and saving of the draft config JSON (docs/reference.md §1.1). Kept free of
+// torch headers so it compiles in a second; never accepts a value the model would misinterpret.
 #include "model/draft_config.h"
 
 #include <unistd.h>

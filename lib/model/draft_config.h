@@ -1,6 +1,6 @@
-// The EAGLE3 draft model configuration (spec 1.1): an HF LlamaConfig-style JSON as SpecForge
-// users have it. Parsing lives in a torch-free TU; this header never includes JSON or torch.
-// Never silently accept what the model cannot honour: bad values fail naming key and file.
+// The EAGLE3 draft model configuration (docs/reference.md §1.1): an HF LlamaConfig-style JSON as
+// SpecForge users have it. Parsing lives in a torch-free TU; this header never includes JSON or
+// torch. Never silently accept what the model cannot honour: bad values fail naming key and file.
 #pragma once
 
 #include <cstdint>
@@ -86,7 +86,7 @@ DraftConfig parse_draft_config(const std::string& json_text,
                                const std::string& source = "<string>");
 
 // Parameter counts implied by a config (closed form, no module needed): used for logging,
-// MFU and the spec's headline numbers (spec 9).
+// MFU and the reference's headline numbers (docs/reference.md §9).
 struct ParamCounts {
   int64_t trainable = 0;         // fc, midlayer.*, norm, lm_head
   int64_t frozen_embedding = 0;  // embed_tokens [V,H]

@@ -1,6 +1,6 @@
 // The EAGLE3 draft modules: registration names match SpecForge's state dict exactly, numerics
-// follow spec 3 (fp32 RMSNorm, SwiGLU, rotate-half RoPE at position t + step, GQA). Never
-// talks to other ranks: the sharding engine sees only the unit hooks.
+// follow docs/reference.md §3 (fp32 RMSNorm, SwiGLU, rotate-half RoPE at position t + step, GQA).
+// Never talks to other ranks: the sharding engine sees only the unit hooks.
 #include "model/draft_model.h"
 
 #include <ATen/ATen.h>

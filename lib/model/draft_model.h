@@ -1,5 +1,5 @@
-// The EAGLE3 draft model (spec 3): LlamaForCausalLMEagle3 with one decoder layer, as a LibTorch
-// module tree whose state-dict names match SpecForge exactly. Knows nothing about
+// The EAGLE3 draft model (docs/reference.md §3): LlamaForCausalLMEagle3 with one decoder layer, as
+// a LibTorch module tree whose state-dict names match SpecForge exactly. Knows nothing about
 // distribution: it only announces its top-level units through fsdp::UnitHooks.
 #pragma once
 
@@ -18,14 +18,14 @@
 
 namespace fsdp::model {
 
-// x * rsqrt(mean(x^2) + eps) in fp32, cast back to x's dtype, then times weight (spec 3), as
-// separate ATen operations: the definition, used on the CPU and for float64 everywhere.
+// x * rsqrt(mean(x^2) + eps) in fp32, cast back to x's dtype, then times weight (docs/reference.md
+// §3), as separate ATen operations: the definition, used on the CPU and for float64 everywhere.
 at::Tensor rms_norm_composite(const at::Tensor& x, const at::Tensor& weight, double eps);
 
 // The same on a GPU: the normalisation through LibTorch's fused RMSNorm kernel without a
 // weight (fp32 statistics, one rounding to x's dtype, a fused backward), then the weight
-// multiplied in x's dtype as the spec orders it. Differs from the composite only in the fp32
-// summation order of mean(x^2).
+// multiplied in x's dtype as docs/reference.md §3 orders it. Differs from the composite only in the
+// fp32 summation order of mean(x^2).
 at::Tensor rms_norm_fused(const at::Tensor& x, const at::Tensor& weight, double eps);
 
 // x * rsqrt(mean(x^2) + eps) in fp32, cast back to x's dtype, then times weight (init ones):
@@ -67,7 +67,7 @@ class Eagle3AttentionImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Eagle3Attention);
 
-// The single decoder layer (spec 3.1 steps 1-4).
+// The single decoder layer (docs/reference.md §3.1 steps 1-4).
 class Eagle3DecoderLayerImpl : public torch::nn::Module {
  public:
   explicit Eagle3DecoderLayerImpl(const DraftConfig& cfg);
@@ -102,7 +102,7 @@ class Eagle3DraftImpl : public torch::nn::Module {
 
   // Copies the target embedding [V, H] into embed_tokens (dtype converted); stays frozen.
   void load_embedding(const at::Tensor& weight);
-  // Sets d2t [Vd] int64 and t2d [V] bool (spec 2); shapes checked.
+  // Sets d2t [Vd] int64 and t2d [V] bool (docs/reference.md §2); shapes checked.
   void set_vocab_mapping(const at::Tensor& d2t, const at::Tensor& t2d);
 
   // The pieces of one TTT unroll, each wrapped in its unit (see ttt_loss.h for the unroll).
@@ -127,7 +127,7 @@ class Eagle3DraftImpl : public torch::nn::Module {
 
   // Trainable parameters (everything except embed_tokens), in registration order.
   std::vector<at::Tensor> trainable_parameters() const;
-  // Export tensors of spec 7 (no embed_tokens): name -> tensor, in state-dict order.
+  // Export tensors of docs/reference.md §7 (no embed_tokens): name -> tensor, in state-dict order.
   std::vector<std::pair<std::string, at::Tensor>> export_tensors() const;
 
   torch::nn::Embedding embed_tokens{nullptr};

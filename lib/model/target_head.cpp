@@ -1,6 +1,7 @@
-// Target distribution from the target LM head (spec 4). The tiled path multiplies only the t2d
-// rows for target_p and walks the full vocabulary in tiles for the argmax; the dense path is
-// the straightforward [B, S, V] reference. Never builds a graph: everything runs without grad.
+// Target distribution from the target LM head (docs/reference.md §4). The tiled path multiplies
+// only the t2d rows for target_p and walks the full vocabulary in tiles for the argmax; the dense
+// path is the straightforward [B, S, V] reference. Never builds a graph: everything runs without
+// grad.
 #include "model/target_head.h"
 
 #include <ATen/ATen.h>
@@ -12,7 +13,8 @@ namespace {
 
 constexpr int64_t kTileElements = int64_t{16} << 20;  // one tile's logits: at most 16 Mi elements
 
-// Pads target_p [B, S, Vd] with T rows of 1/Vd (spec 4: steps past the end see uniform targets).
+// Pads target_p [B, S, Vd] with T rows of 1/Vd (docs/reference.md §4: steps past the end see
+// uniform targets).
 at::Tensor pad_uniform(const at::Tensor& p, int64_t T) {
   if (T == 0) return p;
   at::Tensor pad =

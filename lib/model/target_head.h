@@ -1,6 +1,6 @@
-// The target distribution of spec 4, from the target model's LM head: target_p over the draft
-// vocabulary (t2d rows only, softmax in fp32) and the full-vocab argmax that gates the loss,
-// computed in vocabulary tiles so no [B, S, V] tensor ever exists. Never trains anything.
+// The target distribution of docs/reference.md §4, from the target model's LM head: target_p over
+// the draft vocabulary (t2d rows only, softmax in fp32) and the full-vocab argmax that gates the
+// loss, computed in vocabulary tiles so no [B, S, V] tensor ever exists. Never trains anything.
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -297,10 +297,10 @@ void check_right_padded(const at::Tensor& attention_mask, const char* what) {
   if (m.size(1) > 1) {
     const bool rises =
         (m.narrow(1, 1, m.size(1) - 1) > m.narrow(1, 0, m.size(1) - 1)).any().item<bool>();
-    FSDP_USAGE_CHECK(
-        !rises, fsdp::str(what, " is not right-padded (a 0 is followed by a 1)"),
-        "collate samples as ones followed by zero padding (spec 1.3), or use the dense "
-        "attention");
+    FSDP_USAGE_CHECK(!rises, fsdp::str(what, " is not right-padded (a 0 is followed by a 1)"),
+                     "collate samples as ones followed by zero padding (docs/reference.md §1.3), "
+                     "or use the dense "
+                     "attention");
   }
 }
 

@@ -1,9 +1,9 @@
-// Attention of one TTT step (spec 3.2): a query at (position t, step i) sees the step-0 keys at
-// positions 0..t and the keys of steps 1..i at position t. Two implementations with the same
-// contract: an efficient one (fused causal SDPA over step-0 keys, merged exactly with the i
-// diagonal scores through the log-sum-exp; gradients exact) and a dense explicit-mask
-// reference that materialises [B, nh, S, (i+1)S] scores (tests and benchmarks only).
-// Never changes which keys a query sees; padding handling is identical in both.
+// Attention of one TTT step (docs/reference.md §3.2): a query at (position t, step i) sees the
+// step-0 keys at positions 0..t and the keys of steps 1..i at position t. Two implementations with
+// the same contract: an efficient one (fused causal SDPA over step-0 keys, merged exactly with the
+// i diagonal scores through the log-sum-exp; gradients exact) and a dense explicit-mask reference
+// that materialises [B, nh, S, (i+1)S] scores (tests and benchmarks only). Never changes which keys
+// a query sees; padding handling is identical in both.
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -1,5 +1,5 @@
-// The TTT unroll and its loss (spec 3.2, 5). Metrics stay on the device as tensors: nothing
-// here synchronises with the host unless LossOptions::check_padding asks for it.
+// The TTT unroll and its loss (docs/reference.md §3.2, §5). Metrics stay on the device as tensors:
+// nothing here synchronises with the host unless LossOptions::check_padding asks for it.
 #include "model/ttt_loss.h"
 
 #include <ATen/ATen.h>

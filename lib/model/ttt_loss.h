@@ -1,5 +1,5 @@
-// One training step of the draft model (spec 3.2 + 5): the test-time-training unroll over T
-// steps, the weighted soft cross-entropy against the target distribution, and the accuracy
+// One training step of the draft model (docs/reference.md §3.2 + §5): the test-time-training unroll
+// over T steps, the weighted soft cross-entropy against the target distribution, and the accuracy
 // metrics. Returns the loss to backward and detached metrics as tensors (no host sync), with
 // numerators and denominators so the trainer can all-reduce them exactly across ranks.
 #pragma once
@@ -12,7 +12,7 @@
 
 namespace fsdp::model {
 
-// How ploss_i is normalised (spec 5).
+// How ploss_i is normalised (docs/reference.md §5).
 enum class LossNormalization {
   kBatchTokens,  // 1/(B*S), padded positions counted: SpecForge-compatible default
   kValidTokens,  // 1/max(sum position_mask_i, 1): per valid token
@@ -65,10 +65,11 @@ StepOutput ttt_step(Eagle3DraftImpl& model, const TargetHead& head, const at::Te
                     const LossOptions& options = {});
 
 // The rows each step's loss and accuracy read. Every term of ploss_i and acc_i is weighted by
-// position_mask_i, which is zero wherever loss_mask_i is (spec 4-5), so the draft lm_head and
-// the target head only need the rows with loss_mask_i = 1: computing just those is exact, and
-// on chat data (about a third of the tokens are the assistant's) it removes most of the lm_head
-// work of the unroll. Built on the host, so the GPU path needs no device-to-host sync for it.
+// position_mask_i, which is zero wherever loss_mask_i is (docs/reference.md §4-5), so the draft
+// lm_head and the target head only need the rows with loss_mask_i = 1: computing just those is
+// exact, and on chat data (about a third of the tokens are the assistant's) it removes most of the
+// lm_head work of the unroll. Built on the host, so the GPU path needs no device-to-host sync for
+// it.
 struct LossRows {
   int64_t batch = 0, seq = 0, ttt_length = 0;
   at::Tensor rows;                 // int64 [N]: b*S + t where loss_mask[b, t] = 1, ascending

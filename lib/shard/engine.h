@@ -1,4 +1,4 @@
-// The ZeRO sharding engine (design.md section 4): wraps a torch::nn::Module whose forward
+// The ZeRO sharding engine (docs/architecture-shard.md): wraps a torch::nn::Module whose forward
 // announces unit boundaries with fsdp::run_unit(), flattens each unit's parameters into flat
 // buffers sharded over the shard group, gathers them around each use, reduce-scatters gradients
 // into fp32 shards, and runs AdamW on the shards. It owns all parameter storage of the module;

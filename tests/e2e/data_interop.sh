@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# gen-toy-data and convert end to end, checked from Python: torch.load sees the spec's keys,
+# gen-toy-data and convert end to end, checked from Python: torch.load sees the keys of docs/reference.md §1.3,
 # dtypes and shapes in the generated .ckpt files, and the safetensors library loads the target
 # shards and the native shards written by a 2-rank convert. Usage: data_interop.sh BUILD SOURCE
 set -euo pipefail

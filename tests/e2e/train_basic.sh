@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Training end to end on toy data: loss falls and acc_0 rises at 1 and 2 ranks; 1 rank and 2
 # ranks with the same global batch reach the same fp32 weights, and the same bitwise with
-# --activation-checkpointing, and with --step-scalars device; the export follows the spec
+# --activation-checkpointing, and with --step-scalars device; the export follows docs/reference.md §7
 # and --init-checkpoint --eval-only reproduces the saving run's evaluation; `fsdp-train export`
 # reassembles the sharded fp32 masters; TensorBoard files read back.
 set -uo pipefail
@@ -82,7 +82,7 @@ assert acc > 0.5 * best, "acc_0 below half of the best possible"
 assert acc > 10.0 / vd, "acc_0 not above 10x chance"
 PYEOF
 
-# Export format (spec section 7) and Python interop.
+# Export format (docs/reference.md §7) and Python interop.
 CK="$(latest_ckpt "$W/learn")"
 "$PY" - "$CK" <<'PYEOF' || fail "export format"
 import json, sys

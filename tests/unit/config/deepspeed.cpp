@@ -1,4 +1,4 @@
-// ds_config translation (shared/notes/deepspeed-config.md) on realistic ZeRO-2, ZeRO-3 and
+// ds_config translation (docs/migration-from-deepspeed.md) on realistic ZeRO-2, ZeRO-3 and
 // ZeRO-3-with-offload configs, "auto" values included, and the keys that must be rejected.
 #include "config/deepspeed.h"
 #include "config_test_util.h"

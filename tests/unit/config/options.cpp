@@ -24,7 +24,7 @@ TEST_CASE("every option row is complete and names are unique", "[config]") {
   CHECK(names.size() > 50);
 }
 
-TEST_CASE("SpecForge flags of spec section 8 exist with SpecForge's defaults", "[config]") {
+TEST_CASE("SpecForge flags of reference §8 exist with SpecForge's defaults", "[config]") {
   const std::vector<std::pair<std::string, std::string>> expected = {
       {"target-model-path", "\"\""},
       {"draft-model-config", "\"\""},

@@ -52,7 +52,7 @@ TEST_CASE("SpecForge's per-rank batch gives the global batch", "[config]") {
       resolve_args({"--batch-size", "2", "--draft-global-batch-size", "16"}, world(4));
   CHECK(g.loop.draft_global_batch_size == 16);
   CHECK(batch_plan(g, 4).accumulation_steps == 2);
-  // Our own flags keep the spec's model (global 16 by default).
+  // Our own flags keep the model of docs/reference.md §6 (global 16 by default).
   CHECK(resolve_args({"--draft-micro-batch-size", "2"}, world(4)).loop.draft_global_batch_size ==
         16);
   // Unknown world size (not the binary): nothing is derived.

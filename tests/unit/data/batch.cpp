@@ -1,4 +1,4 @@
-// Per-sample processing and collate (spec 1.3) on hand-checkable values.
+// Per-sample processing and collate (docs/reference.md §1.3) on hand-checkable values.
 #include "data/batch.h"
 
 #include <ATen/ATen.h>

@@ -16,7 +16,7 @@ using namespace fsdp::data;
 using namespace fsdp::data::testing;
 namespace fs = std::filesystem;
 
-TEST_CASE("a valid .ckpt reads back with the spec's dtypes and shapes", "[data]") {
+TEST_CASE("a valid .ckpt reads back with the reference's dtypes and shapes", "[data]") {
   const auto dir = temp_dir("ckpt_ok");
   write_ckpt(dir / "a.ckpt", make_sample(6, 4, 3));
   const RawSample s = read_ckpt_sample((dir / "a.ckpt").string());

@@ -1,4 +1,4 @@
-// Vocabulary mapping (spec section 2): a hand-computed example, the fewer-than-Vd case, ties,
+// Vocabulary mapping (docs/reference.md §2): a hand-computed example, the fewer-than-Vd case, ties,
 // counting over unshifted loss-masked tokens, the cache, and SpecForge file interop.
 #include "data/vocab_mapping.h"
 

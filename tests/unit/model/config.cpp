@@ -1,6 +1,6 @@
 // Draft config loader: the shipped configs, defaults, unknown keys carried through to_json(),
-// closed-form parameter counts against the spec's headline numbers, and error messages that
-// name the key and the file.
+// closed-form parameter counts against the headline numbers of docs/reference.md §9, and error
+// messages that name the key and the file.
 #include <catch2/catch.hpp>
 
 #include <fstream>
@@ -42,7 +42,8 @@ std::string error_for(const std::string& key, const std::string& value) {
 
 }  // namespace
 
-TEST_CASE("shipped llama3-8B config has the spec's values and parameter count", "[model][config]") {
+TEST_CASE("shipped llama3-8B config has the reference's values and parameter count",
+          "[model][config]") {
   DraftConfig c = load_draft_config(config_path("llama3-8B-eagle3.json"));
   CHECK(c.hidden_size == 4096);
   CHECK(c.num_attention_heads == 32);
@@ -57,14 +58,14 @@ TEST_CASE("shipped llama3-8B config has the spec's values and parameter count", 
   CHECK(c.head_dim_value() == 128);
   // Derived by hand: fc 4096*12288 = 50331648; q 4096*8192 = 33554432; k, v 1024*8192 each =
   // 16777216; o 4096*4096 = 16777216; mlp 3*4096*14336 = 176160768; lm_head 32000*4096 =
-  // 131072000; four norms 4*4096 = 16384. Sum = 424689664 (~424.7 M, spec 9).
+  // 131072000; four norms 4*4096 = 16384. Sum = 424689664 (~424.7 M, docs/reference.md §9).
   ParamCounts p = count_parameters(c);
   CHECK(p.trainable == 424689664);
   CHECK(p.frozen_embedding == int64_t{128256} * 4096);
   CHECK(p.buffers == 32000 + 128256);
 }
 
-TEST_CASE("shipped gpt-oss-120B config has the spec's values and parameter count",
+TEST_CASE("shipped gpt-oss-120B config has the reference's values and parameter count",
           "[model][config]") {
   DraftConfig c = load_draft_config(config_path("gpt-oss-120B-eagle3.json"));
   CHECK(c.hidden_size == 2880);

@@ -392,13 +392,13 @@ TEST_CASE("loss rows: indices of each step's rows", "[model][ttt]") {
   CHECK(vec(r.target[2]) == std::vector<int64_t>{1, 3});
   CHECK(vec(r.draft[2]) == std::vector<int64_t>{0, 5});
   CHECK(r.count == std::vector<int64_t>{4, 4, 2});
-  // Each count is sum(loss_mask shifted left by i), the acc denominator of spec 5.
+  // Each count is sum(loss_mask shifted left by i), the acc denominator of docs/reference.md §5.
   for (int64_t i = 0; i < 3; ++i) CHECK(shift_left(lm, i).sum().item<int64_t>() == r.count[i]);
   CHECK_THROWS_WITH(LossRows::build(lm.view({-1}), 3, torch::kCPU),
                     Catch::Contains("loss_mask must be [B, S]"));
 }
 
-TEST_CASE("loss rows: the step equals the all-rows loss of spec 5 (values and gradients)",
+TEST_CASE("loss rows: the step equals the all-rows loss of reference §5 (values and gradients)",
           "[model][ttt]") {
   StepFixture f;
   const int64_t T = f.opt.ttt_length, B = 2, S = 5;
