@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# The README's first command: install + build (launch/setup.sh), generate toy data, train a
-# tiny EAGLE3 draft with 2 ranks on this machine's CPU, then print the held-out accuracy per
-# TTT step against chance and where the checkpoint and metrics are.
+# The README's first command: install + build fsdp-train (launch/setup.sh), generate toy data,
+# train a tiny EAGLE3 draft with 2 ranks on this machine's CPU, then print the held-out accuracy
+# per TTT step against chance and where the checkpoint and metrics are.
 #   FSDP_QUICKSTART_DIR  data + outputs (default ~/.cache/fsdp-train/quickstart)
 #   FSDP_QUICKSTART_NP   ranks (default 2)
 #   extra arguments are passed to the training command (e.g. --num-epochs 2)
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-bash "$REPO/launch/setup.sh"
+# Only the executable this script runs: the test suite is launch/test.sh's to build.
+bash "$REPO/launch/setup.sh" fsdp-train
 BUILD="${FSDP_BUILD_DIR:-$REPO/build}"
 BIN="$BUILD/fsdp-train"
 WORK="${FSDP_QUICKSTART_DIR:-$HOME/.cache/fsdp-train/quickstart}"

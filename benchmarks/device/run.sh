@@ -41,7 +41,7 @@ PY="${FSDP_PYTHON:-/opt/torch/.venv/bin/python}"
 stamp "host: $(hostname), $(nproc) cores, OMP_NUM_THREADS=${OMP_NUM_THREADS:-unset}; $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null)"
 timeout 60 "$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.is_available())'
 NVCC="$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null || true)"
-echo "nvcc: ${NVCC:-none} $( [ -n "$NVCC" ] && "$NVCC" --version | tail -1); g++: $(g++ --version | head -1)"
+echo "nvcc: ${NVCC:-none} $( [ -n "$NVCC" ] && "$NVCC" --version | tail -1); g++: $(g++ --version | sed -n 1p)"
 
 # 1. MPI and the other Debian dependencies.
 DEBROOT="$REPO/.deb/root"
@@ -108,7 +108,7 @@ grep -E "^(NCCL_INCLUDE_DIR|NCCL_LIBRARY|CUDAToolkit_ROOT|MPI_CXX_COMPILER)[:=]"
 grep "fsdp-train: Torch" "$OUT/build.log"
 stamp "build"
 timeout "${FSDP_DEVICE_BUILD_LIMIT:-360}" ninja -C "$B" -j "$(nproc)" fsdp-train mpi_comm unit_model unit_shard \
-  >>"$OUT/build.log" 2>&1 || { grep -E "error|FAILED" "$OUT/build.log" | head -40; exit 1; }
+  >>"$OUT/build.log" 2>&1 || { grep -m 40 -E "error|FAILED" "$OUT/build.log"; exit 1; }
 stamp "built"
 fi
 # FSDP_DEVICE_BUILD_ONLY=1 (benchmarks/device/prebuild.sh, on the development machine): keep the

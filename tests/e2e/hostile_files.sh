@@ -9,7 +9,7 @@ source "$(dirname "$0")/lib/common.sh"
 DATA=$(toy_data fixed --num-samples 128 --min-len 32 --max-len 32 --samples-per-dir 32 --seed 1)
 W="$BUILD/e2e_work/hostile_files"; rm -rf "$W"; mkdir -p "$W"
 ARGS="$(train_args "$DATA" "$W/out") --draft-global-batch-size 4 --draft-micro-batch-size 2 --num-epochs 1 --max-steps 2"
-GOOD="$(ls "$DATA"/hidden_states/rows_*/*.ckpt | head -n 1)"
+GOOD="$(head -n 1 <<<"$(ls "$DATA"/hidden_states/rows_*/*.ckpt)")"
 
 # make_hostile KIND OUT: a feature file of one kind of damage, derived from a good sample.
 make_hostile() {
@@ -103,9 +103,9 @@ done
 
 # The deep-nesting pickle as a training-state shard of the newest checkpoint.
 "$BIN" $ARGS --max-steps 4 --save-steps 2 --output-dir "$W/ck" >"$W/ck.log" 2>&1 || { tail "$W/ck.log"; fail "checkpointed run"; }
-NEWEST="$(ls -d "$W"/ck/epoch_*_step_4 | head -n 1)"
+NEWEST="$(head -n 1 <<<"$(ls -d "$W"/ck/epoch_*_step_4)")"
 [ -d "$NEWEST/train_state" ] || fail "no train_state in $NEWEST"
-SHARD="$(ls "$NEWEST"/train_state/shard_*.pt | head -n 1)"
+SHARD="$(head -n 1 <<<"$(ls "$NEWEST"/train_state/shard_*.pt)")"
 GOOD="$SHARD" make_hostile deep "$W/deep_shard.pt" || fail "making the hostile shard"
 cp "$W/deep_shard.pt" "$SHARD"
 cp -r "$NEWEST" "$W/damaged_ckpt"   # --resume auto may set the damaged one aside

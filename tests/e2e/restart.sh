@@ -55,7 +55,7 @@ PYEOF
 FSDP_TEST_KILL_AT_STEP=3 FSDP_TEST_KILL_ATTEMPTS=9 "$BIN" --nproc-per-node 1 --max-restarts 1 \
   $(args "$W/exhausted") --max-steps 6 >"$W/exhausted.log" 2>&1; r=$?
 [ $r -ne 0 ] || { cat "$W/exhausted.log"; fail "a job that always fails exited 0"; }
-grep -qF "all 1 restart(s) of --max-restarts are used" "$W/exhausted.log" || { cat "$W/exhausted.log"; fail "no used-up message"; }
+grep -qF "1 restart(s) of --max-restarts" "$W/exhausted.log" || { cat "$W/exhausted.log"; fail "no used-up message"; }
 [ "$(grep -c "resumed from $W/exhausted/epoch_0_step_2" "$W/exhausted.log")" -eq 1 ] || fail "the restart did not resume from step 2"
 
 # Killed before this launch's first save: the restart starts as the first attempt did, and

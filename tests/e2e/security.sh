@@ -10,7 +10,7 @@ MARK="$W/pwned"
 
 # A torch.save archive whose payload calls os.system when unpickled by Python.
 cp -r "$DATA" "$W/data"
-victim="$(ls "$W"/data/hidden_states/rows_*/*.ckpt | sort | head -n 1)"
+victim="$(head -n 1 <<<"$(ls "$W"/data/hidden_states/rows_*/*.ckpt | sort)")"
 "$PY" - "$victim" "$MARK" <<'PYEOF' || fail "could not build the malicious file"
 import os, sys, torch
 class Payload:
@@ -25,7 +25,7 @@ PYEOF
 out="$("$BIN" convert --input "$W/data/hidden_states" --output "$W/native" 2>&1)"; rc=$?
 [ -e "$MARK" ] && fail "the pickle payload was executed"
 [ $rc -eq 2 ] || { echo "$out" | tail -5; fail "malicious file: exit $rc, expected 2"; }
-echo "$out" | grep -q "$(basename "$victim")" || { echo "$out" | tail -5; fail "error does not name the file"; }
+grep -q "$(basename "$victim")" <<<"$out" || { echo "$out" | tail -5; fail "error does not name the file"; }
 echo "ok: malicious pickle rejected without running it"
 
 # Output directory permissions and secrets.
@@ -46,7 +46,7 @@ for d in "$ck/train_state" "$W/run/out/tensorboard"; do
 done
 loose="$(find "$W/run/out" \( -type f -perm /0137 \) -o \( -type d -perm /0027 \))"
 [ -z "$loose" ] || fail "created with modes beyond 0640/0750 under umask 000: $loose"
-echo "$out" | grep -q "$SECRET" && fail "the W&B key was printed"
+grep -q "$SECRET" <<<"$out" && fail "the W&B key was printed"
 grep -rq "$SECRET" "$W/run/out" && fail "the W&B key was written under the output directory"
 echo "ok: modes 750, key never printed or saved"
 echo PASS

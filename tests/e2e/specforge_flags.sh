@@ -54,7 +54,7 @@ mkdir -p "$W/sfout/epoch_0"
 cp "$(latest_ckpt "$W/ours")"/{config.json,model.safetensors} "$W/sfout/epoch_0/"
 "$BIN" $(sf_args "$DATA" "$W/sfout") $COMMON --max-num-steps 1 --resume >"$W/sfresume.log" 2>&1
 [ $? -eq 2 ] || { cat "$W/sfresume.log"; fail "--resume next to SpecForge checkpoints should exit 2"; }
-grep -q "draft checkpoint(s) without optimizer state ($W/sfout/epoch_0)" "$W/sfresume.log" || { cat "$W/sfresume.log"; fail "no reason for refusing --resume"; }
+grep -qF "without optimizer state ($W/sfout/epoch_0)" "$W/sfresume.log" || { cat "$W/sfresume.log"; fail "no reason for refusing --resume"; }
 "$BIN" $(sf_args "$DATA" "$W/sfout") $COMMON --max-num-steps 1 --resume "$W/sfout/epoch_0" >"$W/sfresume.log" 2>&1
 [ $? -eq 2 ] && grep -q -- "--init-checkpoint $W/sfout/epoch_0" "$W/sfresume.log" || { cat "$W/sfresume.log"; fail "--resume PATH of weights only should name --init-checkpoint"; }
 run_np 1 $(sf_args "$DATA" "$W/sfout") $COMMON --max-num-steps 1 --draft-global-batch-size 2   --draft-micro-batch-size 2 --ckpt-dir "$W/sfout/epoch_0" --resume >"$W/sfinit.log" 2>&1 || { cat "$W/sfinit.log"; fail "--ckpt-dir from a SpecForge checkpoint"; }
@@ -70,9 +70,9 @@ printf 0a1b >"$W/hub/models--toy--target/refs/main"
 HF_HUB_CACHE="$W/hub" run_np 1 $(sf_args "$DATA" "$W/auto" | sed 's/--draft-model-config [^ ]*//; s|--target-model-path [^ ]*|--target-model-path toy/target|') \
   $COMMON --max-num-steps 1 --draft-global-batch-size 2 --draft-micro-batch-size 2 >"$W/auto.log" 2>&1 ||
   { cat "$W/auto.log"; fail "a run with a repository id and without --draft-model-config"; }
-grep -q "target-model-path toy/target: the Hugging Face cache's snapshot $W/hub/models--toy--target/snapshots/0a1b" "$W/auto.log" ||
+grep -q "target-model-path toy/target: .*$W/hub/models--toy--target/snapshots/0a1b" "$W/auto.log" ||
   { cat "$W/auto.log"; fail "the repository id was not resolved through HF_HUB_CACHE"; }
-made="$(grep -o "no --draft-model-config: made [^ ]*" "$W/auto.log" | head -n 1 | cut -d' ' -f4)"
+made="$(grep -m 1 -o "no --draft-model-config: made [^ ]*" "$W/auto.log" | cut -d' ' -f4)"
 [ -f "$made" ] && [ "${made#"$DATA/cache/draft_configs/target-eagle3-auto-"}" != "$made" ] ||
   { cat "$W/auto.log"; fail "no made draft config under the cache: '$made'"; }
 "$PY" - "$made" "$(latest_ckpt "$W/auto")/config.json" <<'PYEOF' || fail "made draft config"
@@ -87,7 +87,7 @@ PYEOF
 HF_HUB_CACHE="$W/hub" run_np 1 $(sf_args "$DATA" "$W/auto" | sed 's/--draft-model-config [^ ]*//; s|--target-model-path [^ ]*|--target-model-path toy/target|') \
   $COMMON --max-num-steps 2 --draft-global-batch-size 2 --draft-micro-batch-size 2 --resume >"$W/auto2.log" 2>&1 ||
   { cat "$W/auto2.log"; fail "resuming without --draft-model-config"; }
-grep -q "no --draft-model-config: using $W/auto/epoch_0_step_1/config.json (the newest checkpoint's own" "$W/auto2.log" ||
+grep -q -- "--draft-model-config: using $W/auto/epoch_0_step_1/config.json" "$W/auto2.log" ||
   { cat "$W/auto2.log"; fail "the resume did not take the checkpoint's draft config"; }
 
 # Refused and unknown flags: exit 2 and the reason.

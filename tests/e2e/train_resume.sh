@@ -40,16 +40,16 @@ compare_exports "$(latest_ckpt "$W/full")" "$(latest_ckpt "$W/part_np1")" 1e-4 |
 # A resume with more epochs keeps the checkpoint's schedule (48 steps) and says how to extend it.
 "$BIN" $(train_args "$DATA" "$W/part_np1") $COMMON --num-epochs 3 --max-steps 30 --resume \
   --learning-rate 2e-3 >"$W/epochs.log" 2>&1 || { cat "$W/epochs.log"; fail "resume with --num-epochs 3"; }
-grep -q "resuming with settings that differ from the checkpoint's run: learning_rate 0.001 -> 0.002" \
+grep -qF "learning_rate 0.001 -> 0.002" \
   "$W/epochs.log" || { cat "$W/epochs.log"; fail "no warning for a changed learning rate"; }
-grep -q "num-epochs 3 runs to step 72, but the resumed run's learning-rate schedule has 48 steps: training ends at step 48" \
+grep -qE -- "--num-epochs 3 .*step 72.* 48" \
   "$W/epochs.log" && grep -q "pass --total-steps 72" "$W/epochs.log" ||
   { cat "$W/epochs.log"; fail "no warning for a resume with another --num-epochs"; }
 
 # --save-final false: the end of training writes nothing (and says so).
 "$BIN" $(train_args "$DATA" "$W/nofinal") $COMMON --num-epochs 1 --max-steps 2 --save-final false \
   >"$W/nofinal.log" 2>&1 || { cat "$W/nofinal.log"; fail "--save-final false run"; }
-ls "$W/nofinal" | grep -q "^epoch_" && fail "--save-final false wrote $(ls "$W/nofinal")"
+grep -q "^epoch_" <<<"$(ls "$W/nofinal")" && fail "--save-final false wrote $(ls "$W/nofinal")"
 grep -q "weights of step 2 are not saved" "$W/nofinal.log" || fail "no --save-final false warning"
 
 # SIGTERM: the run finishes its step, saves (even with --save-final false) and exits 0;
@@ -61,7 +61,7 @@ pid=$!
 # checkpoints); the first holds the directory's lock.
 wait_for_lines "$W/sig" 5
 "$BIN" $(train_args "$DATA" "$W/sig") $COMMON $LONG --resume >"$W/second.log" 2>&1; r=$?
-[ $r -eq 2 ] && grep -q "is in use by another fsdp-train run (pid $pid on host" "$W/second.log" ||
+[ $r -eq 2 ] && grep -qF "(pid $pid on host" "$W/second.log" ||
   { cat "$W/second.log"; fail "a second run in a used --output-dir: exit $r"; }
 kill -TERM $pid
 wait $pid; rc=$?
@@ -77,7 +77,7 @@ run_np 1 $(train_args "$DATA" "$W/sig") $COMMON $LONG --max-steps $TARGET --resu
 run_np 1 $(train_args "$DATA" "$W/straight") $COMMON $LONG --max-steps $TARGET >"$W/straight.log" 2>&1 ||
   { cat "$W/straight.log"; fail "uninterrupted run"; }
 compare_exports "$(latest_ckpt "$W/straight")" "$(latest_ckpt "$W/sig")" 0 || fail "SIGTERM resume not exact"
-ls -a "$W/sig" | grep -q "^.tmp_" && fail "a temporary checkpoint directory was left behind"
+grep -q "^.tmp_" <<<"$(ls -a "$W/sig")" && fail "a temporary checkpoint directory was left behind"
 # An output directory with checkpoints is never overwritten by a fresh run (exit 2, nothing
 # written); a resume uses the checkpoint's vocabulary mapping even when the mapping computed
 # now would differ (--max-length 16 counts other tokens); a draft config of another shape is
@@ -91,7 +91,7 @@ cp -r "$W/full" "$W/vm"
 [ $r -eq 2 ] && grep -q "is outside --output-dir" "$W/outside.log" || { cat "$W/outside.log"; fail "--resume PATH outside a used --output-dir: exit $r"; }
 "$BIN" $(train_args "$DATA" "$W/vm") $COMMON --num-epochs 2 --max-steps 31 --resume --max-length 16 \
   --cache-dir "$W/vm_cache" >"$W/vm.log" 2>&1 || { cat "$W/vm.log"; fail "resume with another --max-length"; }
-grep -q "vocab mapping: the one of $W/vm/epoch_1_step_30 (resumed)" "$W/vm.log" || { cat "$W/vm.log"; fail "the mapping was not taken from the checkpoint"; }
+grep -q "vocab mapping: .*$W/vm/epoch_1_step_30" "$W/vm.log" || { cat "$W/vm.log"; fail "the mapping was not taken from the checkpoint"; }
 "$PY" - "$W/vm/epoch_1_step_30/model.safetensors" "$W/vm/epoch_1_step_31/model.safetensors" <<'PYEOF' || fail "the resumed run changed the vocabulary mapping"
 import sys
 from safetensors.torch import load_file
