@@ -15,17 +15,28 @@ c10::ScalarType parse_dtype(const std::string& name) {
 
 std::string dtype_name(c10::ScalarType t) {
   switch (t) {
-    case c10::kFloat: return "fp32";
-    case c10::kBFloat16: return "bf16";
-    case c10::kHalf: return "fp16";
-    case c10::kDouble: return "fp64";
-    case c10::kLong: return "int64";
-    case c10::kInt: return "int32";
-    case c10::kShort: return "int16";
-    case c10::kChar: return "int8";
-    case c10::kByte: return "uint8";
-    case c10::kBool: return "bool";
-    default: return c10::toString(t);
+    case c10::kFloat:
+      return "fp32";
+    case c10::kBFloat16:
+      return "bf16";
+    case c10::kHalf:
+      return "fp16";
+    case c10::kDouble:
+      return "fp64";
+    case c10::kLong:
+      return "int64";
+    case c10::kInt:
+      return "int32";
+    case c10::kShort:
+      return "int16";
+    case c10::kChar:
+      return "int8";
+    case c10::kByte:
+      return "uint8";
+    case c10::kBool:
+      return "bool";
+    default:
+      return c10::toString(t);
   }
 }
 
@@ -46,22 +57,46 @@ c10::ScalarType dtype_from_safetensors(const std::string& s) {
 
 std::string dtype_to_safetensors(c10::ScalarType t) {
   switch (t) {
-    case c10::kFloat: return "F32";
-    case c10::kBFloat16: return "BF16";
-    case c10::kHalf: return "F16";
-    case c10::kDouble: return "F64";
-    case c10::kLong: return "I64";
-    case c10::kInt: return "I32";
-    case c10::kShort: return "I16";
-    case c10::kChar: return "I8";
-    case c10::kByte: return "U8";
-    case c10::kBool: return "BOOL";
-    default: break;
+    case c10::kFloat:
+      return "F32";
+    case c10::kBFloat16:
+      return "BF16";
+    case c10::kHalf:
+      return "F16";
+    case c10::kDouble:
+      return "F64";
+    case c10::kLong:
+      return "I64";
+    case c10::kInt:
+      return "I32";
+    case c10::kShort:
+      return "I16";
+    case c10::kChar:
+      return "I8";
+    case c10::kByte:
+      return "U8";
+    case c10::kBool:
+      return "BOOL";
+    default:
+      break;
   }
   FSDP_CHECK(false, "dtype " + dtype_name(t) + " has no safetensors name",
              "this is a bug in fsdp-train: please report it with the command line and log");
 }
 
-size_t dtype_size(c10::ScalarType t) { return c10::elementSize(t); }
+size_t dtype_size(c10::ScalarType t) {
+  return c10::elementSize(t);
+}
+
+std::optional<c10::ScalarType> dtype_from_storage_name(const std::string& name) {
+  static const std::pair<const char*, c10::ScalarType> kTable[] = {
+      {"float", c10::kFloat},       {"double", c10::kDouble}, {"half", c10::kHalf},
+      {"bfloat16", c10::kBFloat16}, {"int64", c10::kLong},    {"int32", c10::kInt},
+      {"int16", c10::kShort},       {"int8", c10::kChar},     {"uint8", c10::kByte},
+      {"bool", c10::kBool}};
+  for (const auto& [n, t] : kTable)
+    if (name == n) return t;
+  return std::nullopt;
+}
 
 }  // namespace fsdp

@@ -4,6 +4,7 @@
 
 #include <c10/core/ScalarType.h>
 
+#include <optional>
 #include <string>
 
 namespace fsdp {
@@ -15,5 +16,8 @@ std::string dtype_name(c10::ScalarType t);
 c10::ScalarType dtype_from_safetensors(const std::string& s);
 std::string dtype_to_safetensors(c10::ScalarType t);
 size_t dtype_size(c10::ScalarType t);
+// The element type of a torch.save storage by the name core/pickle_reader.h gives it ("float",
+// "bfloat16", "int64", ...: PickleNode::dtype); nullopt for a name the reader never gives.
+std::optional<c10::ScalarType> dtype_from_storage_name(const std::string& name);
 
 }  // namespace fsdp

@@ -30,6 +30,8 @@ Error::Error(std::string what, std::string hint, const char* file, int line)
       location_(base_name(file) + ":" + std::to_string(line)) {}
 
 std::string error_text(const std::exception& e) {
+  if (const auto* f = dynamic_cast<const Error*>(&e))
+    return f->message() + " (" + f->location() + ")";
   if (const auto* c = dynamic_cast<const c10::Error*>(&e)) return c->what_without_backtrace();
   return e.what();
 }

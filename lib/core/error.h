@@ -45,7 +45,10 @@ class CheckpointWriteError : public Error {
 [[noreturn]] void assert_fail(const char* file, int line, const char* cond,
                               const std::string& message);
 
-// The message of any exception as a user should see it (LibTorch's C++ backtrace left out).
+// The message of any exception as one line to quote in a log line or in another error: an
+// fsdp::Error's message and location without its HINT line (the quoting error or log brings its
+// own advice, and a user reading two HINT lines cannot tell which one to follow), LibTorch's
+// without its C++ backtrace.
 std::string error_text(const std::exception& e);
 // True for an allocation failure on the host or a device: LibTorch's OutOfMemoryError, its CPU
 // allocator's failure, std::bad_alloc.
@@ -62,18 +65,18 @@ std::string str(const Args&... args) {
 }  // namespace fsdp
 
 // FSDP_CHECK(cond, message, hint): message and hint are only evaluated on failure.
-#define FSDP_CHECK(cond, message, hint)                                 \
-  do {                                                                  \
+#define FSDP_CHECK(cond, message, hint)                                      \
+  do {                                                                       \
     if (!(cond)) ::fsdp::throw_error(__FILE__, __LINE__, (message), (hint)); \
   } while (0)
 
 // FSDP_USAGE_CHECK: like FSDP_CHECK for mistakes the user can fix in flags, config or inputs.
-#define FSDP_USAGE_CHECK(cond, message, hint)                                  \
-  do {                                                                         \
+#define FSDP_USAGE_CHECK(cond, message, hint)                                      \
+  do {                                                                             \
     if (!(cond)) ::fsdp::throw_usage_error(__FILE__, __LINE__, (message), (hint)); \
   } while (0)
 
-#define FSDP_ASSERT(cond, message)                                       \
-  do {                                                                   \
+#define FSDP_ASSERT(cond, message)                                          \
+  do {                                                                      \
     if (!(cond)) ::fsdp::assert_fail(__FILE__, __LINE__, #cond, (message)); \
   } while (0)

@@ -1,6 +1,6 @@
 // Checked torch.save archives (core/torch_archive.h).
-#include "core/error.h"  // fsdp::str (header-only)
 #include "core/torch_archive.h"
+#include "core/error.h"  // fsdp::str (header-only)
 
 #include <limits>
 
@@ -16,8 +16,7 @@ std::string tensor_view_problem(int64_t offset, const std::vector<int64_t>& size
     if (sizes[d] < 0) return str("negative size ", sizes[d], " in dimension ", d);
     if (strides[d] < 0) return str("negative stride ", strides[d], " in dimension ", d);
     if (sizes[d] == 0) empty = true;
-    if (__builtin_mul_overflow(numel, sizes[d], &numel))
-      return "element count overflows 64 bits";
+    if (__builtin_mul_overflow(numel, sizes[d], &numel)) return "element count overflows 64 bits";
   }
   if (empty) return "";
   for (size_t d = 0; d < sizes.size(); ++d) {
@@ -34,6 +33,15 @@ std::string tensor_view_problem(int64_t offset, const std::vector<int64_t>& size
 
 TorchArchive::TorchArchive(const std::vector<char>& bytes, const ArchiveLimits& limits)
     : zip_(bytes, limits.zip) {
+  check(limits);
+}
+
+TorchArchive::TorchArchive(const ZipSource& source, const ArchiveLimits& limits)
+    : zip_(source, limits.zip) {
+  check(limits);
+}
+
+void TorchArchive::check(const ArchiveLimits& limits) {
   const ZipEntry* pkl = nullptr;
   for (const ZipEntry& e : zip_.entries()) {
     const std::string& n = e.name;
@@ -49,7 +57,8 @@ TorchArchive::TorchArchive(const std::vector<char>& bytes, const ArchiveLimits& 
     if (order->uncompressed > 16) throw FormatError("byteorder record of odd size");
     const std::vector<char> v = zip_.read(*order);
     if (std::string(v.begin(), v.end()) != "little")
-      throw FormatError("byte order '" + std::string(v.begin(), v.end()) + "' (only little-endian archives are read)");
+      throw FormatError("byte order '" + std::string(v.begin(), v.end()) +
+                        "' (only little-endian archives are read)");
   }
   if (pkl->uncompressed > limits.pickle.max_bytes)
     throw FormatError(str("data.pkl of ", pkl->uncompressed, " bytes exceeds the limit of ",
@@ -75,7 +84,8 @@ TorchArchive::TorchArchive(const std::vector<char>& bytes, const ArchiveLimits& 
 
 const ZipEntry& TorchArchive::storage_entry(const PickleNode& storage) const {
   const ZipEntry* e = zip_.find(prefix_ + "data/" + storage.s);
-  if (!e) throw FormatError(str("storage '", storage.s, "' has no record ", prefix_, "data/", storage.s));
+  if (!e)
+    throw FormatError(str("storage '", storage.s, "' has no record ", prefix_, "data/", storage.s));
   return *e;
 }
 

@@ -24,6 +24,9 @@ class TorchArchive {
   // numel x element-size bytes, every tensor's sizes, strides and offset inside its storage
   // (overflow-safe). Throws FormatError saying what is wrong.
   explicit TorchArchive(const std::vector<char>& bytes, const ArchiveLimits& limits = {});
+  // Same over a source (kept by reference): reads the directory, byteorder and data.pkl records
+  // only; storages are read when a caller reads their entries (load_torch_archive_keys).
+  explicit TorchArchive(const ZipSource& source, const ArchiveLimits& limits = {});
 
   const PickleTree& tree() const { return tree_; }
   const ZipArchive& zip() const { return zip_; }
@@ -31,6 +34,8 @@ class TorchArchive {
   const ZipEntry& storage_entry(const PickleNode& storage) const;
 
  private:
+  void check(const ArchiveLimits& limits);
+
   ZipArchive zip_;
   std::string prefix_;  // "archive/" for "archive/data.pkl"
   PickleTree tree_;

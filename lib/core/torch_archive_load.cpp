@@ -4,25 +4,21 @@
 #include <ATen/ATen.h>
 #include <c10/core/CPUAllocator.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
+#include <optional>
+
+#include "core/dtype.h"
 
 namespace fsdp {
 
 namespace {
 
 at::ScalarType scalar_type_of(const std::string& d) {
-  if (d == "float") return at::kFloat;
-  if (d == "double") return at::kDouble;
-  if (d == "half") return at::kHalf;
-  if (d == "bfloat16") return at::kBFloat16;
-  if (d == "int64") return at::kLong;
-  if (d == "int32") return at::kInt;
-  if (d == "int16") return at::kShort;
-  if (d == "int8") return at::kChar;
-  if (d == "uint8") return at::kByte;
-  if (d == "bool") return at::kBool;
-  throw FormatError("unknown dtype " + d);
+  const std::optional<at::ScalarType> t = dtype_from_storage_name(d);
+  if (!t) throw FormatError("unknown dtype " + d);
+  return *t;
 }
 
 class Converter {
@@ -41,11 +37,16 @@ class Converter {
     using Kind = PickleNode::Kind;
     const PickleNode& n = a_.tree().at(index);
     switch (n.kind) {
-      case Kind::kNone: return c10::IValue();
-      case Kind::kBool: return c10::IValue(n.i != 0);
-      case Kind::kInt: return c10::IValue(n.i);
-      case Kind::kFloat: return c10::IValue(n.f);
-      case Kind::kString: return c10::IValue(n.s);
+      case Kind::kNone:
+        return c10::IValue();
+      case Kind::kBool:
+        return c10::IValue(n.i != 0);
+      case Kind::kInt:
+        return c10::IValue(n.i);
+      case Kind::kFloat:
+        return c10::IValue(n.f);
+      case Kind::kString:
+        return c10::IValue(n.s);
       case Kind::kList:
       case Kind::kTuple: {
         c10::impl::GenericList list(c10::AnyType::get());
@@ -103,6 +104,23 @@ class Converter {
 c10::IValue load_torch_archive(const std::vector<char>& bytes, const ArchiveLimits& limits) {
   const TorchArchive archive(bytes, limits);
   return Converter(archive, limits).convert(archive.tree().root, 0);
+}
+
+c10::impl::GenericDict load_torch_archive_keys(const TorchArchive& archive,
+                                               const std::vector<std::string>& keys,
+                                               const ArchiveLimits& limits) {
+  const PickleNode& root = archive.tree().at(archive.tree().root);
+  if (root.kind != PickleNode::Kind::kDict) throw FormatError("the archive's object is not a dict (expected a dict of tensors)");
+  Converter converter(archive, limits);
+  c10::impl::GenericDict dict(c10::AnyType::get(), c10::AnyType::get());
+  for (size_t i = 0; i + 1 < root.items.size(); i += 2) {
+    const PickleNode& key = archive.tree().at(root.items[i]);
+    if (key.kind != PickleNode::Kind::kString ||
+        std::find(keys.begin(), keys.end(), key.s) == keys.end())
+      continue;
+    dict.insert_or_assign(key.s, converter.convert(root.items[i + 1], 1));
+  }
+  return dict;
 }
 
 }  // namespace fsdp

@@ -4,6 +4,7 @@
 
 #include <ATen/core/ivalue.h>
 
+#include <string>
 #include <vector>
 
 #include "core/torch_archive.h"
@@ -15,5 +16,13 @@ namespace fsdp {
 // (and CRC checked) once, straight into the tensor's memory; tensors sharing a storage share it.
 // Throws FormatError (callers add the file's name and a hint).
 c10::IValue load_torch_archive(const std::vector<char>& bytes, const ArchiveLimits& limits = {});
+
+// Only the values of the archive's top-level dict under the string keys in `keys` (a key the
+// dict lacks is absent from the result): the other values are never built and their storages
+// never read, so over a FileSource only the records needed are read. Throws FormatError when
+// the archive's object is not a dict.
+c10::impl::GenericDict load_torch_archive_keys(const TorchArchive& archive,
+                                               const std::vector<std::string>& keys,
+                                               const ArchiveLimits& limits = {});
 
 }  // namespace fsdp

@@ -1,9 +1,13 @@
 // Bounded zip reading (core/zip_reader.h). Record layouts: PKWARE APPNOTE 4.3.
-#include "core/error.h"  // fsdp::str (header-only)
 #include "core/zip_reader.h"
+#include "core/error.h"  // fsdp::str (header-only)
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
+#include <cerrno>
 #include <cstring>
 #include <limits>
 
@@ -16,12 +20,24 @@ constexpr uint32_t kEndOfDirectory = 0x06054b50;
 constexpr uint32_t kZip64End = 0x06064b50;
 constexpr uint32_t kZip64Locator = 0x07064b50;
 
-// Little-endian field of n bytes at pos; the caller has checked pos + n <= size.
-uint64_t le(const std::vector<char>& b, uint64_t pos, int n) {
-  uint64_t v = 0;
-  for (int i = n - 1; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(b[pos + i]);
-  return v;
-}
+// Bytes [base, base + bytes.size()) of the archive, read once and addressed by archive offset.
+struct Window {
+  uint64_t base = 0;
+  std::vector<char> bytes;
+  // Little-endian field of n bytes at archive offset pos; the caller has checked that the field
+  // lies inside the window.
+  uint64_t le(uint64_t pos, int n) const {
+    uint64_t v = 0;
+    for (int i = n - 1; i >= 0; --i)
+      v = (v << 8) | static_cast<unsigned char>(bytes[pos - base + i]);
+    return v;
+  }
+};
+
+// The end-of-central-directory record (22 bytes plus a comment of up to 65535 bytes) is searched
+// backwards from the end, first in the last kTailGuess bytes (torch.save writes no comment),
+// then in the whole range a comment allows: the same record is found either way.
+constexpr uint64_t kTailGuess = 22 + 1024;
 
 uint32_t crc_of(const char* p, uint64_t n) {
   uLong crc = crc32(0L, Z_NULL, 0);
@@ -35,29 +51,94 @@ uint32_t crc_of(const char* p, uint64_t n) {
 }
 }  // namespace
 
-ZipArchive::ZipArchive(const std::vector<char>& b, ZipLimits limits) : bytes_(b), limits_(limits) {
-  const uint64_t size = b.size();
-  if (size < 22) throw FormatError(str("truncated: ", size, " bytes, less than a zip directory record"));
+void MemorySource::read(uint64_t offset, uint64_t n, char* out) const {
+  if (n > 0) std::memcpy(out, bytes_.data() + offset, n);
+}
+
+FileSource::FileSource(const std::string& path) : path_(path) {
+  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd_ < 0) throw ZipIoError(str("cannot open (", std::strerror(errno), ")"), errno);
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0) {
+    const int err = errno;
+    ::close(fd_);
+    throw ZipIoError(str("cannot stat (", std::strerror(err), ")"), err);
+  }
+  if (S_ISDIR(st.st_mode)) {
+    ::close(fd_);
+    throw ZipIoError(str("cannot open (", std::strerror(EISDIR), ")"), EISDIR);
+  }
+  size_ = static_cast<uint64_t>(st.st_size);
+}
+
+FileSource::~FileSource() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void FileSource::read(uint64_t offset, uint64_t n, char* out) const {
+  while (n > 0) {
+    const ssize_t got =
+        ::pread(fd_, out, std::min<uint64_t>(n, 1u << 30), static_cast<off_t>(offset));
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) throw ZipIoError(str("read failed (", std::strerror(errno), ")"), errno);
+    // The file shrank since it was opened: a read error, not a damaged archive.
+    if (got == 0) throw ZipIoError(str("read failed (the file ends at ", offset, ")"), EIO);
+    out += got;
+    offset += static_cast<uint64_t>(got);
+    n -= static_cast<uint64_t>(got);
+    bytes_read_ += static_cast<uint64_t>(got);
+  }
+}
+
+ZipArchive::ZipArchive(const std::vector<char>& bytes, ZipLimits limits)
+    : memory_(std::make_unique<MemorySource>(bytes)), source_(*memory_), limits_(limits) {
+  parse();
+}
+
+ZipArchive::ZipArchive(const ZipSource& source, ZipLimits limits)
+    : source_(source), limits_(limits) {
+  parse();
+}
+
+std::vector<char> ZipArchive::fetch(uint64_t offset, uint64_t n) const {
+  std::vector<char> out(n);
+  source_.read(offset, n, out.data());
+  return out;
+}
+
+void ZipArchive::parse() {
+  const uint64_t size = source_.size();
+  if (size < 22)
+    throw FormatError(str("truncated: ", size, " bytes, less than a zip directory record"));
   // The end-of-central-directory record: 22 bytes plus a comment of up to 65535 bytes.
   uint64_t eocd = size;
-  const uint64_t lowest = size >= 22 + 65535 ? size - 22 - 65535 : 0;
-  for (uint64_t p = size - 22 + 1; p-- > lowest;) {
-    if (le(b, p, 4) == kEndOfDirectory && p + 22 + le(b, p + 20, 2) == size) {
-      eocd = p;
-      break;
+  Window tail;
+  for (const uint64_t span : {kTailGuess, uint64_t{22 + 65535}}) {
+    const uint64_t lowest = size >= span ? size - span : 0;
+    if (span > kTailGuess && tail.base == 0) break;  // the first window held the whole file
+    tail = {lowest, fetch(lowest, size - lowest)};
+    for (uint64_t p = size - 22 + 1; p-- > lowest;) {
+      if (tail.le(p, 4) == kEndOfDirectory && p + 22 + tail.le(p + 20, 2) == size) {
+        eocd = p;
+        break;
+      }
     }
+    if (eocd != size) break;
   }
-  if (eocd == size) throw FormatError("truncated: no end-of-central-directory record (the file ends early)");
-  uint64_t entries = le(b, eocd + 10, 2), cd_size = le(b, eocd + 12, 4),
-           cd_offset = le(b, eocd + 16, 4);
+  if (eocd == size)
+    throw FormatError("truncated: no end-of-central-directory record (the file ends early)");
+  uint64_t entries = tail.le(eocd + 10, 2), cd_size = tail.le(eocd + 12, 4),
+           cd_offset = tail.le(eocd + 16, 4);
   uint64_t directory_end = eocd;  // where the central directory must end
-  if (eocd >= 20 && le(b, eocd - 20, 4) == kZip64Locator) {
-    const uint64_t z = le(b, eocd - 20 + 8, 8);
-    if (z > size || z + 56 > eocd - 20 || le(b, z, 4) != kZip64End)
-      throw FormatError("damaged zip64 directory record");
-    entries = le(b, z + 32, 8);
-    cd_size = le(b, z + 40, 8);
-    cd_offset = le(b, z + 48, 8);
+  const Window locator = eocd >= 20 ? Window{eocd - 20, fetch(eocd - 20, 20)} : Window{};
+  if (eocd >= 20 && locator.le(eocd - 20, 4) == kZip64Locator) {
+    const uint64_t z = locator.le(eocd - 20 + 8, 8);
+    if (z > size || z + 56 > eocd - 20) throw FormatError("damaged zip64 directory record");
+    const Window record{z, fetch(z, 56)};
+    if (record.le(z, 4) != kZip64End) throw FormatError("damaged zip64 directory record");
+    entries = record.le(z + 32, 8);
+    cd_size = record.le(z + 40, 8);
+    cd_offset = record.le(z + 48, 8);
     directory_end = z;
   }
   if (cd_offset > directory_end || cd_size > directory_end - cd_offset)
@@ -69,23 +150,24 @@ ZipArchive::ZipArchive(const std::vector<char>& b, ZipLimits limits) : bytes_(b)
     throw FormatError(str("damaged: the directory claims ", entries, " entries in ", cd_size,
                           " bytes (at most ", limits_.max_entries, " are read)"));
   entries_.reserve(entries);
+  const Window b{cd_offset, fetch(cd_offset, cd_size)};
   uint64_t p = cd_offset;
   const uint64_t cd_end = cd_offset + cd_size;
   for (uint64_t i = 0; i < entries; ++i) {
-    if (p + 46 > cd_end || le(b, p, 4) != kCentralHeader)
+    if (p + 46 > cd_end || b.le(p, 4) != kCentralHeader)
       throw FormatError(str("damaged: central directory entry ", i, " of ", entries));
     ZipEntry e;
-    const uint64_t flags = le(b, p + 8, 2);
-    e.method = static_cast<uint16_t>(le(b, p + 10, 2));
-    e.crc32 = static_cast<uint32_t>(le(b, p + 16, 4));
-    e.compressed = le(b, p + 20, 4);
-    e.uncompressed = le(b, p + 24, 4);
-    uint64_t local = le(b, p + 42, 4);
-    const uint64_t name_len = le(b, p + 28, 2), extra_len = le(b, p + 30, 2),
-                   comment_len = le(b, p + 32, 2);
+    const uint64_t flags = b.le(p + 8, 2);
+    e.method = static_cast<uint16_t>(b.le(p + 10, 2));
+    e.crc32 = static_cast<uint32_t>(b.le(p + 16, 4));
+    e.compressed = b.le(p + 20, 4);
+    e.uncompressed = b.le(p + 24, 4);
+    uint64_t local = b.le(p + 42, 4);
+    const uint64_t name_len = b.le(p + 28, 2), extra_len = b.le(p + 30, 2),
+                   comment_len = b.le(p + 32, 2);
     const uint64_t next = p + 46 + name_len + extra_len + comment_len;
     if (next > cd_end) throw FormatError(str("damaged: central directory entry ", i));
-    e.name.assign(b.data() + p + 46, name_len);
+    e.name.assign(b.bytes.data() + (p - b.base) + 46, name_len);
     if (flags & 1u) throw FormatError(str("entry '", e.name, "' is encrypted"));
     // Zip64 extended information (header id 1): the 8-byte fields that are 0xFFFFFFFF above,
     // in the order uncompressed size, compressed size, local header offset.
@@ -94,21 +176,23 @@ ZipArchive::ZipArchive(const std::vector<char>& b, ZipLimits limits) : bytes_(b)
     if (big_uncomp || big_comp || big_local) {
       const uint64_t extra_end = p + 46 + name_len + extra_len;
       for (uint64_t x = p + 46 + name_len; x + 4 <= extra_end;) {
-        const uint64_t id = le(b, x, 2), len = le(b, x + 2, 2);
+        const uint64_t id = b.le(x, 2), len = b.le(x + 2, 2);
         if (x + 4 + len > extra_end) break;
         if (id == 1) {
           uint64_t f = x + 4;
           const uint64_t f_end = x + 4 + len;
-          if (big_uncomp && f + 8 <= f_end) e.uncompressed = le(b, f, 8), f += 8;
-          if (big_comp && f + 8 <= f_end) e.compressed = le(b, f, 8), f += 8;
-          if (big_local && f + 8 <= f_end) local = le(b, f, 8);
+          if (big_uncomp && f + 8 <= f_end) e.uncompressed = b.le(f, 8), f += 8;
+          if (big_comp && f + 8 <= f_end) e.compressed = b.le(f, 8), f += 8;
+          if (big_local && f + 8 <= f_end) local = b.le(f, 8);
         }
         x += 4 + len;
       }
     }
-    if (local > cd_offset || cd_offset - local < 30 || le(b, local, 4) != kLocalHeader)
+    const bool room = local <= cd_offset && cd_offset - local >= 30;
+    const Window header = room ? Window{local, fetch(local, 30)} : Window{};
+    if (!room || header.le(local, 4) != kLocalHeader)
       throw FormatError(str("damaged: entry ", i, "'s local header at ", local, " is missing"));
-    e.data_offset = local + 30 + le(b, local + 26, 2) + le(b, local + 28, 2);
+    e.data_offset = local + 30 + header.le(local + 26, 2) + header.le(local + 28, 2);
     if (e.data_offset > cd_offset || e.compressed > cd_offset - e.data_offset)
       throw FormatError(str("truncated: entry ", i, " (", e.compressed, " bytes at ", e.data_offset,
                             ") runs past the data area"));
@@ -117,10 +201,11 @@ ZipArchive::ZipArchive(const std::vector<char>& b, ZipLimits limits) : bytes_(b)
         throw FormatError(str("damaged: stored entry '", e.name, "' declares ", e.uncompressed,
                               " bytes but holds ", e.compressed));
     } else if (e.method == 8) {
-      const uint64_t ceiling = e.compressed > (std::numeric_limits<uint64_t>::max() -
-                                               limits_.expansion_slack) / limits_.max_expansion_ratio
-                                   ? std::numeric_limits<uint64_t>::max()
-                                   : e.compressed * limits_.max_expansion_ratio + limits_.expansion_slack;
+      const uint64_t ceiling =
+          e.compressed > (std::numeric_limits<uint64_t>::max() - limits_.expansion_slack) /
+                             limits_.max_expansion_ratio
+              ? std::numeric_limits<uint64_t>::max()
+              : e.compressed * limits_.max_expansion_ratio + limits_.expansion_slack;
       if (e.uncompressed > ceiling)
         throw FormatError(str("entry '", e.name, "' declares ", e.uncompressed, " bytes from ",
                               e.compressed, " compressed (more than ", limits_.max_expansion_ratio,
@@ -142,10 +227,11 @@ const ZipEntry* ZipArchive::find(std::string_view name) const {
 }
 
 void ZipArchive::read_into(const ZipEntry& e, char* out) const {
-  const char* src = bytes_.data() + e.data_offset;
   if (e.method == 0) {
-    if (e.uncompressed > 0) std::memcpy(out, src, e.uncompressed);
+    source_.read(e.data_offset, e.uncompressed, out);
   } else {
+    const std::vector<char> compressed = fetch(e.data_offset, e.compressed);
+    const char* src = compressed.data();
     z_stream z{};
     if (inflateInit2(&z, -MAX_WBITS) != Z_OK) throw FormatError("zlib: cannot initialise inflate");
     uint64_t in_left = e.compressed, out_done = 0;
@@ -181,13 +267,14 @@ void ZipArchive::read_into(const ZipEntry& e, char* out) const {
       if (rc == Z_STREAM_END) break;
       if (rc != Z_OK && !(rc == Z_BUF_ERROR && (z.avail_in > 0 || in_left > 0))) {
         inflateEnd(&z);
-        throw FormatError(str("entry '", e.name, "': bad deflate stream (", z.msg ? z.msg : "truncated", ")"));
+        throw FormatError(
+            str("entry '", e.name, "': bad deflate stream (", z.msg ? z.msg : "truncated", ")"));
       }
     }
     inflateEnd(&z);
     if (out_done != e.uncompressed)
-      throw FormatError(str("entry '", e.name, "' expands to ", out_done, " bytes, declared ",
-                            e.uncompressed));
+      throw FormatError(
+          str("entry '", e.name, "' expands to ", out_done, " bytes, declared ", e.uncompressed));
   }
   const uint32_t crc = crc_of(out, e.uncompressed);
   if (crc != e.crc32)

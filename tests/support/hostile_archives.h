@@ -38,6 +38,33 @@ inline std::string deflate_raw(const std::string& in) {
   return out;
 }
 
+// One member's header: the local one (before its data) or its central directory entry, which
+// repeats the local fields after a "version made by" and adds comment, disk, attributes and the
+// local header's offset. No extra fields, no comments.
+inline void put_zip_header(std::string& out, bool central, uint16_t method, uint32_t crc,
+                           uint64_t compressed, uint64_t size, const std::string& name,
+                           uint64_t local_offset) {
+  put_le(out, central ? 0x02014b50 : 0x04034b50, 4);
+  if (central) put_le(out, 20, 2);  // version made by
+  put_le(out, 20, 2);               // version needed
+  put_le(out, 0, 2);                // flags
+  put_le(out, method, 2);
+  put_le(out, 0, 4);  // time and date
+  put_le(out, crc, 4);
+  put_le(out, compressed, 4);
+  put_le(out, size, 4);
+  put_le(out, name.size(), 2);
+  put_le(out, 0, 2);  // extra field length
+  if (central) {
+    put_le(out, 0, 2);  // comment length
+    put_le(out, 0, 2);  // disk
+    put_le(out, 0, 2);  // internal attributes
+    put_le(out, 0, 4);  // external attributes
+    put_le(out, local_offset, 4);
+  }
+  out += name;
+}
+
 // A zip archive (no zip64) of the members, in order.
 inline std::string make_zip(const std::vector<ZipMember>& members) {
   std::string out, central;
@@ -45,37 +72,13 @@ inline std::string make_zip(const std::vector<ZipMember>& members) {
     const std::string body = m.deflate ? deflate_raw(m.data) : m.data;
     const uint32_t crc = static_cast<uint32_t>(
         crc32(0L, reinterpret_cast<const Bytef*>(m.data.data()), static_cast<uInt>(m.data.size())));
-    const uint64_t size = m.declared_size >= 0 ? static_cast<uint64_t>(m.declared_size) : m.data.size();
+    const uint64_t size =
+        m.declared_size >= 0 ? static_cast<uint64_t>(m.declared_size) : m.data.size();
+    const uint16_t method = m.deflate ? 8 : 0;
     const uint64_t local = out.size();
-    put_le(out, 0x04034b50, 4);
-    put_le(out, 20, 2);
-    put_le(out, 0, 2);
-    put_le(out, m.deflate ? 8 : 0, 2);
-    put_le(out, 0, 4);
-    put_le(out, crc, 4);
-    put_le(out, body.size(), 4);
-    put_le(out, size, 4);
-    put_le(out, m.name.size(), 2);
-    put_le(out, 0, 2);
-    out += m.name;
+    put_zip_header(out, false, method, crc, body.size(), size, m.name, 0);
     out += body;
-    put_le(central, 0x02014b50, 4);
-    put_le(central, 20, 2);
-    put_le(central, 20, 2);
-    put_le(central, 0, 2);
-    put_le(central, m.deflate ? 8 : 0, 2);
-    put_le(central, 0, 4);
-    put_le(central, crc, 4);
-    put_le(central, body.size(), 4);
-    put_le(central, size, 4);
-    put_le(central, m.name.size(), 2);
-    put_le(central, 0, 2);
-    put_le(central, 0, 2);
-    put_le(central, 0, 2);
-    put_le(central, 0, 2);
-    put_le(central, 0, 4);
-    put_le(central, local, 4);
-    central += m.name;
+    put_zip_header(central, true, method, crc, body.size(), size, m.name, local);
   }
   const uint64_t cd_offset = out.size();
   out += central;
@@ -134,9 +137,9 @@ inline std::string pk_tensor_dict(const std::vector<TensorSpec>& tensors) {
 }
 
 // A whole archive: data.pkl plus the given storage records (name -> bytes).
-inline std::string make_torch_archive(const std::string& pickle,
-                                      const std::vector<std::pair<std::string, std::string>>& storages,
-                                      bool deflate_pickle = false) {
+inline std::string make_torch_archive(
+    const std::string& pickle, const std::vector<std::pair<std::string, std::string>>& storages,
+    bool deflate_pickle = false) {
   std::vector<ZipMember> m = {{"archive/data.pkl", pickle, deflate_pickle},
                               {"archive/byteorder", "little"}};
   for (const auto& [k, v] : storages) m.push_back({"archive/data/" + k, v});

@@ -13,9 +13,9 @@
 #include <fstream>
 
 #include "core/dtype.h"
-#include "core/fs_util.h"
 #include "core/error.h"
 #include "core/finite.h"
+#include "core/fs_util.h"
 #include "core/log.h"
 #include "core/timer.h"
 
@@ -146,4 +146,23 @@ TEST_CASE("exceptions read for users: no LibTorch backtrace; allocation failures
   CHECK(fsdp::is_out_of_memory(std::bad_alloc()));
   CHECK_FALSE(fsdp::is_out_of_memory(std::runtime_error("can't allocate memory")));
   CHECK(fsdp::error_text(std::runtime_error("plain")) == "plain");
+}
+
+TEST_CASE("an error quoted inside another keeps one HINT line: the outer one", "[cpu]") {
+  try {
+    FSDP_USAGE_CHECK(false, "shard_0.pt: damaged", "the state file is damaged");
+  } catch (const fsdp::UsageError& inner) {
+    const std::string quoted = fsdp::error_text(inner);
+    CHECK(quoted.find("shard_0.pt: damaged (") == 0);
+    CHECK(quoted.find("HINT") == std::string::npos);
+    CHECK(quoted.find('\n') == std::string::npos);
+    const fsdp::UsageError outer("--resume: cannot load: " + quoted, "pick another checkpoint",
+                                 __FILE__, __LINE__);
+    const std::string all = outer.what();
+    size_t hints = 0;
+    for (size_t p = all.find("---> HINT:"); p != std::string::npos;
+         p = all.find("---> HINT:", p + 1))
+      ++hints;
+    CHECK(hints == 1);
+  }
 }
