@@ -2,8 +2,6 @@
 // torch headers so it compiles in a second; never accepts a value the model would misinterpret.
 #include "model/draft_config.h"
 
-#include <unistd.h>
-
 #include <cmath>
 #include <cstdint>
 #include <fstream>
@@ -13,6 +11,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "model/memory_estimate.h"
 
 namespace fsdp::model {
 namespace {
@@ -270,15 +269,9 @@ DraftConfig load_draft_config(const std::string& path) {
 }
 
 namespace {
-uint64_t host_memory_bytes() {
-  const long pages = ::sysconf(_SC_PHYS_PAGES);
-  const long page = ::sysconf(_SC_PAGE_SIZE);
-  if (pages <= 0 || page <= 0) return 0;
-  return static_cast<uint64_t>(pages) * static_cast<uint64_t>(page);
-}
-
 // No size above 2^31, and the trainable parameters' least memory (14 bytes each: fp32 master,
-// Adam moments, bf16 copy; counted without overflow) within `memory_bytes` (0: unknown).
+// Adam moments, bf16 copy) within `memory_bytes` (0: unknown). The run's whole estimate, with
+// activations, is checked when the trainer knows its device (model/memory_estimate.h).
 void check_fits_in_memory(const DraftConfig& c, uint64_t memory_bytes) {
   const std::string& source = c.source;
   const int64_t hidden_size = c.hidden_size, intermediate_size = c.intermediate_size;
@@ -301,30 +294,21 @@ void check_fits_in_memory(const DraftConfig& c, uint64_t memory_bytes) {
               "fix the value (the target model's config.json has the real sizes)");
     }
   }
-  // The parameter count in long double: no overflow whatever the sizes.
   using LD = long double;
-  const LD H = static_cast<LD>(hidden_size), I = static_cast<LD>(intermediate_size);
-  const LD hd = static_cast<LD>(c.head_dim_value());
-  const LD q = static_cast<LD>(c.num_attention_heads) * hd;
-  const LD kv = static_cast<LD>(c.num_key_value_heads) * hd;
-  const LD fc_in =
-      3 * static_cast<LD>(c.target_hidden_size ? *c.target_hidden_size : hidden_size);
-  const LD params = H * fc_in + 2 * H + (q + 2 * kv) * 2 * H + H * q + H + 3 * H * I + H +
-                    static_cast<LD>(c.draft_vocab()) * H;
+  const LD params = trainable_parameter_count(c);
   // Per trainable parameter at the least: fp32 master weight (4), Adam moments (8) and the
   // bf16 compute copy (2); fp32 compute adds 2 more.
   const LD bytes = params * 14;
   if (memory_bytes > 0 && bytes > static_cast<LD>(memory_bytes)) {
-    const auto gib = [](LD b) {
-      return str(static_cast<double>(b / (1024.0L * 1024 * 1024)), " GiB");
-    };
     throw_usage_error(
         __FILE__, __LINE__,
         str("draft config ", source, ": ", static_cast<double>(params),
             " trainable parameters (hidden_size ", hidden_size, ", intermediate_size ",
             intermediate_size, ", draft_vocab_size ", c.draft_vocab(), ") need at least ",
-            gib(bytes), " (14 bytes each: fp32 master weight, Adam moments, bf16 copy), more "
-            "than this host's ", gib(static_cast<LD>(memory_bytes)), " of memory"),
+            format_gib(bytes),
+            " (14 bytes each: fp32 master weight, Adam moments, bf16 copy), more "
+            "than this host's ",
+            format_gib(static_cast<LD>(memory_bytes)), " of memory"),
         "fix the sizes in the draft config (an EAGLE3 draft of an 8B target has about 0.4e9 "
         "trainable parameters); configs/models/ has working ones");
   }

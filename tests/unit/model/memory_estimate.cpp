@@ -1,0 +1,103 @@
+// The training memory estimate (model/memory_estimate.h): how each run setting moves it, that
+// its parameter count is the model's, and the start-up refusal with the numbers and what to
+// change. Its agreement with measured peaks is recorded in docs/troubleshooting.md.
+#include <catch2/catch.hpp>
+
+#include "core/error.h"
+#include "model/draft_config.h"
+#include "model/memory_estimate.h"
+
+using namespace fsdp::model;
+
+namespace {
+
+DraftConfig shipped(const std::string& name) {
+  return load_draft_config(std::string(FSDP_SOURCE_DIR) + "/configs/models/" + name);
+}
+
+std::string refusal(const DraftConfig& c, const MemoryPlan& p, uint64_t memory) {
+  try {
+    check_training_memory(c, p, memory, "the test device");
+  } catch (const fsdp::UsageError& e) {
+    REQUIRE_FALSE(e.hint().empty());
+    return e.message() + " | " + e.hint();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("the trainable count is count_parameters' for every shipped config", "[model]") {
+  for (const char* name : {"llama3-8B-eagle3.json", "tiny-eagle3.json"}) {
+    INFO(name);
+    const DraftConfig c = shipped(name);
+    CHECK(trainable_parameter_count(c) == static_cast<long double>(count_parameters(c).trainable));
+  }
+}
+
+TEST_CASE("activations scale with the micro-batch's tokens and the unroll", "[model]") {
+  const DraftConfig c = shipped("llama3-8B-eagle3.json");
+  MemoryPlan p;
+  p.max_length = 1024;
+  const MemoryEstimate base = estimate_training_memory(c, p);
+  MemoryPlan twice = p;
+  twice.max_length = 2048;
+  CHECK(estimate_training_memory(c, twice).activations == Approx(2 * base.activations));
+  twice = p;
+  twice.micro_batch = 2;
+  CHECK(estimate_training_memory(c, twice).activations == Approx(2 * base.activations));
+  // Each extra step adds one step's saved tensors per token, nothing else.
+  MemoryPlan longer = p;
+  longer.ttt_length = p.ttt_length + 1;
+  CHECK(estimate_training_memory(c, longer).activations - base.activations ==
+        Approx(1024 * step_activation_bytes_per_token(c, p)));
+  // Parameters do not depend on the batch.
+  CHECK(estimate_training_memory(c, twice).state == base.state);
+  CHECK(estimate_training_memory(c, twice).frozen == base.frozen);
+}
+
+TEST_CASE("checkpointing, sharding and offload lower what they should", "[model]") {
+  const DraftConfig c = shipped("llama3-8B-eagle3.json");
+  MemoryPlan p;
+  const MemoryEstimate base = estimate_training_memory(c, p);
+  MemoryPlan ckpt = p;
+  ckpt.activation_checkpointing = true;
+  CHECK(estimate_training_memory(c, ckpt).activations < 0.5 * base.activations);
+  CHECK(step_activation_bytes_per_token(c, ckpt) < step_activation_bytes_per_token(c, p));
+  MemoryPlan sharded = p;
+  sharded.shard_ranks = 8;
+  CHECK(estimate_training_memory(c, sharded).state == Approx(base.state / 8));
+  CHECK(base.state == Approx(16 * trainable_parameter_count(c)));
+  MemoryPlan offload = p;
+  offload.state_on_host = true;
+  CHECK(estimate_training_memory(c, offload).state == 0);
+  MemoryPlan whole = p;
+  whole.whole_compute_copy = true;
+  CHECK(estimate_training_memory(c, whole).compute > base.compute);
+  MemoryPlan fp32 = p;
+  fp32.compute_bytes = 4;
+  CHECK(estimate_training_memory(c, fp32).activations > base.activations);
+}
+
+TEST_CASE("a run that cannot fit is refused with both figures and what to change", "[model]") {
+  const DraftConfig c = shipped("llama3-8B-eagle3.json");
+  MemoryPlan p;
+  const long double need = estimate_training_memory(c, p).total();
+  const uint64_t gib = uint64_t{1} << 30;
+  const std::string e = refusal(c, p, 16 * gib);
+  REQUIRE(need > 16.0L * gib);
+  CHECK_THAT(e, Catch::Contains("hidden_size 4096"));
+  CHECK_THAT(e, Catch::Contains("--max-length 2048"));
+  CHECK_THAT(e, Catch::Contains("16 GiB of the test device"));
+  CHECK_THAT(e, Catch::Contains(format_gib(need)));
+  for (const char* flag : {"--max-length", "--draft-micro-batch-size", "--activation-checkpointing",
+                           "--sharding-strategy"})
+    CHECK_THAT(e, Catch::Contains(flag));
+  // Enough memory, or unknown memory: no refusal.
+  CHECK(refusal(c, p, static_cast<uint64_t>(need) + 1).empty());
+  CHECK(refusal(c, p, 0).empty());
+  // Ranks sharing one host multiply the need.
+  p.ranks_sharing_memory = 2;
+  const std::string shared = refusal(c, p, static_cast<uint64_t>(need) + 1);
+  CHECK_THAT(shared, Catch::Contains("x 2 ranks sharing it"));
+}
