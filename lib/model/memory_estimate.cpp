@@ -72,9 +72,9 @@ MemoryEstimate estimate_training_memory(const DraftConfig& c, const MemoryPlan& 
   // Per token of the micro-batch, once: its features (bf16 hidden state and the three aux
   // layers, ids and mask), the fc output, and the fp32 target distribution over Vd.
   const LD batch = 2 * Ht + 6 * Ht + 16 + b * H + 4 * Vd;
-  // The largest transient: the fp32 logits of a step's loss, and with checkpointing the layer
-  // step recomputed in backward.
-  const LD transient = 4 * Vd + (p.activation_checkpointing ? layer_bytes_per_token(c, b) : 0);
+  // The largest transient: the fp32 logits of a step's loss, and the gradients of one layer
+  // step's activations in backward (with checkpointing also that step recomputed).
+  const LD transient = 4 * Vd + (p.activation_checkpointing ? 2 : 1) * layer_bytes_per_token(c, b);
   e.activations = tokens * (T * step_activation_bytes_per_token(c, p) + batch + transient);
   return e;
 }
