@@ -40,9 +40,10 @@ for kind in missing_shard truncated_shard flipped_shard garbage_manifest garbage
   # --resume PATH (into an empty --output-dir): exit 2 naming the file, with a hint.
   cp -r "$W/base" "$W/p_$kind"
   file="$(damage "$kind" "$W/p_$kind/epoch_0_step_4")"
-  out="$("$BIN" $ARGS --output-dir "$W/p_out_$kind" --max-steps 5 --resume "$W/p_$kind/epoch_0_step_4" 2>&1)"; rc=$?
-  [ $rc -eq 2 ] && [ "$(grep -c -- "$file" <<<"$out")" -ge 1 ] && [ "$(grep -c -- "---> HINT:" <<<"$out")" -ge 1 ] ||
-    { tail -8 <<<"$out"; fail "$kind: --resume PATH exit $rc (expected 2 naming $file)"; }
+  expect_usage_error "$kind: --resume PATH" "$BIN" $ARGS --output-dir "$W/p_out_$kind" --max-steps 5 --resume "$W/p_$kind/epoch_0_step_4"
+  [ "$(grep -c -- "$file" <<<"$out")" -ge 1 ] || { tail -8 <<<"$out"; fail "$kind: --resume PATH does not name $file"; }
+  # One hint, the refusal's own: the reader's error it quotes carries none of its own.
+  [ "$(grep -c -- "---> HINT:" <<<"$out")" -eq 1 ] || { tail -8 <<<"$out"; fail "$kind: --resume PATH prints $(grep -c -- "---> HINT:" <<<"$out") HINT lines, expected 1"; }
   [ "$(grep -c "^step " <<<"$out")" -eq 0 ] || fail "$kind: --resume PATH trained"
   # --resume auto: falls back to step 2, the warning names the file; trains to step 5.
   cp -r "$W/base" "$W/a_$kind"

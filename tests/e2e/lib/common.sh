@@ -10,6 +10,18 @@ unset SGLANG_TORCH_PROFILER_DIR   # --profile traces go to <output-dir>/profile 
 
 fail() { echo "FAIL: $*"; exit 1; }
 
+# expect_usage_error LABEL CMD...: runs CMD (stdout and stderr together) and fails the test
+# unless it exits with 2 (bad flags, configuration or input) and prints a "---> HINT:" line, as
+# every such error must. The output is left in $out for the caller's own checks (not printed:
+# the helper runs in the script's shell, so a failure here ends the script).
+expect_usage_error() {
+  local label="$1" rc
+  shift
+  out="$("$@" 2>&1)"; rc=$?
+  [ $rc -eq 2 ] || { tail -8 <<<"$out"; fail "$label: exit $rc, expected 2"; }
+  [ "$(grep -c -- "---> HINT:" <<<"$out")" -ge 1 ] || { tail -8 <<<"$out"; fail "$label: exit 2 without a ---> HINT line"; }
+}
+
 # toy_data NAME ARGS...: generates toy data into $BUILD/e2e_data/NAME once; the last
 # rows_* folder of samples is held out as $dir/eval_hidden_states.
 toy_data() {
