@@ -15,13 +15,13 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "data/dataset.h"
+#include "error_block.h"
 
 namespace fsdp::app {
 
 namespace {
 int report(const Error& e, int code) {
-  std::cerr << "fsdp-train: error: " << e.message() << " [" << e.location() << "]\n";
-  if (!e.hint().empty()) std::cerr << "---> HINT: " << e.hint() << "\n";
+  write_error_block(e.message() + " [" + e.location() + "]", e.hint());
   return code;
 }
 
@@ -81,9 +81,9 @@ int run_cli(int argc, char** argv) {
     // extras (the root has none then) get CLI11's message in our format.
     const auto extras = app.remaining();
     if (extras.empty()) {
-      std::cerr << "fsdp-train: error: " << e.what()
-                << "\n---> HINT: drop it, or check its spelling: fsdp-train <subcommand> --help "
-                   "lists the subcommand's flags\n";
+      write_error_block(e.what(),
+                        "drop it, or check its spelling: fsdp-train <subcommand> --help lists "
+                        "the subcommand's flags");
       return 2;
     }
     // Values after an unknown flag are its own: report the flags, or else the stray words.
@@ -92,8 +92,7 @@ int run_cli(int argc, char** argv) {
     for (const auto& arg : extras) {
       if (any_flag && arg.rfind("--", 0) != 0) continue;
       const auto advice = config::advise_unknown_flag(arg);
-      std::cerr << "fsdp-train: error: " << advice.message << "\n---> HINT: " << advice.hint
-                << "\n";
+      write_error_block(advice.message, advice.hint);
     }
     return 2;
   } catch (const CLI::ParseError& e) {
@@ -104,12 +103,10 @@ int run_cli(int argc, char** argv) {
     const bool missing = what.find("requires") != std::string::npos ||
                          what.find("required") != std::string::npos ||
                          what.find("missing") != std::string::npos;
-    std::cerr << "fsdp-train: error: " << what << "\n---> HINT: "
-              << (missing ? "give the flag its value (--name VALUE or --name=VALUE); "
-                            "fsdp-train --help lists every flag and its values"
-                          : "check the flag's spelling and value; fsdp-train --help lists every "
-                            "flag and its values")
-              << "\n";
+    write_error_block(what, missing ? "give the flag its value (--name VALUE or --name=VALUE); "
+                                      "fsdp-train --help lists every flag and its values"
+                                    : "check the flag's spelling and value; fsdp-train --help "
+                                      "lists every flag and its values");
     return 2;
   } catch (const UsageError& e) {
     return report(e, 2);
@@ -143,14 +140,15 @@ int run_cli(int argc, char** argv) {
     return fail(e, 1);
   } catch (const std::exception& e) {
     let_rank0_report_first();
-    std::cerr << "fsdp-train: error: " << error_text(e) << "\n";
-    if (is_out_of_memory(e)) {
-      std::cerr << "---> HINT: out of memory. In this order: --activation-checkpointing, a "
-                   "smaller --draft-micro-batch-size (more accumulation) or --max-length, "
-                   "--cpu-offload, more ranks with --sharding-strategy full_shard (the start-up "
-                   "line 'sharded state per rank' gives the part that does not depend on the "
-                   "batch); --resume continues from the newest checkpoint\n";
-    }
+    write_error_block(error_text(e),
+                      is_out_of_memory(e)
+                          ? "out of memory. In this order: --activation-checkpointing, a smaller "
+                            "--draft-micro-batch-size (more accumulation) or --max-length, "
+                            "--cpu-offload, more ranks with --sharding-strategy full_shard (the "
+                            "start-up line 'sharded state per rank' gives the part that does not "
+                            "depend on the batch); --resume continues from the newest checkpoint"
+                          : "an error from LibTorch, MPI or the system: check what the message "
+                            "names; if it is none of these, report it as a bug in fsdp-train");
     if (comm::initialized() && comm::topology().world_size > 1) {
       comm::abort_job("stopping all ranks after the error above", 1);
     }

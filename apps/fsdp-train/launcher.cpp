@@ -13,10 +13,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <iostream>
 #include <random>
 #include <thread>
 
+#include "error_block.h"
 #include "train/signals.h"
 
 namespace fsdp::app {
@@ -28,11 +30,11 @@ constexpr int kMaxRanksPerNode = 1024;
 constexpr int kMaxNodes = 65536;
 constexpr int kMaxRestarts = 1000;
 
-bool parse_int(const char* s, int min, int* out, long max = 1 << 20) {
+bool parse_int(const std::string& s, int min, int max, int* out) {
   char* end = nullptr;
   errno = 0;
-  long v = std::strtol(s, &end, 10);
-  if (!end || end == s || *end != '\0' || errno != 0 || v < min || v > max) return false;
+  const long v = std::strtol(s.c_str(), &end, 10);
+  if (s.empty() || *end != '\0' || errno != 0 || v < min || v > max) return false;
   *out = static_cast<int>(v);
   return true;
 }
@@ -46,8 +48,85 @@ std::string self_path(const char* argv0) {
 
 // The same format as every other usage error (cli.cpp): the message, then what to do.
 int usage_error(const std::string& msg, const std::string& hint) {
-  std::cerr << "fsdp-train: error: " << msg << "\n---> HINT: " << hint << "\n";
+  write_error_block(msg, hint);
   return 2;
+}
+
+// The launcher flags, taken out of the command line before anything else parses it.
+struct LauncherArgs {
+  int nproc = 0;  // 0: no --nproc-per-node
+  int nnodes = 1;
+  int max_restarts = -1;  // -1: not given
+  std::string hostfile;
+  bool dry_run = false;
+  std::vector<std::string> rest;  // every other argument, in order
+  std::vector<int> rest_index;    // and its index in argv
+};
+
+// The integer launcher flags: name, field, bounds (docs/usage.md) and what to give instead.
+struct IntFlag {
+  const char* name;
+  int LauncherArgs::*field;
+  int min, max;
+  const char* hint;
+};
+constexpr IntFlag kIntFlags[] = {
+    {"--nproc-per-node", &LauncherArgs::nproc, 1, kMaxRanksPerNode,
+     "give the ranks to start on each node: one per GPU, or a few on the CPU (e.g. "
+     "--nproc-per-node 2)"},
+    {"--nnodes", &LauncherArgs::nnodes, 1, kMaxNodes,
+     "give the number of nodes listed in --hostfile, e.g. --nnodes 2"},
+    {"--max-restarts", &LauncherArgs::max_restarts, 0, kMaxRestarts,
+     "give how often a failed job is restarted, e.g. --max-restarts 3"},
+};
+constexpr const char* kHostfileHint =
+    "give a readable Open MPI hostfile listing the nodes (docs/multi-node.md)";
+
+enum class Value { kAbsent, kMissing, kFound };
+// argv[*i] as `flag VALUE` (advancing *i) or `flag=VALUE`.
+Value flag_value(int argc, char** argv, int* i, const std::string& flag, std::string* out) {
+  const std::string a = argv[*i];
+  if (a == flag) {
+    if (*i + 1 >= argc) return Value::kMissing;
+    *out = argv[++*i];
+    return Value::kFound;
+  }
+  if (a.rfind(flag + "=", 0) != 0) return Value::kAbsent;
+  *out = a.substr(flag.size() + 1);
+  return Value::kFound;
+}
+
+// Returns 0, or 2 after printing the error for a bad or missing value.
+int parse_launcher_flags(int argc, char** argv, LauncherArgs* args) {
+  for (int i = 1; i < argc; ++i) {
+    std::string v;
+    Value got = Value::kAbsent;
+    for (const IntFlag& f : kIntFlags) {
+      got = flag_value(argc, argv, &i, f.name, &v);
+      if (got == Value::kMissing)
+        return usage_error(std::string(f.name) + " needs a value", f.hint);
+      if (got == Value::kAbsent) continue;
+      if (!parse_int(v, f.min, f.max, &(args->*f.field))) {
+        return usage_error(std::string(f.name) + ": '" + v + "' is not an integer from " +
+                               std::to_string(f.min) + " to " + std::to_string(f.max),
+                           f.hint);
+      }
+      break;
+    }
+    if (got != Value::kAbsent) continue;
+    got = flag_value(argc, argv, &i, "--hostfile", &args->hostfile);
+    if (got == Value::kMissing) return usage_error("--hostfile needs a value", kHostfileHint);
+    if (got == Value::kFound) {
+      if (::access(args->hostfile.c_str(), R_OK) != 0)
+        return usage_error("--hostfile: cannot read '" + args->hostfile + "'", kHostfileHint);
+    } else if (std::string(argv[i]) == "--launch-dry-run") {
+      args->dry_run = true;
+    } else {
+      args->rest.push_back(argv[i]);
+      args->rest_index.push_back(i);
+    }
+  }
+  return 0;
 }
 
 // The supervisor's view of stop signals. The handler only records; the wait loop passes the
@@ -111,7 +190,10 @@ pid_t start_child(const LaunchPlan& plan, int* err) {
     return -1;
   }
   const pid_t parent = ::getpid();
+  // Blocked across the fork: the child resets the handlers before a signal can reach it.
+  train::block_stop_signals();
   const pid_t pid = ::fork();
+  if (pid != 0) train::unblock_stop_signals();
   if (pid < 0) {
     *err = errno;
     ::close(pipefd[0]);
@@ -125,6 +207,7 @@ pid_t start_child(const LaunchPlan& plan, int* err) {
     ::prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (::getppid() != parent) ::_exit(1);
     for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGUSR1}) std::signal(sig, SIG_DFL);
+    train::unblock_stop_signals();
     const int devnull = ::open("/dev/null", O_RDONLY);
     if (devnull >= 0) {
       ::dup2(devnull, 0);
@@ -156,6 +239,18 @@ pid_t start_child(const LaunchPlan& plan, int* err) {
   return pid;
 }
 
+// True when process `pid` has a handler for `sig` (the SigCgt mask in /proc/PID/status).
+bool catches_signal(pid_t pid, int sig) {
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("SigCgt:", 0) != 0) continue;
+    const unsigned long long mask = std::strtoull(line.c_str() + 7, nullptr, 16);
+    return (mask >> (sig - 1)) & 1ULL;
+  }
+  return false;
+}
+
 // Waits for the child, passing stop signals on (see on_launcher_signal).
 int wait_child(pid_t pid) {
   using Clock = std::chrono::steady_clock;
@@ -172,9 +267,11 @@ int wait_child(pid_t pid) {
       ::kill(pid, SIGTERM);
       terminated = true;
     } else if (g_stop_count == 1 && now - started >= std::chrono::seconds(3) &&
-               now - last_request >= std::chrono::seconds(2)) {
-      // Not in the first 3 s: before mpirun's handlers exist, and while a rank is still loading
-      // its libraries (before main installs its handler), SIGUSR1 would end the process.
+               now - last_request >= std::chrono::seconds(2) &&
+               (catches_signal(pid, SIGUSR1) || now - started >= std::chrono::seconds(10))) {
+      // Not before mpirun catches SIGUSR1 (it would end mpirun and orphan the ranks; a wrapper
+      // in FSDP_MPIRUN that never shows it gets the request after 10 s), and not in the first
+      // 3 s, while mpirun forks the ranks (the window before a rank's front blocks the signal).
       ::kill(pid, SIGUSR1);
       last_request = now;
     }
@@ -227,7 +324,10 @@ LaunchPlan plan_launch(int nproc_per_node, int nnodes, const std::string& hostfi
 int supervise(const LaunchPlan& plan, int max_restarts) {
   const char* given_id = std::getenv(train::kLaunchIdVar);
   const std::string launch_id = given_id && *given_id ? given_id : new_launch_id();
+  // From here on a stop signal is the launcher's to handle: one that arrived while the front
+  // started (blocked since before main) is delivered now, to the handler.
   install_launcher_handlers();
+  train::unblock_stop_signals();
   for (int attempt = 0;; ++attempt) {
     // The ranks (on every node) get the attempt number and the launch id through mpirun.
     LaunchPlan run = plan;
@@ -236,12 +336,17 @@ int supervise(const LaunchPlan& plan, int max_restarts) {
     run.argv.insert(
         at, {"-x", std::string(train::kRestartAttemptVar) + "=" + std::to_string(attempt), "-x",
              std::string(train::kLaunchIdVar) + "=" + launch_id});
+    if (attempt == 0 && g_stop_signal != 0) {
+      // Stopped during the launcher's own start-up: nothing ran, nothing to save.
+      std::cerr << "fsdp-train: stopped by signal " + std::to_string(g_stop_signal) +
+                       " before the job started (exit code 0)\n";
+      return 0;
+    }
     int err = 0;
     const pid_t pid = start_child(run, &err);
     if (pid < 0) {
-      std::cerr << "fsdp-train: cannot run '" << plan.argv[0] << "': " << std::strerror(err)
-                << "\n---> HINT: install Open MPI (launch/setup.sh) or set FSDP_MPIRUN to "
-                   "mpirun's path\n";
+      write_error_block("cannot run '" + plan.argv[0] + "': " + std::strerror(err),
+                        "install Open MPI (launch/setup.sh) or set FSDP_MPIRUN to mpirun's path");
       return 1;
     }
     const int rc = wait_child(pid);
@@ -279,76 +384,10 @@ int supervise(const LaunchPlan& plan, int max_restarts) {
 }
 
 int maybe_relaunch(int& argc, char** argv) {
-  int nproc = 0, nnodes = 1, max_restarts = -1;
-  std::string hostfile;
-  bool dry_run = false;
-  std::vector<std::string> rest;
-  std::vector<int> rest_index;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto value = [&](const std::string& flag, std::string* out) -> bool {
-      if (a == flag) {
-        if (i + 1 >= argc) return false;
-        *out = argv[++i];
-        return true;
-      }
-      if (a.rfind(flag + "=", 0) == 0) {
-        *out = a.substr(flag.size() + 1);
-        return true;
-      }
-      return false;
-    };
-    auto is = [&](const char* flag) {
-      return a == flag || a.rfind(std::string(flag) + "=", 0) == 0;
-    };
-    std::string v;
-    if (is("--nproc-per-node")) {
-      if (!value("--nproc-per-node", &v)) {
-        return usage_error("--nproc-per-node needs a value",
-                           "give the ranks to start on each node, e.g. --nproc-per-node 8");
-      }
-      if (!parse_int(v.c_str(), 1, &nproc, kMaxRanksPerNode)) {
-        return usage_error("--nproc-per-node: '" + v + "' is not an integer from 1 to " +
-                               std::to_string(kMaxRanksPerNode),
-                           "give the ranks to start on each node: one per GPU, or a few on "
-                           "the CPU (e.g. --nproc-per-node 2)");
-      }
-    } else if (is("--nnodes")) {
-      if (!value("--nnodes", &v)) {
-        return usage_error("--nnodes needs a value",
-                           "give the number of nodes listed in --hostfile, e.g. --nnodes 2");
-      }
-      if (!parse_int(v.c_str(), 1, &nnodes, kMaxNodes)) {
-        return usage_error("--nnodes: '" + v + "' is not an integer from 1 to " +
-                               std::to_string(kMaxNodes),
-                           "give the number of nodes listed in --hostfile");
-      }
-    } else if (is("--max-restarts")) {
-      if (!value("--max-restarts", &v)) {
-        return usage_error("--max-restarts needs a value",
-                           "give how often a failed job is restarted, e.g. --max-restarts 3");
-      }
-      if (!parse_int(v.c_str(), 0, &max_restarts, kMaxRestarts)) {
-        return usage_error("--max-restarts: '" + v + "' is not an integer from 0 to " +
-                               std::to_string(kMaxRestarts),
-                           "give how often a failed job is restarted, e.g. --max-restarts 3");
-      }
-    } else if (is("--hostfile")) {
-      if (!value("--hostfile", &hostfile)) {
-        return usage_error("--hostfile needs a value",
-                           "give an Open MPI hostfile listing the nodes (docs/multi-node.md)");
-      }
-      if (::access(hostfile.c_str(), R_OK) != 0) {
-        return usage_error("--hostfile: cannot read '" + hostfile + "'",
-                           "check the path and permissions of the hostfile");
-      }
-    } else if (a == "--launch-dry-run") {
-      dry_run = true;
-    } else {
-      rest.push_back(a);
-      rest_index.push_back(i);
-    }
-  }
+  LauncherArgs args;
+  if (const int rc = parse_launcher_flags(argc, argv, &args); rc != 0) return rc;
+  const int nproc = args.nproc, nnodes = args.nnodes, max_restarts = args.max_restarts;
+  const std::string& hostfile = args.hostfile;
   if (nproc == 0) {
     if (nnodes != 1 || !hostfile.empty()) {
       return usage_error("--nnodes and --hostfile need --nproc-per-node",
@@ -369,14 +408,13 @@ int maybe_relaunch(int& argc, char** argv) {
                  "launcher\n";
     // Drop the launcher flags from argv in place; the pointers stay valid (they are argv's).
     int out = 1;
-    for (int i : rest_index) argv[out++] = argv[i];
+    for (int i : args.rest_index) argv[out++] = argv[i];
     argv[out] = nullptr;
     argc = out;
     return -1;
   }
   if (nnodes > 1 && hostfile.empty()) {
-    return usage_error("--nnodes " + std::to_string(nnodes) +
-                           " needs --hostfile listing the nodes",
+    return usage_error("--nnodes " + std::to_string(nnodes) + " needs --hostfile listing the nodes",
                        "add --hostfile FILE (an Open MPI hostfile, docs/multi-node.md)");
   }
   // Far more ranks than cores only thrashes (each rank gets a sliver of a core and its own copy
@@ -384,12 +422,13 @@ int maybe_relaunch(int& argc, char** argv) {
   const long cores = ::sysconf(_SC_NPROCESSORS_ONLN);
   if (cores > 0 && nproc > 4 * cores) {
     std::cerr << "fsdp-train: warning: --nproc-per-node " << nproc << " is more than 4x the "
-              << cores << " cores of this node: every rank gets a fraction of a core, and "
+              << cores
+              << " cores of this node: every rank gets a fraction of a core, and "
                  "training is much slower than with fewer ranks (one per GPU, or a few on the "
                  "CPU)\n";
   }
-  LaunchPlan plan = plan_launch(nproc, nnodes, hostfile, self_path(argv[0]), rest);
-  if (dry_run) {
+  LaunchPlan plan = plan_launch(nproc, nnodes, hostfile, self_path(argv[0]), args.rest);
+  if (args.dry_run) {
     for (size_t i = 0; i < plan.argv.size(); ++i) std::cout << (i ? " " : "") << plan.argv[i];
     std::cout << "\n";
     if (max_restarts > 0) std::cout << "(restarted up to " << max_restarts << " time(s))\n";

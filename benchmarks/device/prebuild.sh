@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Run HERE before a GPU session, after fetch_debs.sh: builds fsdp-train and the three GPU test
-# executables exactly as run.sh would on the GPU machine (Release, CUDA backend, sm_90, the carried
-# Open MPI), against this machine's torch wheel, which is the same 2.11.0+cu130 build, and puts
-# them in <repo>/.gpubin (ignored by git). Carry [".deb", ".gpubin"]: run.sh uses them when they
+# Run HERE before a GPU session, after fetch_debs.sh: builds fsdp-train (the front and the
+# fsdp-train-core it execs) and the three GPU test executables exactly as run.sh would on the
+# GPU machine (Release, CUDA backend, sm_90, the carried Open MPI), against this machine's torch
+# wheel, which is the same 2.11.0+cu130 build, and puts them in <repo>/.gpubin (ignored by git). Carry [".deb", ".gpubin"]: run.sh uses them when they
 # load there, and builds there only when they do not. About 9 MB; the build here takes minutes
 # (incremental in build-gpu afterwards).
 set -euo pipefail

@@ -1,4 +1,5 @@
-// Stop signals, launch attempts and the crash test hook (train/signals.h).
+// Stop signals, launch attempts and the crash test hook (train/signals.h). Standard C++ and
+// POSIX only, never LibTorch: the fsdp-train front executable compiles this file.
 #include "train/signals.h"
 
 #include <unistd.h>
@@ -33,11 +34,35 @@ void install_stop_handlers() {
   for (int sig : {SIGTERM, SIGINT, SIGUSR1}) std::signal(sig, on_stop_signal);
 }
 
-void install_early_stop_request() { std::signal(SIGUSR1, on_stop_signal); }
+void install_early_stop_request() {
+  std::signal(SIGUSR1, on_stop_signal);
+}
 
-bool stop_requested() { return g_signal != 0; }
-int stop_signal() { return static_cast<int>(g_signal); }
-void reset_stop_request() { g_signal = 0; }
+namespace {
+void change_stop_signal_mask(int how) {
+  sigset_t set;
+  sigemptyset(&set);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGUSR1}) sigaddset(&set, sig);
+  ::sigprocmask(how, &set, nullptr);
+}
+}  // namespace
+
+void block_stop_signals() {
+  change_stop_signal_mask(SIG_BLOCK);
+}
+void unblock_stop_signals() {
+  change_stop_signal_mask(SIG_UNBLOCK);
+}
+
+bool stop_requested() {
+  return g_signal != 0;
+}
+int stop_signal() {
+  return static_cast<int>(g_signal);
+}
+void reset_stop_request() {
+  g_signal = 0;
+}
 
 LaunchAttempt launch_attempt() {
   LaunchAttempt a;

@@ -6,7 +6,8 @@
 // send ahead of a preemption (Slurm's --signal=USR1@...).
 // Restarts: the launcher (apps/fsdp-train/launcher.h) numbers its starts of one job and gives
 // them one launch id through the environment; a restarted attempt resumes from the newest
-// checkpoint that this launch saved.
+// checkpoint that this launch saved. Standard C++ and POSIX only: the thin `fsdp-train` front
+// executable (apps/fsdp-train/front_main.cpp), which must not load LibTorch, compiles signals.cpp.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +20,12 @@ void install_stop_handlers();
 // Only SIGUSR1, from the first line of main in every process that may become a rank: a stop
 // request that arrives during start-up (before MPI_Init even) is kept, not fatal.
 void install_early_stop_request();
+// SIGINT, SIGTERM, SIGHUP and SIGUSR1: the signals that ask a run or the launcher to stop.
+// The front blocks them first thing in main and keeps them blocked across its exec of
+// fsdp-train-core (a signal mask survives exec); the core installs its handlers and then
+// unblocks them, so a signal that arrives while LibTorch loads is delivered then, not fatal.
+void block_stop_signals();
+void unblock_stop_signals();
 // True once a stop signal arrived.
 bool stop_requested();
 // The signal number that requested the stop (0 when none).

@@ -57,6 +57,59 @@ for v in NCCL_IB_HCA WANDB_API_KEY OMP_NUM_THREADS FSDP_PROGRESS HF_HOME; do
   grep -q -- "-x $v " <<<"$plan" || fail "$v not passed to the ranks: $plan"
 done
 grep -q "secret-value" <<<"$plan" && fail "a variable's value on the mpirun command line: $plan"
+# A stop signal at any moment of the launcher's start-up is handled: never the default action
+# (143/130), always the clean stop (exit 0: the ranks save and exit 0, or nothing was started
+# yet), and no process of the job is left (the tag travels to mpirun and, as an FSDP_ variable,
+# to every rank).
+tagged() { grep -las "FSDP_TEST_TAG=$1" /proc/[0-9]*/environ | wc -l; }
+# The first moment a program can take a signal: it is our executable and has blocked the signal,
+# or a handler catches it (before that the process is still the shell's child, which blocks
+# SIGTERM around its fork too, or the kernel is finishing execve).
+protected() {
+  local st; st="$(cat "/proc/$1/status" 2>/dev/null)" || return 0  # already gone: nothing to wait
+  [ "$(readlink "/proc/$1/exe")" = "$(readlink -f "$BIN")" ] || return 1
+  local blk cgt
+  blk="$(awk '/^SigBlk:/ {print $2}' <<<"$st")"; cgt="$(awk '/^SigCgt:/ {print $2}' <<<"$st")"
+  (( ((0x$blk | 0x$cgt) >> 14) & 1 ))  # bit 14: SIGTERM (15); the four are blocked together
+}
+stop_during_start() {  # stop_during_start SIGNAL DELAY_SECONDS
+  local tag="launcher-$$-$1-$2" log="$BUILD/launcher-stop.log" pid r
+  FSDP_TEST_TAG="$tag" "$BIN" --nproc-per-node 2 comm-bench --quick >"$log" 2>&1 &
+  pid=$!
+  for _ in $(seq 1 2000); do protected "$pid" && break; sleep 0.005; done
+  [ "$2" = 0 ] || sleep "$2"  # chooses WHEN the signal comes, not a synchronisation
+  kill -"$1" "$pid"
+  wait "$pid"; r=$?
+  [ $r -eq 0 ] || fail "SIG$1 ${2}s into the launcher's start: exit $r, expected 0: $(tail -5 "$log")"
+  [ "$(tagged "$tag")" -eq 0 ] || fail "SIG$1 ${2}s into the start left processes: $(tagged "$tag")"
+}
+t0=$SECONDS
+for d in 0 0.01 0.03 0.1 0.25 0.5 0.75 1 1.25 1.5; do stop_during_start TERM "$d"; done
+for d in 0 0.05 0.4 1.1; do stop_during_start INT "$d"; done
+# A signal already pending when the program starts (blocked by the caller across the exec, the
+# way the front passes signals to fsdp-train-core): handled once the launcher unblocks it.
+o="$(python3 -c 'import os, signal, sys
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+os.kill(os.getpid(), signal.SIGTERM)
+os.execv(sys.argv[1], sys.argv[1:])' "$BIN" --nproc-per-node 2 comm-bench --quick 2>&1)"; r=$?
+[ $r -eq 0 ] && grep -q "before the job started" <<<"$o" || fail "pending SIGTERM at start: exit $r: $o"
+echo "stop during start-up: 15 launches, every one exit 0, no process left ($((SECONDS - t0)) s)"
+# A failing 2-rank job: each error line and its HINT line stay adjacent in the combined output
+# (one write(2) per block), though two ranks and Open MPI's abort banner write at the same time.
+adjacent_hints() {  # prints the offending line when an error line is not followed by its HINT
+  awk '/^fsdp-train: error:/ {want = NR + 1; e = $0; n++}
+       NR == want && !/^---> HINT:/ {print "no HINT after: " e; bad = 1}
+       END {if (n == 0) print "no error line"; exit bad || n == 0}' <<<"$1"
+}
+o="$("$BIN" --nproc-per-node 2 comm-bench --min-bytes 12Q 2>&1)"; r=$?
+[ $r -eq 2 ] || fail "2-rank flag error: exit $r, expected 2: $o"
+adjacent_hints "$o" >/dev/null || fail "2-rank flag error: $(adjacent_hints "$o"): $o"
+tmp="$(mktemp -d)"
+o="$("$BIN" --nproc-per-node 2 --target-model-path "$tmp/none" --train-hidden-states-path \
+  "$tmp/none" --output-dir "$tmp/out" 2>&1)"; r=$?
+[ $r -eq 2 ] || fail "2-rank start-up error (MPI_Abort): exit $r, expected 2: $o"
+adjacent_hints "$o" >/dev/null || fail "2-rank start-up error: $(adjacent_hints "$o"): $o"
+rm -rf "$tmp"
 grep -q "fsdp-train" <<<"$("$BIN" --version)" || fail "--version"
 o="$(FSDP_LOG_LEVEL=bogus "$BIN" --version 2>&1)"; r=$?
 [ $r -eq 2 ] && grep -qE "FSDP_LOG_LEVEL.*'bogus'" <<<"$o" || fail "bad FSDP_LOG_LEVEL: exit $r: $o"
