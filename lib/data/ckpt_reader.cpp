@@ -1,11 +1,12 @@
 // SpecForge .ckpt reading and the sample validation shared by every reader (dataset.h).
 // Loads with our own bounded torch.save reader (core/torch_archive.h): tensors and containers only,
-// every record checked against its bytes, nothing ever executed.
+// every record checked against its bytes, nothing ever executed; a file's records are read from
+// disk only when needed (the tokens-only reader never reads the hidden states).
 #include <ATen/ATen.h>
 
 #include <cerrno>
-#include <cstring>
-#include <fstream>
+#include <string>
+#include <vector>
 
 #include "core/dtype.h"
 #include "core/finite.h"
@@ -28,10 +29,12 @@ constexpr const char* kRegenerate =
 at::Tensor token_tensor(const at::Tensor& t, const char* key, const std::string& where,
                         bool allow_bool) {
   const auto d = t.scalar_type();
-  const bool ok = d == at::kLong || d == at::kInt || (allow_bool && (d == at::kBool || d == at::kByte));
+  const bool ok =
+      d == at::kLong || d == at::kInt || (allow_bool && (d == at::kBool || d == at::kByte));
   if (!ok)
-    bad(where, fsdp::str(key, " has dtype ", dtype_name(d), ", expected int64",
-                   allow_bool ? " (int32, bool, uint8 accepted)" : " (int32 accepted)"),
+    bad(where,
+        fsdp::str(key, " has dtype ", dtype_name(d), ", expected int64",
+                  allow_bool ? " (int32, bool, uint8 accepted)" : " (int32 accepted)"),
         kRegenerate);
   at::Tensor x = t;
   if (x.dim() == 2 && x.size(0) == 1) x = x[0];
@@ -49,39 +52,25 @@ at::Tensor hidden_tensor(const at::Tensor& t, const char* key, const std::string
   at::Tensor x = t;
   if (x.dim() == 3 && x.size(0) == 1) x = x[0];
   if (x.dim() != 2)
-    bad(where, fsdp::str(key, " has shape ", t.sizes(), ", expected [1,S,W] or [S,W]"), kRegenerate);
+    bad(where, fsdp::str(key, " has shape ", t.sizes(), ", expected [1,S,W] or [S,W]"),
+        kRegenerate);
   return d == at::kBFloat16 ? x.contiguous() : x.to(at::kBFloat16).contiguous();
 }
 
 }  // namespace
 
-RawSample validate_sample(at::Tensor input_ids, at::Tensor loss_mask, at::Tensor hidden_state,
-                          at::Tensor aux_hidden_state, const std::string& where,
-                          const DatasetOptions& options) {
-  RawSample s;
-  s.source = where;
-  s.input_ids = token_tensor(input_ids, "input_ids", where, false);
-  s.loss_mask = token_tensor(loss_mask, "loss_mask", where, true);
-  s.hidden_state = hidden_tensor(hidden_state, "hidden_state", where);
-  s.aux_hidden_state = hidden_tensor(aux_hidden_state, "aux_hidden_state", where);
+namespace {
+
+// The token checks shared by the whole-sample and the tokens-only readers.
+TokenSample validate_tokens(const at::Tensor& input_ids, const at::Tensor& loss_mask,
+                            const std::string& where, const DatasetOptions& options) {
+  TokenSample s{token_tensor(input_ids, "input_ids", where, false),
+                token_tensor(loss_mask, "loss_mask", where, true)};
   const int64_t n = s.input_ids.size(0);
   if (n == 0) bad(where, "input_ids is empty (S = 0)", kRegenerate);
-  if (s.loss_mask.size(0) != n || s.hidden_state.size(0) != n || s.aux_hidden_state.size(0) != n)
-    bad(where,
-        fsdp::str("lengths disagree: input_ids ", n, ", loss_mask ", s.loss_mask.size(0),
-            ", hidden_state ", s.hidden_state.size(0), ", aux_hidden_state ",
-            s.aux_hidden_state.size(0)),
+  if (s.loss_mask.size(0) != n)
+    bad(where, fsdp::str("lengths disagree: input_ids ", n, ", loss_mask ", s.loss_mask.size(0)),
         kRegenerate);
-  const int64_t h = s.hidden_state.size(1);
-  if (h == 0) bad(where, "hidden_state has hidden size 0", kRegenerate);
-  if (s.aux_hidden_state.size(1) != 3 * h)
-    bad(where,
-        fsdp::str("aux_hidden_state has width ", s.aux_hidden_state.size(1), ", expected 3 x ", h,
-            " (three captured layers of hidden size ", h, ")"),
-        kRegenerate);
-  if (options.hidden_size > 0 && h != options.hidden_size)
-    bad(where, fsdp::str("hidden size ", h, " but the dataset/target has ", options.hidden_size),
-        "all feature files must come from the same target model as --target-model-path");
   const int64_t lo = s.input_ids.min().item<int64_t>(), hi = s.input_ids.max().item<int64_t>();
   if (lo < 0) bad(where, fsdp::str("input_ids has a negative id (", lo, ")"), kRegenerate);
   if (options.vocab_size > 0 && hi >= options.vocab_size)
@@ -89,69 +78,123 @@ RawSample validate_sample(at::Tensor input_ids, at::Tensor loss_mask, at::Tensor
         "the features come from another tokenizer than the target model's");
   if (!(s.loss_mask.eq(0) | s.loss_mask.eq(1)).all().item<bool>())
     bad(where, "loss_mask has values other than 0 and 1", kRegenerate);
+  return s;
+}
+
+constexpr const char* kKeys[4] = {"input_ids", "loss_mask", "hidden_state", "aux_hidden_state"};
+
+// The first `count` of kKeys from the .ckpt at `path`, read through a FileSource: the directory,
+// data.pkl and those keys' storages only. Throws BadSampleError naming the file (SampleReadError
+// for a failing file system).
+std::vector<at::Tensor> load_ckpt_tensors(const std::string& path, int count, uint64_t* bytes_read);
+
+}  // namespace
+
+RawSample validate_sample(at::Tensor input_ids, at::Tensor loss_mask, at::Tensor hidden_state,
+                          at::Tensor aux_hidden_state, const std::string& where,
+                          const DatasetOptions& options) {
+  TokenSample tokens = validate_tokens(input_ids, loss_mask, where, options);
+  RawSample s;
+  s.source = where;
+  s.input_ids = std::move(tokens.input_ids);
+  s.loss_mask = std::move(tokens.loss_mask);
+  s.hidden_state = hidden_tensor(hidden_state, "hidden_state", where);
+  s.aux_hidden_state = hidden_tensor(aux_hidden_state, "aux_hidden_state", where);
+  const int64_t n = s.input_ids.size(0);
+  if (s.hidden_state.size(0) != n || s.aux_hidden_state.size(0) != n)
+    bad(where,
+        fsdp::str("lengths disagree: input_ids ", n, ", hidden_state ", s.hidden_state.size(0),
+                  ", aux_hidden_state ", s.aux_hidden_state.size(0)),
+        kRegenerate);
+  const int64_t h = s.hidden_state.size(1);
+  if (h == 0) bad(where, "hidden_state has hidden size 0", kRegenerate);
+  if (s.aux_hidden_state.size(1) != 3 * h)
+    bad(where,
+        fsdp::str("aux_hidden_state has width ", s.aux_hidden_state.size(1), ", expected 3 x ", h,
+                  " (three captured layers of hidden size ", h, ")"),
+        kRegenerate);
+  if (options.hidden_size > 0 && h != options.hidden_size)
+    bad(where, fsdp::str("hidden size ", h, " but the dataset/target has ", options.hidden_size),
+        "all feature files must come from the same target model as --target-model-path");
   if (options.check_finite) {
-    if (!all_finite(s.hidden_state))
-      bad(where, "hidden_state contains NaN or Inf", kRegenerate);
+    if (!all_finite(s.hidden_state)) bad(where, "hidden_state contains NaN or Inf", kRegenerate);
     if (!all_finite(s.aux_hidden_state))
       bad(where, "aux_hidden_state contains NaN or Inf", kRegenerate);
   }
   return s;
 }
 
-RawSample read_ckpt_sample(const std::string& path, const DatasetOptions& options) {
-  std::vector<char> bytes;
-  {
-    std::ifstream in(path, std::ios::binary | std::ios::ate);
-    if (!in) {
-      const int err = errno;
-      // A missing file or a permission is not going to change; other failures (a stale NFS
-      // handle, an I/O error) may, and are retried by the loader.
-      if (err == ENOENT || err == EACCES || err == EISDIR || err == ENOTDIR)
-        bad(path, fsdp::str("cannot open (", std::strerror(err), ")"),
-            "check the path and the permissions");
-      throw SampleReadError(path + ": cannot open (" + std::strerror(err) + ")",
-                            "check the file system", __FILE__, __LINE__);
-    }
-    const auto size = in.tellg();
-    bytes.resize(static_cast<size_t>(size));
-    in.seekg(0);
-    if (size > 0 && !in.read(bytes.data(), size)) {
-      throw SampleReadError(path + ": read failed (" + std::strerror(errno) + ")",
-                            "check the file system", __FILE__, __LINE__);
-    }
-  }
-  if (bytes.size() < 4) bad(path, fsdp::str("file has only ", bytes.size(), " bytes"), kRegenerate);
-  if (!(bytes[0] == 'P' && bytes[1] == 'K')) {
-    if (static_cast<unsigned char>(bytes[0]) == 0x80)
-      bad(path, "legacy (non-zip) torch.save format",
-          "re-save it in Python with torch.save(obj, path) from torch >= 1.6 (zip format)");
-    bad(path, "not a torch.save zip archive (no zip signature)", kRegenerate);
-  }
-  c10::IValue v;
+namespace {
+
+[[noreturn]] void io_failure(const std::string& path, const ZipIoError& e) {
+  const int err = e.error_number;
+  // A missing file or a permission is not going to change; other failures (a stale NFS
+  // handle, an I/O error) may, and are retried by the loader.
+  if (err == ENOENT || err == EACCES || err == EISDIR || err == ENOTDIR)
+    bad(path, e.what(), "check the path and the permissions");
+  throw SampleReadError(path + ": " + e.what(), "check the file system", __FILE__, __LINE__);
+}
+
+std::vector<at::Tensor> load_ckpt_tensors(const std::string& path, int count,
+                                          uint64_t* bytes_read) {
   try {
-    v = load_torch_archive(bytes);
-  } catch (const FormatError& e) {
-    bad(path, std::string("cannot load torch.save archive: ") + e.what(), kRegenerate);
-  }
-  if (!v.isGenericDict()) bad(path, fsdp::str("holds a ", v.tagKind(), ", expected a dict"), kRegenerate);
-  at::Tensor t[4];
-  const char* keys[4] = {"input_ids", "loss_mask", "hidden_state", "aux_hidden_state"};
-  std::string present;
-  for (const auto& kv : v.toGenericDict()) {
-    if (!kv.key().isString()) continue;
-    const std::string k = kv.key().toStringRef();
-    present += (present.empty() ? "" : ", ") + k;
-    for (int i = 0; i < 4; ++i) {
-      if (k != keys[i]) continue;
-      if (!kv.value().isTensor()) bad(path, fsdp::str("key '", k, "' is a ", kv.value().tagKind(), ", not a tensor"), kRegenerate);
-      t[i] = kv.value().toTensor();
+    FileSource file(path);
+    char head[2] = {0, 0};
+    if (file.size() < 4) bad(path, fsdp::str("file has only ", file.size(), " bytes"), kRegenerate);
+    file.read(0, 2, head);
+    if (!(head[0] == 'P' && head[1] == 'K')) {
+      if (static_cast<unsigned char>(head[0]) == 0x80)
+        bad(path, "legacy (non-zip) torch.save format",
+            "re-save it in Python with torch.save(obj, path) from torch >= 1.6 (zip format)");
+      bad(path, "not a torch.save zip archive (no zip signature)", kRegenerate);
     }
+    c10::impl::GenericDict dict(c10::AnyType::get(), c10::AnyType::get());
+    std::string present;
+    try {
+      const TorchArchive archive(file);
+      const PickleTree& tree = archive.tree();
+      if (tree.at(tree.root).kind == PickleNode::Kind::kDict) {
+        for (size_t i = 0; i < tree.at(tree.root).items.size(); i += 2) {
+          const PickleNode& key = tree.at(tree.at(tree.root).items[i]);
+          if (key.kind == PickleNode::Kind::kString)
+            present += (present.empty() ? "" : ", ") + key.s;
+        }
+      }
+      dict = load_torch_archive_keys(archive, std::vector<std::string>(kKeys, kKeys + count));
+    } catch (const FormatError& e) {
+      bad(path, std::string("cannot load torch.save archive: ") + e.what(), kRegenerate);
+    }
+    std::vector<at::Tensor> out;
+    for (int i = 0; i < count; ++i) {
+      const auto it = dict.find(kKeys[i]);
+      if (it == dict.end())
+        bad(path,
+            fsdp::str("missing key '", kKeys[i],
+                      "' (keys present: ", present.empty() ? "none" : present, ")"),
+            kRegenerate);
+      if (!it->value().isTensor())
+        bad(path, fsdp::str("key '", kKeys[i], "' is a ", it->value().tagKind(), ", not a tensor"),
+            kRegenerate);
+      out.push_back(it->value().toTensor());
+    }
+    if (bytes_read) *bytes_read = file.bytes_read();
+    return out;
+  } catch (const ZipIoError& e) {
+    io_failure(path, e);
   }
-  for (int i = 0; i < 4; ++i)
-    if (!t[i].defined())
-      bad(path, fsdp::str("missing key '", keys[i], "' (keys present: ", present.empty() ? "none" : present, ")"),
-          kRegenerate);
+}
+
+}  // namespace
+
+RawSample read_ckpt_sample(const std::string& path, const DatasetOptions& options) {
+  const std::vector<at::Tensor> t = load_ckpt_tensors(path, 4, nullptr);
   return validate_sample(t[0], t[1], t[2], t[3], path, options);
+}
+
+TokenSample read_ckpt_tokens(const std::string& path, const DatasetOptions& options,
+                             uint64_t* bytes_read) {
+  const std::vector<at::Tensor> t = load_ckpt_tensors(path, 2, bytes_read);
+  return validate_tokens(t[0], t[1], path, options);
 }
 
 }  // namespace fsdp::data

@@ -15,7 +15,8 @@ std::vector<std::string> list_ckpt_files(const std::string& dir) {
                    "check --train-hidden-states-path / --input");
   std::vector<std::string> files;
   std::error_code ec;
-  for (auto it = fs::recursive_directory_iterator(dir, fs::directory_options::follow_directory_symlink, ec);
+  for (auto it = fs::recursive_directory_iterator(
+           dir, fs::directory_options::follow_directory_symlink, ec);
        it != fs::recursive_directory_iterator(); it.increment(ec)) {
     FSDP_USAGE_CHECK(!ec, dir + ": cannot list (" + ec.message() + ")",
                      "check permissions and symbolic links (a link to a parent loops)");
@@ -43,20 +44,26 @@ class CkptDataset final : public FeatureDataset {
       : root_(std::move(root)), files_(std::move(files)), options_(options) {}
   std::string format() const override { return "ckpt"; }
   int64_t size() const override { return static_cast<int64_t>(files_.size()); }
-  RawSample read(int64_t i) const override {
-    FSDP_CHECK(i >= 0 && i < size(), str("sample index ", i, " out of range [0, ", size(), ")"),
-               "this is a bug in fsdp-train: please report it with the command line and log");
-    ++files_opened_;
-    return read_ckpt_sample(files_[i], options_);
-  }
+  RawSample read(int64_t i) const override { return read_ckpt_sample(open_file(i), options_); }
   TokenSample read_tokens(int64_t i) const override {
     RawSample s = read(i);
     return {s.input_ids, s.loss_mask};
+  }
+  TokenSample read_tokens_only(int64_t i) const override {
+    return read_ckpt_tokens(open_file(i), options_);
   }
   std::string source(int64_t i) const override { return files_.at(i); }
   const std::string& root() const override { return root_; }
 
  private:
+  // The file of sample i, counted as opened.
+  const std::string& open_file(int64_t i) const {
+    FSDP_CHECK(i >= 0 && i < size(), str("sample index ", i, " out of range [0, ", size(), ")"),
+               "this is a bug in fsdp-train: please report it with the command line and log");
+    ++files_opened_;
+    return files_[i];
+  }
+
   std::string root_;
   std::vector<std::string> files_;
   DatasetOptions options_;

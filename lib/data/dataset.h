@@ -53,8 +53,13 @@ class FeatureDataset {
   // Reads, validates and normalises sample i (0 <= i < size()). Thread-safe. Throws
   // BadSampleError naming the file and the problem.
   virtual RawSample read(int64_t i) const = 0;
-  // Only input_ids and loss_mask of sample i (cheap for native shards; .ckpt loads the file).
+  // Only input_ids and loss_mask of sample i (cheap for native shards; .ckpt loads and checks
+  // the whole file, so a sample training would skip is not counted either).
   virtual TokenSample read_tokens(int64_t i) const = 0;
+  // input_ids and loss_mask checked as read() checks them, the hidden states neither read nor
+  // checked (a .ckpt file's hidden-state records stay on disk): for counts that only need the
+  // tokens, such as the start-up loss-mask count.
+  virtual TokenSample read_tokens_only(int64_t i) const { return read_tokens(i); }
   // File (and shard key) that holds sample i.
   virtual std::string source(int64_t i) const = 0;
   // The dataset root as given.
@@ -82,6 +87,12 @@ std::vector<std::string> list_ckpt_files(const std::string& dir);
 //   [1,S]; loss_mask values 0/1; hidden_state [1,S,H] or [S,H], aux [1,S,3H] or [S,3H], bf16
 //   (fp16/fp32 accepted and converted to bf16); S > 0 and equal in all four; finite values.
 RawSample read_ckpt_sample(const std::string& path, const DatasetOptions& options = {});
+
+// Only input_ids and loss_mask of one .ckpt file, checked as read_ckpt_sample checks them: reads
+// the zip directory, data.pkl and those two storage records, never the hidden states. With
+// `bytes_read`, stores how many bytes of the file were read.
+TokenSample read_ckpt_tokens(const std::string& path, const DatasetOptions& options = {},
+                             uint64_t* bytes_read = nullptr);
 
 // Validates and normalises the four tensors of a sample already in memory (shared by the
 // .ckpt and native readers and by convert). `where` names the input in errors.

@@ -24,14 +24,14 @@ LossMaskCount count_loss_mask(const FeatureDataset& dataset, int64_t max_length,
   const int world = comm ? comm->size() : 1;
   LossMaskCount c;
   const int64_t n_all = dataset.size();
-  // .ckpt files are read whole (hidden states too): at most kMaxCountedCkptSamples of them,
-  // evenly spaced; native shards read only ids and masks, so all of them.
+  // Only ids and masks are read (read_tokens_only), but every .ckpt sample is a file to open:
+  // at most kMaxCountedCkptSamples of them, evenly spaced; every native sample.
   const int64_t m = dataset.format() == "native" ? n_all : std::min(n_all, kMaxCountedCkptSamples);
   for (int64_t k = rank; k < m; k += world) {
     const int64_t i = m == n_all ? k : k * n_all / m;  // k < 4096: no overflow
     TokenSample s;
     try {
-      s = dataset.read_tokens(i);
+      s = dataset.read_tokens_only(i);
     } catch (const BadSampleError&) {
       ++c.unreadable;  // the vocabulary pass or the loader reports it (or stops the run)
       continue;

@@ -20,8 +20,9 @@ namespace fsdp::data {
 // it (0.1%), a wrong chat template or loss-mask convention is far more likely than real data.
 inline constexpr double kMinLossTokenShare = 0.001;
 
-// A .ckpt dataset is read whole per sample (its hidden states too): the start-up count takes at
-// most this many of its samples, evenly spaced (all of a smaller set, all of a native one).
+// Each .ckpt sample is a file to open (only its input_ids and loss_mask records are read): the
+// start-up count takes at most this many of them, evenly spaced (all of a smaller set, all of a
+// native one).
 inline constexpr int64_t kMaxCountedCkptSamples = 4096;
 
 struct LossMaskCount {
@@ -37,7 +38,7 @@ struct LossMaskCount {
 // s = min(S, max_length), the last position never counting (it has no next token).
 int64_t sample_loss_tokens(const at::Tensor& loss_mask, int64_t max_length);
 
-// Counts over samples [0, N) of `dataset` (input_ids and loss_mask only: data::TokenSample); of
+// Counts over samples [0, N) of `dataset` (input_ids and loss_mask only, read_tokens_only); of
 // a .ckpt dataset larger than kMaxCountedCkptSamples, over that many evenly spaced samples.
 // With `comm`, each rank counts a strided subset and the counts are all-reduced (collective:
 // every rank gets the same totals). A sample that cannot be read is counted as unreadable.

@@ -79,41 +79,68 @@ TEST_CASE("corrupt .ckpt inputs each give their own message", "[data]") {
        "missing key 'aux_hidden_state'"},
       {"float ids", [&](auto p) { write_ckpt(p, with("input_ids", at::zeros({6}))); },
        "input_ids has dtype fp32"},
-      {"int hidden", [&](auto p) { write_ckpt(p, with("hidden_state", at::zeros({1, 6, 4}, at::kLong))); },
+      {"int hidden",
+       [&](auto p) {
+         write_ckpt(p, with("hidden_state", at::zeros({1, 6, 4}, at::kLong)));
+       },
        "hidden_state has dtype int64"},
-      {"3-d ids", [&](auto p) { write_ckpt(p, with("input_ids", at::zeros({2, 3, 1}, at::kLong))); },
+      {"3-d ids",
+       [&](auto p) {
+         write_ckpt(p, with("input_ids", at::zeros({2, 3, 1}, at::kLong)));
+       },
        "input_ids has shape"},
-      {"2-row hidden", [&](auto p) { write_ckpt(p, with("hidden_state", at::zeros({2, 6, 4}, at::kBFloat16))); },
+      {"2-row hidden",
+       [&](auto p) {
+         write_ckpt(p, with("hidden_state", at::zeros({2, 6, 4}, at::kBFloat16)));
+       },
        "hidden_state has shape"},
       {"lengths", [&](auto p) { write_ckpt(p, with("loss_mask", at::ones({5}, at::kLong))); },
        "lengths disagree"},
-      {"aux width", [&](auto p) { write_ckpt(p, with("aux_hidden_state", at::zeros({1, 6, 8}, at::kBFloat16))); },
+      {"aux width",
+       [&](auto p) {
+         write_ckpt(p, with("aux_hidden_state", at::zeros({1, 6, 8}, at::kBFloat16)));
+       },
        "aux_hidden_state has width 8, expected 3 x 4"},
-      {"mask values", [&](auto p) { write_ckpt(p, with("loss_mask", at::full({6}, 2, at::kLong))); },
+      {"mask values",
+       [&](auto p) { write_ckpt(p, with("loss_mask", at::full({6}, 2, at::kLong))); },
        "loss_mask has values other than 0 and 1"},
-      {"negative id", [&](auto p) { write_ckpt(p, with("input_ids", at::full({6}, -3, at::kLong))); },
+      {"negative id",
+       [&](auto p) { write_ckpt(p, with("input_ids", at::full({6}, -3, at::kLong))); },
        "negative id"},
       {"NaN", [&](auto p) { write_ckpt(p, with("hidden_state", nan_hidden)); },
        "hidden_state contains NaN or Inf"},
       {"Inf", [&](auto p) { write_ckpt(p, with("aux_hidden_state", inf_aux)); },
        "aux_hidden_state contains NaN or Inf"},
-      {"empty", [&](auto p) {
+      {"empty",
+       [&](auto p) {
          Dict d;
          d.insert("input_ids", at::zeros({0}, at::kLong));
          d.insert("loss_mask", at::zeros({0}, at::kLong));
          d.insert("hidden_state", at::zeros({1, 0, 4}, at::kBFloat16));
          d.insert("aux_hidden_state", at::zeros({1, 0, 12}, at::kBFloat16));
          write_ckpt(p, d);
-       }, "S = 0"},
-      {"not a dict", [&](auto p) { write_bytes(p, torch::pickle_save(c10::IValue(at::zeros({2})))); },
+       },
+       "S = 0"},
+      {"not a dict",
+       [&](auto p) { write_bytes(p, torch::pickle_save(c10::IValue(at::zeros({2})))); },
        "expected a dict"},
-      {"truncated", [&](auto p) {
+      {"truncated",
+       [&](auto p) {
          auto bytes = torch::pickle_save(c10::IValue(make_sample(6, 4, 0)));
          bytes.resize(bytes.size() / 2);
          write_bytes(p, bytes);
-       }, "cannot load torch.save archive"},
-      {"not zip", [&](auto p) { write_bytes(p, {'h', 'e', 'l', 'l', 'o'}); }, "not a torch.save zip"},
-      {"legacy", [&](auto p) { write_bytes(p, {'\x80', '\x02', 'x', 'y'}); }, "legacy (non-zip)"},
+       },
+       "cannot load torch.save archive"},
+      {"not zip",
+       [&](auto p) {
+         write_bytes(p, {'h', 'e', 'l', 'l', 'o'});
+       },
+       "not a torch.save zip"},
+      {"legacy",
+       [&](auto p) {
+         write_bytes(p, {'\x80', '\x02', 'x', 'y'});
+       },
+       "legacy (non-zip)"},
       {"tiny", [&](auto p) { write_bytes(p, {'P'}); }, "only 1 bytes"},
   };
   DatasetOptions strict;
@@ -133,14 +160,17 @@ TEST_CASE("corrupt .ckpt inputs each give their own message", "[data]") {
   }
   // Options: id range and hidden size checks.
   write_ckpt(dir / "ok.ckpt", make_sample(6, 4, 10));
-  CHECK(error_of([&] { read_ckpt_sample((dir / "ok.ckpt").string(), {12, 0, true}); })
-            .find("id 15 >= vocab_size 12") != std::string::npos);
-  CHECK(error_of([&] { read_ckpt_sample((dir / "ok.ckpt").string(), {0, 8, true}); })
-            .find("hidden size 4") != std::string::npos);
+  CHECK(error_of([&] {
+          read_ckpt_sample((dir / "ok.ckpt").string(), {12, 0, true});
+        }).find("id 15 >= vocab_size 12") != std::string::npos);
+  CHECK(error_of([&] {
+          read_ckpt_sample((dir / "ok.ckpt").string(), {0, 8, true});
+        }).find("hidden size 4") != std::string::npos);
 
   // Skip mode: a dataset of the corrupt files plus good ones; every bad one is counted, the
   // batches keep their shape with empty rows, and the summary names each file.
-  for (int i = 0; i < 4; ++i) write_ckpt(dir / "bad" / ("good_" + std::to_string(i) + ".ckpt"), make_sample(6, 4, i));
+  for (int i = 0; i < 4; ++i)
+    write_ckpt(dir / "bad" / ("good_" + std::to_string(i) + ".ckpt"), make_sample(6, 4, i));
   auto ds = open_feature_dataset((dir / "bad").string());
   const int64_t n = ds->size();
   REQUIRE(n == static_cast<int64_t>(cases.size()) + 4);
@@ -236,4 +266,42 @@ TEST_CASE("a .ckpt link whose target is gone is listed: a missing sample, not fe
   const auto files = list_ckpt_files(dir.string());
   REQUIRE(files.size() == 2);
   CHECK_THROWS_WITH(read_ckpt_sample(files[1], {}), Catch::Contains("cannot open (No such file"));
+}
+
+TEST_CASE("the tokens-only reader reads the ids and mask records, never the hidden states",
+          "[data]") {
+  const auto dir = temp_dir("ckpt_tokens");
+  const auto path = (dir / "a.ckpt").string();
+  // 128 tokens of hidden size 512: 512 KiB of hidden states against 2 KiB of ids and mask.
+  write_ckpt(path, make_sample(128, 512, 7));
+  const uint64_t size = std::filesystem::file_size(path);
+  uint64_t read = 0;
+  const TokenSample t = read_ckpt_tokens(path, {}, &read);
+  const RawSample whole = read_ckpt_sample(path);
+  CHECK(at::equal(t.input_ids, whole.input_ids));
+  CHECK(at::equal(t.loss_mask, whole.loss_mask));
+  INFO("read " << read << " of " << size << " bytes");
+  CHECK(read > 2 * 128 * 8);  // the two int64 records at least
+  CHECK(read < size / 50);
+  // The token checks are read_ckpt_sample's: a bad mask or an id past the vocabulary fails.
+  auto d = make_sample(8, 4, 0);
+  d.insert_or_assign("loss_mask", at::full({8}, 3, at::kLong));
+  write_ckpt(dir / "bad.ckpt", d);
+  CHECK(error_of([&] {
+          read_ckpt_tokens((dir / "bad.ckpt").string());
+        }).find("loss_mask has values other than 0 and 1") != std::string::npos);
+  CHECK(error_of([&] {
+          read_ckpt_tokens(path, {12, 0, true});
+        }).find(">= vocab_size 12") != std::string::npos);
+  CHECK_THROWS_WITH(read_ckpt_tokens((dir / "gone.ckpt").string()),
+                    Catch::Contains("cannot open (No such file"));
+  // The hidden states are not looked at: a NaN there is the loader's to report.
+  d = make_sample(8, 4, 0);
+  d.insert_or_assign("hidden_state",
+                     at::full({1, 8, 4}, std::numeric_limits<float>::quiet_NaN(), at::kBFloat16));
+  write_ckpt(dir / "nan.ckpt", d);
+  CHECK(read_ckpt_tokens((dir / "nan.ckpt").string()).input_ids.numel() == 8);
+  // A .ckpt dataset's tokens-only reads go through it.
+  auto ds = open_feature_dataset(dir.string());
+  CHECK(ds->read_tokens_only(0).input_ids.numel() == 128);
 }
