@@ -33,11 +33,15 @@ int64_t parse_bytes(const std::string& s, const char* flag) {
   double v = std::strtod(s.c_str(), &end);
   int64_t mult = 1;
   std::string suffix = end ? end : "";
-  if (suffix == "K" || suffix == "k" || suffix == "KiB") mult = 1 << 10;
-  else if (suffix == "M" || suffix == "MiB") mult = 1 << 20;
-  else if (suffix == "G" || suffix == "GiB") mult = int64_t{1} << 30;
-  else FSDP_USAGE_CHECK(suffix.empty(), str(flag, ": cannot read size '", s, "'"),
-                        "write a byte count like 4096, 64K, 16M or 1G");
+  if (suffix == "K" || suffix == "k" || suffix == "KiB")
+    mult = 1 << 10;
+  else if (suffix == "M" || suffix == "MiB")
+    mult = 1 << 20;
+  else if (suffix == "G" || suffix == "GiB")
+    mult = int64_t{1} << 30;
+  else
+    FSDP_USAGE_CHECK(suffix.empty(), str(flag, ": cannot read size '", s, "'"),
+                     "write a byte count like 4096, 64K, 16M or 1G");
   FSDP_USAGE_CHECK(v > 0, str(flag, ": size must be positive, got '", s, "'"),
                    "write a byte count like 4096, 64K, 16M or 1G");
   // At most 64G: larger than any device's memory, and the conversion cannot overflow.
@@ -49,9 +53,12 @@ int64_t parse_bytes(const std::string& s, const char* flag) {
 
 std::string human(int64_t bytes) {
   char buf[32];
-  if (bytes >= (1 << 20)) std::snprintf(buf, sizeof(buf), "%lldM", (long long)(bytes >> 20));
-  else if (bytes >= (1 << 10)) std::snprintf(buf, sizeof(buf), "%lldK", (long long)(bytes >> 10));
-  else std::snprintf(buf, sizeof(buf), "%lld", (long long)bytes);
+  if (bytes >= (1 << 20))
+    std::snprintf(buf, sizeof(buf), "%lldM", (long long)(bytes >> 20));
+  else if (bytes >= (1 << 10))
+    std::snprintf(buf, sizeof(buf), "%lldK", (long long)(bytes >> 10));
+  else
+    std::snprintf(buf, sizeof(buf), "%lld", (long long)bytes);
   return buf;
 }
 
@@ -92,8 +99,9 @@ int run_bench(const BenchOptions& o) {
                                    {"reduce_scatter", "reduce_scatter", comm_default},
                                    {"all_reduce", "all_reduce", comm_default},
                                    {"broadcast", "broadcast", comm_default}};
-  if (comm_default->backend() == "mpi") {
-    // Both MPI reduce-scatter algorithms, so the default threshold can be checked per machine.
+  if (comm_default->device_type() == c10::kCPU) {
+    // Both reduce-scatter algorithms of the CPU (MPI) backend, so the default threshold can be
+    // checked per machine.
     comm::BackendOptions block, viaar;
     block.mpi_rs_allreduce_min_bytes = int64_t{1} << 62;
     viaar.mpi_rs_allreduce_min_bytes = 0;
@@ -130,10 +138,14 @@ int run_bench(const BenchOptions& o) {
       at::Tensor full = at::ones({count}, opts);
       at::Tensor shard = at::ones({count / n}, opts);
       auto once = [&]() {
-        if (v.op == "all_gather") v.comm->all_gather(shard, full)->wait();
-        else if (v.op == "reduce_scatter") v.comm->reduce_scatter(full, shard, comm::ReduceOp::kSum)->wait();
-        else if (v.op == "all_reduce") v.comm->all_reduce(full, comm::ReduceOp::kSum)->wait();
-        else v.comm->broadcast(full, 0)->wait();
+        if (v.op == "all_gather")
+          v.comm->all_gather(shard, full)->wait();
+        else if (v.op == "reduce_scatter")
+          v.comm->reduce_scatter(full, shard, comm::ReduceOp::kSum)->wait();
+        else if (v.op == "all_reduce")
+          v.comm->all_reduce(full, comm::ReduceOp::kSum)->wait();
+        else
+          v.comm->broadcast(full, 0)->wait();
       };
       for (int i = 0; i < o.warmup; ++i) once();
       v.comm->synchronize();

@@ -31,9 +31,13 @@ class Communicator {
 
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  // "mpi" or "nccl" (or "rccl").
+  // "mpi" or "nccl" (or "rccl"): for messages and reports only. Code that must know where a
+  // collective can run asks device_type(), never the name.
   virtual std::string backend() const = 0;
-  // The group this communicator spans: "world", "node" or "cross-node".
+  // The device type of the tensors this communicator accepts (kCPU for MPI, kCUDA for NCCL):
+  // where to put a tensor that is about to be reduced or gathered.
+  virtual c10::DeviceType device_type() const = 0;
+  // The group this communicator spans: "world", "node", "cross-node", or a comm::split name.
   virtual std::string group_name() const = 0;
 
   // out[r*n:(r+1)*n] = shard of rank r, where n = shard.numel(); out.numel() == size()*n.

@@ -10,6 +10,7 @@
 
 #include "comm/mpi_util.h"
 #include "core/dtype.h"
+#include "core/env.h"
 #include "core/log.h"
 #include "core/timer.h"
 
@@ -17,37 +18,35 @@ namespace fsdp::comm::detail {
 
 namespace {
 
-int64_t env_i64(const char* name, int64_t fallback) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return fallback;
-  char* end = nullptr;
-  long long x = std::strtoll(v, &end, 10);
-  FSDP_USAGE_CHECK(end && *end == '\0' && x > 0, str(name, "='", v, "' is not a positive integer"),
-                   str("unset ", name, " or give a positive integer"));
-  return x;
-}
-
 // MPI type for arithmetic on a dtype, after bf16/fp16 were widened to fp32.
 MPI_Datatype arith_type(c10::ScalarType t) {
   switch (t) {
-    case c10::kFloat: return MPI_FLOAT;
-    case c10::kDouble: return MPI_DOUBLE;
-    case c10::kLong: return MPI_INT64_T;
-    case c10::kInt: return MPI_INT32_T;
-    default: return MPI_DATATYPE_NULL;
+    case c10::kFloat:
+      return MPI_FLOAT;
+    case c10::kDouble:
+      return MPI_DOUBLE;
+    case c10::kLong:
+      return MPI_INT64_T;
+    case c10::kInt:
+      return MPI_INT32_T;
+    default:
+      return MPI_DATATYPE_NULL;
   }
 }
 
-bool widened(c10::ScalarType t) { return t == c10::kBFloat16 || t == c10::kHalf; }
+bool widened(c10::ScalarType t) {
+  return t == c10::kBFloat16 || t == c10::kHalf;
+}
 
 void check_reducible(const at::Tensor& t, ReduceOp op, const char* what) {
   const auto st = t.scalar_type();
   FSDP_CHECK(widened(st) || arith_type(st) != MPI_DATATYPE_NULL,
              str("mpi backend: ", what, " does not support dtype ", dtype_name(st)),
              "reduce fp32, fp64, bf16, fp16, int32 or int64 tensors");
-  FSDP_CHECK(!(op == ReduceOp::kAvg && c10::isIntegralType(st, /*includeBool=*/true)),
-             str("mpi backend: ", what, " with op avg needs a floating dtype, got ", dtype_name(st)),
-             "use op sum on integer tensors and divide yourself");
+  FSDP_CHECK(
+      !(op == ReduceOp::kAvg && c10::isIntegralType(st, /*includeBool=*/true)),
+      str("mpi backend: ", what, " with op avg needs a floating dtype, got ", dtype_name(st)),
+      "use op sum on integer tensors and divide yourself");
 }
 
 void check_cpu(const at::Tensor& t, const char* what) {
@@ -58,14 +57,17 @@ void check_cpu(const at::Tensor& t, const char* what) {
              "use the nccl backend for CUDA tensors (make_communicator with a CUDA device)");
 }
 
-MPI_Op mpi_op(ReduceOp op) { return op == ReduceOp::kMax ? MPI_MAX : MPI_SUM; }
+MPI_Op mpi_op(ReduceOp op) {
+  return op == ReduceOp::kMax ? MPI_MAX : MPI_SUM;
+}
 
 }  // namespace
 
 MpiTuning mpi_tuning_from_env() {
   MpiTuning t;
-  t.rs_allreduce_min_bytes = env_i64("FSDP_MPI_RS_ALLREDUCE_BYTES", t.rs_allreduce_min_bytes);
-  t.max_count = std::min<int64_t>(env_i64("FSDP_MPI_MAX_COUNT", t.max_count), 0x7fffffff);
+  // The defaults are the table's (core/env.cpp), which also bounds MPI_MAX_COUNT to MPI's int.
+  t.rs_allreduce_min_bytes = *env::integer("FSDP_MPI_RS_ALLREDUCE_BYTES");
+  t.max_count = *env::integer("FSDP_MPI_MAX_COUNT");
   return t;
 }
 
@@ -115,8 +117,8 @@ class MpiCommunicator::MpiWork final : public Work {
   std::exception_ptr error_;
 };
 
-MpiCommunicator::MpiCommunicator(Group group, MPI_Comm comm)
-    : group_(group), comm_(comm), tuning_(mpi_tuning_from_env()) {
+MpiCommunicator::MpiCommunicator(std::string name, MPI_Comm comm, bool owns_comm)
+    : name_(std::move(name)), comm_(comm), owns_comm_(owns_comm), tuning_(mpi_tuning_from_env()) {
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
   tracker_ = std::make_unique<ArrivalTracker>(comm_);
@@ -131,6 +133,9 @@ MpiCommunicator::~MpiCommunicator() {
   cv_.notify_all();
   if (worker_.joinable()) worker_.join();
   tracker_->finish(seq_);
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (owns_comm_ && !finalized) MPI_Comm_free(&comm_);
 }
 
 WorkPtr MpiCommunicator::enqueue(std::unique_ptr<Task> task) {
@@ -182,8 +187,8 @@ void MpiCommunicator::run_task(Task& task) {
     if (done) break;
     if (std::chrono::steady_clock::now() > deadline) {
       const double secs = std::chrono::duration<double>(task.timeout).count();
-      std::string msg = tracker_->describe_timeout(
-          seq, str(task.name, " on group '", group_name(), "'"), secs);
+      std::string msg =
+          tracker_->describe_timeout(seq, str(task.name, " on group '", group_name(), "'"), secs);
       if (rank_ != 0 && tracker_->root_arrived(seq)) {
         // Rank 0 arrived and knows who is missing: give it a moment to report first.
         std::this_thread::sleep_for(std::chrono::seconds(3));
@@ -276,8 +281,8 @@ WorkPtr MpiCommunicator::reduce_scatter(const at::Tensor& in, const at::Tensor& 
   const auto st = in.scalar_type();
   const auto work_type = widened(st) ? c10::kFloat : st;
   const int64_t n = out.numel();
-  const bool via_allreduce = static_cast<int64_t>(in.nbytes()) >= tuning_.rs_allreduce_min_bytes ||
-                             n > tuning_.max_count;
+  const bool via_allreduce =
+      static_cast<int64_t>(in.nbytes()) >= tuning_.rs_allreduce_min_bytes || n > tuning_.max_count;
   // The allreduce path reduces in place, so it always works on a private copy of the input.
   at::Tensor src = (via_allreduce || widened(st)) ? in.reshape({-1}).to(work_type, false, true)
                                                   : in.contiguous().view({-1});
@@ -335,7 +340,7 @@ WorkPtr MpiCommunicator::all_reduce(const at::Tensor& t, ReduceOp op,
   const auto st = t.scalar_type();
   const auto work_type = widened(st) ? c10::kFloat : st;
   at::Tensor buf = (t.is_contiguous() && !widened(st)) ? t.view({-1})
-                                                        : t.reshape({-1}).to(work_type, false, true);
+                                                       : t.reshape({-1}).to(work_type, false, true);
   const MPI_Datatype mt = arith_type(work_type);
   const int64_t maxc = tuning_.max_count;
   task->start = [this, buf, mt, op, maxc]() {
@@ -366,9 +371,10 @@ WorkPtr MpiCommunicator::all_reduce(const at::Tensor& t, ReduceOp op,
 
 WorkPtr MpiCommunicator::broadcast(const at::Tensor& t, int root, const CollectiveOptions& opts) {
   check_cpu(t, "broadcast");
-  FSDP_CHECK(root >= 0 && root < size_,
-             str("mpi backend: broadcast root ", root, " is outside the group of ", size_, " ranks"),
-             "this is a bug in fsdp-train: please report it with the command line and log");
+  FSDP_CHECK(
+      root >= 0 && root < size_,
+      str("mpi backend: broadcast root ", root, " is outside the group of ", size_, " ranks"),
+      "this is a bug in fsdp-train: please report it with the command line and log");
   auto task = std::make_unique<Task>();
   task->type = OpType::kBroadcast;
   task->name = "broadcast";

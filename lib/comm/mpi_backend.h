@@ -21,25 +21,29 @@
 
 namespace fsdp::comm::detail {
 
-// Tunables read from the environment once per communicator (documented in docs/development.md).
+// Tunables read from the environment once per communicator; their defaults and bounds are the
+// rows of core/env.cpp's table (docs/usage.md, Environment variables).
 struct MpiTuning {
   // Reduce-scatter inputs at least this large go through Allreduce + slice (faster on Open MPI
   // shared memory for large messages, see comm-bench). FSDP_MPI_RS_ALLREDUCE_BYTES.
-  int64_t rs_allreduce_min_bytes = 4 << 20;
+  int64_t rs_allreduce_min_bytes = 0;
   // Largest element count per MPI call (MPI counts are int). FSDP_MPI_MAX_COUNT (tests).
-  int64_t max_count = 0x7fffffff;
+  int64_t max_count = 0;
 };
 MpiTuning mpi_tuning_from_env();
 
 class MpiCommunicator final : public Communicator {
  public:
-  MpiCommunicator(Group group, MPI_Comm comm);
+  // `name` is what group_name() reports. With `owns_comm` the communicator frees `comm` when
+  // destroyed (the sub-groups of comm::split); the runtime's groups are freed by finalize().
+  MpiCommunicator(std::string name, MPI_Comm comm, bool owns_comm);
   ~MpiCommunicator() override;
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string backend() const override { return "mpi"; }
-  std::string group_name() const override { return comm::group_name(group_); }
+  c10::DeviceType device_type() const override { return c10::kCPU; }
+  std::string group_name() const override { return name_; }
 
   WorkPtr all_gather(const at::Tensor& shard, const at::Tensor& out,
                      const CollectiveOptions& opts) override;
@@ -60,8 +64,9 @@ class MpiCommunicator final : public Communicator {
   void worker_loop();
   void run_task(Task& task);
 
-  Group group_;
+  std::string name_;
   MPI_Comm comm_ = MPI_COMM_NULL;
+  bool owns_comm_ = false;
   int rank_ = 0;
   int size_ = 1;
   MpiTuning tuning_;

@@ -108,8 +108,8 @@ class NcclWork final : public Work {
 
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(Group group, MPI_Comm mpi, int device)
-      : group_(group), device_(device), tracker_(mpi) {
+  NcclCommunicator(std::string name, MPI_Comm mpi, int device)
+      : name_(std::move(name)), device_(device), tracker_(mpi) {
     MPI_Comm_rank(mpi, &rank_);
     MPI_Comm_size(mpi, &size_);
     c10::cuda::CUDAGuard guard(device_);
@@ -149,8 +149,11 @@ class NcclCommunicator final : public Communicator {
     return "nccl";
   }
 #endif
+  c10::DeviceType device_type() const override {
+    return c10::kCUDA;
+  }
   std::string group_name() const override {
-    return comm::group_name(group_);
+    return name_;
   }
 
   WorkPtr all_gather(const at::Tensor& shard, const at::Tensor& out,
@@ -270,9 +273,7 @@ class NcclCommunicator final : public Communicator {
       watch_loop();
     } catch (const std::exception& e) {
       aborted_ = true;
-      abort_job(str("CUDA error seen by the NCCL watchdog of group '", comm::group_name(group_),
-                    "': ", e.what()),
-                4);
+      abort_job(str("CUDA error seen by the NCCL watchdog of group '", name_, "': ", e.what()), 4);
     }
   }
 
@@ -291,11 +292,11 @@ class NcclCommunicator final : public Communicator {
         if (std::chrono::steady_clock::now() > p.deadline) {
           aborted_ = true;
           ncclCommAbort(comm_);
-          abort_job("collective timeout: " +
-                        tracker_.describe_timeout(
-                            p.seq, str(p.name, " on group '", comm::group_name(group_), "' (nccl)"),
-                            std::chrono::duration<double>(p.timeout).count()),
-                    4);
+          abort_job(
+              "collective timeout: " +
+                  tracker_.describe_timeout(p.seq, str(p.name, " on group '", name_, "' (nccl)"),
+                                            std::chrono::duration<double>(p.timeout).count()),
+              4);
         }
         break;
       }
@@ -318,7 +319,7 @@ class NcclCommunicator final : public Communicator {
     std::chrono::milliseconds timeout;
   };
 
-  Group group_;
+  std::string name_;
   int device_;
   int rank_ = 0, size_ = 1;
   ncclComm_t comm_ = nullptr;
@@ -335,12 +336,13 @@ class NcclCommunicator final : public Communicator {
 
 }  // namespace
 
-std::shared_ptr<Communicator> make_nccl_communicator(Group group, int device_index) {
+std::shared_ptr<Communicator> make_nccl_communicator(const std::string& name, MPI_Comm mpi,
+                                                     int device_index) {
   FSDP_CHECK(
       cuda_device_count() > device_index,
       str("nccl backend: no CUDA device ", device_index, " (", cuda_device_count(), " visible)"),
       "run one rank per GPU; check CUDA_VISIBLE_DEVICES and the driver");
-  return std::make_shared<NcclCommunicator>(group, raw_comm(group), device_index);
+  return std::make_shared<NcclCommunicator>(name, mpi, device_index);
 }
 
 }  // namespace fsdp::comm::detail

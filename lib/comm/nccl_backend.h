@@ -7,15 +7,20 @@
 // only comm/backends.cpp refers to it.
 #pragma once
 
+#include <mpi.h>
+
 #include <memory>
+#include <string>
 
 #include "comm/communicator.h"
 #include "comm/runtime.h"
 
 namespace fsdp::comm::detail {
 
-// Builds the NCCL communicator for `group` on CUDA device `device_index`.
-std::shared_ptr<Communicator> make_nccl_communicator(Group group, int device_index);
+// Builds the NCCL communicator over the ranks of `mpi` (used only during construction: the
+// caller may free it afterwards) on CUDA device `device_index`; `name` is its group_name().
+std::shared_ptr<Communicator> make_nccl_communicator(const std::string& name, MPI_Comm mpi,
+                                                     int device_index);
 int cuda_device_count();
 
 }  // namespace fsdp::comm::detail

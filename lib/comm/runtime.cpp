@@ -7,6 +7,7 @@
 #include <cstdlib>
 
 #include "comm/mpi_util.h"
+#include "core/env.h"
 #include "core/log.h"
 
 namespace fsdp::comm {
@@ -26,15 +27,6 @@ State& state() {
   return s;
 }
 
-int env_int(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return fallback;
-  char* end = nullptr;
-  long x = std::strtol(v, &end, 10);
-  FSDP_USAGE_CHECK(end && *end == '\0' && x > 0, str(name, "='", v, "' is not a positive integer"),
-                   str("unset ", name, " or give a positive integer"));
-  return static_cast<int>(x);
-}
 }  // namespace
 
 const char* group_name(Group g) {
@@ -85,7 +77,7 @@ void init(int* argc, char*** argv) {
     MPI_Comm_rank(machine, &t.machine_local_rank);
     MPI_Comm_free(&machine);
   }
-  const int pretend = env_int("FSDP_PRETEND_NODES", 0);
+  const int pretend = static_cast<int>(env::integer("FSDP_PRETEND_NODES").value_or(0));
   if (pretend > 0) {
     FSDP_USAGE_CHECK(
         t.world_size % pretend == 0,

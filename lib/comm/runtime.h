@@ -22,9 +22,9 @@ const char* group_name(Group g);
 struct Topology {
   int world_rank = 0;
   int world_size = 1;
-  int local_rank = 0;   // rank inside the node
-  int local_size = 1;   // ranks on this node
-  int node_index = 0;   // which node, 0..num_nodes-1
+  int local_rank = 0;  // rank inside the node
+  int local_size = 1;  // ranks on this node
+  int node_index = 0;  // which node, 0..num_nodes-1
   int num_nodes = 1;
   bool pretend_nodes = false;  // split by FSDP_PRETEND_NODES rather than by shared memory
   // Rank among the processes of this machine (shared memory), whatever the node split: picks
@@ -60,6 +60,14 @@ struct BackendOptions {
 // Communicators are created eagerly so that a broken setup fails before any compute.
 std::shared_ptr<Communicator> make_communicator(Group group, const c10::Device& device,
                                                 const BackendOptions& options = {});
+
+// Sub-groups of the runtime group `parent`, collective over its ranks (every rank of `parent`
+// calls it): the ranks that pass the same `color` (>= 0) share one new communicator on `device`,
+// ranked by `key` (ties keep the order in `parent`); a rank passing a negative color joins none
+// and gets nullptr. `name` is what the communicator's group_name() reports. Used for groups the
+// runtime does not build itself (tests: pretend nodes, sub-worlds for resharding).
+std::shared_ptr<Communicator> split(Group parent, int color, int key, const c10::Device& device,
+                                    const std::string& name, const BackendOptions& options = {});
 
 // Which backends this build has (reported by `fsdp-train --version` and comm-bench).
 std::vector<std::string> compiled_backends();

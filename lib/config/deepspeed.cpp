@@ -125,11 +125,12 @@ class Translator {
     const json* amp = top("amp");
     const json* bf16 = top("bf16");
     using Section = std::pair<const char*, const json*>;
-    for (const auto& [name, sec] : std::initializer_list<Section>{{"fp16", fp16}, {"amp", amp},
-                                                                   {"bf16", bf16}}) {
-      FSDP_USAGE_CHECK(!sec || sec->is_object(),
-                       str(src_, " \"", name, "\" is ", sec ? sec->type_name() : "", ", not a section"),
-                       str("DeepSpeed writes it as \"", name, "\": {\"enabled\": true}"));
+    for (const auto& [name, sec] :
+         std::initializer_list<Section>{{"fp16", fp16}, {"amp", amp}, {"bf16", bf16}}) {
+      FSDP_USAGE_CHECK(
+          !sec || sec->is_object(),
+          str(src_, " \"", name, "\" is ", sec ? sec->type_name() : "", ", not a section"),
+          str("DeepSpeed writes it as \"", name, "\": {\"enabled\": true}"));
     }
     for (const auto& [name, sec] : std::initializer_list<Section>{{"fp16", fp16}, {"amp", amp}}) {
       if (!sec) continue;
@@ -176,11 +177,12 @@ class Translator {
     if (tbs && !is_auto(*tbs)) t = as_int(*tbs, "train_batch_size");
     if (mbs && !is_auto(*mbs)) m = as_int(*mbs, "train_micro_batch_size_per_gpu");
     if (gas && !is_auto(*gas)) g = as_int(*gas, "gradient_accumulation_steps");
-    // Batch sizes far beyond any run (the flags' own limits are lower): refused here, so the
-    // products below cannot overflow.
+    // Batch sizes above the global batch's bound (the option table's; the micro-batch flag's is
+    // lower) are refused here, so the products below cannot overflow.
+    const auto max_batch = static_cast<int64_t>(option("draft-global-batch-size").bounds->max);
     const auto bounded = [&](const std::optional<int64_t>& v, const char* key) {
-      FSDP_USAGE_CHECK(!v || (*v >= 1 && *v <= (int64_t{1} << 24)),
-                       str(src_, " ", key, ": ", v ? *v : 0, " is outside [1, 16777216]"),
+      FSDP_USAGE_CHECK(!v || (*v >= 1 && *v <= max_batch),
+                       str(src_, " ", key, ": ", v ? *v : 0, " is outside [1, ", max_batch, "]"),
                        str("fix ", key, " in the ds_config, or set it to \"auto\""));
     };
     bounded(t, "train_batch_size");
@@ -188,10 +190,11 @@ class Translator {
     bounded(g, "gradient_accumulation_steps");
     const auto product = [&](int64_t a, int64_t b) {
       int64_t r = 0;
-      FSDP_USAGE_CHECK(!__builtin_mul_overflow(a, b, &r) && !__builtin_mul_overflow(r, int64_t{ws}, &r),
-                       str(src_, ": train_micro_batch_size_per_gpu ", a,
-                           " x gradient_accumulation_steps ", b, " x ", ws, " ranks overflows"),
-                       "fix the ds_config batch sizes");
+      FSDP_USAGE_CHECK(
+          !__builtin_mul_overflow(a, b, &r) && !__builtin_mul_overflow(r, int64_t{ws}, &r),
+          str(src_, ": train_micro_batch_size_per_gpu ", a, " x gradient_accumulation_steps ", b,
+              " x ", ws, " ranks overflows"),
+          "fix the ds_config batch sizes");
       return r;
     };
     if (t && m && g && ws > 0) {

@@ -1,6 +1,7 @@
 // Markdown generated from the option table (options.h): the whole of docs/configuration.md and
-// the flag reference inside docs/usage.md. A unit test fails when the checked-in files differ;
-// FSDP_UPDATE_DOCS=1 makes that test rewrite them. Never hand-edit the generated parts.
+// the flag reference and limits table inside docs/usage.md. A unit test fails when the checked-in
+// files differ; FSDP_UPDATE_DOCS=1 makes that test rewrite them. Never hand-edit the generated
+// parts.
 #include <sstream>
 
 #include "config/options.h"
@@ -49,6 +50,15 @@ std::string cell(std::string s) {
   return out;
 }
 
+bool integer_kind(const OptionSpec& s) {
+  return s.kind == OptionKind::kInt || s.kind == OptionKind::kOptInt;
+}
+
+// "integer 1..1000000", "number (0, 1)": the kind with the row's bounds.
+std::string type_cell(const OptionSpec& s) {
+  return kind_text(s) + (s.bounds ? " " + s.bounds->text(integer_kind(s)) : "");
+}
+
 std::string default_cell(const OptionSpec& s) {
   if (s.secret || s.cli_only) return "-";
   return "`" + s.default_text() + "`";
@@ -60,7 +70,8 @@ std::string configuration_markdown() {
   std::ostringstream os;
   os << "# Configuration reference\n\n"
      << "<!-- Generated from lib/config/option_table.cpp by the unit test config.docs "
-        "(FSDP_UPDATE_DOCS=1 build/tests/unit_config \"[#docs]\" --filenames-as-tags). Do not edit. "
+        "(FSDP_UPDATE_DOCS=1 build/tests/unit_config \"[#docs]\" --filenames-as-tags). Do not "
+        "edit. "
         "-->\n\n"
      << "Every option of `fsdp-train` is one row of a single table in the source. The same row "
         "gives the command-line flag, the YAML key, the `--help` text and the entry in the "
@@ -99,8 +110,22 @@ std::string configuration_markdown() {
          << "|---|---|---|---|---|\n";
     }
     os << "| " << (spec.cli_only ? "-" : "`" + spec.yaml_key() + "`") << " | `" << spec.flag()
-       << "` | " << cell(kind_text(spec)) << " | " << cell(default_cell(spec)) << " | "
+       << "` | " << cell(type_cell(spec)) << " | " << cell(default_cell(spec)) << " | "
        << cell(spec.help) << " |\n";
+  }
+  return os.str();
+}
+
+std::string usage_limits_markdown() {
+  std::ostringstream os;
+  os << "| flag | range |\n|---|---|\n";
+  for (const auto& spec : option_table()) {
+    if (!spec.bounds || !spec.alias_of.empty()) continue;
+    os << "| `" << spec.flag() << "`";
+    for (const auto& alias : option_table()) {
+      if (alias.alias_of == spec.name && alias.bounds) os << ", `" << alias.flag() << "`";
+    }
+    os << " | " << cell(spec.bounds->text(integer_kind(spec))) << " |\n";
   }
   return os.str();
 }

@@ -8,15 +8,15 @@
 #include <fstream>
 
 #include "config/train_config.h"
+#include "core/env.h"
 #include "core/error.h"
 
 namespace fsdp::config {
 namespace {
 namespace fs = std::filesystem;
 
-std::string env(const char* name) {
-  const char* v = std::getenv(name);
-  return v ? v : "";
+std::string env_path(const char* name) {
+  return env::text(name).value_or("");
 }
 
 // SpecForge's --model-download-dir, recorded among its no-effect flags ("" when not given).
@@ -50,11 +50,11 @@ std::vector<std::string> hub_cache_dirs(const std::string& model_download_dir) {
     if (!d.empty() && std::find(out.begin(), out.end(), d) == out.end()) out.push_back(d);
   };
   add(model_download_dir);
-  add(env("HF_HUB_CACHE"));
-  if (!env("HF_HOME").empty()) add(env("HF_HOME") + "/hub");
-  add(env("TRANSFORMERS_CACHE"));
-  if (!env("XDG_CACHE_HOME").empty()) add(env("XDG_CACHE_HOME") + "/huggingface/hub");
-  if (!env("HOME").empty()) add(env("HOME") + "/.cache/huggingface/hub");
+  add(env_path("HF_HUB_CACHE"));
+  if (!env_path("HF_HOME").empty()) add(env_path("HF_HOME") + "/hub");
+  add(env_path("TRANSFORMERS_CACHE"));
+  if (!env_path("XDG_CACHE_HOME").empty()) add(env_path("XDG_CACHE_HOME") + "/huggingface/hub");
+  if (!env_path("HOME").empty()) add(env_path("HOME") + "/.cache/huggingface/hub");
   return out;
 }
 

@@ -2,6 +2,7 @@
 // defaults live in train_config.h's member initialisers and are read back from a default
 // TrainConfig, so help, docs and the struct cannot disagree. Never add an option elsewhere.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <type_traits>
 
@@ -92,15 +93,21 @@ OptionSpec row(std::string name, OptionKind kind, std::string group, std::string
     s.set = [acc](TrainConfig& c, const OptionValue& v, const std::string&) { acc(c) = v.text; };
     s.get = [cacc](const TrainConfig& c) { return OptionValue{false, cacc(c), {}}; };
   } else if constexpr (std::is_same_v<T, int64_t>) {
-    s.set = [acc](TrainConfig& c, const OptionValue& v, const std::string& src) {
-      acc(c) = parse_int(v.text, src);
+    // Bounds are looked up when a value is set: the row gets them after row() returns, and an
+    // alias (a copy of the row) checks against its target's.
+    s.set = [acc, name = s.name](TrainConfig& c, const OptionValue& v, const std::string& src) {
+      const int64_t n = parse_int(v.text, src);
+      option(name).check_int(n, src);
+      acc(c) = n;
     };
     s.get = [cacc](const TrainConfig& c) {
       return OptionValue{false, std::to_string(cacc(c)), {}};
     };
   } else if constexpr (std::is_same_v<T, double>) {
-    s.set = [acc](TrainConfig& c, const OptionValue& v, const std::string& src) {
-      acc(c) = parse_float(v.text, src);
+    s.set = [acc, name = s.name](TrainConfig& c, const OptionValue& v, const std::string& src) {
+      const double x = parse_float(v.text, src);
+      option(name).check_float(x, src);
+      acc(c) = x;
     };
     s.get = [cacc](const TrainConfig& c) { return OptionValue{false, format_float(cacc(c)), {}}; };
   } else if constexpr (std::is_same_v<T, bool>) {
@@ -111,11 +118,13 @@ OptionSpec row(std::string name, OptionKind kind, std::string group, std::string
       return OptionValue{false, cacc(c) ? "true" : "false", {}};
     };
   } else if constexpr (std::is_same_v<T, std::optional<int64_t>>) {
-    s.set = [acc](TrainConfig& c, const OptionValue& v, const std::string& src) {
+    s.set = [acc, name = s.name](TrainConfig& c, const OptionValue& v, const std::string& src) {
       if (v.is_null || is_null_text(v.text)) {
         acc(c).reset();
       } else {
-        acc(c) = parse_int(v.text, src);
+        const int64_t n = parse_int(v.text, src);
+        option(name).check_int(n, src);
+        acc(c) = n;
       }
     };
     s.get = [cacc](const TrainConfig& c) {
@@ -123,11 +132,13 @@ OptionSpec row(std::string name, OptionKind kind, std::string group, std::string
       return o ? OptionValue{false, std::to_string(*o), {}} : OptionValue{true, "none", {}};
     };
   } else if constexpr (std::is_same_v<T, std::optional<double>>) {
-    s.set = [acc](TrainConfig& c, const OptionValue& v, const std::string& src) {
+    s.set = [acc, name = s.name](TrainConfig& c, const OptionValue& v, const std::string& src) {
       if (v.is_null || is_null_text(v.text)) {
         acc(c).reset();
       } else {
-        acc(c) = parse_float(v.text, src);
+        const double x = parse_float(v.text, src);
+        option(name).check_float(x, src);
+        acc(c) = x;
       }
     };
     s.get = [cacc](const TrainConfig& c) {
@@ -296,8 +307,9 @@ void check_positive_text(const std::string& v, const std::string& src) {
 void check_attention_backend(const std::string& v, const std::string& src) {
   const std::string t = detail::to_lower(v);
   FSDP_USAGE_CHECK(t != "usp",
-                   str(src, " usp: SpecForge's usp backend is sequence parallelism, which "
-                            "fsdp-train does not implement"),
+                   str(src,
+                       " usp: SpecForge's usp backend is sequence parallelism, which "
+                       "fsdp-train does not implement"),
                    "drop it (fsdp-train's one attention implementation is exact at any length)");
   FSDP_USAGE_CHECK(t == "sdpa" || t == "flex_attention" || t == "fa" || t == "eager",
                    str(src, ": '", v, "' is not one of sdpa, flex_attention, fa, eager"),
@@ -311,9 +323,46 @@ void check_target_backend(const std::string& v, const std::string& src) {
 }
 void check_not_vlm(const std::string& v, const std::string& src) {
   FSDP_USAGE_CHECK(v != "true",
-                   str(src, ": vision-language targets (SpecForge's online VLM training) are "
-                            "not supported"),
+                   str(src,
+                       ": vision-language targets (SpecForge's online VLM training) are "
+                       "not supported"),
                    "train on a text-only target's hidden states");
+}
+
+// Limits of the integer options: far above any real run, and low enough that no product or
+// conversion of them (steps x batches, minutes -> milliseconds) overflows.
+constexpr int64_t kMaxSteps = 1000000000000;  // 1e12 optimizer steps
+constexpr int64_t kMaxEpochs = 1000000;       // 1e6 epochs (also epoch intervals)
+
+// A whole number from lo to hi; the hint says so (with `zero_means`) unless `hint` is given.
+NumericBounds whole(int64_t lo, int64_t hi, std::string zero_means = "", std::string hint = "") {
+  NumericBounds b;
+  b.min = static_cast<double>(lo);
+  b.max = static_cast<double>(hi);
+  b.zero_means = std::move(zero_means);
+  b.hint = std::move(hint);
+  return b;
+}
+// A real number in an interval reported as such: "is outside [0, 1)".
+NumericBounds interval(double lo, bool lo_open, double hi, bool hi_open, std::string hint) {
+  NumericBounds b;
+  b.min = lo;
+  b.min_open = lo_open;
+  b.max = hi;
+  b.max_open = hi_open;
+  b.as_interval = true;
+  b.hint = std::move(hint);
+  return b;
+}
+// A real number of at least (or, open, above) lo and at most hi.
+NumericBounds at_least(double lo, bool lo_open, std::string hint,
+                       double hi = std::numeric_limits<double>::infinity()) {
+  NumericBounds b;
+  b.min = lo;
+  b.min_open = lo_open;
+  b.max = hi;
+  b.hint = std::move(hint);
+  return b;
 }
 
 std::vector<OptionSpec> build_table() {
@@ -369,6 +418,7 @@ std::vector<OptionSpec> build_table() {
                                FIELD(model.init_checkpoint)));
   t.push_back(row<int64_t>("ttt-length", K::kInt, md, "test-time-training unroll steps T",
                            FIELD(model.ttt_length)));
+  t.back().bounds = whole(1, 64, "", "EAGLE3 uses 7; give 1 to 64");
   t.push_back(row<bool>("activation-checkpointing", K::kBool, md,
                         "keep only the decoder layer's inputs and outputs in forward and recompute "
                         "its activations in backward, and keep only each step's logits for the "
@@ -393,6 +443,9 @@ std::vector<OptionSpec> build_table() {
                                "SpecForge chat template name" + unused, FIELD(data.chat_template)));
   t.push_back(row<int64_t>("max-length", K::kInt, da, "truncate samples to this many tokens",
                            FIELD(data.max_length)));
+  t.back().bounds =
+      whole(2, 1 << 20, "",
+            "give --max-length a whole number from 2 (a token and its successor) to 1048576");
   t.push_back(row<std::string>("cache-dir", K::kPath, da,
                                "where the vocab mapping and other derived data are cached",
                                FIELD(data.cache_dir)));
@@ -403,29 +456,39 @@ std::vector<OptionSpec> build_table() {
                            "threads per rank that read and collate micro-batches ahead of the "
                            "trainer (0: 1 on the CPU, 4 on a GPU)",
                            FIELD(data.loader_threads)));
+  t.back().bounds = whole(0, 64, " (0: 1 on the CPU, 4 on a GPU)");
 
   t.push_back(row<int64_t>("num-epochs", K::kInt, tr, "passes over the training data",
                            FIELD(loop.num_epochs)));
+  t.back().bounds = whole(1, kMaxEpochs);
   t.push_back(row<int64_t>("draft-global-batch-size", K::kInt, tr,
                            "samples per optimizer step over all ranks",
                            FIELD(loop.draft_global_batch_size)));
+  t.back().bounds = whole(1, 1 << 24);
   t.push_back(row<int64_t>("draft-micro-batch-size", K::kInt, tr,
                            "samples per forward/backward on one rank",
                            FIELD(loop.draft_micro_batch_size)));
+  t.back().bounds =
+      whole(1, 1 << 16, "",
+            "give --draft-micro-batch-size a whole number from 1 to 65536; for larger batches "
+            "raise the accumulation (--draft-global-batch-size) instead");
   t.push_back(row<std::optional<int64_t>>(
       "gradient-accumulation-steps", K::kOptInt, tr,
       "micro-batches per optimizer step; default: global / (ranks * micro); when given it must "
       "agree",
       FIELD(loop.gradient_accumulation_steps)));
+  t.back().bounds = whole(1, 1 << 24);
   t.push_back(row<std::optional<int64_t>>(
       "total-steps", K::kOptInt, tr,
       "optimizer steps of the LR schedule; default: num-epochs * ceil(batches per epoch / "
       "accumulation)",
       FIELD(loop.total_steps)));
+  t.back().bounds = whole(1, kMaxSteps);
   t.push_back(row<std::optional<int64_t>>(
       "max-steps", K::kOptInt, tr,
       "stop after this optimizer step (saving a checkpoint) without changing the LR schedule",
       FIELD(loop.max_steps)));
+  t.back().bounds = whole(1, kMaxSteps);
   t.push_back(
       row<int64_t>("seed", K::kInt, tr, "seed of initialisation and data order", FIELD(loop.seed)));
   t.push_back(row<LossNormalization>(
@@ -438,22 +501,34 @@ std::vector<OptionSpec> build_table() {
 
   t.push_back(row<double>("learning-rate", K::kFloat, op, "peak learning rate",
                           FIELD(optim.learning_rate)));
+  t.back().bounds =
+      interval(0, true, 1, true, "typical values are 1e-5 .. 1e-3 (SpecForge default 1e-4)");
   t.push_back(row<double>("warmup-ratio", K::kFloat, op,
                           "warmup steps as a fraction of total steps", FIELD(optim.warmup_ratio)));
+  t.back().bounds = interval(
+      0, false, 1, false, "give a fraction of the total steps, e.g. 0.015 (SpecForge's default)");
   t.push_back(row<std::optional<int64_t>>("warmup-steps", K::kOptInt, op,
                                           "warmup steps; when set it replaces --warmup-ratio",
                                           FIELD(optim.warmup_steps)));
+  t.back().bounds = whole(0, kMaxSteps);
   t.push_back(row<LrScheduler>("lr-scheduler", K::kEnum, op,
                                "decay after warmup: cosine to 0, linear to 0, or constant",
                                FIELD(optim.lr_scheduler)));
   t.push_back(row<double>("max-grad-norm", K::kFloat, op,
                           "clip the global gradient L2 norm to this (0 disables clipping)",
                           FIELD(optim.max_grad_norm)));
+  t.back().bounds = at_least(0, false, "use 0 to disable clipping");
   t.push_back(row<double>("adam-beta1", K::kFloat, op, "AdamW beta1", FIELD(optim.adam_beta1)));
+  t.back().bounds = interval(0, false, 1, true, "give a value in [0, 1), e.g. 0.9 (the default)");
   t.push_back(row<double>("adam-beta2", K::kFloat, op, "AdamW beta2", FIELD(optim.adam_beta2)));
+  t.back().bounds = interval(0, false, 1, true, "give a value in [0, 1), e.g. 0.999 (the default)");
   t.push_back(row<double>("adam-eps", K::kFloat, op, "AdamW epsilon", FIELD(optim.adam_eps)));
+  t.back().bounds =
+      interval(0, true, 1, false, "give a small positive value, e.g. 1e-8 (the default)");
   t.push_back(row<double>("weight-decay", K::kFloat, op, "AdamW decoupled weight decay",
                           FIELD(optim.weight_decay)));
+  t.back().bounds =
+      interval(0, false, 1, false, "give a value in [0, 1], e.g. 0 (the default) or 0.01");
 
   t.push_back(row<ShardingStrategy>(
       "sharding-strategy", K::kEnum, sh,
@@ -486,8 +561,10 @@ std::vector<OptionSpec> build_table() {
   t.push_back(row<int64_t>("save-interval", K::kInt, ck,
                            "save a checkpoint every N epochs (0: off)",
                            FIELD(checkpoint.save_interval)));
+  t.back().bounds = whole(0, kMaxEpochs, " (0: off)");
   t.push_back(row<int64_t>("save-steps", K::kInt, ck, "also save every N optimizer steps (0: off)",
                            FIELD(checkpoint.save_steps)));
+  t.back().bounds = whole(0, kMaxSteps, " (0: off)");
   t.push_back(row<bool>("save-final", K::kBool, ck,
                         "save a checkpoint when training ends, unless one was saved at that step; "
                         "false only for benchmarks and throwaway runs (the final weights are then "
@@ -500,17 +577,21 @@ std::vector<OptionSpec> build_table() {
   t.push_back(row<int64_t>("keep-last", K::kInt, ck,
                            "keep only the newest N complete checkpoints (0: keep all)",
                            FIELD(checkpoint.keep_last)));
+  t.back().bounds = whole(0, kMaxEpochs, " (0: keep all)");
   t.push_back(resume_row());
 
   t.push_back(row<int64_t>("eval-interval", K::kInt, ev, "evaluate every N epochs (0: off)",
                            FIELD(eval.eval_interval)));
+  t.back().bounds = whole(0, kMaxEpochs, " (0: off)");
   t.push_back(row<int64_t>("eval-steps", K::kInt, ev,
                            "also evaluate every N optimizer steps (0: off)",
                            FIELD(eval.eval_steps)));
+  t.back().bounds = whole(0, kMaxSteps, " (0: off)");
 
   t.push_back(row<int64_t>("log-steps", K::kInt, lg,
                            "print and record metrics every N optimizer steps",
                            FIELD(metrics.log_steps)));
+  t.back().bounds = whole(1, kMaxSteps);
   t.push_back(report_to_row());
   t.push_back(row<std::string>("tensorboard-dir", K::kPath, lg,
                                "TensorBoard event directory (default: <output-dir>/tensorboard)",
@@ -529,6 +610,8 @@ std::vector<OptionSpec> build_table() {
       "mfu-peak-tflops", K::kOptFloat, lg,
       "peak TFLOP/s per device for MFU; default: known GPUs (H100/H200 989, A100 312), n/a on CPU",
       FIELD(metrics.mfu_peak_tflops)));
+  t.back().bounds = at_least(
+      0, true, "give the device's dense bf16 peak in TFLOP/s, e.g. 989 for an H100 SXM", 1.0e6);
   t.push_back(row<std::string>("log-level", K::kString, lg,
                                "trace, debug, info, warn, error or off (env FSDP_LOG_LEVEL)",
                                FIELD(runtime.log_level)));
@@ -542,8 +625,10 @@ std::vector<OptionSpec> build_table() {
   t.push_back(row<int64_t>("profile-start-step", K::kInt, pf,
                            "the optimizer step after which profiling starts",
                            FIELD(profile.start_step)));
+  t.back().bounds = whole(0, kMaxSteps);
   t.push_back(row<int64_t>("profile-num-steps", K::kInt, pf, "optimizer steps to profile",
                            FIELD(profile.num_steps)));
+  t.back().bounds = whole(1, 10000);
   t.push_back(row<bool>("profile-record-shapes", K::kBool, pf,
                         "record operator input shapes in the trace", FIELD(profile.record_shapes)));
   t.push_back(row<std::string>("profile-dir", K::kPath, pf,
@@ -554,10 +639,12 @@ std::vector<OptionSpec> build_table() {
   t.push_back(row<DeviceKind>("device", K::kEnum, rt,
                               "auto: the GPU of the local rank when there is one, else cpu",
                               FIELD(runtime.device)));
-  t.push_back(row<int64_t>("threads", K::kInt, rt,
-                           "CPU threads per rank (0: OMP_NUM_THREADS when set, else cores divided by ranks on "
-                           "the node)",
-                           FIELD(runtime.threads)));
+  t.push_back(row<int64_t>(
+      "threads", K::kInt, rt,
+      "CPU threads per rank (0: OMP_NUM_THREADS when set, else cores divided by ranks on "
+      "the node)",
+      FIELD(runtime.threads)));
+  t.back().bounds = whole(0, 1024, " (0: chosen from the cores)");
   t.push_back(row<StepScalars>(
       "step-scalars", K::kEnum, rt,
       "where the optimizer step's gradient norm, clip coefficient, skip flag and step count "
@@ -569,20 +656,8 @@ std::vector<OptionSpec> build_table() {
   t.push_back(row<int64_t>("dist-timeout", K::kInt, rt,
                            "minutes a collective may wait before the job is aborted",
                            FIELD(runtime.dist_timeout_minutes)));
-  // Bounded already when parsed (validate() checks again): the trainer converts the minutes to
-  // clock durations before it validates, and no value held may overflow that.
-  t.back().set = [](TrainConfig& c, const OptionValue& v, const std::string& src) {
-    constexpr int64_t kMaxMinutes = 7 * 24 * 60;  // train_config.cpp's kMaxDistTimeoutMinutes
-    const int64_t n = parse_int(v.text, src);
-    FSDP_USAGE_CHECK(n > 0, str(src, " must be positive, got ", n),
-                     str("give the minutes a collective may wait, 1 to ", kMaxMinutes,
-                         " (default 20)"));
-    FSDP_USAGE_CHECK(n <= kMaxMinutes,
-                     str(src, " ", n, " is above its maximum ", kMaxMinutes, " (a week)"),
-                     str("give the minutes a collective may wait, 1 to ", kMaxMinutes,
-                         " (default 20)"));
-    c.runtime.dist_timeout_minutes = n;
-  };
+  t.back().bounds =
+      whole(1, 7 * 24 * 60, "", "give the minutes a collective may wait, 1 to 10080 (a week)");
 
   // Names other SpecForge versions use (their --help differs between releases). Aliases go
   // through our option's parser; the rest are checked, recorded and otherwise unused.
@@ -594,8 +669,7 @@ std::vector<OptionSpec> build_table() {
                         "micro-batches per optimizer step (SpecForge's name for "
                         "--gradient-accumulation-steps); without --draft-global-batch-size the "
                         "global batch follows from it"));
-  t.push_back(alias_row(t, "max-num-steps", "max-steps",
-                        "SpecForge's name for --max-steps"));
+  t.push_back(alias_row(t, "max-num-steps", "max-steps", "SpecForge's name for --max-steps"));
   t.push_back(alias_row(t, "log-interval", "log-steps", "SpecForge's name for --log-steps"));
   t.push_back(alias_row(t, "ckpt-dir", "init-checkpoint",
                         "SpecForge's name for --init-checkpoint (a draft directory to fine-tune "
@@ -603,12 +677,10 @@ std::vector<OptionSpec> build_table() {
   t.push_back(alias_row(t, "dataloader-num-workers", "loader-threads",
                         "SpecForge's DataLoader workers: sets --loader-threads (0, SpecForge's "
                         "'load in the main process', means one reader thread)"));
+  t.back().bounds = whole(0, 64, "", "give 0 to 64 reader threads (0: one)");
   t.back().set = [](TrainConfig& c, const OptionValue& v, const std::string& src) {
     const int64_t n = parse_int(v.text, src);
-    FSDP_USAGE_CHECK(n >= 0, str(src, " must be 0 or more, got ", n),
-                     "give 0 to 64 reader threads (0: one)");
-    FSDP_USAGE_CHECK(n <= 64, str(src, " ", n, " is above its maximum 64"),
-                     "give 0 to 64 reader threads (0: one)");
+    option("dataloader-num-workers").check_int(n, src);
     c.data.loader_threads = std::max<int64_t>(n, 1);
   };
   t.push_back(alias_row(t, "wandb", "report-to",
@@ -700,6 +772,69 @@ std::string OptionSpec::default_text() const {
   return v.text;
 }
 
+std::string NumericBounds::text(bool integer) const {
+  const auto num = [&](double v) {
+    return integer ? std::to_string(static_cast<int64_t>(v)) : format_float(v);
+  };
+  if (integer) return num(min) + ".." + num(max);
+  if (std::isinf(max)) return (min_open ? "> " : ">= ") + num(min);
+  return (min_open ? "(" : "[") + num(min) + ", " + num(max) + (max_open ? ")" : "]");
+}
+
+void OptionSpec::check_int(int64_t v, const std::string& source) const {
+  if (!bounds) return;
+  const NumericBounds& b = *bounds;
+  const std::string src = source.empty() ? flag() : source;
+  const auto lo = static_cast<int64_t>(b.min), hi = static_cast<int64_t>(b.max);
+  const std::string hint =
+      b.hint.empty() ? str("give ", flag(), " a whole number from ", lo, " to ", hi, b.zero_means)
+                     : b.hint;
+  if (v < lo) {
+    FSDP_USAGE_CHECK(false,
+                     lo == 1   ? str(src, " must be positive, got ", v)
+                     : lo == 0 ? str(src, " must be 0 or more, got ", v)
+                               : str(src, " ", v, " is below its minimum ", lo),
+                     hint);
+  }
+  FSDP_USAGE_CHECK(v <= hi, str(src, " ", v, " is above its maximum ", hi), hint);
+}
+
+void OptionSpec::check_float(double v, const std::string& source) const {
+  if (!bounds) return;
+  const NumericBounds& b = *bounds;
+  const std::string src = source.empty() ? flag() : source;
+  const std::string hint =
+      b.hint.empty() ? str("give ", flag(), " a number ", b.text(false), b.zero_means) : b.hint;
+  const bool below = b.min_open ? !(v > b.min) : !(v >= b.min);
+  const bool above = b.max_open ? !(v < b.max) : !(v <= b.max);
+  const std::string shown = format_float(v);
+  if (b.as_interval) {
+    FSDP_USAGE_CHECK(!below && !above, str(src, " ", shown, " is outside ", b.text(false)), hint);
+    return;
+  }
+  if (below) {
+    FSDP_USAGE_CHECK(false,
+                     b.min != 0
+                         ? str(src, " ", shown, " is below its minimum ", format_float(b.min))
+                     : b.min_open ? str(src, " ", shown, " must be positive")
+                                  : str(src, " ", shown, " is negative"),
+                     hint);
+  }
+  FSDP_USAGE_CHECK(!above, str(src, " ", shown, " is above its maximum ", format_float(b.max)),
+                   hint);
+}
+
+void OptionSpec::check_value(const TrainConfig& cfg) const {
+  if (!bounds) return;
+  const OptionValue v = get(cfg);
+  if (v.is_null) return;
+  if (kind == OptionKind::kInt || kind == OptionKind::kOptInt) {
+    check_int(parse_int(v.text, flag()));
+  } else {
+    check_float(parse_float(v.text, flag()));
+  }
+}
+
 const std::vector<OptionSpec>& option_table() {
   static const std::vector<OptionSpec> table = build_table();
   return table;
@@ -714,6 +849,12 @@ const OptionSpec* find_option(const std::string& name) {
     if (spec.name == n) return &spec;
   }
   return nullptr;
+}
+
+const OptionSpec& option(const std::string& name) {
+  const OptionSpec* spec = find_option(name);
+  FSDP_ASSERT(spec != nullptr, "no option named " + name + " in the option table");
+  return *spec;
 }
 
 std::string closest_option(const std::string& name) {
@@ -736,16 +877,17 @@ UnknownFlagAdvice advise_unknown_flag(const std::string& arg) {
     return {str("unexpected argument '", arg, "'"),
             "every value belongs to a flag (--name VALUE); fsdp-train --help lists them"};
   }
-  std::string name = arg.substr(2, arg.find('=') == std::string::npos ? std::string::npos
-                                                                       : arg.find('=') - 2);
+  std::string name =
+      arg.substr(2, arg.find('=') == std::string::npos ? std::string::npos : arg.find('=') - 2);
   const auto starts = [&](const char* p) { return name.rfind(p, 0) == 0; };
   if (starts("swanlab") || starts("mlflow")) {
     return {str("--", name, ": SpecForge's SwanLab and MLflow trackers are not supported"),
             "use --report-to wandb and/or tensorboard (metrics.jsonl is always written)"};
   }
   if (starts("sglang-") || starts("target-batch-size") || starts("target-micro-batch-size")) {
-    return {str("--", name, " configures SpecForge's online target model, and fsdp-train trains "
-                            "offline on precomputed hidden states"),
+    return {str("--", name,
+                " configures SpecForge's online target model, and fsdp-train trains "
+                "offline on precomputed hidden states"),
             "drop it; make the hidden states with SpecForge's prepare_hidden_states.py"};
   }
   return {str("unknown flag --", name),

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -45,6 +46,25 @@ struct OptionValue {
   std::vector<std::string> list;
 };
 
+// The accepted range of a numeric option (kInt, kOptInt, kFloat, kOptFloat). The table is the one
+// place bounds live: values are checked against them when parsed (flag, YAML key, ds_config
+// key), validate() checks the whole configuration against them, and other code that needs a
+// bound (the data loader) reads it from the row.
+struct NumericBounds {
+  double min = -std::numeric_limits<double>::infinity();
+  double max = std::numeric_limits<double>::infinity();
+  bool min_open = false;  // exclusive ends: (0, 1) for the learning rate
+  bool max_open = false;
+  // Report both sides as "is outside [min, max)" (rates and fractions) rather than
+  // "must be positive" / "is above its maximum".
+  bool as_interval = false;
+  // What to give instead; empty: "give --flag a whole number from min to max" + zero_means.
+  std::string hint;
+  std::string zero_means;  // e.g. " (0: off)"
+  // The range as docs show it: "1..1000000", "(0, 1)", ">= 0".
+  std::string text(bool integer) const;
+};
+
 struct OptionSpec {
   std::string name;  // flag without dashes, e.g. "draft-micro-batch-size"
   OptionKind kind;
@@ -60,6 +80,13 @@ struct OptionSpec {
   // ("--learning-rate" or "run.yaml:12 learning_rate").
   std::function<void(TrainConfig&, const OptionValue&, const std::string& source)> set;
   std::function<OptionValue(const TrainConfig&)> get;
+  std::optional<NumericBounds> bounds;  // numeric kinds only; unset: any representable value
+
+  // Throw a UsageError naming `source` (default: the flag) when the value is out of bounds.
+  void check_int(int64_t v, const std::string& source = "") const;
+  void check_float(double v, const std::string& source = "") const;
+  // Checks the value `cfg` holds for this option (validate() does so for every bounded row).
+  void check_value(const TrainConfig& cfg) const;
 
   std::string flag() const { return "--" + name; }
   std::string yaml_key() const;
@@ -71,6 +98,8 @@ struct OptionSpec {
 const std::vector<OptionSpec>& option_table();
 // nullptr when unknown. Accepts "learning-rate", "learning_rate" and "--learning-rate".
 const OptionSpec* find_option(const std::string& name);
+// The row of an option the caller knows exists (code, not user input): asserts.
+const OptionSpec& option(const std::string& name);
 // The known name closest to `name` (edit distance), for "did you mean" messages.
 std::string closest_option(const std::string& name);
 
@@ -143,5 +172,7 @@ std::string to_display(const TrainConfig& cfg);
 // rewrites them).
 std::string configuration_markdown();
 std::string usage_flags_markdown();
+// The bounds of every numeric option (docs/usage.md, Limits).
+std::string usage_limits_markdown();
 
 }  // namespace fsdp::config

@@ -4,6 +4,7 @@
 #include "config/train_config.h"
 
 #include "config/hf_cache.h"
+#include "config/options.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -98,33 +99,6 @@ BatchPlan batch_plan(const TrainConfig& cfg, int world_size) {
 
 namespace {
 
-// Integer flags are bounded at start-up (docs/usage.md, Limits): far above any real run, and
-// low enough that no product or conversion of them (steps x batches, minutes -> ms) overflows.
-constexpr int64_t kMaxDistTimeoutMinutes = 7 * 24 * 60;  // a week (minutes -> ms cannot overflow)
-constexpr int64_t kMaxSteps = 1000000000000;      // 1e12 optimizer steps
-constexpr int64_t kMaxEpochs = 1000000;           // 1e6 epochs (also epoch intervals)
-constexpr int64_t kMaxLength = 1 << 20;           // tokens per sample
-constexpr int64_t kMaxMicroBatch = 1 << 16;       // samples per rank per forward
-constexpr int64_t kMaxGlobalBatch = 1 << 24;      // samples per optimizer step
-constexpr int64_t kMaxThreads = 1024;             // CPU threads per rank
-constexpr int64_t kMaxProfileSteps = 10000;       // profiled optimizer steps
-constexpr double kMaxTflops = 1.0e6;              // peak TFLOP/s of one device
-
-void check_at_most(int64_t v, int64_t max, const char* flag, const std::string& hint) {
-  FSDP_USAGE_CHECK(v <= max, str(flag, " ", v, " is above its maximum ", max),
-                   hint.empty() ? str("give ", flag, " a value of at most ", max) : hint);
-}
-void check_positive(int64_t v, const char* flag, int64_t max) {
-  FSDP_USAGE_CHECK(v > 0, str(flag, " must be positive, got ", v),
-                   str("give ", flag, " a whole number from 1 to ", max));
-  check_at_most(v, max, flag, "");
-}
-void check_non_negative(int64_t v, const char* flag, int64_t max, const char* zero_means = "") {
-  FSDP_USAGE_CHECK(v >= 0, str(flag, " must be 0 or more, got ", v),
-                   str("give ", flag, " a whole number from 0 to ", max, zero_means));
-  check_at_most(v, max, flag, "");
-}
-
 bool is_dir(const std::string& p) {
   struct stat st {};
   return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
@@ -152,92 +126,31 @@ void check_file(const std::string& p, const char* flag) {
 void validate(const TrainConfig& cfg, int world_size, const ValidateOptions& options,
               int ranks_per_node) {
   const bool train = options.training && !cfg.loop.eval_only;
-  check_positive(cfg.loop.num_epochs, "--num-epochs", kMaxEpochs);
-  check_positive(cfg.data.max_length, "--max-length", kMaxLength);
-  FSDP_USAGE_CHECK(cfg.model.ttt_length > 0,
-                   str("--ttt-length must be positive, got ", cfg.model.ttt_length),
-                   "EAGLE3 uses 7; give 1 to 64");
-  FSDP_USAGE_CHECK(cfg.model.ttt_length <= 64,
-                   str("--ttt-length ", cfg.model.ttt_length, " is implausibly large"),
-                   "EAGLE3 uses 7; keep it at most 64");
-  check_at_most(cfg.loop.draft_global_batch_size, kMaxGlobalBatch, "--draft-global-batch-size",
-                "");
-  check_at_most(cfg.loop.draft_micro_batch_size, kMaxMicroBatch, "--draft-micro-batch-size",
-                "lower --draft-micro-batch-size and raise the accumulation instead");
-  if (cfg.loop.gradient_accumulation_steps) {
-    check_positive(*cfg.loop.gradient_accumulation_steps, "--gradient-accumulation-steps",
-                   kMaxGlobalBatch);
+  // Every numeric option within its bounds (the option table's, also checked when parsed: this
+  // catches configurations built in code).
+  for (const OptionSpec& spec : option_table()) {
+    if (spec.alias_of.empty() && !spec.cli_only) spec.check_value(cfg);
   }
   if (train) batch_plan(cfg, world_size);  // an evaluation only needs a micro-batch
-  check_positive(cfg.loop.draft_micro_batch_size, "--draft-micro-batch-size", kMaxMicroBatch);
-  if (cfg.loop.total_steps) check_positive(*cfg.loop.total_steps, "--total-steps", kMaxSteps);
-  if (cfg.loop.max_steps) {
-    check_positive(*cfg.loop.max_steps, "--max-steps", kMaxSteps);
-    if (cfg.loop.total_steps) {
-      FSDP_USAGE_CHECK(*cfg.loop.max_steps <= *cfg.loop.total_steps,
-                       str("--max-steps ", *cfg.loop.max_steps, " is past --total-steps ",
-                           *cfg.loop.total_steps),
-                       "--max-steps stops early inside the schedule; lower it or raise "
-                       "--total-steps");
-    }
+  if (cfg.loop.max_steps && cfg.loop.total_steps) {
+    FSDP_USAGE_CHECK(
+        *cfg.loop.max_steps <= *cfg.loop.total_steps,
+        str("--max-steps ", *cfg.loop.max_steps, " is past --total-steps ", *cfg.loop.total_steps),
+        "--max-steps stops early inside the schedule; lower it or raise "
+        "--total-steps");
   }
-
   const auto& o = cfg.optim;
-  FSDP_USAGE_CHECK(o.learning_rate > 0 && o.learning_rate < 1,
-                   str("--learning-rate ", o.learning_rate, " is outside (0, 1)"),
-                   "typical values are 1e-5 .. 1e-3 (SpecForge default 1e-4)");
-  FSDP_USAGE_CHECK(o.warmup_ratio >= 0 && o.warmup_ratio <= 1,
-                   str("--warmup-ratio ", o.warmup_ratio, " is outside [0, 1]"),
-                   "give a fraction of the total steps, e.g. 0.015 (SpecForge's default)");
-  if (o.warmup_steps) check_non_negative(*o.warmup_steps, "--warmup-steps", kMaxSteps);
   if (o.warmup_steps && cfg.loop.total_steps) {
     FSDP_USAGE_CHECK(
         *o.warmup_steps <= *cfg.loop.total_steps,
         str("--warmup-steps ", *o.warmup_steps, " exceeds --total-steps ", *cfg.loop.total_steps),
         "lower --warmup-steps");
   }
-  FSDP_USAGE_CHECK(o.max_grad_norm >= 0, str("--max-grad-norm ", o.max_grad_norm, " is negative"),
-                   "use 0 to disable clipping");
-  FSDP_USAGE_CHECK(o.adam_beta1 >= 0 && o.adam_beta1 < 1,
-                   str("--adam-beta1 ", o.adam_beta1, " is outside [0, 1)"),
-                   "give a value in [0, 1), e.g. 0.9 (the default)");
-  FSDP_USAGE_CHECK(o.adam_beta2 >= 0 && o.adam_beta2 < 1,
-                   str("--adam-beta2 ", o.adam_beta2, " is outside [0, 1)"),
-                   "give a value in [0, 1), e.g. 0.999 (the default)");
-  FSDP_USAGE_CHECK(o.adam_eps > 0 && o.adam_eps <= 1,
-                   str("--adam-eps ", o.adam_eps, " is outside (0, 1]"),
-                   "give a small positive value, e.g. 1e-8 (the default)");
-  FSDP_USAGE_CHECK(o.weight_decay >= 0 && o.weight_decay <= 1,
-                   str("--weight-decay ", o.weight_decay, " is outside [0, 1]"),
-                   "give a value in [0, 1], e.g. 0 (the default) or 0.01");
-
-  check_non_negative(cfg.checkpoint.save_interval, "--save-interval", kMaxEpochs, " (0: off)");
-  check_non_negative(cfg.checkpoint.save_steps, "--save-steps", kMaxSteps, " (0: off)");
-  check_non_negative(cfg.checkpoint.keep_last, "--keep-last", kMaxEpochs, " (0: keep all)");
-  check_non_negative(cfg.eval.eval_interval, "--eval-interval", kMaxEpochs, " (0: off)");
-  check_non_negative(cfg.eval.eval_steps, "--eval-steps", kMaxSteps, " (0: off)");
-  check_positive(cfg.metrics.log_steps, "--log-steps", kMaxSteps);
-  check_non_negative(cfg.runtime.threads, "--threads", kMaxThreads, " (0: chosen from the cores)");
-  check_positive(cfg.runtime.dist_timeout_minutes, "--dist-timeout", kMaxDistTimeoutMinutes);
-  FSDP_USAGE_CHECK(cfg.data.loader_threads >= 0 && cfg.data.loader_threads <= 64,
-                   str("--loader-threads must be in [0, 64], got ", cfg.data.loader_threads),
-                   "0 picks 1 on the CPU and 4 on a GPU");
-  check_non_negative(cfg.profile.start_step, "--profile-start-step", kMaxSteps);
-  check_positive(cfg.profile.num_steps, "--profile-num-steps", kMaxProfileSteps);
   if (const auto dp = cfg.specforge_flags.find("dp-size"); dp != cfg.specforge_flags.end()) {
     FSDP_USAGE_CHECK(
         dp->second == std::to_string(world_size),
         str("--dp-size ", dp->second, " but the job has ", world_size, " data-parallel ranks"),
         "drop --dp-size (every rank is data-parallel) or start that many ranks");
-  }
-  if (cfg.metrics.mfu_peak_tflops) {
-    FSDP_USAGE_CHECK(*cfg.metrics.mfu_peak_tflops > 0,
-                     str("--mfu-peak-tflops ", *cfg.metrics.mfu_peak_tflops, " must be positive"),
-                     "give the device's dense bf16 peak, e.g. 989 for an H100 SXM");
-    FSDP_USAGE_CHECK(*cfg.metrics.mfu_peak_tflops <= kMaxTflops,
-                     str("--mfu-peak-tflops ", *cfg.metrics.mfu_peak_tflops,
-                         " is above its maximum ", kMaxTflops),
-                     "give the device's dense bf16 peak in TFLOP/s, e.g. 989 for an H100 SXM");
   }
   // W&B refuses these project names only when the side process creates the run, after the
   // start-up: checked here instead. Run names (display names) may hold any printable text.
@@ -248,7 +161,8 @@ void validate(const TrainConfig& cfg, int world_size, const ValidateOptions& opt
   FSDP_USAGE_CHECK(wp.find_first_of("/\\#?%:") == std::string::npos &&
                        std::none_of(wp.begin(), wp.end(),
                                     [](char ch) { return static_cast<unsigned char>(ch) < 0x20; }),
-                   str("--wandb-project '", wp, "' contains a character W&B does not allow in "
+                   str("--wandb-project '", wp,
+                       "' contains a character W&B does not allow in "
                        "project names (any of / \\ # ? % : or a control character)"),
                    "give a plain name, e.g. --wandb-project eagle3-llama3-8b");
   const auto& wn = cfg.metrics.wandb_name;

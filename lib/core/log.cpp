@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <ctime>
 
+#include "core/env.h"
 #include "core/error.h"
 
 namespace fsdp::log {
@@ -21,12 +22,18 @@ std::atomic<int> g_size{0};
 
 const char* level_tag(Level l) {
   switch (l) {
-    case Level::kTrace: return "TRACE";
-    case Level::kDebug: return "DEBUG";
-    case Level::kInfo: return "INFO";
-    case Level::kWarn: return "WARN";
-    case Level::kError: return "ERROR";
-    default: return "";
+    case Level::kTrace:
+      return "TRACE";
+    case Level::kDebug:
+      return "DEBUG";
+    case Level::kInfo:
+      return "INFO";
+    case Level::kWarn:
+      return "WARN";
+    case Level::kError:
+      return "ERROR";
+    default:
+      return "";
   }
 }
 }  // namespace
@@ -40,24 +47,33 @@ Level parse_level(const std::string& name) {
   if (n == "warn" || n == "warning") return Level::kWarn;
   if (n == "error") return Level::kError;
   if (n == "off" || n == "none") return Level::kOff;
-  FSDP_USAGE_CHECK(false, "unknown log level '" + name + "'",
-                   "use one of trace, debug, info, warn, error, off (--log-level or FSDP_LOG_LEVEL)");
+  FSDP_USAGE_CHECK(
+      false, "unknown log level '" + name + "'",
+      "use one of trace, debug, info, warn, error, off (--log-level or FSDP_LOG_LEVEL)");
 }
 
-void set_level(Level level) { g_level = static_cast<int>(level); }
-Level level() { return static_cast<Level>(g_level.load()); }
+void set_level(Level level) {
+  g_level = static_cast<int>(level);
+}
+Level level() {
+  return static_cast<Level>(g_level.load());
+}
 void set_rank(int rank, int size) {
   g_rank = rank;
   g_size = size;
 }
-int rank() { return g_rank.load(); }
-bool enabled(Level l) { return static_cast<int>(l) >= g_level.load() && l != Level::kOff; }
+int rank() {
+  return g_rank.load();
+}
+bool enabled(Level l) {
+  return static_cast<int>(l) >= g_level.load() && l != Level::kOff;
+}
 
 void init_from_env() {
-  const char* env = std::getenv("FSDP_LOG_LEVEL");
-  if (!env || !*env) return;
+  const std::optional<std::string> value = env::text("FSDP_LOG_LEVEL");
+  if (!value) return;
   try {
-    set_level(parse_level(env));
+    set_level(parse_level(*value));
   } catch (const UsageError& e) {
     throw UsageError("FSDP_LOG_LEVEL: " + e.message(), e.hint(), __FILE__, __LINE__);
   }

@@ -10,20 +10,24 @@
 #include <chrono>
 #include <sstream>
 
+#include "config/options.h"
 #include "core/log.h"
 #include "core/timer.h"
 
 namespace fsdp::data {
 
 void LoaderOptions::validate() const {
-  FSDP_USAGE_CHECK(max_length >= 2, str("--max-length must be >= 2, got ", max_length),
-                   "set --max-length to 2 or more");
-  FSDP_USAGE_CHECK(prefetch_threads >= 1 && prefetch_threads <= 64,
-                   str("--loader-threads must be in [1, 64], got ", prefetch_threads),
-                   "set --loader-threads to a value from 1 to 64");
-  FSDP_USAGE_CHECK(prefetch_depth >= 1 && prefetch_depth <= 1024,
-                   str("--prefetch-depth must be in [1, 1024], got ", prefetch_depth),
-                   "this is a bug in fsdp-train: please report it with the command line and log");
+  // The flags' bounds are the option table's; the rest are set by code, not by users.
+  config::option("max-length").check_int(max_length);
+  config::option("loader-threads").check_int(prefetch_threads);
+  // --loader-threads 0 means "chosen by the trainer"; the loader gets the chosen count.
+  FSDP_CHECK(prefetch_threads >= 1,
+             str("loader: --loader-threads resolved to ", prefetch_threads, " reader threads"),
+             "this is a bug in fsdp-train (0 is resolved before the loader starts): please "
+             "report it with the command line and log");
+  FSDP_CHECK(prefetch_depth >= 1 && prefetch_depth <= 1024,
+             str("loader: prefetch depth ", prefetch_depth, " is outside [1, 1024]"),
+             "this is a bug in fsdp-train: please report it with the command line and log");
   FSDP_USAGE_CHECK(read_retries >= 0 && retry_delay_s >= 0,
                    str("loader read retries ", read_retries, " / delay ", retry_delay_s,
                        " must not be negative"),
@@ -40,7 +44,9 @@ DataLoader::DataLoader(std::shared_ptr<FeatureDataset> dataset, DistributedSampl
              "this is a bug in fsdp-train: please report it with the command line and log");
 }
 
-DataLoader::~DataLoader() { stop_threads(); }
+DataLoader::~DataLoader() {
+  stop_threads();
+}
 
 void DataLoader::stop_threads() {
   {
@@ -66,7 +72,8 @@ void DataLoader::start(SamplerState state) {
   ready_.clear();
   failed_.clear();
   epoch_indices_ = sampler_.epoch_indices(epoch_);
-  for (int i = 0; i < options_.prefetch_threads; ++i) threads_.emplace_back([this, i] { worker(i); });
+  for (int i = 0; i < options_.prefetch_threads; ++i)
+    threads_.emplace_back([this, i] { worker(i); });
 }
 
 RawSample DataLoader::read_with_retries(int64_t idx) {
@@ -127,7 +134,8 @@ Batch DataLoader::build_batch(int64_t epoch, int64_t batch) {
       } catch (const BadSampleError&) {
       }
     }
-    FSDP_USAGE_CHECK(h > 0, dataset_->root() + ": every sample is bad", "fix the hidden-state files");
+    FSDP_USAGE_CHECK(h > 0, dataset_->root() + ": every sample is bad",
+                     "fix the hidden-state files");
     for (int64_t k : bad_rows) samples[k] = empty_sample(h);
   }
   Batch collated = collate(samples, options_.pin_memory);
@@ -167,8 +175,10 @@ void DataLoader::worker(int id) {
     lock.lock();
     if (generation_ != gen) return;
     stats_.read_seconds += watch.seconds();
-    if (error) failed_[batch] = error;
-    else ready_[batch] = std::move(result);
+    if (error)
+      failed_[batch] = error;
+    else
+      ready_[batch] = std::move(result);
     cv_.notify_all();
   }
 }

@@ -22,17 +22,17 @@
 namespace fsdp::data {
 
 struct LoaderOptions {
-  int64_t max_length = 2048;   // --max-length: samples are truncated to this many tokens
-  int prefetch_threads = 1;    // background reader threads (>= 1)
-  int prefetch_depth = 4;      // micro-batches read ahead of the trainer (>= 1)
+  int64_t max_length = 2048;      // --max-length: samples are truncated to this many tokens
+  int prefetch_threads = 1;       // --loader-threads, resolved: background reader threads (>= 1)
+  int prefetch_depth = 4;         // micro-batches read ahead of the trainer (>= 1)
   bool skip_bad_samples = false;  // --skip-bad-samples: replace bad samples by empty rows
-  bool pin_memory = false;     // pin batch tensors (GPU hosts only)
+  bool pin_memory = false;        // pin batch tensors (GPU hosts only)
   // A sample whose file cannot be opened or read (SampleReadError) is read again this many
   // times, after retry_delay_s, then twice that, ..., before it counts as bad: shared
   // filesystems have transient failures, and a multi-day run should not end on one.
   int read_retries = 3;
   double retry_delay_s = 1.0;
-  void validate() const;       // throws UsageError naming the option
+  void validate() const;  // throws UsageError naming the option
 };
 
 struct BadSampleRecord {
@@ -42,13 +42,13 @@ struct BadSampleRecord {
 };
 
 struct LoaderStats {
-  double data_wait_seconds = 0;   // trainer time blocked in next()
-  double read_seconds = 0;        // summed over prefetch threads
-  int64_t read_retries = 0;       // reads repeated after a SampleReadError
-  int64_t batches = 0;            // batches handed to the trainer
-  int64_t samples = 0;            // good samples in those batches
-  int64_t bad_samples = 0;        // skipped samples (skip mode)
-  uint64_t bytes_read = 0;        // raw feature bytes in those batches
+  double data_wait_seconds = 0;  // trainer time blocked in next()
+  double read_seconds = 0;       // summed over prefetch threads
+  int64_t read_retries = 0;      // reads repeated after a SampleReadError
+  int64_t batches = 0;           // batches handed to the trainer
+  int64_t samples = 0;           // good samples in those batches
+  int64_t bad_samples = 0;       // skipped samples (skip mode)
+  uint64_t bytes_read = 0;       // raw feature bytes in those batches
 };
 
 class DataLoader {
@@ -95,9 +95,9 @@ class DataLoader {
   std::vector<std::thread> threads_;
   bool stop_ = false;
   int64_t epoch_ = 0;
-  int64_t next_to_claim_ = 0;   // next batch a worker will read
-  int64_t next_to_return_ = 0;  // next batch next() hands out
-  int64_t generation_ = 0;      // bumped by start(); stale results are dropped
+  int64_t next_to_claim_ = 0;           // next batch a worker will read
+  int64_t next_to_return_ = 0;          // next batch next() hands out
+  int64_t generation_ = 0;              // bumped by start(); stale results are dropped
   std::vector<int64_t> epoch_indices_;  // the rank's sample order for epoch_
   std::map<int64_t, Batch> ready_;
   std::map<int64_t, std::exception_ptr> failed_;

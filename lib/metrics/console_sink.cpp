@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "core/env.h"
 #include "metrics/meters.h"
 #include "metrics/sinks.h"
 
@@ -45,13 +46,13 @@ ConsoleSink::ConsoleSink(int64_t total_steps, std::FILE* out, int is_tty)
     : total_steps_(total_steps), out_(out ? out : stdout), start_seconds_(now_seconds()) {
   if (is_tty >= 0) {
     tty_ = is_tty == 1;
-  } else if (const char* mode = std::getenv("FSDP_PROGRESS"); mode && *mode) {
-    tty_ = std::string(mode) == "tty";  // "lines" (or anything else): one line per log
+  } else if (const auto mode = env::choice("FSDP_PROGRESS")) {
+    tty_ = *mode == "tty";  // "lines": one line per log
   } else {
     // mpirun and srun hand ranks a pseudo-terminal even when their own output goes to a file:
     // under a launcher, in-place updates would flood logs, so print whole lines.
-    const bool launched = std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") ||
-                          std::getenv("SLURM_STEP_ID");
+    const bool launched = env::is_set("OMPI_COMM_WORLD_SIZE") || env::is_set("PMI_SIZE") ||
+                          env::is_set("SLURM_STEP_ID");
     tty_ = !launched && ::isatty(::fileno(out_)) == 1;
   }
 }

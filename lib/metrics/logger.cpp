@@ -2,6 +2,7 @@
 // Other ranks get an empty logger: metrics are averaged over ranks before they reach here.
 #include <cstdlib>
 
+#include "core/env.h"
 #include "core/error.h"
 #include "metrics/sinks.h"
 
@@ -48,8 +49,7 @@ std::unique_ptr<MetricsLogger> make_logger(const config::MetricsConfig& cfg,
       w.config_json = ctx.config_json;
       w.api_key = cfg.wandb_key;
       // WANDB_RUN_ID in the environment is the user's explicit choice: W&B reads it itself.
-      const char* env_id = std::getenv("WANDB_RUN_ID");
-      if (!env_id || !*env_id) w.resume_run_id = ctx.wandb_run_id;
+      if (!env::is_set("WANDB_RUN_ID")) w.resume_run_id = ctx.wandb_run_id;
       logger->add(std::make_unique<WandbSink>(w));
     }
   }

@@ -16,6 +16,7 @@
 #include <cstring>
 #include <thread>
 
+#include "core/env.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "metrics/sinks.h"
@@ -67,9 +68,8 @@ int wait_child(int pid, double timeout_s) {
 WandbSink::WandbSink(const WandbOptions& options) {
   std::string python = options.python;
   if (python.empty()) {
-    const char* env = std::getenv("FSDP_PYTHON");
-    if (env && *env) {
-      python = env;
+    if (const auto py = env::text("FSDP_PYTHON")) {
+      python = *py;
     } else if (!build_python().empty() && ::access(build_python().c_str(), X_OK) == 0) {
       python = build_python();  // the setup venv, where launch/setup.sh installs wandb
     } else {

@@ -28,7 +28,7 @@ struct ShardEngine::Unit {
   size_t index = 0;
   std::unique_ptr<FlatParam> trainable;  // null when the unit has no trainable parameters
   std::unique_ptr<FlatParam> frozen;     // null when it has no frozen ones
-  bool needs_backward = false;  // an output required grad in the last forward
+  bool needs_backward = false;           // an output required grad in the last forward
   bool backward_started = false;
   bool backward_done = false;
   size_t grads_fired = 0;
@@ -89,7 +89,7 @@ ShardEngine::ShardEngine(torch::nn::Module& model, CommGroups groups, EngineOpti
   // are on the host, which a GPU communicator cannot reduce.
   FSDP_USAGE_CHECK(options_.step_scalars != EngineOptions::StepScalars::kDevice ||
                        !options_.cpu_offload || !groups_.shard || groups_.shard->size() == 1 ||
-                       groups_.shard->backend() == "mpi",
+                       groups_.shard->device_type() == c10::kCPU,
                    "--step-scalars device with --cpu-offload: the offloaded gradient shards are "
                    "in host memory and the gpu communicator cannot reduce their norm",
                    "use --step-scalars auto (or host) with --cpu-offload");
@@ -124,10 +124,10 @@ ShardEngine::ShardEngine(torch::nn::Module& model, CommGroups groups, EngineOpti
     for (const auto& p : it->second->named_parameters(/*recurse=*/true)) {
       const std::string full = name + "." + p.key();
       const void* impl = p.value().unsafeGetTensorImpl();
-      FSDP_USAGE_CHECK(!owner.count(impl),
-                       str("parameter ", full, " belongs to units '", owner[impl], "' and '",
-                           name, "'"),
-                       "units must not overlap: name sibling submodules, not a parent and child");
+      FSDP_USAGE_CHECK(
+          !owner.count(impl),
+          str("parameter ", full, " belongs to units '", owner[impl], "' and '", name, "'"),
+          "units must not overlap: name sibling submodules, not a parent and child");
       owner[impl] = name;
       ParamSpec spec{full, p.value().sizes().vec(), optim::decays(options_.adamw, p.value().dim())};
       if (p.value().requires_grad()) {
@@ -148,8 +148,8 @@ ShardEngine::ShardEngine(torch::nn::Module& model, CommGroups groups, EngineOpti
                                                  tparams, options_, sc, rc);
     }
     if (!fspec.empty()) {
-      u->frozen = std::make_unique<FlatParam>(make_flat_layout(name, false, fspec, group),
-                                              fparams, options_, sc, rc);
+      u->frozen = std::make_unique<FlatParam>(make_flat_layout(name, false, fspec, group), fparams,
+                                              options_, sc, rc);
     }
     by_name_[name] = u.get();
     unit_names_.push_back(name);
@@ -186,14 +186,21 @@ ShardEngine::~ShardEngine() {
 
 ShardEngine::Unit& ShardEngine::unit(const std::string& name) {
   auto it = by_name_.find(name);
-  FSDP_CHECK(it != by_name_.end(), str("the model ran unit '", name, "' that the engine does not know"),
+  FSDP_CHECK(it != by_name_.end(),
+             str("the model ran unit '", name, "' that the engine does not know"),
              "pass the model's run_unit names as EngineOptions::units");
   return *it->second;
 }
 
-int ShardEngine::shard_rank() const { return groups_.shard ? groups_.shard->rank() : 0; }
-int ShardEngine::shard_size() const { return groups_.shard ? groups_.shard->size() : 1; }
-int ShardEngine::replicate_rank() const { return groups_.replicate ? groups_.replicate->rank() : 0; }
+int ShardEngine::shard_rank() const {
+  return groups_.shard ? groups_.shard->rank() : 0;
+}
+int ShardEngine::shard_size() const {
+  return groups_.shard ? groups_.shard->size() : 1;
+}
+int ShardEngine::replicate_rank() const {
+  return groups_.replicate ? groups_.replicate->rank() : 0;
+}
 int ShardEngine::replicate_size() const {
   return groups_.replicate ? groups_.replicate->size() : 1;
 }
@@ -347,9 +354,9 @@ void ShardEngine::zero_grad() {
 
 void StepResult::resolve() {
   if (resolved) return;
-  at::Tensor host = at::stack({grad_norm_t, clip_coef_t, skipped_t.to(at::kDouble),
-                               step_t.to(at::kDouble)})
-                        .to(at::kCPU);
+  at::Tensor host =
+      at::stack({grad_norm_t, clip_coef_t, skipped_t.to(at::kDouble), step_t.to(at::kDouble)})
+          .to(at::kCPU);
   const double* v = host.data_ptr<double>();
   grad_norm = v[0];
   clip_coef = v[1];
@@ -381,12 +388,10 @@ StepResult ShardEngine::step_on_device(const std::vector<at::Tensor>& valid_grad
   // everything untouched, as the host path's skip does).
   const at::Tensor norm = optim::global_norm_tensor(valid_grads, groups_.shard.get());
   const at::Tensor found_inf = norm.isfinite().logical_not().to(at::kFloat);
-  const at::Tensor clip =
-      at::where(found_inf.to(at::kBool), at::ones_like(norm),
-                optim::clip_coefficient_tensor(norm, max_grad_norm));
+  const at::Tensor clip = at::where(found_inf.to(at::kBool), at::ones_like(norm),
+                                    optim::clip_coefficient_tensor(norm, max_grad_norm));
   if (!step_dev_.defined()) {
-    step_dev_ = at::full({}, static_cast<double>(step_count_),
-                         norm.options().dtype(at::kFloat));
+    step_dev_ = at::full({}, static_cast<double>(step_count_), norm.options().dtype(at::kFloat));
   }
   step_dev_.add_(1.0);
   std::vector<optim::AdamWPiece> pieces;
@@ -430,7 +435,7 @@ StepResult ShardEngine::step(double lr, double max_grad_norm) {
   } else {
     double local = 0.0;
     for (const at::Tensor& g : valid_grads) local += optim::sum_of_squares(g);
-    const c10::Device norm_device = groups_.shard && groups_.shard->backend() != "mpi"
+    const c10::Device norm_device = groups_.shard && groups_.shard->device_type() != c10::kCPU
                                         ? options_.device
                                         : c10::Device(c10::kCPU);
     r.grad_norm = optim::global_norm(local, groups_.shard.get(), norm_device);

@@ -21,6 +21,7 @@
 #include "comm/communicator.h"
 #include "comm/runtime.h"
 #include "core/dtype.h"
+#include "core/env.h"
 #include "core/error.h"
 #include "core/fs_util.h"
 #include "core/torch_archive_load.h"
@@ -40,7 +41,7 @@ std::map<std::string, at::Tensor> ShardEngine::full_state(bool rank0_only, bool 
     const FlatLayout& l = f->layout();
     // Gather in fp32 on the communicator's device, then slice per parameter on the host.
     const c10::Device dev =
-        sc && sc->backend() != "mpi" ? options_.device : c10::Device(c10::kCPU);
+        sc && sc->device_type() != c10::kCPU ? options_.device : c10::Device(c10::kCPU);
     at::Tensor shard = f->master().to(dev, at::kFloat).contiguous();
     at::Tensor full;
     if (sc && sc->size() > 1) {
@@ -329,8 +330,8 @@ void save_state(ShardEngine& engine, const std::string& dir) {
   std::exception_ptr write_error;
   try {
     // Tests make one rank's writes fail (tests/e2e/save_failures.sh).
-    const char* fail_rank = std::getenv("FSDP_TEST_FAIL_WRITES_ON_RANK");
-    FSDP_CHECK(!fail_rank || std::to_string(comm::topology().world_rank) != fail_rank,
+    const std::optional<int64_t> fail_rank = env::integer("FSDP_TEST_FAIL_WRITES_ON_RANK");
+    FSDP_CHECK(!fail_rank || *fail_rank != comm::topology().world_rank,
                "state write failed: injected by FSDP_TEST_FAIL_WRITES_ON_RANK",
                "unset FSDP_TEST_FAIL_WRITES_ON_RANK: it makes writes fail, for tests only");
     make_dirs(dir);
@@ -374,8 +375,8 @@ void load_state(ShardEngine& engine, const std::string& dir) {
       targets.push_back({"/exp_avg", f->exp_avg()});
       targets.push_back({"/exp_avg_sq", f->exp_avg_sq()});
     }
-    for (const auto& seg : reshard_segments(now.numel, saved->layout.shard_numel, now.shard_numel,
-                                            f->shard_rank())) {
+    for (const auto& seg :
+         reshard_segments(now.numel, saved->layout.shard_numel, now.shard_numel, f->shard_rank())) {
       FSDP_CHECK(seg.src_rank < m.shard_size,
                  str(mpath, ": ", now.key(), " needs shard ", seg.src_rank, " of ", m.shard_size),
                  "the manifest is corrupt");

@@ -1,13 +1,11 @@
 // Communicator groups for sharding tests: the world, pretend-node splits for HYBRID_SHARD and
-// sub-worlds of the first M ranks (resharding), built with MPI_Comm_split because the comm
-// runtime reads FSDP_PRETEND_NODES only once, at init.
+// sub-worlds of the first M ranks (resharding), built with comm::split because the comm runtime
+// reads FSDP_PRETEND_NODES only once, at init.
 #pragma once
 
-#include <mpi.h>
-
 #include <memory>
+#include <string>
 
-#include "comm/mpi_backend.h"
 #include "comm/runtime.h"
 #include "shard/options.h"
 
@@ -17,12 +15,11 @@ inline std::shared_ptr<comm::Communicator> world_comm() {
   return comm::make_communicator(comm::Group::kWorld, c10::Device(c10::kCPU));
 }
 
-// Splits MPI_COMM_WORLD by color (MPI_UNDEFINED: this rank gets null). Collective.
+// Splits the world by color (negative: this rank gets null) into CPU communicators named
+// after `tag`. Collective.
 inline std::shared_ptr<comm::Communicator> split_comm(int color, int key, comm::Group tag) {
-  MPI_Comm c = MPI_COMM_NULL;
-  MPI_Comm_split(MPI_COMM_WORLD, color, key, &c);
-  if (c == MPI_COMM_NULL) return nullptr;
-  return std::make_shared<comm::detail::MpiCommunicator>(tag, c);
+  return comm::split(comm::Group::kWorld, color, key, c10::Device(c10::kCPU),
+                     comm::group_name(tag));
 }
 
 // HYBRID_SHARD groups for `nodes` pretend nodes of contiguous ranks.
@@ -34,7 +31,8 @@ inline shard::CommGroups hybrid_groups(int nodes) {
   return {node, cross};
 }
 
-inline shard::CommGroups groups_for(shard::Strategy s, const std::shared_ptr<comm::Communicator>& world) {
+inline shard::CommGroups groups_for(shard::Strategy s,
+                                    const std::shared_ptr<comm::Communicator>& world) {
   if (s == shard::Strategy::kNoShard) return {nullptr, world};
   return {world, nullptr};
 }
