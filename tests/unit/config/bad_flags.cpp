@@ -4,34 +4,10 @@
 #include "config_test_util.h"
 
 using namespace fsdp::config;
+using fsdp::config::test::kRequiredFlags;
+using fsdp::config::test::require_refused;
 using fsdp::config::test::require_usage_error;
 using fsdp::config::test::resolve_args;
-
-namespace {
-
-const std::vector<std::string> kBase = {
-    "--target-model-path",        "/t", "--draft-model-config", "d.json",
-    "--train-hidden-states-path", "/h", "--output-dir",         "/o"};
-
-void check_bad(std::vector<std::string> extra, int world, const std::string& needle) {
-  INFO("flags: " << [&] {
-    std::string s;
-    for (const auto& e : extra) s += e + " ";
-    return s;
-  }());
-  std::vector<std::string> args = kBase;
-  args.insert(args.end(), extra.begin(), extra.end());
-  require_usage_error(
-      [&] {
-        const TrainConfig c = resolve_args(args);
-        ValidateOptions vo;
-        vo.check_paths = false;
-        validate(c, world, vo);
-      },
-      needle);
-}
-
-}  // namespace
 
 TEST_CASE("bad values are rejected with the flag and what is wrong", "[config]") {
   struct Case {
@@ -80,11 +56,11 @@ TEST_CASE("bad values are rejected with the flag and what is wrong", "[config]")
        "--reduce-dtype bf16 with --mixed-precision fp32"},
       {{"--resume", "auto", "--output-dir", ""}, 1, "--output-dir is required"},
   };
-  for (const auto& c : cases) check_bad(c.flags, c.world, c.needle);
+  for (const auto& c : cases) require_refused(c.flags, c.needle, c.world);
 }
 
 TEST_CASE("the good base configuration passes validation", "[config]") {
-  const TrainConfig c = resolve_args(kBase);
+  const TrainConfig c = resolve_args(kRequiredFlags);
   ValidateOptions vo;
   vo.check_paths = false;
   for (int world : {1, 2, 4, 8, 16}) CHECK_NOTHROW(validate(c, world, vo));
@@ -146,7 +122,7 @@ TEST_CASE("paths and model files are checked and named", "[config]") {
 }
 
 TEST_CASE("hybrid sharding needs equal ranks per node", "[config]") {
-  TrainConfig c = resolve_args(kBase);
+  TrainConfig c = resolve_args(kRequiredFlags);
   c.shard.strategy = ShardingStrategy::kHybridShard;
   c.loop.draft_global_batch_size = 12;
   ValidateOptions vo;

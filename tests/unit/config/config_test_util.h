@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "config/options.h"
+#include "config/train_config.h"
 #include "core/error.h"
 
 namespace fsdp::config::test {
@@ -27,6 +28,22 @@ inline TrainConfig resolve_args(std::vector<std::string> args, ResolveOptions op
   return resolve(parse_args(std::move(args)), opts);
 }
 
+// The four required flags, with placeholder paths (validated with check_paths off).
+inline const std::vector<std::string> kRequiredFlags = {
+    "--target-model-path",        "/t", "--draft-model-config", "d.json",
+    "--train-hidden-states-path", "/h", "--output-dir",         "/o"};
+
+// kRequiredFlags + `extra`, resolved and validated for `world` ranks without touching the
+// paths: what a UsageError test of one flag needs.
+inline void validate_args(const std::vector<std::string>& extra, int world = 1) {
+  std::vector<std::string> args = kRequiredFlags;
+  args.insert(args.end(), extra.begin(), extra.end());
+  const TrainConfig c = resolve_args(args);
+  ValidateOptions vo;
+  vo.check_paths = false;
+  validate(c, world, vo);
+}
+
 // Runs `fn`, requires a UsageError whose message + hint contains `needle`.
 template <class Fn>
 void require_usage_error(Fn&& fn, const std::string& needle) {
@@ -39,6 +56,16 @@ void require_usage_error(Fn&& fn, const std::string& needle) {
     return;
   }
   FAIL("expected a UsageError containing: " << needle);
+}
+
+// kRequiredFlags + `extra` must fail validation for `world` ranks with a UsageError whose
+// message + hint contains `needle`.
+inline void require_refused(const std::vector<std::string>& extra, const std::string& needle,
+                            int world = 1) {
+  std::string flags;
+  for (const auto& e : extra) flags += e + " ";
+  INFO("flags: " << flags);
+  require_usage_error([&] { validate_args(extra, world); }, needle);
 }
 
 // A scratch directory under the build tree, emptied first.
