@@ -29,6 +29,10 @@ namespace {
 constexpr int kMaxRanksPerNode = 1024;
 constexpr int kMaxNodes = 65536;
 constexpr int kMaxRestarts = 1000;
+// The least host memory one rank on this node takes before any model: LibTorch, MPI and the
+// allocator's arenas (a toy run's rank measures about twice this). More ranks than the node's
+// memory holds at this floor cannot start: refused up front instead of ending in the OOM killer.
+constexpr long long kMinRankMemoryMiB = 128;
 
 bool parse_int(const std::string& s, int min, int max, int* out) {
   char* end = nullptr;
@@ -44,6 +48,17 @@ std::string self_path(const char* argv0) {
   ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
   if (n > 0) return std::string(buf, n);
   return argv0;
+}
+
+// This node's memory in MiB: physical memory, or the cgroup's limit when lower (a container);
+// 0 when unknown.
+long long node_memory_mib() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  long long mib = pages > 0 && page > 0 ? static_cast<long long>(pages) * page / (1 << 20) : 0;
+  std::ifstream limit("/sys/fs/cgroup/memory.max");  // cgroup v2; "max" when unlimited
+  long long bytes = 0;
+  if (limit >> bytes && bytes > 0 && (mib == 0 || bytes / (1 << 20) < mib)) mib = bytes >> 20;
+  return mib;
 }
 
 // The same format as every other usage error (cli.cpp): the message, then what to do.
@@ -416,6 +431,19 @@ int maybe_relaunch(int& argc, char** argv) {
   if (nnodes > 1 && hostfile.empty()) {
     return usage_error("--nnodes " + std::to_string(nnodes) + " needs --hostfile listing the nodes",
                        "add --hostfile FILE (an Open MPI hostfile, docs/multi-node.md)");
+  }
+  // All ranks on this node (no hostfile): each needs at least kMinRankMemoryMiB.
+  const long long memory = hostfile.empty() ? node_memory_mib() : 0;
+  if (memory > 0 && nproc * kMinRankMemoryMiB > memory) {
+    return usage_error(
+        "--nproc-per-node " + std::to_string(nproc) + ": that many ranks need at least " +
+            std::to_string(nproc * kMinRankMemoryMiB >> 10) + " GiB on this node (" +
+            std::to_string(kMinRankMemoryMiB) +
+            " MiB per rank before any model: LibTorch and MPI), and it has " +
+            std::to_string(memory >> 10) + " GiB",
+        "start at most " + std::to_string(memory / kMinRankMemoryMiB) +
+            " ranks per node here (far fewer for a real model), or spread them over nodes "
+            "with --hostfile and --nnodes");
   }
   // Far more ranks than cores only thrashes (each rank gets a sliver of a core and its own copy
   // of the model): allowed, since tests and debugging oversubscribe, but said loudly.

@@ -45,6 +45,11 @@ grep -q -- "--oversubscribe" <<<"$plan" || fail "no --oversubscribe for 64 ranks
 grep -q -- "-np 64" <<<"$plan" || fail "no -np 64: $plan"
 grep -q -- "comm-bench --quick" <<<"$plan" || fail "flags not passed through: $plan"
 if [ "$(id -u)" -eq 0 ]; then grep -q -- "--allow-run-as-root" <<<"$plan" || fail "root not handled"; fi
+# Ranks on this node take at least 128 MiB each (LibTorch, MPI): more than its memory holds at
+# that floor is refused up front (64 ranks above need 8 GiB).
+if [ "$(awk '/^MemTotal:/ {print int($2 / 1024)}' /proc/meminfo)" -lt $((1024 * 128)) ]; then
+  expect_usage "GiB on this node" --nproc-per-node 1024 --launch-dry-run comm-bench
+fi
 hf="$(mktemp)"; echo "localhost slots=4" >"$hf"
 plan="$("$BIN" --nproc-per-node 2 --nnodes 2 --hostfile "$hf" --launch-dry-run comm-bench)"
 grep -q -- "--hostfile $hf" <<<"$plan" || fail "hostfile not passed: $plan"
