@@ -1,5 +1,6 @@
 // The Trainer's set-up: ranks, device, data, the model under the sharding engine, evaluation
-// (train/trainer.h). Checkpoints are in trainer_checkpoints.cpp, the loop in train_loop.cpp.
+// (train/trainer.h). Checkpoints are in trainer_checkpoints.cpp, the loop in train_loop.cpp;
+// each component's options come from component_options.h.
 #include "train/trainer.h"
 #include "train/trainer_impl.h"
 
@@ -42,9 +43,11 @@
 #include "model/ttt_loss.h"
 #include "optim/lr_schedule.h"
 #include "shard/engine.h"
+#include "train/component_options.h"
 #include "train/run_state.h"
 #include "train/signals.h"
 #include "train/step_metrics.h"
+#include "train/step_runner.h"
 
 namespace fsdp::train {
 
@@ -65,20 +68,6 @@ c10::Device pick_device(config::DeviceKind kind) {
   return dev;
 }
 
-shard::Strategy to_engine(config::ShardingStrategy s) {
-  switch (s) {
-    case config::ShardingStrategy::kFullShard:
-      return shard::Strategy::kFullShard;
-    case config::ShardingStrategy::kShardGradOp:
-      return shard::Strategy::kShardGradOp;
-    case config::ShardingStrategy::kNoShard:
-      return shard::Strategy::kNoShard;
-    case config::ShardingStrategy::kHybridShard:
-      return shard::Strategy::kHybridShard;
-  }
-  return shard::Strategy::kFullShard;
-}
-
 }  // namespace
 
 Trainer::Trainer(config::TrainConfig cfg) : impl_(std::make_unique<Impl>(std::move(cfg))) {}
@@ -92,6 +81,41 @@ void Trainer::Impl::setup() {
   config::ValidateOptions vo;
   vo.training = !cfg.loop.eval_only;
   config::validate(cfg, world, vo, topo.local_size);
+  plan_batches();
+  device = pick_device(cfg.runtime.device);
+  const std::string threads = set_threads(topo);
+  control = comm::make_communicator(comm::Group::kWorld, c10::Device(c10::kCPU));
+  metrics_comm = device.is_cpu() ? control : comm::make_communicator(comm::Group::kWorld, device);
+  config_json = config::to_json(config::with_absolute_paths(cfg));
+  if (rank == 0) {
+    FSDP_LOG0(kInfo) << "fsdp-train: " << world << " rank(s) on " << topo.num_nodes
+                     << " node(s), device " << metrics::device_name(device) << ", " << threads
+                     << "\n"
+                     << config::to_display(cfg);
+  }
+  draft_cfg = model::load_draft_config(cfg.model.draft_model_config);
+  open_data();
+  check_loss_masks();
+  // An evaluation set without one micro-batch per rank would only fail at the first
+  // evaluation, after the training before it.
+  if (eval_ds && (cfg.loop.eval_only || cfg.eval.eval_interval > 0 || cfg.eval.eval_steps > 0)) {
+    check_eval_set();
+  }
+  if (!cfg.model.init_checkpoint.empty()) {
+    init_export = checkpoint::read_draft_export(cfg.model.init_checkpoint);
+    have_init_export = true;
+    check_same_architecture(init_export.config_path, "--init-checkpoint");
+  }
+  if (!cfg.loop.eval_only && !cfg.checkpoint.output_dir.empty()) lock_output_dir();
+  if (!cfg.loop.eval_only || cfg.checkpoint.resume != config::ResumeMode::kNone) plan_resume();
+  if (!resume_candidates.empty()) {
+    check_same_architecture(checkpoint::join_path(resume_candidates.front().path, "config.json"),
+                            "--resume");
+  }
+  build_model();
+}
+
+void Trainer::Impl::plan_batches() {
   if (cfg.loop.eval_only) {
     // No optimizer steps: only the micro-batch matters (the training batch need not divide).
     FSDP_USAGE_CHECK(cfg.loop.draft_micro_batch_size > 0,
@@ -105,7 +129,9 @@ void Trainer::Impl::setup() {
   } else {
     plan = config::batch_plan(cfg, world);
   }
-  device = pick_device(cfg.runtime.device);
+}
+
+std::string Trainer::Impl::set_threads(const comm::Topology& topo) const {
   // --threads, else OMP_NUM_THREADS as PyTorch honours it (torchrun and Slurm scripts set it),
   // else the node's cores divided among its ranks.
   int omp_threads = 0;
@@ -128,20 +154,13 @@ void Trainer::Impl::setup() {
                      << "down (--threads 0 without OMP_NUM_THREADS divides the cores among "
                      << "the ranks)";
   }
-  control = comm::make_communicator(comm::Group::kWorld, c10::Device(c10::kCPU));
-  metrics_comm = device.is_cpu() ? control : comm::make_communicator(comm::Group::kWorld, device);
-  config_json = config::to_json(config::with_absolute_paths(cfg));
-  if (rank == 0) {
-    FSDP_LOG0(kInfo) << "fsdp-train: " << world << " rank(s) on " << topo.num_nodes
-                     << " node(s), device " << metrics::device_name(device) << ", " << threads
-                     << " thread(s) per rank"
-                     << (cfg.runtime.threads > 0 ? ""
-                         : omp_threads > 0       ? " (OMP_NUM_THREADS)"
-                                                 : " (cores / ranks)")
-                     << "\n"
-                     << config::to_display(cfg);
-  }
-  draft_cfg = model::load_draft_config(cfg.model.draft_model_config);
+  return std::to_string(threads) + " thread(s) per rank" +
+         (cfg.runtime.threads > 0 ? ""
+          : omp_threads > 0       ? " (OMP_NUM_THREADS)"
+                                  : " (cores / ranks)");
+}
+
+void Trainer::Impl::open_data() {
   data::DatasetOptions dso;
   dso.vocab_size = draft_cfg.vocab_size;
   dso.hidden_size =
@@ -167,6 +186,9 @@ void Trainer::Impl::setup() {
                        << e.message();
     }
   }
+}
+
+void Trainer::Impl::check_loss_masks() const {
   // Loss masks: a set without loss tokens (or almost none) would train at loss 0 and grad
   // norm 0 without any error (SpecForge issue #392). Counted (every native sample, at most 4096
   // .ckpt files) in parallel over the ranks, all-reduced: every rank decides alike.
@@ -179,69 +201,85 @@ void Trainer::Impl::setup() {
     Stopwatch w;
     const data::LossMaskCount c = data::count_loss_mask(*ds, cfg.data.max_length, control.get());
     FSDP_LOG0(kInfo) << flag << ": " << c.loss_tokens << " loss tokens in " << c.tokens
-                     << " tokens (" << fsdp::str(std::fixed, std::setprecision(1),
-                                                 100.0 * c.share())
-                     << "%), " << c.zero_loss_samples << " of " << c.samples
+                     << " tokens ("
+                     << fsdp::str(std::fixed, std::setprecision(1), 100.0 * c.share()) << "%), "
+                     << c.zero_loss_samples << " of " << c.samples
                      << " samples without any (counted in "
                      << fsdp::str(std::setprecision(2), w.seconds()) << " s)";
     data::check_loss_mask(c, flag, ds->root());
   }
-  // An evaluation set without one micro-batch per rank would only fail at the first
-  // evaluation, after the training before it.
-  if (eval_ds && (cfg.loop.eval_only || cfg.eval.eval_interval > 0 || cfg.eval.eval_steps > 0)) {
-    check_eval_size(*eval_ds);
-    // Evaluation splits the set like training: whole micro-batches per rank (docs/data.md).
-    const int64_t n = eval_ds->size();
-    const int64_t used =
-        data::DistributedSampler(n, rank, world, plan.micro_batch, 0, false).batches_per_epoch() *
-        plan.micro_batch * world;
-    if (used < n) {
-      FSDP_LOG0(kWarn) << "--eval-hidden-states-path: each evaluation uses " << used << " of the "
-                       << n << " samples (whole micro-batches on every rank: " << world
-                       << " rank(s) x micro-batch " << plan.micro_batch << "): " << n - used
-                       << " sample(s) at its end are left out (a set size divisible by "
-                       << world * plan.micro_batch << " evaluates all)";
-    }
+}
+
+void Trainer::Impl::check_eval_set() const {
+  check_eval_size(*eval_ds);
+  // Evaluation splits the set like training: whole micro-batches per rank (docs/data.md).
+  const int64_t n = eval_ds->size();
+  const int64_t used =
+      data::DistributedSampler(n, rank, world, plan.micro_batch, 0, false).batches_per_epoch() *
+      plan.micro_batch * world;
+  if (used < n) {
+    FSDP_LOG0(kWarn) << "--eval-hidden-states-path: each evaluation uses " << used << " of the "
+                     << n << " samples (whole micro-batches on every rank: " << world
+                     << " rank(s) x micro-batch " << plan.micro_batch << "): " << n - used
+                     << " sample(s) at its end are left out (a set size divisible by "
+                     << world * plan.micro_batch << " evaluates all)";
   }
-  if (!cfg.model.init_checkpoint.empty()) {
-    init_export = checkpoint::read_draft_export(cfg.model.init_checkpoint);
-    have_init_export = true;
-    check_same_architecture(init_export.config_path, "--init-checkpoint");
-  }
+}
+
+void Trainer::Impl::lock_output_dir() {
   // One training run per output directory at a time: two would overwrite each other's
   // checkpoints and metrics. Rank 0 holds the lock until the process ends.
-  if (!cfg.loop.eval_only && !cfg.checkpoint.output_dir.empty()) {
-    std::string holder;
-    if (rank == 0) {
-      checkpoint::ensure_directory(cfg.checkpoint.output_dir);
-      output_lock = std::make_unique<checkpoint::OutputDirLock>(cfg.checkpoint.output_dir);
-      holder = output_lock->acquire();
-      // Alone in the directory now: what crashed saves left is put back or removed.
-      if (holder.empty()) {
-        for (const auto& line : checkpoint::recover_interrupted_saves(cfg.checkpoint.output_dir)) {
-          FSDP_LOG0(kWarn) << "output directory: " << line;
-        }
+  std::string holder;
+  if (rank == 0) {
+    checkpoint::ensure_directory(cfg.checkpoint.output_dir);
+    output_lock = std::make_unique<checkpoint::OutputDirLock>(cfg.checkpoint.output_dir);
+    holder = output_lock->acquire();
+    // Alone in the directory now: what crashed saves left is put back or removed.
+    if (holder.empty()) {
+      for (const auto& line : checkpoint::recover_interrupted_saves(cfg.checkpoint.output_dir)) {
+        FSDP_LOG0(kWarn) << "output directory: " << line;
       }
     }
-    const bool busy = any_rank(!holder.empty());
-    FSDP_USAGE_CHECK(!busy,
-                     "--output-dir " + cfg.checkpoint.output_dir +
-                         " is in use by another fsdp-train run" +
-                         (holder.empty() ? std::string() : " (" + holder + ")"),
-                     "wait for it to finish or stop it, or choose another --output-dir");
   }
-  if (!cfg.loop.eval_only || cfg.checkpoint.resume != config::ResumeMode::kNone) plan_resume();
-  if (!resume_candidates.empty()) {
-    check_same_architecture(checkpoint::join_path(resume_candidates.front().path, "config.json"),
-                            "--resume");
-  }
-  build_model();
+  const bool busy = any_rank(!holder.empty());
+  FSDP_USAGE_CHECK(!busy,
+                   "--output-dir " + cfg.checkpoint.output_dir +
+                       " is in use by another fsdp-train run" +
+                       (holder.empty() ? std::string() : " (" + holder + ")"),
+                   "wait for it to finish or stop it, or choose another --output-dir");
 }
 
 void Trainer::Impl::build_model() {
+  choose_vocab_mapping();
+  const std::map<std::string, at::Tensor> target = read_target_tensors();
+  const at::Tensor& emb = target.at("embedding");
+  head = model::TargetHead(target.at("lm_head").to(c10::kBFloat16), mapping.t2d);
+  head.to(device);
+  // Identical initial weights on every rank: same seed before construction.
+  torch::manual_seed(static_cast<uint64_t>(cfg.loop.seed));
+  draft = model::Eagle3Draft(draft_cfg);
+  draft->load_embedding(emb);
+  draft->set_vocab_mapping(mapping.d2t, mapping.t2d);
+  draft->set_checkpoint_layer(cfg.model.activation_checkpointing);
+  draft->to(device);
+
+  shard::EngineOptions eo = engine_options(cfg, device);
+  if (cfg.shard.reshard_between_uses && eo.strategy != shard::Strategy::kFullShard &&
+      eo.strategy != shard::Strategy::kHybridShard) {
+    FSDP_LOG0(kWarn) << "--reshard-between-uses has no effect with --sharding-strategy "
+                     << config::to_string(cfg.shard.strategy)
+                     << " (parameters stay gathered through the forward); it applies to "
+                        "full_shard and hybrid_shard";
+  }
+  eo.validate();
+  auto groups = shard::make_comm_groups(eo.strategy, device);
+  engine = std::make_unique<shard::ShardEngine>(*draft, groups, eo);
+  draft->set_unit_hooks(engine.get());
+  if (have_init_export) load_init_weights();
+}
+
+void Trainer::Impl::choose_vocab_mapping() {
   const int64_t V = draft_cfg.vocab_size, Vd = draft_cfg.draft_vocab();
-  const int64_t Ht =
-      draft_cfg.target_hidden_size ? *draft_cfg.target_hidden_size : draft_cfg.hidden_size;
   // Vocabulary mapping: from the checkpoint a resume loads, else the initial checkpoint (each
   // defines what its lm_head rows mean), else a mapping file, the cache, or the features.
   std::pair<at::Tensor, at::Tensor> resumed_mapping;
@@ -281,6 +319,12 @@ void Trainer::Impl::build_model() {
     vmo.skip_bad_samples = cfg.data.skip_bad_samples;
     mapping = data::build_vocab_mapping(*ds, vmo, control.get());
   }
+}
+
+std::map<std::string, at::Tensor> Trainer::Impl::read_target_tensors() const {
+  const int64_t V = draft_cfg.vocab_size;
+  const int64_t Ht =
+      draft_cfg.target_hidden_size ? *draft_cfg.target_hidden_size : draft_cfg.hidden_size;
   // Only the embedding and the LM head are read out of the target checkpoint.
   const config::ModelConfig defaults;
   const checkpoint::TargetKeys keys = checkpoint::resolve_target_keys(
@@ -319,103 +363,33 @@ void Trainer::Impl::build_model() {
       fsdp::str("draft hidden_size ", draft_cfg.hidden_size, " differs from the target's ", Ht,
                 "; the draft embeds target tokens with the target embedding"),
       "set hidden_size in --draft-model-config to the target's hidden size");
-  head = model::TargetHead(lmh.to(c10::kBFloat16), mapping.t2d);
-  head.to(device);
+  return {{"embedding", emb}, {"lm_head", lmh}};
+}
 
-  // Identical initial weights on every rank: same seed before construction.
-  torch::manual_seed(static_cast<uint64_t>(cfg.loop.seed));
-  draft = model::Eagle3Draft(draft_cfg);
-  draft->load_embedding(emb);
-  draft->set_vocab_mapping(mapping.d2t, mapping.t2d);
-  draft->set_checkpoint_layer(cfg.model.activation_checkpointing);
-  draft->to(device);
-
-  shard::EngineOptions eo;
-  eo.strategy = to_engine(cfg.shard.strategy);
-  eo.mixed_precision.param_dtype = to_dtype(cfg.shard.mixed_precision);
-  eo.mixed_precision.reduce_dtype = to_dtype(cfg.shard.reduce_dtype);
-  eo.device = device;
-  eo.cpu_offload = cfg.shard.cpu_offload;
-  eo.reshard_between_uses = cfg.shard.reshard_between_uses;
-  if (cfg.shard.reshard_between_uses && eo.strategy != shard::Strategy::kFullShard &&
-      eo.strategy != shard::Strategy::kHybridShard) {
-    FSDP_LOG0(kWarn) << "--reshard-between-uses has no effect with --sharding-strategy "
-                     << config::to_string(cfg.shard.strategy)
-                     << " (parameters stay gathered through the forward); it applies to "
-                        "full_shard and hybrid_shard";
+void Trainer::Impl::load_init_weights() {
+  std::map<std::string, at::Tensor> weights(init_export.weights.begin(), init_export.weights.end());
+  for (const auto& item : draft->named_parameters()) {
+    const std::string& name = item.key();
+    if (name == "embed_tokens.weight") continue;
+    FSDP_USAGE_CHECK(
+        weights.count(name),
+        fsdp::str("--init-checkpoint ", cfg.model.init_checkpoint, " lacks tensor '", name, "'"),
+        "use an export written by fsdp-train (or SpecForge) for this draft config");
+    FSDP_USAGE_CHECK(all_finite(weights.at(name)),
+                     fsdp::str("--init-checkpoint ", cfg.model.init_checkpoint, ": tensor '", name,
+                               "' contains NaN or Inf values"),
+                     "start from an earlier checkpoint of that run");
   }
-  eo.step_scalars = cfg.runtime.step_scalars == config::StepScalars::kHost
-                        ? shard::EngineOptions::StepScalars::kHost
-                    : cfg.runtime.step_scalars == config::StepScalars::kDevice
-                        ? shard::EngineOptions::StepScalars::kDevice
-                        : shard::EngineOptions::StepScalars::kAuto;
-  eo.adamw.beta1 = cfg.optim.adam_beta1;
-  eo.adamw.beta2 = cfg.optim.adam_beta2;
-  eo.adamw.eps = cfg.optim.adam_eps;
-  eo.adamw.weight_decay = cfg.optim.weight_decay;
-  eo.validate();
-  auto groups = shard::make_comm_groups(eo.strategy, device);
-  engine = std::make_unique<shard::ShardEngine>(*draft, groups, eo);
-  draft->set_unit_hooks(engine.get());
-  if (have_init_export) {
-    std::map<std::string, at::Tensor> weights(init_export.weights.begin(),
-                                              init_export.weights.end());
-    for (const auto& item : draft->named_parameters()) {
-      const std::string& name = item.key();
-      if (name == "embed_tokens.weight") continue;
-      FSDP_USAGE_CHECK(
-          weights.count(name),
-          fsdp::str("--init-checkpoint ", cfg.model.init_checkpoint, " lacks tensor '", name, "'"),
-          "use an export written by fsdp-train (or SpecForge) for this draft config");
-      FSDP_USAGE_CHECK(all_finite(weights.at(name)),
-                       fsdp::str("--init-checkpoint ", cfg.model.init_checkpoint, ": tensor '",
-                                 name, "' contains NaN or Inf values"),
-                       "start from an earlier checkpoint of that run");
-    }
-    engine->load_full_state(weights, /*allow_missing=*/true);
-  }
+  engine->load_full_state(weights, /*allow_missing=*/true);
 }
 
 std::unique_ptr<data::DataLoader> Trainer::Impl::make_loader(
     std::shared_ptr<data::FeatureDataset> ds, bool shuffle) const {
   data::DistributedSampler sampler(ds->size(), rank, world, plan.micro_batch,
                                    static_cast<uint64_t>(cfg.loop.seed), shuffle);
-  data::LoaderOptions lo;
-  lo.max_length = cfg.data.max_length;
-  lo.skip_bad_samples = cfg.data.skip_bad_samples;
-  lo.pin_memory = !device.is_cpu();
-  // Four readers on a GPU, like SpecForge's DataLoader workers: a 2k-token sample of an 8B
-  // target is 64 MiB to read and unpickle per micro-batch.
-  lo.prefetch_threads = static_cast<int>(cfg.data.loader_threads > 0 ? cfg.data.loader_threads
-                                                                     : (device.is_cpu() ? 1 : 4));
+  data::LoaderOptions lo = loader_options(cfg, device);
   lo.validate();
   return std::make_unique<data::DataLoader>(ds, sampler, lo);
-}
-
-model::LossOptions Trainer::Impl::loss_options(int64_t accumulation) const {
-  model::LossOptions lo;
-  lo.ttt_length = cfg.model.ttt_length;
-  lo.accumulation_steps = accumulation;
-  lo.recompute_loss = cfg.model.activation_checkpointing;
-  lo.normalization = cfg.loop.loss_normalization == config::LossNormalization::kTokens
-                         ? model::LossNormalization::kValidTokens
-                         : model::LossNormalization::kBatchTokens;
-  return lo;
-}
-
-metrics::ProfilerOptions Trainer::Impl::profiler_options() const {
-  metrics::ProfilerOptions o;
-  o.start_step = cfg.profile.start_step;
-  o.num_steps = cfg.profile.num_steps;
-  o.record_shapes = cfg.profile.record_shapes;
-  o.gpu = !device.is_cpu();
-  o.rank = rank;
-  o.dir = cfg.profile.dir;
-  if (o.dir.empty()) {
-    const char* env = std::getenv("SGLANG_TORCH_PROFILER_DIR");  // where SpecForge writes
-    o.dir = env && *env ? env : checkpoint::join_path(cfg.checkpoint.output_dir, "profile");
-  }
-  return o;
 }
 
 void Trainer::Impl::check_eval_size(const data::FeatureDataset& ds) const {
@@ -427,16 +401,6 @@ void Trainer::Impl::check_eval_size(const data::FeatureDataset& ds) const {
                    "--draft-micro-batch-size");
 }
 
-void Trainer::Impl::stop_for_other_rank(const char* what) const {
-  // The rank that failed reports its error and stops the job; this one only speaks if that did
-  // not happen within a few seconds (its report waits 2 s on ranks other than 0).
-  std::this_thread::sleep_for(std::chrono::seconds(6));
-  FSDP_USAGE_CHECK(false,
-                   fsdp::str("stopping: another rank's ", what, " failed (its error is above)"),
-                   "fix or remove that file (or pass --skip-bad-samples), then --resume");
-  std::abort();  // not reached: the check throws
-}
-
 std::vector<std::pair<std::string, double>> Trainer::Impl::evaluate(
     const std::string& prefix, const std::function<void()>& before_failure) {
   auto ds = eval_ds ? eval_ds : train_ds;
@@ -446,28 +410,18 @@ std::vector<std::pair<std::string, double>> Trainer::Impl::evaluate(
   StepMetrics m(cfg.model.ttt_length, metrics_device());
   at::NoGradGuard no_grad;
   int64_t zero_loss = 0, loss_tokens = 0;  // this rank's (samples without a loss token)
+  const model::LossOptions loss = loss_options(cfg, 1);
+  const ReadAgreement agreement{world, [this](bool mine) { return any_rank(mine); }};
   while (true) {
-    std::optional<data::Batch> b;
-    std::exception_ptr failure;
-    try {
-      b = loader->next();
-    } catch (const std::exception&) {
-      failure = std::current_exception();
-    }
-    if (world > 1 ? any_rank(failure != nullptr) : failure != nullptr) {
-      if (before_failure) before_failure();
-      if (failure) std::rethrow_exception(failure);
-      stop_for_other_rank("evaluation data loading");
-    }
+    auto b = read_agreed([&] { return loader->next(); }, agreement, "evaluation data loading",
+                         [&](ReadFailure) {
+                           if (before_failure) before_failure();
+                         });
     if (!b) break;
     zero_loss += data::zero_loss_rows(*b);
     loss_tokens += b->num_loss_tokens();
     const auto rows = model::LossRows::build(b->loss_mask, cfg.model.ttt_length, device);
-    auto out = model::ttt_step(*draft, head, rows, b->input_ids.to(device, true),
-                               b->attention_mask.to(device, true), b->loss_mask.to(device, true),
-                               b->aux_hidden.to(device, true), b->target_hidden.to(device, true),
-                               loss_options(1));
-    m.add(out);
+    m.add(forward_micro_batch(*draft, head, rows, *b, device, loss));
   }
   auto r = m.report(*metrics_comm, prefix);
   at::Tensor counts = at::tensor({zero_loss, loss_tokens}, at::kLong);

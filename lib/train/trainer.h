@@ -1,6 +1,6 @@
-// The Trainer composes the components (design.md, style.md 2 and 4): configuration, data,
+// The Trainer composes the components (docs/architecture.md): configuration, data,
 // vocabulary mapping, target head, draft model, sharding engine, metrics and checkpoints, and
-// runs the loop of spec section 6: micro-batches, accumulation, clipping, warmup-cosine LR,
+// runs the loop of docs/reference.md §6: micro-batches, accumulation, clipping, the LR schedule,
 // evaluation and logging at their intervals, a non-finite guard, saving on SIGTERM/SIGINT, and
 // exact resume. It never parses flags and never talks to MPI directly (lib/comm does).
 #pragma once
@@ -13,10 +13,12 @@
 
 namespace fsdp::train {
 
+class TrainLoop;
+
 struct RunResult {
-  int64_t steps = 0;                  // optimizer steps done when the run ended
+  int64_t steps = 0;  // optimizer steps done when the run ended
   bool stopped_by_signal = false;
-  std::string last_checkpoint;        // empty when none was written
+  std::string last_checkpoint;                             // empty when none was written
   std::vector<std::pair<std::string, double>> final_eval;  // eval-only / last evaluation
 };
 
@@ -36,6 +38,7 @@ class Trainer {
   static constexpr int kMaxConsecutiveNonFinite = 5;
 
  private:
+  friend class TrainLoop;  // train_loop.cpp: one training run over Impl's parts
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

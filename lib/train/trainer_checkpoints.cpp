@@ -1,6 +1,7 @@
 // The Trainer's checkpoints (train/trainer.h): saving one with every rank agreeing on the
-// outcome, choosing what a run resumes from (restarts, fallbacks, branches set aside) and
-// loading it. Never writes outside --output-dir; every collective here runs on every rank.
+// outcome, and loading what resume_plan.h chose (fallbacks, branches set aside, another
+// data-parallel layout). Never writes outside --output-dir; every collective here runs on every
+// rank.
 #include "train/trainer.h"
 #include "train/trainer_impl.h"
 
@@ -24,6 +25,8 @@
 #include "metrics/sinks.h"
 #include "model/draft_model.h"
 #include "shard/engine.h"
+#include "train/component_options.h"
+#include "train/resume_plan.h"
 #include "train/run_state.h"
 #include "train/signals.h"
 #include "train/step_metrics.h"
@@ -90,8 +93,8 @@ std::string Trainer::Impl::save(int64_t epoch_for_name) {
   };
   if (rank == 0) attempt([&] { writer.begin(); });
   control->barrier();
-  // The export leaves out the frozen embedding (spec 7): it is neither gathered nor copied (for
-  // the llama3-8B draft 2.1 GB of fp32 on the device and on rank 0's host per save).
+  // The export leaves out the frozen embedding (docs/reference.md §7): it is neither gathered nor
+  // copied (for the llama3-8B draft 2.1 GB of fp32 on the device and on rank 0's host per save).
   auto full = engine->full_state(/*rank0_only=*/true, /*include_frozen=*/false);
   if (rank == 0) {
     attempt([&] {
@@ -147,16 +150,6 @@ std::string Trainer::Impl::newest_checkpoint_text() const {
              : std::string("there is no complete checkpoint");
 }
 
-bool Trainer::Impl::inside_output_dir(const std::string& checkpoint_dir) const {
-  // The same directory, however spelled (relative, trailing '/', symbolic links).
-  std::error_code ec;
-  const auto parent = std::filesystem::absolute(checkpoint_dir, ec).lexically_normal();
-  return !cfg.checkpoint.output_dir.empty() &&
-         std::filesystem::equivalent(
-             (parent.has_filename() ? parent : parent.parent_path()).parent_path(),
-             cfg.checkpoint.output_dir, ec);
-}
-
 void Trainer::Impl::check_same_checkpoints(
     const std::vector<checkpoint::CheckpointRef>& list) const {
   // Every rank must see the same checkpoints (one --output-dir shared by all): count and step
@@ -173,150 +166,19 @@ void Trainer::Impl::check_same_checkpoints(
 }
 
 void Trainer::Impl::plan_resume() {
-  // Candidates, newest first: --resume auto falls back to older complete checkpoints when the
-  // newest cannot be loaded (a damaged file); --resume PATH takes that one only.
-  std::vector<checkpoint::CheckpointRef>& candidates = resume_candidates;
-  candidates.clear();
-  // A restart by the launcher continues from the newest checkpoint of its own launch (the
-  // output directory may hold older runs' checkpoints), then falls back to where the first
-  // attempt started; before this launch saved any, it starts the way the first attempt did.
-  // Which checkpoints are the launch's is agreed: a rank that cannot read one's state says no.
-  const LaunchAttempt launch = launch_attempt();
-  std::vector<checkpoint::CheckpointRef> own;
-  if (launch.attempt > 0 && !launch.launch_id.empty()) {
-    const auto listing = checkpoint::list_complete(cfg.checkpoint.output_dir);
-    check_same_checkpoints(listing);  // one agreement per checkpoint follows
-    for (const auto& c : listing) {
-      bool mine = false;
-      try {
-        mine = load_run_state(c.path, /*restore_rng=*/false).launch_id == launch.launch_id;
-      } catch (const std::exception&) {
-        // Unreadable state: not a candidate (the loading loop would only fail on it).
-      }
-      if (!any_rank(!mine)) own.push_back(c);
-    }
-    std::reverse(own.begin(), own.end());
-    FSDP_LOG0(kWarn) << "restart " << launch.attempt << " of launch " << launch.launch_id << ": "
-                     << (own.empty()
-                             ? "no checkpoint of this launch yet, starting as the first attempt did"
-                             : "resuming from " + own.front().path);
-  }
-  const bool restarting = !own.empty();
-  resume_falls_back = restarting || cfg.checkpoint.resume == config::ResumeMode::kAuto;
-  if (cfg.checkpoint.resume == config::ResumeMode::kAuto) {
-    candidates = checkpoint::list_complete(cfg.checkpoint.output_dir);
-    std::reverse(candidates.begin(), candidates.end());
-  } else if (cfg.checkpoint.resume == config::ResumeMode::kPath) {
-    const std::string dir = cfg.checkpoint.resume_path;
-    const bool export_only = std::filesystem::is_regular_file(dir + "/model.safetensors") &&
-                             !checkpoint::is_complete(dir) &&
-                             !std::filesystem::exists(dir + "/train_state");
-    FSDP_USAGE_CHECK(checkpoint::is_complete(dir),
-                     "--resume " + dir + ": not a complete checkpoint directory (no " +
-                         checkpoint::kCompleteMarker + " marker)",
-                     export_only
-                         ? "it holds weights only (a SpecForge checkpoint or an export), no "
-                           "optimizer state to resume: start from its weights with "
-                           "--init-checkpoint " +
-                               dir + " (or --ckpt-dir) instead of --resume"
-                     : std::filesystem::exists(dir + "/train_state")
-                         ? "its save was interrupted (the marker is written last), so its files "
-                           "may be incomplete: resume from an older checkpoint, or --resume auto"
-                         : "point --resume at an epoch_<E>_step_<S> directory, or use --resume "
-                           "auto");
-    // Continuing a checkpoint of another directory: this run's saves must not mix with a run
-    // whose checkpoints are in --output-dir.
-    if (!restarting && !cfg.loop.eval_only && !inside_output_dir(dir)) {
-      const auto other = checkpoint::find_latest(cfg.checkpoint.output_dir);
-      FSDP_USAGE_CHECK(!other,
-                       "--resume " + dir + " is outside --output-dir " + cfg.checkpoint.output_dir +
-                           ", which holds checkpoints of another run "
-                           "(the newest: " +
-                           (other ? other->path : std::string()) +
-                           "): the two runs' checkpoints would mix",
-                       "continue into an empty --output-dir, or resume a checkpoint of " +
-                           cfg.checkpoint.output_dir);
-    }
-    checkpoint::CheckpointRef ref;
-    ref.path = dir;
-    candidates.push_back(ref);
-  }
-  // This launch's checkpoints first, then the first attempt's starting points (not twice).
-  if (restarting) {
-    for (const auto& c : candidates) {
-      const bool dup =
-          std::any_of(own.begin(), own.end(), [&](const auto& o) { return o.path == c.path; });
-      if (!dup) own.push_back(c);
-    }
-    candidates = own;
-  }
-  check_same_checkpoints(candidates);
-  // With fallback, a checkpoint whose weights file or config cannot be read (damaged after the
-  // save) is passed over like one whose training state cannot be loaded. Agreed over ranks.
-  if (resume_falls_back) {
-    std::vector<checkpoint::CheckpointRef> readable;
-    for (const auto& c : candidates) {
-      std::string problem;
-      try {
-        const auto [d2t, t2d] = checkpoint::read_export_mapping(c.path);
-        if (!d2t.defined() || !t2d.defined()) problem = "model.safetensors has no d2t/t2d";
-        const std::string config = checkpoint::join_path(c.path, "config.json");
-        if (std::filesystem::is_regular_file(config)) model::load_draft_config(config);
-      } catch (const std::exception& e) {
-        problem = error_text(e);
-      }
-      if (!any_rank(!problem.empty())) {
-        readable.push_back(c);
-      } else {
-        FSDP_LOG0(kWarn) << "checkpoint " << c.path << " cannot be resumed"
-                         << (problem.empty() ? " (on another rank)" : ": " + problem)
-                         << "; trying the next older one";
-      }
-    }
-    FSDP_USAGE_CHECK(candidates.empty() || !readable.empty(),
-                     "--resume: no checkpoint in " + cfg.checkpoint.output_dir +
-                         " can be read (see the warnings above)",
-                     "check the files named above; to start over use another --output-dir");
-    candidates = readable;
-  }
-  if (candidates.empty()) {
-    // Never start over silently next to another trainer's checkpoints: that run's epochs would
-    // look resumed and be lost.
-    // (--init-checkpoint says where to start.)
-    const auto foreign =
-        cfg.checkpoint.resume == config::ResumeMode::kAuto && cfg.model.init_checkpoint.empty()
-            ? checkpoint::list_foreign_exports(cfg.checkpoint.output_dir)
-            : std::vector<std::string>{};
-    std::string names;
-    for (size_t i = 0; i < foreign.size() && i < 3; ++i) names += (i ? ", " : "") + foreign[i];
-    if (foreign.size() > 3) names += ", ...";
-    FSDP_USAGE_CHECK(
-        foreign.empty(),
-        "--resume: " + cfg.checkpoint.output_dir + " has no fsdp-train checkpoint to resume, but " +
-            std::to_string(foreign.size()) + " draft checkpoint(s) without optimizer state (" +
-            names + "), e.g. from SpecForge",
-        "to continue from those weights with a fresh optimizer and schedule, pass "
-        "--init-checkpoint <that directory> (or --ckpt-dir) without --resume; to start over, "
-        "use another --output-dir");
-    if (cfg.checkpoint.resume == config::ResumeMode::kAuto) {
-      FSDP_LOG0(kInfo) << "--resume auto: no complete checkpoint in " << cfg.checkpoint.output_dir
-                       << ", starting fresh";
-    }
-    // A fresh run never overwrites an earlier run's checkpoints (its saves would replace them
-    // name by name, and a later --resume would continue a mix of the two).
-    if (cfg.checkpoint.resume == config::ResumeMode::kNone && !cfg.loop.eval_only &&
-        !cfg.checkpoint.output_dir.empty()) {
-      const auto earlier = checkpoint::find_latest(cfg.checkpoint.output_dir);
-      FSDP_USAGE_CHECK(!earlier,
-                       "--output-dir " + cfg.checkpoint.output_dir +
-                           " already holds checkpoints of a run (the newest: " +
-                           (earlier ? earlier->path : std::string()) +
-                           "), and this run starts fresh: its saves would overwrite them",
-                       "pass --resume to continue that run, --init-checkpoint " +
-                           (earlier ? earlier->path : std::string("DIR")) +
-                           " to start from its weights, or choose another --output-dir");
-    }
-  }
+  ResumeRequest request;
+  request.mode = cfg.checkpoint.resume;
+  request.path = cfg.checkpoint.resume_path;
+  request.output_dir = cfg.checkpoint.output_dir;
+  request.eval_only = cfg.loop.eval_only;
+  request.has_init_checkpoint = !cfg.model.init_checkpoint.empty();
+  request.launch = launch_attempt();
+  ResumeAgreement agree;
+  agree.any_rank = [this](bool mine) { return any_rank(mine); };
+  agree.check_same = [this](const auto& list) { check_same_checkpoints(list); };
+  ResumePlan plan = train::plan_resume(request, agree);
+  resume_candidates = std::move(plan.candidates);
+  resume_falls_back = plan.falls_back;
 }
 
 void Trainer::Impl::report_changed_settings(const std::string& saved_json) const {
@@ -353,15 +215,12 @@ void Trainer::Impl::report_changed_settings(const std::string& saved_json) const
   }
 }
 
-void Trainer::Impl::resume_if_asked() {
+std::pair<RunState, std::string> Trainer::Impl::load_first_loadable() {
   const std::vector<checkpoint::CheckpointRef>& candidates = resume_candidates;
-  if (candidates.empty()) return;
-  const bool fall_back = resume_falls_back;
-  RunState saved;
-  std::string loaded;
   for (size_t i = 0;; ++i) {
     const std::string& path = candidates[i].path;
     std::string error;
+    RunState saved;
     try {
       saved = load_run_state(path);
       const std::string state_dir = checkpoint::join_path(path, "train_state");
@@ -379,10 +238,7 @@ void Trainer::Impl::resume_if_asked() {
     } catch (const std::exception& e) {
       error = error_text(e);
     }
-    if (!any_rank(!error.empty())) {
-      loaded = path;
-      break;
-    }
+    if (!any_rank(!error.empty())) return {saved, path};
     if (!error.empty()) {
       FSDP_LOG(kError) << "rank " << rank << ": cannot load checkpoint " << path << ": " << error;
     }
@@ -393,7 +249,7 @@ void Trainer::Impl::resume_if_asked() {
                          (error.empty() ? std::string(" (on another rank: see its error above)")
                                         : ": " + error) +
                          (candidates.size() > 1 ? ", nor any older one" : ""),
-                     !fall_back
+                     !resume_falls_back
                          ? "pick another checkpoint, or --resume auto (it falls back to older ones)"
                          : "check the files named above; to start over use another --output-dir");
     FSDP_LOG0(kWarn) << "checkpoint " << path << " could not be loaded ("
@@ -401,6 +257,12 @@ void Trainer::Impl::resume_if_asked() {
                                        : error)
                      << "): resuming from the next older one, " << candidates[i + 1].path;
   }
+}
+
+void Trainer::Impl::resume_if_asked() {
+  const std::vector<checkpoint::CheckpointRef>& candidates = resume_candidates;
+  if (candidates.empty()) return;
+  const auto [saved, loaded] = load_first_loadable();
   // The mapping the model was built with came from the first candidate (build_model); a fallback
   // to an older checkpoint must mean the same vocabulary.
   if (loaded != candidates.front().path) {
@@ -413,7 +275,7 @@ void Trainer::Impl::resume_if_asked() {
   }
   // Checkpoints after the one resumed from belong to an abandoned branch: set aside, so that
   // this run's saves do not overwrite them and a later --resume auto does not take them.
-  if (rank == 0 && !cfg.loop.eval_only && inside_output_dir(loaded)) {
+  if (rank == 0 && !cfg.loop.eval_only && inside_output_dir(loaded, cfg.checkpoint.output_dir)) {
     for (const auto& moved : checkpoint::set_aside_newer(cfg.checkpoint.output_dir, saved.step)) {
       FSDP_LOG0(kWarn) << "resumed from step " << saved.step << ": the newer checkpoint is set "
                        << "aside as " << moved << " (another branch of the run; nothing deleted)";
@@ -428,30 +290,32 @@ void Trainer::Impl::resume_if_asked() {
   state.config_json = config_json;  // later checkpoints record this run's settings
   if (!cfg.loop.eval_only) report_changed_settings(saved.config_json);
   if (saved.world_size != world || saved.micro_batch_size != plan.micro_batch) {
-    // Different data-parallel layout: keep the number of samples consumed in the epoch.
-    const int64_t samples = saved.position * saved.micro_batch_size * saved.world_size;
-    const int64_t per_round = plan.micro_batch * world;  // samples of one micro-batch per rank
-    state.position = samples / per_round;
-    const int64_t resumed_at = state.position * per_round;
-    if (!cfg.loop.eval_only) {  // an evaluation has no data position
-      FSDP_LOG0(kWarn)
-          << "resuming a run saved at " << saved.world_size << " rank(s) x micro-batch "
-          << saved.micro_batch_size << " on " << world << " x " << plan.micro_batch << ": "
-          << (saved.world_size != world ? "parameters and optimizer state are resharded exactly; "
-                                        : "")
-          << "the data order continues at sample " << resumed_at << " of epoch " << saved.epoch
-          << (resumed_at == samples
-                  ? std::string()
-                  : fsdp::str(" (the checkpoint had consumed ", samples, ", not a multiple of ",
-                              per_round, " = ranks x micro-batch: samples ", resumed_at, "..",
-                              samples - 1, " are trained again)"));
-    }
+    adopt_layout(saved);
   }
   state.world_size = world;
   state.accumulation_steps = plan.accumulation_steps;
   state.micro_batch_size = plan.micro_batch;
   FSDP_LOG0(kInfo) << "resumed from " << loaded << " at step " << state.step << " (epoch "
                    << state.epoch << ", micro-batch " << state.position << ")";
+}
+
+void Trainer::Impl::adopt_layout(const RunState& saved) {
+  // Different data-parallel layout: keep the number of samples consumed in the epoch.
+  const int64_t samples = saved.position * saved.micro_batch_size * saved.world_size;
+  const int64_t per_round = plan.micro_batch * world;  // samples of one micro-batch per rank
+  state.position = samples / per_round;
+  const int64_t resumed_at = state.position * per_round;
+  if (cfg.loop.eval_only) return;  // an evaluation has no data position
+  FSDP_LOG0(kWarn)
+      << "resuming a run saved at " << saved.world_size << " rank(s) x micro-batch "
+      << saved.micro_batch_size << " on " << world << " x " << plan.micro_batch << ": "
+      << (saved.world_size != world ? "parameters and optimizer state are resharded exactly; " : "")
+      << "the data order continues at sample " << resumed_at << " of epoch " << saved.epoch
+      << (resumed_at == samples
+              ? std::string()
+              : fsdp::str(" (the checkpoint had consumed ", samples, ", not a multiple of ",
+                          per_round, " = ranks x micro-batch: samples ", resumed_at, "..",
+                          samples - 1, " are trained again)"));
 }
 
 }  // namespace fsdp::train

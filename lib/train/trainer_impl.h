@@ -1,9 +1,10 @@
 // Private state of the Trainer, shared by trainer.cpp (set-up, model, evaluation),
-// trainer_checkpoints.cpp (save, resume) and train_loop.cpp (the loop). Not part of the public
-// API; include only from lib/train.
+// trainer_checkpoints.cpp (save, resume) and train_loop.cpp (the loop, composed from cadence.h,
+// step_runner.h and component_options.h). Not part of the public API; include only from lib/train.
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "checkpoint/checkpoint_dir.h"
 #include "checkpoint/export.h"
 #include "comm/communicator.h"
+#include "comm/runtime.h"
 #include "config/options.h"
 #include "data/dataset.h"
 #include "data/loader.h"
@@ -50,20 +52,32 @@ struct Trainer::Impl {
 
   explicit Impl(config::TrainConfig c) : cfg(std::move(c)) {}
 
+  // Set-up, in this order (trainer.cpp): ranks, batch plan, device, threads, communicators,
+  // data, the loss-mask and evaluation-set checks, the output directory lock, the resume plan,
+  // then the model.
   void setup();
+  void plan_batches();
+  // Sets the intra-op threads; returns "N thread(s) per rank (source)" for the start-up line.
+  std::string set_threads(const comm::Topology& topo) const;
+  void open_data();               // opens the feature sets and reads one sample of each
+  void check_loss_masks() const;  // exit 2 for sets without (almost any) loss tokens
+  void check_eval_set() const;    // one micro-batch per rank; warns about samples left out
+  void lock_output_dir();         // one training run per --output-dir; recovers interrupted saves
+  // The draft under the sharding engine: vocabulary mapping, target head and embedding, the
+  // engine, and the initial weights of --init-checkpoint.
   void build_model();
+  void choose_vocab_mapping();
+  // The target's "embedding" and "lm_head", checked against the draft config.
+  std::map<std::string, at::Tensor> read_target_tensors() const;
+  void load_init_weights();
   std::unique_ptr<data::DataLoader> make_loader(std::shared_ptr<data::FeatureDataset> ds,
                                                 bool shuffle) const;
-  model::LossOptions loss_options(int64_t accumulation) const;
-  metrics::ProfilerOptions profiler_options() const;
   // Evaluates the current weights on the evaluation set (the training set without one). When
   // reading a micro-batch fails on any rank, the ranks agree on it before its collectives, run
   // before_failure (the loop saves the last completed step there), and the failing rank
   // rethrows its error; the others stop with a usage error pointing at it.
   std::vector<std::pair<std::string, double>> evaluate(
       const std::string& prefix, const std::function<void()>& before_failure = {});
-  // On a rank whose peer's data loading failed: waits for that rank's report, then throws.
-  [[noreturn]] void stop_for_other_rank(const char* what) const;
   // Saves a checkpoint; returns its directory, or "" when a write failed on some rank (every
   // rank returns "" then; the earlier checkpoints are untouched). Collective.
   std::string save(int64_t epoch_for_name);
@@ -74,12 +88,9 @@ struct Trainer::Impl {
   // Exits 2 unless every rank lists the same checkpoints (collective).
   void check_same_checkpoints(const std::vector<checkpoint::CheckpointRef>& list) const;
   std::string newest_checkpoint_text() const;
-  // Chooses the checkpoints a resume would load, newest first (--resume, or a launcher restart),
-  // before the model is built: the model takes its vocabulary mapping from the first. Refuses a
-  // fresh training run in an --output-dir that holds checkpoints. Collective.
+  // Chooses the checkpoints a resume would load (train::plan_resume in resume_plan.h), before the
+  // model is built: the model takes its vocabulary mapping from the first. Collective.
   void plan_resume();
-  // True when checkpoint_dir is a directory directly in --output-dir.
-  bool inside_output_dir(const std::string& checkpoint_dir) const;
   // The checkpoint's config.json (when it has one) against --draft-model-config: UsageError
   // naming the keys that change parameter shapes, a warning for the others.
   void check_same_architecture(const std::string& saved_config, const std::string& flag) const;
@@ -88,16 +99,23 @@ struct Trainer::Impl {
   std::unique_ptr<checkpoint::OutputDirLock> output_lock;  // rank 0, training runs
   // Loads the first loadable candidate (engine, run state), sets newer checkpoints aside.
   void resume_if_asked();
+  // The first candidate every rank loads (engine state, run state) and its path; a usage error
+  // when none does. Collective.
+  std::pair<RunState, std::string> load_first_loadable();
+  // The resumed position when the checkpoint was saved with another ranks x micro-batch layout.
+  void adopt_layout(const RunState& saved);
   // Warns (rank 0) about settings that change the computation and differ from saved_json, the
   // resumed checkpoint's recorded configuration.
   void report_changed_settings(const std::string& saved_json) const;
   RunResult train();
   RunResult eval_only();
+  // UsageError unless an epoch of per_epoch micro-batches per rank holds one optimizer step (a
+  // warning when its last step is partial); returns the optimizer steps per epoch.
+  int64_t check_epoch(int64_t per_epoch) const;
+  // Warns (rank 0) when this run's epochs end before or after the resumed schedule's end.
+  void warn_resumed_schedule(int64_t per_epoch, int64_t steps_per_epoch) const;
+  // Rank 0 at the start of training: writes run_config.yaml, logs the sizes and the plan.
+  void log_run_start(int64_t per_epoch) const;
 };
-
-// --mixed-precision / --reduce-dtype / --export-dtype as a tensor dtype.
-inline c10::ScalarType to_dtype(config::Precision p) {
-  return p == config::Precision::kBF16 ? c10::kBFloat16 : c10::kFloat;
-}
 
 }  // namespace fsdp::train

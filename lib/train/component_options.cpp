@@ -1,0 +1,149 @@
+// Configuration to component options (see component_options.h). Every mapping is a switch
+// without a default, so a new enum value is a compiler warning (an error with -Werror) here.
+#include "train/component_options.h"
+
+#include "checkpoint/checkpoint_dir.h"
+#include "core/error.h"
+
+namespace fsdp::train {
+
+namespace {
+[[noreturn]] void unknown(const char* what, int value) {
+  FSDP_CHECK(false, str("unknown ", what, " value ", value),
+             "a bug in fsdp-train: please report it");
+  std::abort();  // not reached: the check throws
+}
+}  // namespace
+
+shard::Strategy to_engine(config::ShardingStrategy s) {
+  switch (s) {
+    case config::ShardingStrategy::kFullShard:
+      return shard::Strategy::kFullShard;
+    case config::ShardingStrategy::kShardGradOp:
+      return shard::Strategy::kShardGradOp;
+    case config::ShardingStrategy::kNoShard:
+      return shard::Strategy::kNoShard;
+    case config::ShardingStrategy::kHybridShard:
+      return shard::Strategy::kHybridShard;
+  }
+  unknown("sharding strategy", static_cast<int>(s));
+}
+
+shard::EngineOptions::StepScalars to_engine(config::StepScalars s) {
+  switch (s) {
+    case config::StepScalars::kAuto:
+      return shard::EngineOptions::StepScalars::kAuto;
+    case config::StepScalars::kHost:
+      return shard::EngineOptions::StepScalars::kHost;
+    case config::StepScalars::kDevice:
+      return shard::EngineOptions::StepScalars::kDevice;
+  }
+  unknown("step scalars", static_cast<int>(s));
+}
+
+c10::ScalarType to_dtype(config::Precision p) {
+  switch (p) {
+    case config::Precision::kBF16:
+      return c10::kBFloat16;
+    case config::Precision::kFP32:
+      return c10::kFloat;
+  }
+  unknown("precision", static_cast<int>(p));
+}
+
+model::LossNormalization to_loss(config::LossNormalization n) {
+  switch (n) {
+    case config::LossNormalization::kBatch:
+      return model::LossNormalization::kBatchTokens;
+    case config::LossNormalization::kTokens:
+      return model::LossNormalization::kValidTokens;
+  }
+  unknown("loss normalization", static_cast<int>(n));
+}
+
+optim::LrDecay to_decay(config::LrScheduler s) {
+  switch (s) {
+    case config::LrScheduler::kCosine:
+      return optim::LrDecay::kCosine;
+    case config::LrScheduler::kLinear:
+      return optim::LrDecay::kLinear;
+    case config::LrScheduler::kConstant:
+      return optim::LrDecay::kConstant;
+  }
+  unknown("learning-rate scheduler", static_cast<int>(s));
+}
+
+shard::EngineOptions engine_options(const config::TrainConfig& cfg, c10::Device device) {
+  shard::EngineOptions eo;
+  eo.strategy = to_engine(cfg.shard.strategy);
+  eo.mixed_precision.param_dtype = to_dtype(cfg.shard.mixed_precision);
+  eo.mixed_precision.reduce_dtype = to_dtype(cfg.shard.reduce_dtype);
+  eo.device = device;
+  eo.cpu_offload = cfg.shard.cpu_offload;
+  eo.reshard_between_uses = cfg.shard.reshard_between_uses;
+  eo.step_scalars = to_engine(cfg.runtime.step_scalars);
+  eo.adamw.beta1 = cfg.optim.adam_beta1;
+  eo.adamw.beta2 = cfg.optim.adam_beta2;
+  eo.adamw.eps = cfg.optim.adam_eps;
+  eo.adamw.weight_decay = cfg.optim.weight_decay;
+  return eo;
+}
+
+data::LoaderOptions loader_options(const config::TrainConfig& cfg, c10::Device device) {
+  data::LoaderOptions lo;
+  lo.max_length = cfg.data.max_length;
+  lo.skip_bad_samples = cfg.data.skip_bad_samples;
+  lo.pin_memory = !device.is_cpu();
+  // Four readers on a GPU, like SpecForge's DataLoader workers: a 2k-token sample of an 8B
+  // target is 64 MiB to read and unpickle per micro-batch.
+  lo.prefetch_threads = static_cast<int>(cfg.data.loader_threads > 0 ? cfg.data.loader_threads
+                                                                     : (device.is_cpu() ? 1 : 4));
+  return lo;
+}
+
+model::LossOptions loss_options(const config::TrainConfig& cfg, int64_t accumulation) {
+  model::LossOptions lo;
+  lo.ttt_length = cfg.model.ttt_length;
+  lo.accumulation_steps = accumulation;
+  lo.recompute_loss = cfg.model.activation_checkpointing;
+  lo.normalization = to_loss(cfg.loop.loss_normalization);
+  return lo;
+}
+
+metrics::ProfilerOptions profiler_options(const config::TrainConfig& cfg, c10::Device device,
+                                          int rank, const std::string& env_profiler_dir) {
+  metrics::ProfilerOptions o;
+  o.start_step = cfg.profile.start_step;
+  o.num_steps = cfg.profile.num_steps;
+  o.record_shapes = cfg.profile.record_shapes;
+  o.gpu = !device.is_cpu();
+  o.rank = rank;
+  o.dir = cfg.profile.dir;
+  if (o.dir.empty()) {
+    o.dir = !env_profiler_dir.empty() ? env_profiler_dir
+                                      : checkpoint::join_path(cfg.checkpoint.output_dir, "profile");
+  }
+  return o;
+}
+
+metrics::SinkContext sink_context(const config::TrainConfig& cfg, int rank, int64_t total_steps,
+                                  const std::string& config_json, const RunState& state,
+                                  bool restarted) {
+  metrics::SinkContext sc;
+  sc.rank = rank;
+  sc.total_steps = total_steps;
+  sc.output_dir = cfg.checkpoint.output_dir;
+  sc.config_json = config_json;
+  sc.wandb_run_id = state.wandb_run_id;  // from the checkpoint resumed from, if any
+  // Also a fresh start (step 0): records of an earlier attempt that saved nothing move aside.
+  sc.resumed_step = state.step;
+  sc.tensorboard_resumed_step = state.step > 0 || restarted ? state.step : -1;
+  return sc;
+}
+
+int64_t warmup_steps(const config::TrainConfig& cfg, int64_t total_steps) {
+  return cfg.optim.warmup_steps ? *cfg.optim.warmup_steps
+                                : optim::warmup_steps(cfg.optim.warmup_ratio, total_steps);
+}
+
+}  // namespace fsdp::train

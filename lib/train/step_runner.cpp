@@ -1,0 +1,96 @@
+// One micro-batch, one optimizer step, and the agreement on a failed read (see step_runner.h).
+// Collective: every rank calls these in the same order.
+#include "train/step_runner.h"
+
+#include <ATen/record_function.h>
+
+#include <exception>
+#include <thread>
+
+#include "core/error.h"
+#include "model/flops.h"
+
+namespace fsdp::train {
+
+std::optional<data::Batch> read_agreed(const std::function<std::optional<data::Batch>()>& read,
+                                       const ReadAgreement& agree, const char* what,
+                                       const std::function<void(ReadFailure)>& before_failure) {
+  std::optional<data::Batch> batch;
+  std::exception_ptr failure;
+  ReadFailure kind = ReadFailure::kOtherRank;
+  try {
+    batch = read();
+  } catch (const data::BadSampleError&) {
+    failure = std::current_exception();
+    kind = ReadFailure::kBadSample;
+  } catch (const std::exception&) {
+    failure = std::current_exception();
+    kind = ReadFailure::kLoaderError;
+  }
+  // One CPU flag per micro-batch, before its collectives.
+  if (agree.world > 1 ? agree.any_rank(failure != nullptr) : failure != nullptr) {
+    if (before_failure) before_failure(kind);
+    if (failure) std::rethrow_exception(failure);
+    stop_for_other_rank(what, agree.other_rank_wait);
+  }
+  return batch;
+}
+
+void stop_for_other_rank(const char* what, std::chrono::seconds wait) {
+  // The rank that failed reports its error and stops the job; this one only speaks if that did
+  // not happen within a few seconds (its report waits 2 s on ranks other than 0).
+  std::this_thread::sleep_for(wait);
+  FSDP_USAGE_CHECK(false,
+                   fsdp::str("stopping: another rank's ", what, " failed (its error is above)"),
+                   "fix or remove that file (or pass --skip-bad-samples), then --resume");
+  std::abort();  // not reached: the check throws
+}
+
+model::StepOutput forward_micro_batch(model::Eagle3DraftImpl& draft, const model::TargetHead& head,
+                                      const model::LossRows& rows, const data::Batch& b,
+                                      c10::Device device, const model::LossOptions& loss) {
+  return model::ttt_step(draft, head, rows, b.input_ids.to(device, true),
+                         b.attention_mask.to(device, true), b.loss_mask.to(device, true),
+                         b.aux_hidden.to(device, true), b.target_hidden.to(device, true), loss);
+}
+
+void StepRunner::micro_batch(const data::Batch& batch, bool last) {
+  p_.engine->set_sync_gradients(!p_.accumulate_locally || last);
+  tokens_ += batch.attention_mask.sum().item<int64_t>();
+  // Loss rows from the host copy of loss_mask: no device sync (see model::LossRows).
+  const auto rows = model::LossRows::build(batch.loss_mask, p_.loss.ttt_length, p_.device);
+  flops_ += model::count_step_flops(p_.draft_cfg, batch.batch_size(), batch.seq_len(),
+                                    p_.loss.ttt_length, rows.count)
+                .total();
+  // fsdp:: scopes name the phases in --profile traces (free when not profiling).
+  auto out = [&] {
+    RECORD_USER_SCOPE("fsdp::forward");
+    return forward_micro_batch(*p_.draft, *p_.head, rows, batch, p_.device, p_.loss);
+  }();
+  {
+    RECORD_USER_SCOPE("fsdp::backward");
+    out.loss.backward();
+  }
+  out.loss = at::Tensor();
+  outputs_.push_back(std::move(out));
+}
+
+std::vector<model::StepOutput> StepRunner::take_outputs() {
+  std::vector<model::StepOutput> outs;
+  outs.swap(outputs_);
+  return outs;
+}
+
+shard::StepResult StepRunner::optimizer_step(double lr, double max_grad_norm) {
+  RECORD_USER_SCOPE("fsdp::optimizer_step");
+  return p_.engine->step(lr, max_grad_norm);
+}
+
+std::pair<int64_t, double> StepRunner::take_work() {
+  const std::pair<int64_t, double> work{tokens_, flops_};
+  tokens_ = 0;
+  flops_ = 0;
+  return work;
+}
+
+}  // namespace fsdp::train

@@ -1,0 +1,85 @@
+// One micro-batch and one optimizer step of the loop (docs/reference.md §6), and the protocol
+// every rank follows when reading a micro-batch fails: the ranks agree on the failure before
+// the micro-batch's collectives, so that no rank waits forever in one. Knows nothing of
+// intervals, checkpoints or logging (cadence.h, the loop).
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <optional>
+#include <vector>
+
+#include "data/loader.h"
+#include "model/draft_model.h"
+#include "model/target_head.h"
+#include "model/ttt_loss.h"
+#include "shard/engine.h"
+
+namespace fsdp::train {
+
+// Why reading the next micro-batch failed.
+enum class ReadFailure {
+  kBadSample,    // this rank read a bad sample (data::BadSampleError, without --skip-bad-samples)
+  kLoaderError,  // this rank's loader failed otherwise (memory, a file system gone)
+  kOtherRank,    // this rank read its micro-batch, another rank failed
+};
+
+// How the ranks agree: any_rank(mine) is true on every rank when `mine` is on any (collective;
+// only called with more than one rank).
+struct ReadAgreement {
+  int world = 1;
+  std::function<bool(bool)> any_rank;
+  // How long a rank whose peer failed waits for that peer's own report before reporting.
+  std::chrono::seconds other_rank_wait{6};
+};
+
+// Reads the next micro-batch with `read` (nullopt: the epoch's data is consumed). When the read
+// fails on any rank, every rank runs before_failure (the loop saves the last completed step
+// there); then the failing rank rethrows its error and the others stop with a UsageError
+// naming `what` (after other_rank_wait).
+std::optional<data::Batch> read_agreed(const std::function<std::optional<data::Batch>()>& read,
+                                       const ReadAgreement& agree, const char* what,
+                                       const std::function<void(ReadFailure)>& before_failure);
+
+// On a rank whose peer's `what` failed: waits `wait` for that rank's report, then throws.
+[[noreturn]] void stop_for_other_rank(const char* what, std::chrono::seconds wait);
+
+// The unrolled forward of one micro-batch on `device` (training and evaluation), over the
+// loss rows built from its host loss mask (model::LossRows::build: no device sync).
+model::StepOutput forward_micro_batch(model::Eagle3DraftImpl& draft, const model::TargetHead& head,
+                                      const model::LossRows& rows, const data::Batch& batch,
+                                      c10::Device device, const model::LossOptions& loss);
+
+// The micro-batches of one optimizer step: forward and backward of each, then the step.
+class StepRunner {
+ public:
+  struct Parts {
+    model::Eagle3DraftImpl* draft = nullptr;
+    const model::TargetHead* head = nullptr;
+    shard::ShardEngine* engine = nullptr;
+    c10::Device device = c10::Device(c10::kCPU);
+    model::DraftConfig draft_cfg;     // FLOP counts
+    model::LossOptions loss;          // divided by the accumulation steps
+    bool accumulate_locally = false;  // --accumulate-locally: reduce at the step's end only
+  };
+  explicit StepRunner(Parts parts) : p_(std::move(parts)) {}
+
+  // Forward and backward of one micro-batch; `last` is true for the step's last micro-batch.
+  void micro_batch(const data::Batch& batch, bool last);
+  // The step's micro-batch outputs (losses released), in order; cleared by the call. Counted in
+  // the metrics once the optimizer step completes: a checkpoint's metric sums then cover
+  // exactly the steps it holds (a bad sample can stop the run inside a step).
+  std::vector<model::StepOutput> take_outputs();
+  // The optimizer step at learning rate `lr`.
+  shard::StepResult optimizer_step(double lr, double max_grad_norm);
+  // The step's valid tokens and FLOPs so far; reset by the call.
+  std::pair<int64_t, double> take_work();
+
+ private:
+  Parts p_;
+  std::vector<model::StepOutput> outputs_;
+  double flops_ = 0;
+  int64_t tokens_ = 0;
+};
+
+}  // namespace fsdp::train
