@@ -1,6 +1,7 @@
 // mpirun relaunch and supervision (launcher.h).
 #include "launcher.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -254,16 +255,50 @@ pid_t start_child(const LaunchPlan& plan, int* err) {
   return pid;
 }
 
-// True when process `pid` has a handler for `sig` (the SigCgt mask in /proc/PID/status).
-bool catches_signal(pid_t pid, int sig) {
+// Whether process `pid` blocks `sig` and whether it has a handler for it (the SigBlk and SigCgt
+// masks in /proc/PID/status); both false for a process that is gone.
+struct SignalState {
+  bool blocked = false, caught = false;
+};
+SignalState signal_state(pid_t pid, int sig) {
   std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  SignalState st;
   std::string line;
   while (std::getline(status, line)) {
-    if (line.rfind("SigCgt:", 0) != 0) continue;
-    const unsigned long long mask = std::strtoull(line.c_str() + 7, nullptr, 16);
-    return (mask >> (sig - 1)) & 1ULL;
+    const bool blk = line.rfind("SigBlk:", 0) == 0, cgt = line.rfind("SigCgt:", 0) == 0;
+    if (!blk && !cgt) continue;
+    const bool bit = (std::strtoull(line.c_str() + 7, nullptr, 16) >> (sig - 1)) & 1ULL;
+    (blk ? st.blocked : st.caught) = bit;
   }
-  return false;
+  return st;
+}
+
+std::string exe_of(pid_t pid) {
+  char buf[4096];
+  const ssize_t n = ::readlink(("/proc/" + std::to_string(pid) + "/exe").c_str(), buf, sizeof(buf));
+  return n > 0 ? std::string(buf, n) : std::string();
+}
+
+// True when every child of `parent` (the ranks mpirun forked on this node) blocks or handles
+// `sig` in its own program. A child that still runs mpirun's image, between fork and exec, or
+// has not reached the front's block yet would die of it: mpirun forwards a signal to every rank
+// it has forked, and with 64 ranks on 2 cores it was still forking them 3 s after the start.
+bool children_protected(pid_t parent, int sig) {
+  const std::string task_dir = "/proc/" + std::to_string(parent) + "/task";
+  const std::string parent_exe = exe_of(parent);
+  DIR* tasks = ::opendir(task_dir.c_str());
+  if (!tasks) return false;
+  bool ok = true;
+  while (dirent* t = ::readdir(tasks)) {
+    if (t->d_name[0] == '.') continue;
+    std::ifstream children(task_dir + "/" + t->d_name + "/children");
+    for (pid_t child; ok && children >> child;) {
+      const SignalState st = signal_state(child, sig);
+      ok = (st.blocked || st.caught) && exe_of(child) != parent_exe;
+    }
+  }
+  ::closedir(tasks);
+  return ok;
 }
 
 // Waits for the child, passing stop signals on (see on_launcher_signal).
@@ -283,10 +318,11 @@ int wait_child(pid_t pid) {
       terminated = true;
     } else if (g_stop_count == 1 && now - started >= std::chrono::seconds(3) &&
                now - last_request >= std::chrono::seconds(2) &&
-               (catches_signal(pid, SIGUSR1) || now - started >= std::chrono::seconds(10))) {
-      // Not before mpirun catches SIGUSR1 (it would end mpirun and orphan the ranks; a wrapper
-      // in FSDP_MPIRUN that never shows it gets the request after 10 s), and not in the first
-      // 3 s, while mpirun forks the ranks (the window before a rank's front blocks the signal).
+               ((signal_state(pid, SIGUSR1).caught && children_protected(pid, SIGUSR1)) ||
+                now - started >= std::chrono::seconds(60))) {
+      // Not before mpirun catches SIGUSR1 (it would end mpirun and orphan the ranks) and every
+      // rank it forked here blocks or handles it (children_protected); not in the first 3 s
+      // either. A wrapper in FSDP_MPIRUN that never shows a handler gets it after 60 s.
       ::kill(pid, SIGUSR1);
       last_request = now;
     }
