@@ -7,6 +7,7 @@
 #include "checkpoint/checkpoint_dir.h"
 #include "comm/runtime.h"
 #include "config/run_config.h"
+#include "core/env.h"
 #include "core/log.h"
 #include "core/timer.h"
 #include "data/loss_mask_stats.h"
@@ -146,9 +147,10 @@ RunResult TrainLoop::run() {
   window_clock_.reset();
   window_comm0_ = comm_seconds(*t_.engine);
   if (t_.cfg.profile.enabled) {
-    const char* env = std::getenv("SGLANG_TORCH_PROFILER_DIR");  // where SpecForge writes
+    // SpecForge's variable for where traces go.
+    const auto env_dir = env::text("SGLANG_TORCH_PROFILER_DIR");
     profiler_ = std::make_unique<metrics::StepProfiler>(
-        profiler_options(t_.cfg, t_.device, t_.rank, env ? env : ""));
+        profiler_options(t_.cfg, t_.device, t_.rank, env_dir.value_or("")));
   }
   for (int64_t epoch = t_.state.epoch; epoch < t_.cfg.loop.num_epochs; ++epoch) {
     if (!run_epoch(epoch)) break;

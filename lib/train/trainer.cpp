@@ -25,6 +25,7 @@
 #include "checkpoint/target_keys.h"
 #include "comm/runtime.h"
 #include "config/options.h"
+#include "core/env.h"
 #include "core/error.h"
 #include "core/finite.h"
 #include "core/fs_util.h"
@@ -134,12 +135,9 @@ void Trainer::Impl::plan_batches() {
 std::string Trainer::Impl::set_threads(const comm::Topology& topo) const {
   // --threads, else OMP_NUM_THREADS as PyTorch honours it (torchrun and Slurm scripts set it),
   // else the node's cores divided among its ranks.
-  int omp_threads = 0;
-  if (const char* env = std::getenv("OMP_NUM_THREADS")) {
-    char* end = nullptr;
-    const long n = std::strtol(env, &end, 10);
-    if (end != env && *end == '\0' && n > 0 && n <= 4096) omp_threads = static_cast<int>(n);
-  }
+  // A value that is not a whole number in the table's range (1..4096) is ignored, as unset.
+  const env::Reading omp = env::read("OMP_NUM_THREADS");
+  const int omp_threads = omp.error.empty() && omp.integer ? static_cast<int>(*omp.integer) : 0;
   const int threads = cfg.runtime.threads > 0 ? static_cast<int>(cfg.runtime.threads)
                       : omp_threads > 0
                           ? omp_threads
