@@ -110,7 +110,8 @@ c10::impl::GenericDict load_torch_archive_keys(const TorchArchive& archive,
                                                const std::vector<std::string>& keys,
                                                const ArchiveLimits& limits) {
   const PickleNode& root = archive.tree().at(archive.tree().root);
-  if (root.kind != PickleNode::Kind::kDict) throw FormatError("the archive's object is not a dict (expected a dict of tensors)");
+  if (root.kind != PickleNode::Kind::kDict)
+    throw FormatError("the archive's object is not a dict (expected a dict of tensors)");
   Converter converter(archive, limits);
   c10::impl::GenericDict dict(c10::AnyType::get(), c10::AnyType::get());
   for (size_t i = 0; i + 1 < root.items.size(); i += 2) {
