@@ -106,7 +106,7 @@ std::vector<char> ZipArchive::fetch(uint64_t offset, uint64_t n) const {
   return out;
 }
 
-void ZipArchive::parse() {
+ZipArchive::Directory ZipArchive::locate_directory() const {
   const uint64_t size = source_.size();
   if (size < 22)
     throw FormatError(str("truncated: ", size, " bytes, less than a zip directory record"));
@@ -127,8 +127,7 @@ void ZipArchive::parse() {
   }
   if (eocd == size)
     throw FormatError("truncated: no end-of-central-directory record (the file ends early)");
-  uint64_t entries = tail.le(eocd + 10, 2), cd_size = tail.le(eocd + 12, 4),
-           cd_offset = tail.le(eocd + 16, 4);
+  Directory d{tail.le(eocd + 10, 2), tail.le(eocd + 12, 4), tail.le(eocd + 16, 4)};
   uint64_t directory_end = eocd;  // where the central directory must end
   const Window locator = eocd >= 20 ? Window{eocd - 20, fetch(eocd - 20, 20)} : Window{};
   if (eocd >= 20 && locator.le(eocd - 20, 4) == kZip64Locator) {
@@ -136,14 +135,18 @@ void ZipArchive::parse() {
     if (z > size || z + 56 > eocd - 20) throw FormatError("damaged zip64 directory record");
     const Window record{z, fetch(z, 56)};
     if (record.le(z, 4) != kZip64End) throw FormatError("damaged zip64 directory record");
-    entries = record.le(z + 32, 8);
-    cd_size = record.le(z + 40, 8);
-    cd_offset = record.le(z + 48, 8);
+    d = {record.le(z + 32, 8), record.le(z + 40, 8), record.le(z + 48, 8)};
     directory_end = z;
   }
-  if (cd_offset > directory_end || cd_size > directory_end - cd_offset)
-    throw FormatError(str("damaged: the central directory (", cd_size, " bytes at ", cd_offset,
+  if (d.offset > directory_end || d.size > directory_end - d.offset)
+    throw FormatError(str("damaged: the central directory (", d.size, " bytes at ", d.offset,
                           ") does not fit before its end record at ", directory_end));
+  return d;
+}
+
+void ZipArchive::parse() {
+  const Directory d = locate_directory();
+  const uint64_t entries = d.entries, cd_size = d.size, cd_offset = d.offset;
   // Each central entry takes at least 46 bytes: a count that cannot fit is caught before any
   // allocation sized by it.
   if (entries > cd_size / 46 || entries > limits_.max_entries)

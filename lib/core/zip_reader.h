@@ -109,6 +109,12 @@ class ZipArchive {
   std::vector<char> read(const ZipEntry& entry) const;
 
  private:
+  // The central directory as its end record (or zip64 end record) declares it, checked to lie
+  // before that record.
+  struct Directory {
+    uint64_t entries = 0, size = 0, offset = 0;
+  };
+  Directory locate_directory() const;
   void parse();
   // Bytes [offset, offset + n) of the source; the caller has checked the range.
   std::vector<char> fetch(uint64_t offset, uint64_t n) const;
