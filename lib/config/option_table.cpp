@@ -365,16 +365,11 @@ NumericBounds at_least(double lo, bool lo_open, std::string hint,
   return b;
 }
 
-std::vector<OptionSpec> build_table() {
-  using K = OptionKind;
-  std::vector<OptionSpec> t;
-  const std::string cf = "Configuration files", md = "Model", da = "Data", tr = "Training",
-                    op = "Optimizer", sh = "Sharding", ck = "Checkpoints", ev = "Evaluation",
-                    lg = "Logging and metrics", rt = "Runtime";
-  const std::string unused =
-      " (accepted for SpecForge compatibility and recorded in the run metadata; unused: the "
-      "vocab mapping comes from the feature files)";
+using K = OptionKind;
 
+// The run file and the DeepSpeed config it may be translated from.
+void add_config_file_rows(std::vector<OptionSpec>& t) {
+  const std::string cf = "Configuration files";
   t.push_back(row<std::string>("config", K::kPath, cf,
                                "YAML run file; flags on the command line override its keys",
                                FIELD(config_file)));
@@ -384,7 +379,11 @@ std::vector<OptionSpec> build_table() {
       "DeepSpeed ds_config JSON to translate (docs/migration-from-deepspeed.md); it overrides the "
       "YAML file's defaults, and contradicting an explicit flag or YAML key is an error",
       FIELD(deepspeed_config)));
+}
 
+// The target model read for its embedding and head, and the draft model trained.
+void add_model_rows(std::vector<OptionSpec>& t) {
+  const std::string md = "Model";
   t.push_back(row<std::string>("target-model-path", K::kPath, md,
                                "target model directory (config.json + safetensors), or a "
                                "Hugging Face repository id already in the local Hugging Face "
@@ -425,7 +424,14 @@ std::vector<OptionSpec> build_table() {
                         "loss (log_softmax recomputed): less memory at long sequences, about one "
                         "more layer forward per TTT step, bit-identical results",
                         FIELD(model.activation_checkpointing)));
+}
 
+// Hidden-state inputs, the raw SpecForge data paths recorded for compatibility, the loader.
+void add_data_rows(std::vector<OptionSpec>& t) {
+  const std::string da = "Data";
+  const std::string unused =
+      " (accepted for SpecForge compatibility and recorded in the run metadata; unused: the "
+      "vocab mapping comes from the feature files)";
   t.push_back(row<std::string>("train-hidden-states-path", K::kPath, da,
                                "directory of precomputed hidden states (SpecForge .ckpt tree or "
                                "native shards)",
@@ -457,7 +463,11 @@ std::vector<OptionSpec> build_table() {
                            "trainer (0: 1 on the CPU, 4 on a GPU)",
                            FIELD(data.loader_threads)));
   t.back().bounds = whole(0, 64, " (0: 1 on the CPU, 4 on a GPU)");
+}
 
+// Epochs, batch sizes, step counts, seed and loss normalisation.
+void add_training_rows(std::vector<OptionSpec>& t) {
+  const std::string tr = "Training";
   t.push_back(row<int64_t>("num-epochs", K::kInt, tr, "passes over the training data",
                            FIELD(loop.num_epochs)));
   t.back().bounds = whole(1, kMaxEpochs);
@@ -498,7 +508,11 @@ std::vector<OptionSpec> build_table() {
   t.push_back(row<bool>("eval-only", K::kBool, tr,
                         "evaluate the initial or resumed weights, print the metrics and exit",
                         FIELD(loop.eval_only)));
+}
 
+// AdamW and the learning-rate schedule.
+void add_optimizer_rows(std::vector<OptionSpec>& t) {
+  const std::string op = "Optimizer";
   t.push_back(row<double>("learning-rate", K::kFloat, op, "peak learning rate",
                           FIELD(optim.learning_rate)));
   t.back().bounds =
@@ -529,7 +543,11 @@ std::vector<OptionSpec> build_table() {
                           FIELD(optim.weight_decay)));
   t.back().bounds =
       interval(0, false, 1, false, "give a value in [0, 1], e.g. 0 (the default) or 0.01");
+}
 
+// How parameters, gradients and optimizer state are split over ranks and in which dtypes.
+void add_sharding_rows(std::vector<OptionSpec>& t) {
+  const std::string sh = "Sharding";
   t.push_back(row<ShardingStrategy>(
       "sharding-strategy", K::kEnum, sh,
       "full_shard (ZeRO-3), shard_grad_op (ZeRO-2), no_shard (DDP), hybrid_shard (ZeRO-3 inside "
@@ -553,7 +571,11 @@ std::vector<OptionSpec> build_table() {
                         "ttt_length uses per forward (least memory, ttt_length times the forward "
                         "all-gathers); default keeps it gathered from its first to its last use",
                         FIELD(shard.reshard_between_uses)));
+}
 
+// Where and when checkpoints are written, kept and resumed from.
+void add_checkpoint_rows(std::vector<OptionSpec>& t) {
+  const std::string ck = "Checkpoints";
   t.push_back(row<std::string>("output-dir", K::kPath, ck,
                                "checkpoints, metrics.jsonl and logs go here (required for "
                                "training)",
@@ -579,7 +601,11 @@ std::vector<OptionSpec> build_table() {
                            FIELD(checkpoint.keep_last)));
   t.back().bounds = whole(0, kMaxEpochs, " (0: keep all)");
   t.push_back(resume_row());
+}
 
+// When the evaluation set is run.
+void add_evaluation_rows(std::vector<OptionSpec>& t) {
+  const std::string ev = "Evaluation";
   t.push_back(row<int64_t>("eval-interval", K::kInt, ev, "evaluate every N epochs (0: off)",
                            FIELD(eval.eval_interval)));
   t.back().bounds = whole(0, kMaxEpochs, " (0: off)");
@@ -587,7 +613,11 @@ std::vector<OptionSpec> build_table() {
                            "also evaluate every N optimizer steps (0: off)",
                            FIELD(eval.eval_steps)));
   t.back().bounds = whole(0, kMaxSteps, " (0: off)");
+}
 
+// Metric cadence, sinks (TensorBoard, W&B), MFU peak and log level.
+void add_logging_rows(std::vector<OptionSpec>& t) {
+  const std::string lg = "Logging and metrics";
   t.push_back(row<int64_t>("log-steps", K::kInt, lg,
                            "print and record metrics every N optimizer steps",
                            FIELD(metrics.log_steps)));
@@ -615,7 +645,10 @@ std::vector<OptionSpec> build_table() {
   t.push_back(row<std::string>("log-level", K::kString, lg,
                                "trace, debug, info, warn, error or off (env FSDP_LOG_LEVEL)",
                                FIELD(runtime.log_level)));
+}
 
+// The LibTorch profiler window and its trace directory.
+void add_profiling_rows(std::vector<OptionSpec>& t) {
   const std::string pf = "Profiling";
   t.push_back(row<bool>("profile", K::kBool, pf,
                         "record a LibTorch profiler trace (operators; GPU kernels on a GPU) of "
@@ -635,7 +668,11 @@ std::vector<OptionSpec> build_table() {
                                "trace directory (default: $SGLANG_TORCH_PROFILER_DIR when set, "
                                "else <output-dir>/profile)",
                                FIELD(profile.dir)));
+}
 
+// Device, threads, where step scalars live and the collective timeout.
+void add_runtime_rows(std::vector<OptionSpec>& t) {
+  const std::string rt = "Runtime";
   t.push_back(row<DeviceKind>("device", K::kEnum, rt,
                               "auto: the GPU of the local rank when there is one, else cpu",
                               FIELD(runtime.device)));
@@ -658,9 +695,11 @@ std::vector<OptionSpec> build_table() {
                            FIELD(runtime.dist_timeout_minutes)));
   t.back().bounds =
       whole(1, 7 * 24 * 60, "", "give the minutes a collective may wait, 1 to 10080 (a week)");
+}
 
-  // Names other SpecForge versions use (their --help differs between releases). Aliases go
-  // through our option's parser; the rest are checked, recorded and otherwise unused.
+// Names other SpecForge versions use for our options (their --help differs between releases);
+// each goes through our option's parser.
+void add_specforge_alias_rows(std::vector<OptionSpec>& t) {
   t.push_back(alias_row(t, "batch-size", "draft-micro-batch-size",
                         "samples per forward/backward on one rank (SpecForge before "
                         "--draft-micro-batch-size); without --draft-global-batch-size the "
@@ -699,7 +738,10 @@ std::vector<OptionSpec> build_table() {
   t.back().set = [](TrainConfig& c, const OptionValue& v, const std::string& src) {
     if (parse_bool(v.text, src)) c.runtime.log_level = "debug";
   };
+}
 
+// Options only SpecForge has: each value is checked, recorded in the run metadata and unused.
+void add_recorded_rows(std::vector<OptionSpec>& t) {
   t.push_back(recorded_row("tp-size", K::kInt,
                            "target-model tensor parallelism in SpecForge; only 1 is accepted "
                            "(offline training runs no target model)",
@@ -750,6 +792,25 @@ std::vector<OptionSpec> build_table() {
                            check_positive_text));
   t.push_back(recorded_row("max-pixels", K::kInt, "SpecForge VLM image setting (recorded)",
                            check_positive_text));
+}
+
+// The whole table in its one order: --help, the generated option docs and their sync tests
+// list the options in the order the rows are appended here.
+std::vector<OptionSpec> build_table() {
+  std::vector<OptionSpec> t;
+  add_config_file_rows(t);
+  add_model_rows(t);
+  add_data_rows(t);
+  add_training_rows(t);
+  add_optimizer_rows(t);
+  add_sharding_rows(t);
+  add_checkpoint_rows(t);
+  add_evaluation_rows(t);
+  add_logging_rows(t);
+  add_profiling_rows(t);
+  add_runtime_rows(t);
+  add_specforge_alias_rows(t);
+  add_recorded_rows(t);
   return t;
 }
 
