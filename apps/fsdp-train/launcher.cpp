@@ -19,6 +19,7 @@
 #include <random>
 #include <thread>
 
+#include "core/env.h"
 #include "error_block.h"
 #include "train/signals.h"
 
@@ -347,8 +348,7 @@ bool pause_unless_stopped(int seconds) {
 LaunchPlan plan_launch(int nproc_per_node, int nnodes, const std::string& hostfile,
                        const std::string& self, const std::vector<std::string>& rest) {
   LaunchPlan p;
-  const char* mpirun = std::getenv("FSDP_MPIRUN");
-  p.argv.push_back(mpirun && *mpirun ? mpirun : "mpirun");
+  p.argv.push_back(env::text("FSDP_MPIRUN").value_or("mpirun"));
   if (::geteuid() == 0) p.argv.push_back("--allow-run-as-root");
   const int total = nproc_per_node * nnodes;
   if (hostfile.empty()) {
@@ -373,8 +373,7 @@ LaunchPlan plan_launch(int nproc_per_node, int nnodes, const std::string& hostfi
 }
 
 int supervise(const LaunchPlan& plan, int max_restarts) {
-  const char* given_id = std::getenv(train::kLaunchIdVar);
-  const std::string launch_id = given_id && *given_id ? given_id : new_launch_id();
+  const std::string launch_id = env::text(train::kLaunchIdVar).value_or(new_launch_id());
   // From here on a stop signal is the launcher's to handle: one that arrived while the front
   // started (blocked since before main) is delivered now, to the handler.
   install_launcher_handlers();
@@ -444,7 +443,7 @@ int maybe_relaunch(int& argc, char** argv) {
       return usage_error("--nnodes and --hostfile need --nproc-per-node",
                          "add --nproc-per-node N (ranks per node)");
     }
-    if (max_restarts >= 0 && !std::getenv("FSDP_LAUNCHED")) {
+    if (max_restarts >= 0 && !env::is_set("FSDP_LAUNCHED")) {
       return usage_error(
           "--max-restarts needs --nproc-per-node: fsdp-train's own launcher restarts the job",
           "add --nproc-per-node N; under mpirun or srun, drop --max-restarts and let the "
@@ -452,8 +451,8 @@ int maybe_relaunch(int& argc, char** argv) {
     }
     if (max_restarts < 0) return -1;
   }
-  if (std::getenv("FSDP_LAUNCHED") || std::getenv("OMPI_COMM_WORLD_SIZE") ||
-      std::getenv("PMI_SIZE") || std::getenv("SLURM_STEP_ID")) {
+  if (env::is_set("FSDP_LAUNCHED") || env::is_set("OMPI_COMM_WORLD_SIZE") ||
+      env::is_set("PMI_SIZE") || env::is_set("SLURM_STEP_ID")) {
     // Already started by a launcher: run as the rank we are.
     std::cerr << "fsdp-train: --nproc-per-node/--max-restarts ignored: already running under a "
                  "launcher\n";

@@ -8,6 +8,8 @@
 #include <cstdlib>
 #include <string>
 
+#include "core/env.h"
+
 namespace fsdp::train {
 
 namespace {
@@ -21,12 +23,11 @@ extern "C" void on_stop_signal(int sig) {
   if (sig != SIGUSR1) std::signal(sig, SIG_DFL);
 }
 
-int env_int(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return fallback;
-  char* end = nullptr;
-  const long x = std::strtol(v, &end, 10);
-  return end && *end == '\0' && x >= 0 && x < (1L << 30) ? static_cast<int>(x) : fallback;
+// The value, or the table's default when unset or unusable: these variables are set by the
+// launcher and the tests, never by hand, so a bad value is not worth stopping for here.
+// (env::read gives the row's default for both.)
+int64_t env_int(const char* name) {
+  return env::read(name).integer.value_or(0);
 }
 }  // namespace
 
@@ -66,15 +67,15 @@ void reset_stop_request() {
 
 LaunchAttempt launch_attempt() {
   LaunchAttempt a;
-  a.attempt = env_int(kRestartAttemptVar, 0);
-  if (const char* id = std::getenv(kLaunchIdVar)) a.launch_id = id;
+  a.attempt = static_cast<int>(env_int(kRestartAttemptVar));
+  if (auto id = env::text(kLaunchIdVar)) a.launch_id = *id;
   return a;
 }
 
 void maybe_kill_for_test(int64_t step, int rank) {
-  const int at = env_int("FSDP_TEST_KILL_AT_STEP", -1);
-  if (at < 0 || step != at || rank != env_int("FSDP_TEST_KILL_RANK", 0)) return;
-  if (launch_attempt().attempt >= env_int("FSDP_TEST_KILL_ATTEMPTS", 1)) return;
+  const int64_t at = env_int("FSDP_TEST_KILL_AT_STEP");
+  if (at < 0 || step != at || rank != env_int("FSDP_TEST_KILL_RANK")) return;
+  if (launch_attempt().attempt >= env_int("FSDP_TEST_KILL_ATTEMPTS")) return;
   ::kill(::getpid(), SIGKILL);
 }
 
