@@ -8,10 +8,9 @@ DATA=$(toy_data fixed --num-samples 128 --min-len 32 --max-len 32 --samples-per-
 W="$BUILD/e2e_work/train_errors"; rm -rf "$W"; mkdir -p "$W"
 BASE="$(train_args "$DATA" "$W/out") --draft-global-batch-size 4 --draft-micro-batch-size 2 --num-epochs 1 --max-steps 2"
 
-expect2() {  # expect2 PATTERN ARGS...: exit code 2 and PATTERN in the output
+expect2() {  # expect2 PATTERN ARGS...: exit code 2, a ---> HINT line and PATTERN in the output
   local pat="$1"; shift
-  local out; out="$("$BIN" "$@" 2>&1)"; local rc=$?
-  [ $rc -eq 2 ] || { echo "$out" | tail -5; fail "exit $rc (expected 2) for: $*"; }
+  expect_usage_error "$pat" "$BIN" "$@"
   grep -qi -- "$pat" <<<"$out" || { echo "$out" | tail -5; fail "message lacks '$pat' for: $*"; }
   echo "ok: $pat"
 }
@@ -24,9 +23,8 @@ expect2 "micro-batches per rank for one optimizer step" $BASE --draft-global-bat
 # An evaluation set smaller than one micro-batch per rank stops the run before training.
 mkdir -p "$W/tiny_eval/rows_0-1"
 cp "$(head -n 1 <<<"$(ls "$DATA"/eval_hidden_states/rows_*/*.ckpt)")" "$W/tiny_eval/rows_0-1/"
-out="$("$BIN" $BASE --eval-hidden-states-path "$W/tiny_eval" 2>&1)"; r=$?
-[ $r -eq 2 ] && grep -qF "has 1 samples" <<<"$out" &&
-  ! grep -q "^step 1" <<<"$out" || { echo "$out" | tail -5; fail "a too small eval set: exit $r"; }
+expect_usage_error "a too small eval set" "$BIN" $BASE --eval-hidden-states-path "$W/tiny_eval"
+grep -qF "has 1 samples" <<<"$out" && ! grep -q "^step 1" <<<"$out" || { echo "$out" | tail -5; fail "a too small eval set"; }
 expect2 "--config" --config /nonexistent/run.yaml
 expect2 "is a directory" --config "$W"
 expect2 "given 2 times" --config "$W/a.yaml" --config "$W/b.yaml"
@@ -88,15 +86,14 @@ for i, f in enumerate(files):
 PYEOF
 }
 zero_masks "$DATA/hidden_states" "$W/zero_mask" 0 -1
-out="$("$BIN" $BASE --train-hidden-states-path "$W/zero_mask" 2>&1)"; rc=$?
-[ $rc -eq 2 ] && [ "$(grep -c "(0 loss tokens in" <<<"$out")" -eq 1 ] &&
+expect_usage_error "all-zero loss masks" "$BIN" $BASE --train-hidden-states-path "$W/zero_mask"
+[ "$(grep -c "(0 loss tokens in" <<<"$out")" -eq 1 ] &&
   [ "$(grep -c -- "---> HINT:.*loss-mask convention" <<<"$out")" -eq 1 ] && [ "$(grep -c "^step " <<<"$out")" -eq 0 ] ||
-  { tail -5 <<<"$out"; fail "all-zero loss masks: exit $rc"; }
+  { tail -5 <<<"$out"; fail "all-zero loss masks"; }
 echo "ok: all-zero loss masks"
 zero_masks "$DATA/hidden_states" "$W/one_loss_token" 1 -1
-out="$("$BIN" $BASE --train-hidden-states-path "$W/one_loss_token" 2>&1)"; rc=$?
-[ $rc -eq 2 ] && [ "$(grep -c "(1 loss tokens in .*0.1%" <<<"$out")" -eq 1 ] ||
-  { tail -5 <<<"$out"; fail "one loss token in the set: exit $rc"; }
+expect_usage_error "one loss token in the set" "$BIN" $BASE --train-hidden-states-path "$W/one_loss_token"
+[ "$(grep -c "(1 loss tokens in .*0.1%" <<<"$out")" -eq 1 ] || { tail -5 <<<"$out"; fail "one loss token in the set"; }
 echo "ok: loss-token share below the minimum"
 mkdir -p "$W/few_src/rows_0"
 cp $(head -n 8 <<<"$(ls "$DATA"/hidden_states/rows_*/*.ckpt | sort)") "$W/few_src/rows_0/"
@@ -129,32 +126,31 @@ cp "$victim" "$W/victim.good"
 "$BIN" $(train_args "$W/data" "$W/warm") --max-steps 1 >"$W/warm.log" 2>&1 || { tail "$W/warm.log"; fail "warm-up run"; }
 VMAP="$(head -n 1 <<<"$(ls "$W"/data/cache/vocab_mapping/*.pt)")"
 head -c 300 "$victim" >"$victim.tmp" && mv "$victim.tmp" "$victim"
-out="$("$BIN" $(train_args "$W/data" "$W/startup") --num-epochs 1 2>&1)"; rc=$?
-[ $rc -eq 2 ] && grep -q "$(basename "$victim")" <<<"$out" || { echo "$out" | tail; fail "the vocabulary pass did not stop on the bad file"; }
+expect_usage_error "the vocabulary pass on a bad file" "$BIN" $(train_args "$W/data" "$W/startup") --num-epochs 1
+grep -q "$(basename "$victim")" <<<"$out" || { echo "$out" | tail; fail "the vocabulary pass did not stop on the bad file"; }
 grep -q "^step " <<<"$out" && fail "trained although the vocabulary pass met a bad file"
 # Met mid-run (the mapping given) with no periodic saves: the run saves its last completed step
 # before stopping, and after the file is repaired --resume continues from there.
-out="$("$BIN" $(train_args "$W/data" "$W/keep") --vocab-mapping-path "$VMAP" --draft-global-batch-size 2 \
-  --draft-micro-batch-size 2 --num-epochs 1 --save-interval 0 2>&1)"; rc=$?
-[ $rc -eq 2 ] || { echo "$out" | tail; fail "corrupt input (no periodic saves) exited $rc"; }
+expect_usage_error "corrupt input (no periodic saves)" "$BIN" $(train_args "$W/data" "$W/keep") --vocab-mapping-path "$VMAP" \
+  --draft-global-batch-size 2 --draft-micro-batch-size 2 --num-epochs 1 --save-interval 0
 grep -qE "bad sample.*saving step" <<<"$out" || { echo "$out" | tail; fail "no save before stopping"; }
 K="$(latest_ckpt "$W/keep")"
 [ -f "$K/COMPLETE" ] || fail "no complete checkpoint after the bad sample"
 # At 2 ranks: the rank that reads the file names it (whichever rank that is), both ranks save.
-out="$(run_np 2 $(train_args "$W/data" "$W/keep2r") --vocab-mapping-path "$VMAP" --draft-global-batch-size 4 \
-  --draft-micro-batch-size 2 --num-epochs 1 --save-interval 0 2>&1)"; rc=$?
-[ $rc -eq 2 ] && grep -q "$(basename "$victim"): cannot load" <<<"$out" || { echo "$out" | tail; fail "2 ranks: bad sample exit $rc"; }
+expect_usage_error "2 ranks: bad sample" run_np 2 $(train_args "$W/data" "$W/keep2r") --vocab-mapping-path "$VMAP" \
+  --draft-global-batch-size 4 --draft-micro-batch-size 2 --num-epochs 1 --save-interval 0
+grep -q "$(basename "$victim"): cannot load" <<<"$out" || { echo "$out" | tail; fail "2 ranks: bad sample not named"; }
 [ -f "$(latest_ckpt "$W/keep2r")/COMPLETE" ] || { echo "$out" | tail; fail "2 ranks: no checkpoint after the bad sample"; }
 # A damaged evaluation file (not the first: that one is read at start-up) met by an --eval-steps
 # evaluation at 2 ranks: the step is saved first, then the run stops naming the file.
 cp -r "$DATA/eval_hidden_states" "$W/bad_eval"
 ev="$(ls "$W"/bad_eval/rows_*/*.ckpt | sort | sed -n 5p)"
 head -c 300 "$W/victim.good" >"$ev"
-out="$(run_np 2 $(train_args "$DATA" "$W/evalbad") --draft-global-batch-size 4 --draft-micro-batch-size 2 \
-  --num-epochs 1 --save-interval 0 --eval-steps 2 --eval-interval 0 --eval-hidden-states-path "$W/bad_eval" 2>&1)"; rc=$?
-[ $rc -eq 2 ] && grep -q "$(basename "$ev"): cannot load" <<<"$out" &&
-  grep -qE "evaluation.*saving step 2" <<<"$out" ||
-  { echo "$out" | tail; fail "2 ranks: bad evaluation file: exit $rc"; }
+expect_usage_error "2 ranks: bad evaluation file" run_np 2 $(train_args "$DATA" "$W/evalbad") --draft-global-batch-size 4 \
+  --draft-micro-batch-size 2 --num-epochs 1 --save-interval 0 --eval-steps 2 --eval-interval 0 \
+  --eval-hidden-states-path "$W/bad_eval"
+grep -q "$(basename "$ev"): cannot load" <<<"$out" && grep -qE "evaluation.*saving step 2" <<<"$out" ||
+  { echo "$out" | tail; fail "2 ranks: bad evaluation file"; }
 [ -f "$W/evalbad/epoch_0_step_2/COMPLETE" ] || { ls "$W/evalbad"; fail "no checkpoint of step 2 before the evaluation error"; }
 cp "$W/victim.good" "$victim"
 "$BIN" $(train_args "$W/data" "$W/keep") --vocab-mapping-path "$VMAP" --draft-global-batch-size 2 \
@@ -162,9 +158,8 @@ cp "$W/victim.good" "$victim"
   { tail "$W/keep2.log"; fail "resume after repairing the file"; }
 grep -q "resumed from $K" "$W/keep2.log" || fail "did not resume from $K"
 head -c 300 "$W/victim.good" >"$victim"
-out="$("$BIN" $(train_args "$W/data" "$W/corrupt") --vocab-mapping-path "$VMAP" --draft-global-batch-size 2 --draft-micro-batch-size 2 \
-  --num-epochs 1 --save-steps 1 2>&1)"; rc=$?
-[ $rc -eq 2 ] || { echo "$out" | tail; fail "corrupt input exited $rc"; }
+expect_usage_error "corrupt input" "$BIN" $(train_args "$W/data" "$W/corrupt") --vocab-mapping-path "$VMAP" \
+  --draft-global-batch-size 2 --draft-micro-batch-size 2 --num-epochs 1 --save-steps 1
 grep -q "$(basename "$victim")" <<<"$out" || { echo "$out" | tail; fail "message does not name $victim"; }
 for d in "$W"/corrupt/epoch_*; do
   [ -d "$d" ] || continue
