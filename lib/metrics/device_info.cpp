@@ -21,4 +21,16 @@ std::string device_name(const c10::Device& device) {
   return device.str();
 }
 
+uint64_t device_total_memory(const c10::Device& device) {
+#ifdef FSDP_HAVE_CUDA_RUNTIME
+  if (device.is_cuda()) {
+    const cudaDeviceProp* prop =
+        at::cuda::getDeviceProperties(device.has_index() ? device.index() : 0);
+    if (prop != nullptr) return static_cast<uint64_t>(prop->totalGlobalMem);
+  }
+#endif
+  (void)device;
+  return 0;
+}
+
 }  // namespace fsdp::metrics

@@ -22,6 +22,9 @@ std::optional<double> known_peak_tflops(const std::string& device_name);
 
 // Name of the device ("cpu", or the GPU's product name when a GPU build runs on one).
 std::string device_name(const c10::Device& device);
+// Total memory of a GPU in bytes (0 for the CPU or when the runtime cannot say): the figure the
+// start-up memory check compares the estimate with.
+uint64_t device_total_memory(const c10::Device& device);
 
 // The peak used for MFU: the user's --mfu-peak-tflops when set, else the known GPU table, else
 // unset (MFU is then reported as n/a).

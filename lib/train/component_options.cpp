@@ -146,4 +146,21 @@ int64_t warmup_steps(const config::TrainConfig& cfg, int64_t total_steps) {
                                 : optim::warmup_steps(cfg.optim.warmup_ratio, total_steps);
 }
 
+model::MemoryPlan memory_plan(const config::TrainConfig& cfg, c10::Device device,
+                              int64_t micro_batch, int64_t world, int64_t node_ranks) {
+  using S = config::ShardingStrategy;
+  const S s = cfg.shard.strategy;
+  model::MemoryPlan m;
+  m.max_length = cfg.data.max_length;
+  m.micro_batch = micro_batch;
+  m.ttt_length = cfg.model.ttt_length;
+  m.activation_checkpointing = cfg.model.activation_checkpointing;
+  m.compute_bytes = cfg.shard.mixed_precision == config::Precision::kBF16 ? 2 : 4;
+  m.shard_ranks = s == S::kNoShard ? 1 : s == S::kHybridShard ? node_ranks : world;
+  m.whole_compute_copy = s == S::kNoShard || s == S::kShardGradOp;
+  m.state_on_host = cfg.shard.cpu_offload && !device.is_cpu();
+  m.ranks_sharing_memory = device.is_cpu() ? node_ranks : 1;
+  return m;
+}
+
 }  // namespace fsdp::train

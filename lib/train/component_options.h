@@ -15,6 +15,7 @@
 #include "data/loader.h"
 #include "metrics/profiler.h"
 #include "metrics/sinks.h"
+#include "model/memory_estimate.h"
 #include "model/ttt_loss.h"
 #include "optim/lr_schedule.h"
 #include "shard/options.h"
@@ -50,6 +51,12 @@ metrics::ProfilerOptions profiler_options(const config::TrainConfig& cfg, c10::D
 metrics::SinkContext sink_context(const config::TrainConfig& cfg, int rank, int64_t total_steps,
                                   const std::string& config_json, const RunState& state,
                                   bool restarted);
+
+// What the start-up memory check needs besides the draft's sizes (model/memory_estimate.h):
+// `micro_batch` from the batch plan, `node_ranks` the ranks on this node (the hybrid_shard group,
+// and the ranks sharing one host's memory on the CPU).
+model::MemoryPlan memory_plan(const config::TrainConfig& cfg, c10::Device device,
+                              int64_t micro_batch, int64_t world, int64_t node_ranks);
 
 // The warmup length: --warmup-steps, else --warmup-ratio of total_steps.
 int64_t warmup_steps(const config::TrainConfig& cfg, int64_t total_steps);

@@ -95,6 +95,11 @@ void Trainer::Impl::setup() {
                      << config::to_display(cfg);
   }
   draft_cfg = model::load_draft_config(cfg.model.draft_model_config);
+  // Before any data or weights are read: a run that cannot fit stops here with the numbers.
+  model::check_training_memory(
+      draft_cfg, memory_plan(cfg, device, plan.micro_batch, world, topo.local_size),
+      device.is_cpu() ? model::host_memory_bytes() : metrics::device_total_memory(device),
+      device.is_cpu() ? "this host's memory" : metrics::device_name(device));
   open_data();
   check_loss_masks();
   // An evaluation set without one micro-batch per rank would only fail at the first

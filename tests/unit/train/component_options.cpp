@@ -140,3 +140,40 @@ TEST_CASE("warmup: steps, else ratio", "[train]") {
   cfg.optim.warmup_steps = 9;
   CHECK(warmup_steps(cfg, 55) == 9);
 }
+
+TEST_CASE("the memory plan follows the sharding strategy, precision and device", "[train]") {
+  using S = config::ShardingStrategy;
+  config::TrainConfig cfg;
+  cfg.data.max_length = 4096;
+  cfg.model.ttt_length = 5;
+  cfg.model.activation_checkpointing = true;
+  const c10::Device cpu(c10::kCPU), gpu(c10::kCUDA, 0);
+  struct Row {
+    S strategy;
+    int64_t shard_ranks;
+    bool whole;
+  };
+  // 8 ranks in all, 4 on this node.
+  for (const Row& r : {Row{S::kFullShard, 8, false}, Row{S::kShardGradOp, 8, true},
+                       Row{S::kNoShard, 1, true}, Row{S::kHybridShard, 4, false}}) {
+    INFO(config::to_string(r.strategy));
+    cfg.shard.strategy = r.strategy;
+    const model::MemoryPlan m = memory_plan(cfg, gpu, 3, 8, 4);
+    CHECK(m.shard_ranks == r.shard_ranks);
+    CHECK(m.whole_compute_copy == r.whole);
+    CHECK(m.max_length == 4096);
+    CHECK(m.micro_batch == 3);
+    CHECK(m.ttt_length == 5);
+    CHECK(m.activation_checkpointing);
+    CHECK(m.ranks_sharing_memory == 1);  // a GPU per rank
+  }
+  cfg.shard.mixed_precision = config::Precision::kBF16;
+  CHECK(memory_plan(cfg, cpu, 1, 8, 4).compute_bytes == 2);
+  cfg.shard.mixed_precision = config::Precision::kFP32;
+  CHECK(memory_plan(cfg, cpu, 1, 8, 4).compute_bytes == 4);
+  // The CPU ranks of one node share its memory; offload only moves state off a GPU.
+  cfg.shard.cpu_offload = true;
+  CHECK(memory_plan(cfg, cpu, 1, 8, 4).ranks_sharing_memory == 4);
+  CHECK_FALSE(memory_plan(cfg, cpu, 1, 8, 4).state_on_host);
+  CHECK(memory_plan(cfg, gpu, 1, 8, 4).state_on_host);
+}
