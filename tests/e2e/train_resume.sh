@@ -60,9 +60,8 @@ pid=$!
 # Meanwhile a second run in the same --output-dir is refused (it would overwrite the first's
 # checkpoints); the first holds the directory's lock.
 wait_for_lines "$W/sig" 5
-"$BIN" $(train_args "$DATA" "$W/sig") $COMMON $LONG --resume >"$W/second.log" 2>&1; r=$?
-[ $r -eq 2 ] && grep -qF "(pid $pid on host" "$W/second.log" ||
-  { cat "$W/second.log"; fail "a second run in a used --output-dir: exit $r"; }
+expect_usage_error "a second run in a used --output-dir" "$BIN" $(train_args "$DATA" "$W/sig") $COMMON $LONG --resume
+grep -qF "(pid $pid on host" <<<"$out" || { echo "$out"; fail "a second run in a used --output-dir: no lock holder named"; }
 kill -TERM $pid
 wait $pid; rc=$?
 [ $rc -eq 0 ] || { cat "$W/sig.log"; fail "SIGTERM run exited $rc"; }
@@ -82,13 +81,13 @@ grep -q "^.tmp_" <<<"$(ls -a "$W/sig")" && fail "a temporary checkpoint director
 # written); a resume uses the checkpoint's vocabulary mapping even when the mapping computed
 # now would differ (--max-length 16 counts other tokens); a draft config of another shape is
 # refused naming the key.
-"$BIN" $(train_args "$DATA" "$W/full") $COMMON --num-epochs 2 --max-steps 2 >"$W/fresh.log" 2>&1; r=$?
-[ $r -eq 2 ] && grep -q "already holds checkpoints" "$W/fresh.log" || { cat "$W/fresh.log"; fail "a fresh run in a used --output-dir: exit $r"; }
+expect_usage_error "a fresh run in a used --output-dir" "$BIN" $(train_args "$DATA" "$W/full") $COMMON --num-epochs 2 --max-steps 2
+grep -q "already holds checkpoints" <<<"$out" || { echo "$out"; fail "a fresh run in a used --output-dir"; }
 cp -r "$W/full" "$W/vm"
 # Continuing another directory's checkpoint into an --output-dir with a run of its own: refused.
-"$BIN" $(train_args "$DATA" "$W/vm") $COMMON --num-epochs 2 --max-steps 31 --resume "$W/part/epoch_1_step_30" \
-  >"$W/outside.log" 2>&1; r=$?
-[ $r -eq 2 ] && grep -q "is outside --output-dir" "$W/outside.log" || { cat "$W/outside.log"; fail "--resume PATH outside a used --output-dir: exit $r"; }
+expect_usage_error "--resume PATH outside a used --output-dir" "$BIN" $(train_args "$DATA" "$W/vm") $COMMON --num-epochs 2 \
+  --max-steps 31 --resume "$W/part/epoch_1_step_30"
+grep -q "is outside --output-dir" <<<"$out" || { echo "$out"; fail "--resume PATH outside a used --output-dir"; }
 "$BIN" $(train_args "$DATA" "$W/vm") $COMMON --num-epochs 2 --max-steps 31 --resume --max-length 16 \
   --cache-dir "$W/vm_cache" >"$W/vm.log" 2>&1 || { cat "$W/vm.log"; fail "resume with another --max-length"; }
 grep -q "vocab mapping: .*$W/vm/epoch_1_step_30" "$W/vm.log" || { cat "$W/vm.log"; fail "the mapping was not taken from the checkpoint"; }
@@ -100,9 +99,9 @@ assert (a["d2t"] == b["d2t"]).all() and (a["t2d"] == b["t2d"]).all()
 print("d2t/t2d kept across the resume")
 PYEOF
 sed 's/"intermediate_size": [0-9]*/"intermediate_size": 256/' "$DATA/draft_config.json" >"$W/wide.json"
-"$BIN" $(train_args "$DATA" "$W/vm") $COMMON --num-epochs 2 --max-steps 32 --resume --draft-model-config "$W/wide.json" \
-  >"$W/wide.log" 2>&1; r=$?
-[ $r -eq 2 ] && grep -q "differ in intermediate_size" "$W/wide.log" || { cat "$W/wide.log"; fail "another draft shape on resume: exit $r"; }
+expect_usage_error "another draft shape on resume" "$BIN" $(train_args "$DATA" "$W/vm") $COMMON --num-epochs 2 --max-steps 32 \
+  --resume --draft-model-config "$W/wide.json"
+grep -q "differ in intermediate_size" <<<"$out" || { echo "$out"; fail "another draft shape on resume"; }
 
 # W&B (offline): a resumed run continues the same W&B run (its id is kept in the checkpoint).
 if FSDP_PYTHON="$PY" "$PY" -c "import wandb" 2>/dev/null; then
