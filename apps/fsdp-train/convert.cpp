@@ -27,10 +27,15 @@ uint64_t parse_size(const std::string& s) {
   const double v = std::strtod(s.c_str(), &end);
   const std::string suffix = end ? end : "";
   double mult = 1;
-  if (suffix == "K" || suffix == "KiB") mult = 1024.0;
-  else if (suffix == "M" || suffix == "MiB") mult = 1024.0 * 1024;
-  else if (suffix == "G" || suffix == "GiB") mult = 1024.0 * 1024 * 1024;
-  else FSDP_USAGE_CHECK(suffix.empty(), "--shard-size: cannot read '" + s + "'", "write e.g. 512M or 2G");
+  if (suffix == "K" || suffix == "KiB")
+    mult = 1024.0;
+  else if (suffix == "M" || suffix == "MiB")
+    mult = 1024.0 * 1024;
+  else if (suffix == "G" || suffix == "GiB")
+    mult = 1024.0 * 1024 * 1024;
+  else
+    FSDP_USAGE_CHECK(suffix.empty(), "--shard-size: cannot read '" + s + "'",
+                     "write e.g. 512M or 2G");
   FSDP_USAGE_CHECK(v > 0, "--shard-size must be positive, got '" + s + "'",
                    "write e.g. 512M or 2G");
   // At most 1T (1024G): the conversion to bytes cannot overflow.
@@ -51,7 +56,9 @@ int run_convert(ConvertFlags& f) {
                   << " already complete, in " << rep.seconds << " s";
   if (comm->rank() == 0) {
     std::cout << "convert: " << rep.shards_total << " shard(s) in " << f.options.output
-              << (rep.bad_samples ? " (" + std::to_string(rep.bad_samples) + " bad sample(s) skipped)" : "")
+              << (rep.bad_samples
+                      ? " (" + std::to_string(rep.bad_samples) + " bad sample(s) skipped)"
+                      : "")
               << "\n";
   }
   return 0;
@@ -65,8 +72,10 @@ void add_convert(CLI::App& root, Action* action) {
       "convert",
       "convert SpecForge hidden states (*.ckpt tree) into native memory-mapped safetensors shards; "
       "run under mpirun to convert in parallel; rerun to resume");
-  sub->add_option("--input", f->options.input, "directory searched recursively for *.ckpt")->required();
-  sub->add_option("--output", f->options.output, "output directory for shards and features.index.json")
+  sub->add_option("--input", f->options.input, "directory searched recursively for *.ckpt")
+      ->required();
+  sub->add_option("--output", f->options.output,
+                  "output directory for shards and features.index.json")
       ->required();
   sub->add_option("--shard-size", f->shard_size, "target shard size, e.g. 512M, 1G (default 1G)");
   sub->add_flag("--skip-bad-samples", f->options.skip_bad_samples,

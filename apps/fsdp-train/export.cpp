@@ -71,11 +71,11 @@ int run_export(const ExportFlags& f) {
     exported[name] = it->second;
     params += w.numel();
   }
-  const auto bytes = checkpoint::write_draft_export(
-      f.output, config_json.str(), exported, saved.d2t, saved.t2d,
-      f.dtype == "fp32" ? c10::kFloat : c10::kBFloat16);
-  std::cout << "export: " << exported.size() << " tensors, " << params << " parameters, "
-            << f.dtype << ", " << (bytes >> 20) << " MiB -> " << f.output << "/model.safetensors\n";
+  const auto bytes =
+      checkpoint::write_draft_export(f.output, config_json.str(), exported, saved.d2t, saved.t2d,
+                                     f.dtype == "fp32" ? c10::kFloat : c10::kBFloat16);
+  std::cout << "export: " << exported.size() << " tensors, " << params << " parameters, " << f.dtype
+            << ", " << (bytes >> 20) << " MiB -> " << f.output << "/model.safetensors\n";
   return 0;
 }
 

@@ -24,7 +24,8 @@ void add_gen_toy_data(CLI::App& root, Action* action) {
   sub->add_option("--vocab-size", o->vocab_size, "target vocabulary V (default 512)");
   sub->add_option("--draft-vocab-size", o->draft_vocab_size, "draft vocabulary Vd (default 256)");
   sub->add_option("--successors", o->successors, "Markov chain successors per token (default 4)");
-  sub->add_option("--samples-per-dir", o->samples_per_dir, "files per rows_<a>-<b> folder (default 64)");
+  sub->add_option("--samples-per-dir", o->samples_per_dir,
+                  "files per rows_<a>-<b> folder (default 64)");
   sub->add_option("--seed", o->seed, "random seed (default 0)");
   sub->callback([action, o]() {
     action->run = [o]() {

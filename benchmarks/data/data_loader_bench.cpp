@@ -44,18 +44,27 @@ Flags parse(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (a == "--size-mb") f.size_mb = std::stod(val());
-    else if (a == "--hidden-size") f.hidden = std::stoll(val());
-    else if (a == "--min-len") f.min_len = std::stoll(val());
-    else if (a == "--max-len") f.max_len = std::stoll(val());
-    else if (a == "--batch") f.batch = std::stoll(val());
-    else if (a == "--epochs") f.epochs = std::stoi(val());
-    else if (a == "--dir") f.dir = val();
-    else if (a == "--keep") f.keep = true;
+    if (a == "--size-mb")
+      f.size_mb = std::stod(val());
+    else if (a == "--hidden-size")
+      f.hidden = std::stoll(val());
+    else if (a == "--min-len")
+      f.min_len = std::stoll(val());
+    else if (a == "--max-len")
+      f.max_len = std::stoll(val());
+    else if (a == "--batch")
+      f.batch = std::stoll(val());
+    else if (a == "--epochs")
+      f.epochs = std::stoi(val());
+    else if (a == "--dir")
+      f.dir = val();
+    else if (a == "--keep")
+      f.keep = true;
     else {
-      std::fprintf(stderr,
-                   "usage: data_loader_bench [--size-mb 1024] [--hidden-size 1024] [--min-len 256]\n"
-                   "  [--max-len 512] [--batch 4] [--epochs 2] [--dir DIR] [--keep]\n");
+      std::fprintf(
+          stderr,
+          "usage: data_loader_bench [--size-mb 1024] [--hidden-size 1024] [--min-len 256]\n"
+          "  [--max-len 512] [--batch 4] [--epochs 2] [--dir DIR] [--keep]\n");
       std::exit(a == "--help" ? 0 : 2);
     }
   }
@@ -78,9 +87,11 @@ uint64_t write_features(const Flags& f, const fs::path& dir) {
     d.insert("hidden_state", at::randn({1, s, f.hidden}, gen).to(at::kBFloat16));
     d.insert("aux_hidden_state", at::randn({1, s, 3 * f.hidden}, gen).to(at::kBFloat16));
     const auto data = torch_save_bytes(d);
-    const fs::path p = dir / ("rows_" + std::to_string(i / 100 * 100)) / ("data_" + std::to_string(i) + ".ckpt");
+    const fs::path p =
+        dir / ("rows_" + std::to_string(i / 100 * 100)) / ("data_" + std::to_string(i) + ".ckpt");
     fs::create_directories(p.parent_path());
-    std::ofstream(p, std::ios::binary).write(data.data(), static_cast<std::streamsize>(data.size()));
+    std::ofstream(p, std::ios::binary)
+        .write(data.data(), static_cast<std::streamsize>(data.size()));
     bytes += data.size();
   }
   return bytes;
@@ -133,8 +144,9 @@ int main(int argc, char** argv) {
   co.output = (root / "native").string();
   co.shard_bytes = 256ull << 20;
   const auto rep = convert_ckpt_to_native(co);
-  std::printf("convert: %lld shards in %.1f s (%.0f MB/s)\n", static_cast<long long>(rep.shards_total),
-              rep.seconds, static_cast<double>(rep.bytes_written) / 1048576.0 / rep.seconds);
+  std::printf("convert: %lld shards in %.1f s (%.0f MB/s)\n",
+              static_cast<long long>(rep.shards_total), rep.seconds,
+              static_cast<double>(rep.bytes_written) / 1048576.0 / rep.seconds);
 
   std::printf("\n%-8s %-8s %12s %10s %10s %12s\n", "format", "threads", "samples/s", "MB/s",
               "vs ref", "wait share");

@@ -24,7 +24,9 @@ struct Dims {
 
 struct LayerImpl : torch::nn::Module {
   explicit LayerImpl(const Dims& d) : d(d) {
-    auto lin = [](int64_t i, int64_t o) { return torch::nn::Linear(torch::nn::LinearOptions(i, o).bias(false)); };
+    auto lin = [](int64_t i, int64_t o) {
+      return torch::nn::Linear(torch::nn::LinearOptions(i, o).bias(false));
+    };
     qkv = register_module("qkv", lin(d.hidden, 3 * d.hidden));
     o = register_module("o", lin(d.hidden, d.hidden));
     gate_up = register_module("gate_up", lin(d.hidden, 2 * d.ffn));
@@ -56,7 +58,8 @@ struct ModelImpl : torch::nn::Module {
     embed->weight.requires_grad_(false);
     for (int64_t i = 0; i < d.layers; ++i)
       layers.push_back(register_module("layer" + std::to_string(i), Layer(d)));
-    head = register_module("head", torch::nn::Linear(torch::nn::LinearOptions(d.hidden, d.vocab).bias(false)));
+    head = register_module(
+        "head", torch::nn::Linear(torch::nn::LinearOptions(d.hidden, d.vocab).bias(false)));
   }
   void set_unit_hooks(UnitHooks* h) { hooks = h; }
   torch::Tensor forward(const torch::Tensor& ids) {
@@ -73,9 +76,9 @@ struct ModelImpl : torch::nn::Module {
 TORCH_MODULE(Model);
 
 struct Result {
-  double step_s = 0;      // median step time
-  double comm_s = 0;      // mean communicator busy seconds per step
-  int64_t peak_bytes = 0; // persistent + peak gathered + peak gradient buffers
+  double step_s = 0;       // median step time
+  double comm_s = 0;       // mean communicator busy seconds per step
+  int64_t peak_bytes = 0;  // persistent + peak gathered + peak gradient buffers
 };
 
 double median(std::vector<double> v) {
@@ -87,8 +90,8 @@ torch::Tensor loss_of(Model& m, const Dims& d, int64_t step, int rank) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(step * 1000 + rank);
   auto ids = torch::randint(0, d.vocab, {d.batch, d.seq}, gen, torch::kLong);
   auto tgt = torch::randint(0, d.vocab, {d.batch, d.seq}, gen, torch::kLong);
-  return torch::nn::functional::cross_entropy(m->forward(ids).reshape({-1, d.vocab}).to(torch::kFloat),
-                                              tgt.reshape({-1}));
+  return torch::nn::functional::cross_entropy(
+      m->forward(ids).reshape({-1, d.vocab}).to(torch::kFloat), tgt.reshape({-1}));
 }
 
 Result run_plain(const Dims& d, int steps, int warmup) {
@@ -146,9 +149,12 @@ int main(int argc, char** argv) {
   std::string dtype_name = "fp32";
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i];
-    if (k == "--steps") steps = std::stoi(argv[i + 1]);
-    else if (k == "--warmup") warmup = std::stoi(argv[i + 1]);
-    else if (k == "--dtype") dtype_name = argv[i + 1];
+    if (k == "--steps")
+      steps = std::stoi(argv[i + 1]);
+    else if (k == "--warmup")
+      warmup = std::stoi(argv[i + 1]);
+    else if (k == "--dtype")
+      dtype_name = argv[i + 1];
   }
   const c10::ScalarType dtype = dtype_name == "bf16" ? torch::kBFloat16 : torch::kFloat;
   torch::set_num_threads(1);
@@ -166,11 +172,13 @@ int main(int argc, char** argv) {
   auto comm_world = comm::make_communicator(comm::Group::kWorld, c10::Device(c10::kCPU));
   comm_world->all_reduce(plain_all, comm::ReduceOp::kMax)->wait();
   if (t.world_rank == 0) {
-    std::printf("model: %.1fM parameters (%.1fM trainable), %lld tokens per rank per step, "
-                "compute %s, %d ranks, %d steps after %d warmup\n",
-                total / 1e6, trainable / 1e6, static_cast<long long>(d.batch * d.seq),
-                dtype_name.c_str(), t.world_size, steps, warmup);
-    std::printf("| ranks | strategy | step s | vs plain | peak MiB/rank | vs plain | comm share |\n");
+    std::printf(
+        "model: %.1fM parameters (%.1fM trainable), %lld tokens per rank per step, "
+        "compute %s, %d ranks, %d steps after %d warmup\n",
+        total / 1e6, trainable / 1e6, static_cast<long long>(d.batch * d.seq), dtype_name.c_str(),
+        t.world_size, steps, warmup);
+    std::printf(
+        "| ranks | strategy | step s | vs plain | peak MiB/rank | vs plain | comm share |\n");
     std::printf("|---|---|---|---|---|---|---|\n");
     std::printf("| %d | plain LibTorch | %.3f | 1.00 | %.0f | 1.00 | - |\n", t.world_size,
                 plain_all.item<double>(), plain.peak_bytes / 1048576.0);

@@ -176,7 +176,8 @@ std::vector<std::string> recover_interrupted_saves(const std::string& output_dir
     std::error_code dir_ec;
     if (!entry.is_directory(dir_ec)) continue;
     const std::string name = entry.path().filename().string();
-    if (name.rfind(".tmp_", 0) == 0 && parse_checkpoint_name(name.substr(5))) tmp.push_back(entry.path());
+    if (name.rfind(".tmp_", 0) == 0 && parse_checkpoint_name(name.substr(5)))
+      tmp.push_back(entry.path());
     if (name.size() > 4 && name.compare(name.size() - 4, 4, ".old") == 0 &&
         parse_checkpoint_name(name.substr(0, name.size() - 4))) {
       old.push_back(entry.path());

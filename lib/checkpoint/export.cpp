@@ -17,13 +17,12 @@ namespace fsdp::checkpoint {
 
 uint64_t write_draft_export(const std::string& dir, const std::string& config_json,
                             const std::map<std::string, at::Tensor>& full_state,
-                            const at::Tensor& d2t, const at::Tensor& t2d,
-                            c10::ScalarType dtype) {
+                            const at::Tensor& d2t, const at::Tensor& t2d, c10::ScalarType dtype) {
   ensure_directory(dir);
   {
     const std::string path = join_path(dir, "config.json");
-    write_file_durably(path, config_json.empty() || config_json.back() != '\n' ? config_json + "\n"
-                                                                                : config_json);
+    write_file_durably(
+        path, config_json.empty() || config_json.back() != '\n' ? config_json + "\n" : config_json);
   }
   NamedTensors tensors;
   for (const auto& [name, t] : full_state) {  // std::map: sorted by name

@@ -15,14 +15,14 @@ namespace fsdp::comm::detail {
 
 std::string mpi_error_string(int code);
 
-#define FSDP_MPI_CHECK(call)                                                          \
-  do {                                                                                \
-    int fsdp_mpi_rc_ = (call);                                                        \
-    FSDP_CHECK(fsdp_mpi_rc_ == MPI_SUCCESS,                                           \
-               ::fsdp::str("MPI call failed: ", #call, ": ",                          \
-                           ::fsdp::comm::detail::mpi_error_string(fsdp_mpi_rc_)),     \
+#define FSDP_MPI_CHECK(call)                                                           \
+  do {                                                                                 \
+    int fsdp_mpi_rc_ = (call);                                                         \
+    FSDP_CHECK(fsdp_mpi_rc_ == MPI_SUCCESS,                                            \
+               ::fsdp::str("MPI call failed: ", #call, ": ",                           \
+                           ::fsdp::comm::detail::mpi_error_string(fsdp_mpi_rc_)),      \
                "check that every rank runs the same program with the same arguments; " \
-               "rerun with FSDP_LOG_LEVEL=debug for details");                        \
+               "rerun with FSDP_LOG_LEVEL=debug for details");                         \
   } while (0)
 
 // The MPI communicator of a group (owned by the runtime; valid until finalize()).

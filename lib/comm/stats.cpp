@@ -7,21 +7,30 @@ namespace fsdp::comm {
 
 const char* reduce_op_name(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return "sum";
-    case ReduceOp::kAvg: return "avg";
-    case ReduceOp::kMax: return "max";
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kAvg:
+      return "avg";
+    case ReduceOp::kMax:
+      return "max";
   }
   return "?";
 }
 
 const char* op_type_name(OpType op) {
   switch (op) {
-    case OpType::kAllGather: return "all_gather";
-    case OpType::kReduceScatter: return "reduce_scatter";
-    case OpType::kAllReduce: return "all_reduce";
-    case OpType::kBroadcast: return "broadcast";
-    case OpType::kBarrier: return "barrier";
-    default: return "?";
+    case OpType::kAllGather:
+      return "all_gather";
+    case OpType::kReduceScatter:
+      return "reduce_scatter";
+    case OpType::kAllReduce:
+      return "all_reduce";
+    case OpType::kBroadcast:
+      return "broadcast";
+    case OpType::kBarrier:
+      return "barrier";
+    default:
+      return "?";
   }
 }
 

@@ -98,8 +98,7 @@ bool ArrivalTracker::root_arrived(int64_t seq) {
   return last_seen_[0] >= seq;
 }
 
-std::string ArrivalTracker::describe_timeout(int64_t seq, const std::string& what,
-                                             double seconds) {
+std::string ArrivalTracker::describe_timeout(int64_t seq, const std::string& what, double seconds) {
   std::lock_guard<std::mutex> lock(mu_);
   drain();
   std::ostringstream os;

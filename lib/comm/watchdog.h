@@ -44,7 +44,7 @@ class ArrivalTracker {
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;
   int size_ = 1;
-  std::vector<int64_t> last_seen_;      // rank 0: per rank; others: index 0 holds rank 0's
+  std::vector<int64_t> last_seen_;  // rank 0: per rank; others: index 0 holds rank 0's
   std::deque<std::pair<MPI_Request, int64_t*>> sends_;
   bool clean_ = false;
   std::mutex mu_;

@@ -107,10 +107,10 @@ CommandLineValues TrainOptionsBinding::values() const {
     }
     if (spec->name == "config") {
       // One file: a second --config would silently replace the first.
-      FSDP_USAGE_CHECK(res.size() <= 1,
-                       str("--config is given ", res.size(), " times (", res.front(), ", ",
-                           res.back(), ")"),
-                       "give one YAML run file; override single keys with flags after it");
+      FSDP_USAGE_CHECK(
+          res.size() <= 1,
+          str("--config is given ", res.size(), " times (", res.front(), ", ", res.back(), ")"),
+          "give one YAML run file; override single keys with flags after it");
       out.config_file = v.text;
       continue;
     }

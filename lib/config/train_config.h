@@ -93,8 +93,8 @@ struct ShardConfig {
   ShardingStrategy strategy = ShardingStrategy::kFullShard;
   Precision mixed_precision = Precision::kBF16;
   Precision reduce_dtype = Precision::kFP32;
-  bool cpu_offload = false;         // master weights, gradient shard, moments, step on the host
-  bool accumulate_locally = false;  // communicate gradients only on the last micro-batch
+  bool cpu_offload = false;           // master weights, gradient shard, moments, step on the host
+  bool accumulate_locally = false;    // communicate gradients only on the last micro-batch
   bool reshard_between_uses = false;  // re-gather a unit at each of its T uses per forward
 };
 

@@ -34,12 +34,13 @@ int64_t parse_int(const std::string& text, const std::string& source) {
   const bool digits = ec == std::errc::result_out_of_range && p == e;
   const bool big = !text.empty() && end == text.c_str() + text.size() &&
                    (std::isinf(d) || (d == std::floor(d) && std::fabs(d) >= 9.0e18));
-  FSDP_USAGE_CHECK(!(digits || big),
+  FSDP_USAGE_CHECK(
+      !(digits || big),
+      str(source, ": '", text.size() > 40 ? text.substr(0, 40) + "..." : text, "' is out of range"),
+      "write a whole number of sensible size (the limits are in docs/usage.md)");
+  FSDP_USAGE_CHECK(false,
                    str(source, ": '", text.size() > 40 ? text.substr(0, 40) + "..." : text,
-                       "' is out of range"),
-                   "write a whole number of sensible size (the limits are in docs/usage.md)");
-  FSDP_USAGE_CHECK(false, str(source, ": '", text.size() > 40 ? text.substr(0, 40) + "..." : text,
-                              "' is not an integer"),
+                       "' is not an integer"),
                    "write a whole number, e.g. 16");
   return 0;
 }

@@ -99,10 +99,9 @@ std::vector<std::string> apply_yaml_text(const std::string& text, const std::str
     // max-steps).
     const auto first = spellings.emplace(spec->name, key);
     FSDP_USAGE_CHECK(first.second,
-                     first.first->second == key
-                         ? str(src0, ": '", key, "' is given twice")
-                         : str(src0, ": '", key, "' is given twice (as ", first.first->second,
-                               " and ", key, ")"),
+                     first.first->second == key ? str(src0, ": '", key, "' is given twice")
+                                                : str(src0, ": '", key, "' is given twice (as ",
+                                                      first.first->second, " and ", key, ")"),
                      "keep one of them");
     spec->set(*cfg, node_value(kv.second, *spec, src), src);
     set.push_back(spec->name);
@@ -188,7 +187,8 @@ std::string to_yaml(const TrainConfig& cfg) {
   out << YAML::EndMap;
   std::string text = std::string(out.c_str()) + "\n";
   // SpecForge flags without effect are command-line only: kept as a comment, not as keys.
-  if (!cfg.specforge_flags.empty()) text += "# SpecForge flags given (no effect):" + specforge_text(cfg) + "\n";
+  if (!cfg.specforge_flags.empty())
+    text += "# SpecForge flags given (no effect):" + specforge_text(cfg) + "\n";
   return text;
 }
 
@@ -233,7 +233,8 @@ std::string to_display(const TrainConfig& cfg) {
                                                       : (v.text.empty() ? "\"\"" : v.text);
     os << "  " << spec.flag() << " " << text << "\n";
   }
-  if (!cfg.specforge_flags.empty()) os << "SpecForge flags (no effect):\n " << specforge_text(cfg) << "\n";
+  if (!cfg.specforge_flags.empty())
+    os << "SpecForge flags (no effect):\n " << specforge_text(cfg) << "\n";
   return os.str();
 }
 
@@ -253,8 +254,8 @@ std::string write_run_config(const TrainConfig& cfg) {
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     const std::string why = std::strerror(errno);
     ::unlink(tmp.c_str());
-    FSDP_USAGE_CHECK(false, str("cannot write ", path, ": rename from ", tmp, " failed (", why, ")"),
-                     hint);
+    FSDP_USAGE_CHECK(
+        false, str("cannot write ", path, ": rename from ", tmp, " failed (", why, ")"), hint);
   }
   return path;
 }

@@ -16,7 +16,8 @@ bool remove_tree(const std::string& path, std::string* error = nullptr);
 
 // Creates `dir` and its missing parents (mode 0750); an existing directory is fine. Throws an
 // Error naming the part that could not be created, with `hint` as what to do.
-void make_dirs(const std::string& dir, const std::string& hint = "check the path and its permissions");
+void make_dirs(const std::string& dir,
+               const std::string& hint = "check the path and its permissions");
 
 // Creates or truncates `path`, writes `size` bytes, fsyncs and closes it; any failure (a full
 // disk: ENOSPC, a file size limit: EFBIG) throws an Error naming the file and the reason.

@@ -40,12 +40,12 @@ class Line {
 
 // FSDP_LOG(kInfo) << "..." on every rank; FSDP_LOG0(kInfo) << "..." on rank 0 only. The for-loop
 // form runs the statement at most once and, unlike if/else, is safe inside an unbraced if.
-#define FSDP_LOG(lvl)                                                                     \
-  for (bool fsdp_log_on_ = ::fsdp::log::enabled(::fsdp::log::Level::lvl); fsdp_log_on_;   \
-       fsdp_log_on_ = false)                                                              \
+#define FSDP_LOG(lvl)                                                                   \
+  for (bool fsdp_log_on_ = ::fsdp::log::enabled(::fsdp::log::Level::lvl); fsdp_log_on_; \
+       fsdp_log_on_ = false)                                                            \
   ::fsdp::log::Line(::fsdp::log::Level::lvl, false).stream()
-#define FSDP_LOG0(lvl)                                                                    \
-  for (bool fsdp_log_on_ =                                                                \
-           ::fsdp::log::enabled(::fsdp::log::Level::lvl) && ::fsdp::log::rank() <= 0;     \
-       fsdp_log_on_; fsdp_log_on_ = false)                                                \
+#define FSDP_LOG0(lvl)                                                                \
+  for (bool fsdp_log_on_ =                                                            \
+           ::fsdp::log::enabled(::fsdp::log::Level::lvl) && ::fsdp::log::rank() <= 0; \
+       fsdp_log_on_; fsdp_log_on_ = false)                                            \
   ::fsdp::log::Line(::fsdp::log::Level::lvl, true).stream()

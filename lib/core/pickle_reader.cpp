@@ -1,7 +1,7 @@
 // Restricted, bounded unpickler (core/pickle_reader.h). Opcode meanings: Python's
 // Lib/pickletools.py documentation of protocols 0-5.
-#include "core/error.h"  // fsdp::str (header-only)
 #include "core/pickle_reader.h"
+#include "core/error.h"  // fsdp::str (header-only)
 
 #include <cstring>
 #include <unordered_map>
@@ -15,11 +15,11 @@ using Kind = PickleNode::Kind;
 // Storage classes torch.save names, by their dtype.
 const char* storage_dtype(const std::string& global) {
   static const std::pair<const char*, const char*> kTable[] = {
-      {"torch.FloatStorage", "float"},   {"torch.DoubleStorage", "double"},
-      {"torch.HalfStorage", "half"},     {"torch.BFloat16Storage", "bfloat16"},
-      {"torch.LongStorage", "int64"},    {"torch.IntStorage", "int32"},
-      {"torch.ShortStorage", "int16"},   {"torch.CharStorage", "int8"},
-      {"torch.ByteStorage", "uint8"},    {"torch.BoolStorage", "bool"}};
+      {"torch.FloatStorage", "float"}, {"torch.DoubleStorage", "double"},
+      {"torch.HalfStorage", "half"},   {"torch.BFloat16Storage", "bfloat16"},
+      {"torch.LongStorage", "int64"},  {"torch.IntStorage", "int32"},
+      {"torch.ShortStorage", "int16"}, {"torch.CharStorage", "int8"},
+      {"torch.ByteStorage", "uint8"},  {"torch.BoolStorage", "bool"}};
   for (const auto& [name, dtype] : kTable)
     if (global == name) return dtype;
   return nullptr;
@@ -36,33 +36,55 @@ class Unpickler {
 
   PickleTree run() {
     if (size_ > limits_.max_bytes)
-      throw FormatError(str("pickle of ", size_, " bytes exceeds the limit of ", limits_.max_bytes));
+      throw FormatError(
+          str("pickle of ", size_, " bytes exceeds the limit of ", limits_.max_bytes));
     while (true) {
       op_at_ = pos_;
       const unsigned char op = u8();
       switch (op) {
-        case 0x80: u8(); break;                        // PROTO
-        case 0x95: take(8); break;                     // FRAME: length only, data follows inline
-        case '.': {                                    // STOP
+        case 0x80:
+          u8();
+          break;  // PROTO
+        case 0x95:
+          take(8);
+          break;     // FRAME: length only, data follows inline
+        case '.': {  // STOP
           if (stack_.size() != 1 || !marks_.empty()) fail("STOP with a stack of ", stack_.size());
           tree_.root = stack_.back();
           return std::move(tree_);
         }
-        case '(': marks_.push_back(stack_.size()); break;  // MARK
-        case '0': pop(); break;                            // POP
-        case '1': pop_mark(); break;                       // POP_MARK
-        case '2': push(top()); break;                      // DUP
-        case 'N': push(make(Kind::kNone)); break;
-        case 0x88: case 0x89: {                            // NEWTRUE, NEWFALSE
+        case '(':
+          marks_.push_back(stack_.size());
+          break;  // MARK
+        case '0':
+          pop();
+          break;  // POP
+        case '1':
+          pop_mark();
+          break;  // POP_MARK
+        case '2':
+          push(top());
+          break;  // DUP
+        case 'N':
+          push(make(Kind::kNone));
+          break;
+        case 0x88:
+        case 0x89: {  // NEWTRUE, NEWFALSE
           const uint32_t n = make(Kind::kBool);
           tree_.nodes[n].i = op == 0x88;
           push(n);
           break;
         }
-        case 'K': push_int(u8()); break;                           // BININT1
-        case 'M': push_int(static_cast<int64_t>(le(2))); break;    // BININT2
-        case 'J': push_int(static_cast<int32_t>(le(4))); break;    // BININT
-        case 0x8a: {                                               // LONG1
+        case 'K':
+          push_int(u8());
+          break;  // BININT1
+        case 'M':
+          push_int(static_cast<int64_t>(le(2)));
+          break;  // BININT2
+        case 'J':
+          push_int(static_cast<int32_t>(le(4)));
+          break;      // BININT
+        case 0x8a: {  // LONG1
           const unsigned n = u8();
           if (n > 8) fail("LONG1 of ", n, " bytes (integers above 64 bits are not read)");
           uint64_t v = le(n);
@@ -70,7 +92,7 @@ class Unpickler {
           push_int(static_cast<int64_t>(v));
           break;
         }
-        case 'G': {                                                // BINFLOAT (big-endian)
+        case 'G': {  // BINFLOAT (big-endian)
           const char* b = take(8);
           uint64_t v = 0;
           for (int i = 0; i < 8; ++i) v = (v << 8) | static_cast<unsigned char>(b[i]);
@@ -81,21 +103,43 @@ class Unpickler {
           push(n);
           break;
         }
-        case 'X': push_string(le(4)); break;      // BINUNICODE
-        case 0x8c: push_string(u8()); break;      // SHORT_BINUNICODE
-        case 0x8d: push_string(le(8)); break;     // BINUNICODE8
-        case ']': push(make(Kind::kList)); break;   // EMPTY_LIST
-        case '}': push(make(Kind::kDict)); break;   // EMPTY_DICT
-        case ')': push(make(Kind::kTuple)); break;  // EMPTY_TUPLE
-        case 'l': { auto items = pop_mark(); push(container(Kind::kList, items)); break; }
-        case 't': { auto items = pop_mark(); push(container(Kind::kTuple, items)); break; }
+        case 'X':
+          push_string(le(4));
+          break;  // BINUNICODE
+        case 0x8c:
+          push_string(u8());
+          break;  // SHORT_BINUNICODE
+        case 0x8d:
+          push_string(le(8));
+          break;  // BINUNICODE8
+        case ']':
+          push(make(Kind::kList));
+          break;  // EMPTY_LIST
+        case '}':
+          push(make(Kind::kDict));
+          break;  // EMPTY_DICT
+        case ')':
+          push(make(Kind::kTuple));
+          break;  // EMPTY_TUPLE
+        case 'l': {
+          auto items = pop_mark();
+          push(container(Kind::kList, items));
+          break;
+        }
+        case 't': {
+          auto items = pop_mark();
+          push(container(Kind::kTuple, items));
+          break;
+        }
         case 'd': {
           auto items = pop_mark();
           if (items.size() % 2) fail("DICT with an odd number of items");
           push(container(Kind::kDict, items));
           break;
         }
-        case 0x85: case 0x86: case 0x87: {  // TUPLE1..3
+        case 0x85:
+        case 0x86:
+        case 0x87: {  // TUPLE1..3
           const size_t n = op - 0x84;
           if (stack_.size() < n + floor()) fail("TUPLE", n, " on a stack of ", stack_.size());
           std::vector<uint32_t> items(stack_.end() - n, stack_.end());
@@ -103,39 +147,61 @@ class Unpickler {
           push(container(Kind::kTuple, items));
           break;
         }
-        case 'a': { const uint32_t v = pop(); add_to(top(), Kind::kList, {v}); break; }  // APPEND
-        case 'e': { auto items = pop_mark(); add_to(top(), Kind::kList, items); break; }  // APPENDS
-        case 's': {                                                                        // SETITEM
+        case 'a': {
+          const uint32_t v = pop();
+          add_to(top(), Kind::kList, {v});
+          break;
+        }  // APPEND
+        case 'e': {
+          auto items = pop_mark();
+          add_to(top(), Kind::kList, items);
+          break;
+        }            // APPENDS
+        case 's': {  // SETITEM
           const uint32_t v = pop(), k = pop();
           add_to(top(), Kind::kDict, {k, v});
           break;
         }
-        case 'u': {                                                                        // SETITEMS
+        case 'u': {  // SETITEMS
           auto items = pop_mark();
           if (items.size() % 2) fail("SETITEMS with an odd number of items");
           add_to(top(), Kind::kDict, items);
           break;
         }
-        case 'q': memo_put(u8()); break;       // BINPUT
-        case 'r': memo_put(le(4)); break;      // LONG_BINPUT
-        case 0x94: memo_put(memo_.size()); break;  // MEMOIZE
-        case 'h': memo_get(u8()); break;       // BINGET
-        case 'j': memo_get(le(4)); break;      // LONG_BINGET
-        case 'c': {                            // GLOBAL "module\nname\n"
+        case 'q':
+          memo_put(u8());
+          break;  // BINPUT
+        case 'r':
+          memo_put(le(4));
+          break;  // LONG_BINPUT
+        case 0x94:
+          memo_put(memo_.size());
+          break;  // MEMOIZE
+        case 'h':
+          memo_get(u8());
+          break;  // BINGET
+        case 'j':
+          memo_get(le(4));
+          break;     // LONG_BINGET
+        case 'c': {  // GLOBAL "module\nname\n"
           std::string module = line(), name = line();
           push(global(module + "." + name));
           break;
         }
-        case 0x93: {                           // STACK_GLOBAL
+        case 0x93: {  // STACK_GLOBAL
           const uint32_t name = pop(), module = pop();
           if (node(name).kind != Kind::kString || node(module).kind != Kind::kString)
             fail("STACK_GLOBAL needs two strings");
           push(global(node(module).s + "." + node(name).s));
           break;
         }
-        case 'R': reduce(); break;             // REDUCE
-        case 'Q': persistent_load(); break;    // BINPERSID
-        case 'b': {                            // BUILD: only an empty state (OrderedDict)
+        case 'R':
+          reduce();
+          break;  // REDUCE
+        case 'Q':
+          persistent_load();
+          break;     // BINPERSID
+        case 'b': {  // BUILD: only an empty state (OrderedDict)
           const uint32_t state = pop();
           const PickleNode& s = node(state);
           if (!(s.kind == Kind::kNone || (s.kind == Kind::kDict && s.items.empty())))
@@ -165,7 +231,8 @@ class Unpickler {
   uint64_t le(unsigned n) {
     const char* b = take(n);
     uint64_t v = 0;
-    for (int i = static_cast<int>(n) - 1; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(b[i]);
+    for (int i = static_cast<int>(n) - 1; i >= 0; --i)
+      v = (v << 8) | static_cast<unsigned char>(b[i]);
     return v;
   }
   std::string line() {
@@ -215,7 +282,8 @@ class Unpickler {
     push(n);
   }
   void push_string(uint64_t len) {
-    if (len > limits_.max_string) fail("string of ", len, " bytes exceeds the limit of ", limits_.max_string);
+    if (len > limits_.max_string)
+      fail("string of ", len, " bytes exceeds the limit of ", limits_.max_string);
     const char* b = take(len);
     const uint32_t n = make(Kind::kString);
     node(n).s.assign(b, len);
@@ -278,7 +346,8 @@ class Unpickler {
   std::vector<int64_t> ints_of(uint32_t t, const char* what) {
     const PickleNode& a = node(t);
     if (a.kind != Kind::kTuple && a.kind != Kind::kList) fail(what, " is not a tuple");
-    if (a.items.size() > limits_.max_dims) fail(what, " has ", a.items.size(), " dimensions (limit ", limits_.max_dims, ")");
+    if (a.items.size() > limits_.max_dims)
+      fail(what, " has ", a.items.size(), " dimensions (limit ", limits_.max_dims, ")");
     std::vector<int64_t> v;
     for (uint32_t i : a.items) v.push_back(int_of(i, what));
     return v;
@@ -331,7 +400,8 @@ class Unpickler {
     const std::string key = node(t.items[2]).s;
     if (const auto it = storages_.find(key); it != storages_.end()) {
       const PickleNode& old = node(it->second);
-      if (old.dtype != dtype || old.i != numel) fail("storage '", key, "' declared twice differently");
+      if (old.dtype != dtype || old.i != numel)
+        fail("storage '", key, "' declared twice differently");
       push(it->second);
       return;
     }

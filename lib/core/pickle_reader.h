@@ -15,25 +15,36 @@
 namespace fsdp {
 
 struct PickleLimits {
-  uint64_t max_bytes = 64u << 20;     // the pickle itself (dicts of tensors are a few KB)
-  uint32_t max_depth = 64;            // containers inside containers
-  uint64_t max_objects = 1u << 20;    // values created (including memo copies)
-  uint64_t max_memo = 1u << 20;       // memo entries
-  uint64_t max_string = 16u << 20;    // bytes of one string
-  uint32_t max_dims = 64;             // dimensions of one tensor
+  uint64_t max_bytes = 64u << 20;   // the pickle itself (dicts of tensors are a few KB)
+  uint32_t max_depth = 64;          // containers inside containers
+  uint64_t max_objects = 1u << 20;  // values created (including memo copies)
+  uint64_t max_memo = 1u << 20;     // memo entries
+  uint64_t max_string = 16u << 20;  // bytes of one string
+  uint32_t max_dims = 64;           // dimensions of one tensor
 };
 
 // One value of the unpickled tree. Values live in PickleTree::nodes and refer to each other by
 // index, so a hostile pickle can neither build a cycle that recurses nor a chain whose
 // destruction overflows the stack.
 struct PickleNode {
-  enum class Kind { kNone, kBool, kInt, kFloat, kString, kList, kTuple, kDict, kTensor,
-                    kStorage, kGlobal };
+  enum class Kind {
+    kNone,
+    kBool,
+    kInt,
+    kFloat,
+    kString,
+    kList,
+    kTuple,
+    kDict,
+    kTensor,
+    kStorage,
+    kGlobal
+  };
   Kind kind = Kind::kNone;
-  int64_t i = 0;     // kBool, kInt; kTensor: storage offset; kStorage: element count
-  double f = 0;      // kFloat
-  std::string s;     // kString; kGlobal: "module.name"; kStorage: record key
-  std::string dtype; // kStorage, kTensor: the storage type's dtype name ("float", "bfloat16", ...)
+  int64_t i = 0;      // kBool, kInt; kTensor: storage offset; kStorage: element count
+  double f = 0;       // kFloat
+  std::string s;      // kString; kGlobal: "module.name"; kStorage: record key
+  std::string dtype;  // kStorage, kTensor: the storage type's dtype name ("float", "bfloat16", ...)
   uint32_t depth = 0;
   // kList/kTuple: items; kDict: key, value, key, value, ...; kTensor: {storage node}.
   std::vector<uint32_t> items;

@@ -40,8 +40,8 @@ std::shared_ptr<FeatureDataset> open_native_dataset(const std::string& dir,
                                                     const DatasetOptions& options = {});
 
 struct ConvertOptions {
-  std::string input;   // .ckpt tree
-  std::string output;  // native dataset directory (created)
+  std::string input;                         // .ckpt tree
+  std::string output;                        // native dataset directory (created)
   uint64_t shard_bytes = uint64_t{1} << 30;  // target shard size, planned from .ckpt file sizes
   bool skip_bad_samples = false;
   bool overwrite = false;  // redo shards even when a verified .done marker exists

@@ -10,8 +10,12 @@ namespace fsdp::data {
 
 DistributedSampler::DistributedSampler(int64_t num_samples, int rank, int world_size,
                                        int64_t micro_batch_size, uint64_t seed, bool shuffle)
-    : num_samples_(num_samples), rank_(rank), world_size_(world_size),
-      micro_batch_size_(micro_batch_size), seed_(seed), shuffle_(shuffle) {
+    : num_samples_(num_samples),
+      rank_(rank),
+      world_size_(world_size),
+      micro_batch_size_(micro_batch_size),
+      seed_(seed),
+      shuffle_(shuffle) {
   FSDP_USAGE_CHECK(world_size >= 1 && rank >= 0 && rank < world_size,
                    str("sampler: rank ", rank, " of world size ", world_size),
                    "this is a bug in fsdp-train: please report it with the command line and log");

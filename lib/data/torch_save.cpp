@@ -43,7 +43,8 @@ void torch_save_file(const std::string& path, const c10::Dict<std::string, at::T
   const std::string tmp = str(path, ".tmp.", ::getpid());
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    FSDP_CHECK(out.good(), tmp + ": cannot create", "check that the directory exists and is writable");
+    FSDP_CHECK(out.good(), tmp + ": cannot create",
+               "check that the directory exists and is writable");
     out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
     FSDP_CHECK(out.good(), tmp + ": write failed", "check free disk space");
   }

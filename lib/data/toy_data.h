@@ -17,10 +17,10 @@ struct ToyDataOptions {
   int64_t hidden_size = 64;
   int64_t vocab_size = 512;
   int64_t draft_vocab_size = 256;
-  int64_t successors = 4;         // Markov chain: candidate next tokens per token
-  int64_t samples_per_dir = 64;   // SpecForge groups files in rows_<a>-<b>/ folders
+  int64_t successors = 4;        // Markov chain: candidate next tokens per token
+  int64_t samples_per_dir = 64;  // SpecForge groups files in rows_<a>-<b>/ folders
   uint64_t seed = 0;
-  void validate() const;          // throws UsageError naming the flag
+  void validate() const;  // throws UsageError naming the flag
 };
 
 struct ToyDataPaths {

@@ -26,8 +26,7 @@ double unix_seconds() {
 }
 
 // Appends `bytes` whole or not at all; on failure (full disk) warns once per failing spell.
-void append_whole(std::FILE* f, const std::string& bytes, const std::string& path,
-                  bool* failing) {
+void append_whole(std::FILE* f, const std::string& bytes, const std::string& path, bool* failing) {
   const long before = std::ftell(f);
   if (std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size() && std::fflush(f) == 0) {
     if (*failing) FSDP_LOG(kInfo) << path << ": writing again";
@@ -126,10 +125,10 @@ void supersede_records_after(const std::string& path, int64_t resumed_step) {
                                : path;
   const std::string superseded = stem + ".superseded.jsonl";
   std::FILE* f = std::fopen(superseded.c_str(), "a");
-  FSDP_CHECK(f && std::fwrite(moved.data(), 1, moved.size(), f) == moved.size() &&
-                 std::fclose(f) == 0,
-             str("cannot write '", superseded, "': ", std::strerror(errno)),
-             "check --output-dir and free disk space");
+  FSDP_CHECK(
+      f && std::fwrite(moved.data(), 1, moved.size(), f) == moved.size() && std::fclose(f) == 0,
+      str("cannot write '", superseded, "': ", std::strerror(errno)),
+      "check --output-dir and free disk space");
   fsync_file(superseded);
   write_file_durably(path + ".tmp", kept);
   FSDP_CHECK(std::rename((path + ".tmp").c_str(), path.c_str()) == 0,

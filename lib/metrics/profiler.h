@@ -12,7 +12,7 @@
 namespace fsdp::metrics {
 
 struct ProfilerOptions {
-  int64_t start_step = 30;     // profile optimizer steps start_step+1 .. start_step+num_steps
+  int64_t start_step = 30;  // profile optimizer steps start_step+1 .. start_step+num_steps
   int64_t num_steps = 4;
   bool record_shapes = false;  // operator input shapes in the trace
   bool gpu = false;            // also record GPU kernels and memcpys (CUPTI)

@@ -157,9 +157,9 @@ class MetricsLogger : public MetricsSink {
 struct SinkContext {
   int rank = 0;  // only rank 0 gets sinks; other ranks get an empty logger
   int64_t total_steps = 0;
-  std::string output_dir;   // metrics.jsonl, tensorboard/, wandb/ live here
-  std::string config_json;  // effective configuration for W&B
-  std::string wandb_run_id;  // the W&B run of the checkpoint resumed from (continued when set)
+  std::string output_dir;     // metrics.jsonl, tensorboard/, wandb/ live here
+  std::string config_json;    // effective configuration for W&B
+  std::string wandb_run_id;   // the W&B run of the checkpoint resumed from (continued when set)
   int64_t resumed_step = -1;  // metrics.jsonl: records after this step move aside (-1: none)
   // The TensorBoard file's session start (-1: none). A --tensorboard-dir may be shared by other
   // runs, so a fresh start does not purge it; a resume or a restart does.

@@ -9,9 +9,9 @@
 namespace fsdp::model {
 
 StepFlops count_step_flops(const DraftConfig& cfg, int64_t batch, int64_t seq, int64_t ttt_length) {
-  return count_step_flops(cfg, batch, seq, ttt_length,
-                          std::vector<int64_t>(static_cast<size_t>(std::max<int64_t>(ttt_length, 0)),
-                                               batch * seq));
+  return count_step_flops(
+      cfg, batch, seq, ttt_length,
+      std::vector<int64_t>(static_cast<size_t>(std::max<int64_t>(ttt_length, 0)), batch * seq));
 }
 
 StepFlops count_step_flops(const DraftConfig& cfg, int64_t batch, int64_t seq, int64_t ttt_length,

@@ -41,10 +41,10 @@ class FlatParam;
 // only by resolve(), which reads the 0-dim device tensors (one synchronisation); until then
 // `resolved` is false.
 struct StepResult {
-  double grad_norm = 0.0;    // global L2 norm before clipping (NaN/Inf when not finite)
-  double clip_coef = 1.0;    // factor applied to the gradients (1 when not clipped)
-  bool skipped = false;      // true: non-finite gradients, weights and moments unchanged
-  int64_t step = 0;          // optimizer steps applied so far (skipped steps not counted)
+  double grad_norm = 0.0;  // global L2 norm before clipping (NaN/Inf when not finite)
+  double clip_coef = 1.0;  // factor applied to the gradients (1 when not clipped)
+  bool skipped = false;    // true: non-finite gradients, weights and moments unchanged
+  int64_t step = 0;        // optimizer steps applied so far (skipped steps not counted)
   bool resolved = true;
   // The same values on the device (defined only when the step ran with device scalars):
   // grad_norm fp64, clip_coef fp64, skipped fp32 (0 or 1), step fp32.
@@ -60,7 +60,7 @@ struct MemoryStats {
   int64_t persistent_host_bytes = 0;  // offloaded state
   int64_t gathered_param_bytes = 0;   // now
   int64_t peak_gathered_param_bytes = 0;
-  int64_t grad_buffer_bytes = 0;      // now
+  int64_t grad_buffer_bytes = 0;  // now
   int64_t peak_grad_buffer_bytes = 0;
   int64_t persistent_bytes() const { return persistent_device_bytes + persistent_host_bytes; }
 };
@@ -114,7 +114,8 @@ class ShardEngine final : public UnitHooks {
   std::map<std::string, at::Tensor> full_state(bool rank0_only, bool include_frozen = true);
   // Copies full tensors into this rank's shards (any dtype/device; fp32 masters). Every
   // parameter must be present with its shape unless allow_missing (then it keeps its value).
-  void load_full_state(const std::map<std::string, at::Tensor>& tensors, bool allow_missing = false);
+  void load_full_state(const std::map<std::string, at::Tensor>& tensors,
+                       bool allow_missing = false);
 
   // Internal access for the state files and tests.
   std::vector<FlatParam*> flat_params() const;
@@ -142,10 +143,10 @@ class ShardEngine final : public UnitHooks {
   std::map<std::string, Unit*> by_name_;
   std::vector<std::string> unit_names_;
   std::vector<const FlatLayout*> layouts_;
-  std::vector<Unit*> forward_order_;    // unit of each use, recorded during the last forward
-  std::vector<Unit*> current_order_;    // being recorded
-  std::vector<bool> used_later_;        // forward_order_[i] runs again after position i
-  bool order_matches_ = true;           // current_order_ is a prefix of forward_order_
+  std::vector<Unit*> forward_order_;  // unit of each use, recorded during the last forward
+  std::vector<Unit*> current_order_;  // being recorded
+  std::vector<bool> used_later_;      // forward_order_[i] runs again after position i
+  bool order_matches_ = true;         // current_order_ is a prefix of forward_order_
   bool in_backward_ = false;
   bool sync_gradients_ = true;
   int64_t step_count_ = 0;

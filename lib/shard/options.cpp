@@ -24,10 +24,14 @@ Strategy parse_strategy(const std::string& name) {
 
 const char* strategy_name(Strategy s) {
   switch (s) {
-    case Strategy::kFullShard: return "full_shard";
-    case Strategy::kShardGradOp: return "shard_grad_op";
-    case Strategy::kNoShard: return "no_shard";
-    case Strategy::kHybridShard: return "hybrid_shard";
+    case Strategy::kFullShard:
+      return "full_shard";
+    case Strategy::kShardGradOp:
+      return "shard_grad_op";
+    case Strategy::kNoShard:
+      return "no_shard";
+    case Strategy::kHybridShard:
+      return "hybrid_shard";
   }
   return "?";
 }

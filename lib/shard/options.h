@@ -37,7 +37,8 @@ struct MixedPrecision {
 struct EngineOptions {
   Strategy strategy = Strategy::kFullShard;
   MixedPrecision mixed_precision;
-  c10::Device device = c10::Device(c10::kCPU);  // compute device; all non-offloaded state lives here
+  c10::Device device =
+      c10::Device(c10::kCPU);  // compute device; all non-offloaded state lives here
   // Master shards, gradient shards and moments in host memory (pinned when device is a GPU),
   // optimizer step on the CPU. Results are identical to no offload.
   bool cpu_offload = false;

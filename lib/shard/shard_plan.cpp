@@ -17,7 +17,9 @@ int64_t FlatLayout::valid_numel(int rank) const {
   return std::clamp<int64_t>(numel - begin, 0, shard_numel);
 }
 
-std::string FlatLayout::key() const { return unit + (trainable ? "/trainable" : "/frozen"); }
+std::string FlatLayout::key() const {
+  return unit + (trainable ? "/trainable" : "/frozen");
+}
 
 FlatLayout make_flat_layout(const std::string& unit, bool trainable,
                             const std::vector<ParamSpec>& params, int group_size) {

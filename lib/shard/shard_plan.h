@@ -15,8 +15,8 @@ struct ParamSlot {
   std::string name;            // fully qualified module parameter name ("block.q.weight")
   std::vector<int64_t> shape;  // original shape
   int64_t numel = 0;
-  int64_t offset = 0;          // start inside the unpadded flat buffer
-  bool decay = true;           // weight decay applies (AdamW exclusion rule decided by caller)
+  int64_t offset = 0;  // start inside the unpadded flat buffer
+  bool decay = true;   // weight decay applies (AdamW exclusion rule decided by caller)
 };
 
 // One flat buffer: the trainable or the frozen parameters of a unit, concatenated in module
@@ -26,9 +26,9 @@ struct FlatLayout {
   std::string unit;
   bool trainable = true;
   std::vector<ParamSlot> params;
-  int64_t numel = 0;        // sum of parameter numels
-  int64_t padded_numel = 0; // numel rounded up to a multiple of group_size
-  int64_t shard_numel = 0;  // padded_numel / group_size
+  int64_t numel = 0;         // sum of parameter numels
+  int64_t padded_numel = 0;  // numel rounded up to a multiple of group_size
+  int64_t shard_numel = 0;   // padded_numel / group_size
   int group_size = 1;
 
   int64_t shard_begin(int rank) const { return rank * shard_numel; }

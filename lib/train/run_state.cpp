@@ -31,7 +31,7 @@ void save_run_state(const std::string& dir, const RunState& s) {
   if (!s.wandb_run_id.empty()) j["wandb_run_id"] = s.wandb_run_id;
   if (!s.epoch_metric_sums.empty()) j["epoch_metric_sums"] = s.epoch_metric_sums;
   j["config"] = s.config_json.empty() ? nlohmann::json::object()
-                                       : nlohmann::json::parse(s.config_json, nullptr, false);
+                                      : nlohmann::json::parse(s.config_json, nullptr, false);
   const std::string path = checkpoint::join_path(dir, "trainer_state.json");
   write_file_durably(path, j.dump(2) + "\n");
   auto gen = at::detail::getDefaultCPUGenerator();
@@ -57,7 +57,7 @@ RunState load_run_state(const std::string& dir, bool restore_rng) {
                    "the checkpoint is corrupt; resume from an older one");
   FSDP_USAGE_CHECK(j.value("format_version", -1) == kRunStateVersion,
                    fsdp::str("'", path, "' has format version ", j.value("format_version", -1),
-                       ", this build reads ", kRunStateVersion),
+                             ", this build reads ", kRunStateVersion),
                    "resume with the fsdp-train version that wrote it");
   RunState s;
   try {
@@ -89,8 +89,8 @@ RunState load_run_state(const std::string& dir, bool restore_rng) {
     std::lock_guard<std::mutex> lock(gen.mutex());
     at::Tensor cur = gen.get_state();
     FSDP_USAGE_CHECK(bytes.size() == cur.nbytes(),
-                     "'" + rng_path + "' has " + std::to_string(bytes.size()) + " bytes, expected " +
-                         std::to_string(cur.nbytes()),
+                     "'" + rng_path + "' has " + std::to_string(bytes.size()) +
+                         " bytes, expected " + std::to_string(cur.nbytes()),
                      "the checkpoint was written by another LibTorch; resume without it");
     at::Tensor st = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);
     std::memcpy(st.data_ptr(), bytes.data(), bytes.size());

@@ -13,17 +13,17 @@ namespace fsdp::train {
 inline constexpr int kRunStateVersion = 1;
 
 struct RunState {
-  int64_t step = 0;            // optimizer steps done
-  int64_t epoch = 0;           // epoch to continue in
-  int64_t position = 0;        // micro-batches of `epoch` already consumed on every rank
+  int64_t step = 0;      // optimizer steps done
+  int64_t epoch = 0;     // epoch to continue in
+  int64_t position = 0;  // micro-batches of `epoch` already consumed on every rank
   int64_t total_steps = 0;
   int64_t world_size = 0;
   int64_t accumulation_steps = 0;
   int64_t micro_batch_size = 0;
-  int64_t skipped_steps = 0;   // non-finite steps skipped so far
-  std::string config_json;     // effective configuration of the run that saved it
-  std::string launch_id;       // the launcher's id of the launch that saved it (may be empty)
-  std::string wandb_run_id;    // the W&B run it logged to (a resumed run continues it)
+  int64_t skipped_steps = 0;  // non-finite steps skipped so far
+  std::string config_json;    // effective configuration of the run that saved it
+  std::string launch_id;      // the launcher's id of the launch that saved it (may be empty)
+  std::string wandb_run_id;   // the W&B run it logged to (a resumed run continues it)
   // The epoch's metric sums so far, all ranks together (StepMetrics::global_sums): a resume in
   // the middle of an epoch reports the same epoch metrics as an uninterrupted run.
   std::vector<double> epoch_metric_sums;

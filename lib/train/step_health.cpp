@@ -56,8 +56,8 @@ void StepHealth::add(const shard::StepResult& r, int64_t step) {
 void StepHealth::flush() {
   if (!pending_) return;
   pending_ = false;
-  at::Tensor host = at::stack({skipped_t_, run_t_, max_run_t_, norm_t_.to(at::kDouble)})
-                        .to(at::kCPU);
+  at::Tensor host =
+      at::stack({skipped_t_, run_t_, max_run_t_, norm_t_.to(at::kDouble)}).to(at::kCPU);
   const double* v = host.data_ptr<double>();
   const auto skipped = static_cast<int64_t>(v[0]);
   consecutive_ = static_cast<int>(v[1]);

@@ -40,9 +40,7 @@ void expect_clean(F&& f) {
 }
 
 void run_archive_tensors(const uint8_t* data, size_t size) {
-  expect_clean([&] {
-    load_torch_archive(std::vector<char>(data, data + size));
-  });
+  expect_clean([&] { load_torch_archive(std::vector<char>(data, data + size)); });
 }
 
 void run_safetensors_header(const uint8_t* data, size_t size) {
@@ -65,17 +63,19 @@ void run_yaml_config(const uint8_t* data, size_t size) {
 }
 
 std::vector<std::string> safetensors_seeds() {
-  return {R"({"__metadata__":{"format":"pt"},"a":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]},)"
-          R"("b":{"dtype":"BF16","shape":[4],"data_offsets":[24,32]}})"};
+  return {
+      R"({"__metadata__":{"format":"pt"},"a":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]},)"
+      R"("b":{"dtype":"BF16","shape":[4],"data_offsets":[24,32]}})"};
 }
 std::vector<std::string> draft_config_seeds() {
   std::ifstream in(std::string(FSDP_SOURCE_DIR) + "/configs/models/llama3-8B-eagle3.json");
   return {std::string(std::istreambuf_iterator<char>(in), {})};
 }
 std::vector<std::string> yaml_seeds() {
-  return {"train-hidden-states-path: /data/hs\nlearning-rate: 1e-4\nnum-epochs: 2\n"
-          "sharding-strategy: FULL_SHARD\nmax-length: 2048\nbatch-size: 1\nseed: 7\n"
-          "report-to: [tensorboard]\n"};
+  return {
+      "train-hidden-states-path: /data/hs\nlearning-rate: 1e-4\nnum-epochs: 2\n"
+      "sharding-strategy: FULL_SHARD\nmax-length: 2048\nbatch-size: 1\nseed: 7\n"
+      "report-to: [tensorboard]\n"};
 }
 
 const Target kTargets[] = {
@@ -105,9 +105,9 @@ void on_fatal(int sig) {
 }
 
 uint64_t interesting(std::mt19937_64& rng) {
-  static const uint64_t kValues[] = {0, 1, 0x7f, 0x80, 0xff, 0x7fff, 0xffff, 0x7fffffff,
-                                     0x80000000, 0xffffffff, 1ull << 40, ~0ull, 1ull << 63,
-                                     (1ull << 63) - 1};
+  static const uint64_t kValues[] = {
+      0,          1,          0x7f,       0x80,       0xff,  0x7fff,     0xffff,
+      0x7fffffff, 0x80000000, 0xffffffff, 1ull << 40, ~0ull, 1ull << 63, (1ull << 63) - 1};
   return kValues[rng() % (sizeof(kValues) / sizeof(kValues[0]))];
 }
 
@@ -117,20 +117,33 @@ std::string mutate(const std::vector<std::string>& seeds, std::mt19937_64& rng) 
   for (int m = 0; m < n; ++m) {
     const size_t pos = s.empty() ? 0 : rng() % s.size();
     switch (rng() % 8) {
-      case 0: if (!s.empty()) s[pos] = static_cast<char>(s[pos] ^ (1u << (rng() % 8))); break;
-      case 1: if (!s.empty()) s[pos] = static_cast<char>(rng()); break;
+      case 0:
+        if (!s.empty()) s[pos] = static_cast<char>(s[pos] ^ (1u << (rng() % 8)));
+        break;
+      case 1:
+        if (!s.empty()) s[pos] = static_cast<char>(rng());
+        break;
       case 2: {  // an interesting little-endian integer of 1, 2, 4 or 8 bytes
         const int w = 1 << (rng() % 4);
         const uint64_t v = interesting(rng);
-        for (int i = 0; i < w && pos + i < s.size(); ++i) s[pos + i] = static_cast<char>(v >> (8 * i));
+        for (int i = 0; i < w && pos + i < s.size(); ++i)
+          s[pos + i] = static_cast<char>(v >> (8 * i));
         break;
       }
-      case 3: s.erase(pos, rng() % 64); break;
-      case 4: if (!s.empty()) s.insert(pos, s.substr(rng() % s.size(), rng() % 64)); break;
-      case 5: s.resize(pos); break;
+      case 3:
+        s.erase(pos, rng() % 64);
+        break;
+      case 4:
+        if (!s.empty()) s.insert(pos, s.substr(rng() % s.size(), rng() % 64));
+        break;
+      case 5:
+        s.resize(pos);
+        break;
       case 6: {  // decimal digits: numbers in text formats
-        static const char* kNums[] = {"0", "-1", "999999999999999999999", "1e308", "-0",
-                                      "18446744073709551616", "nan", "[", "{", "\"", ":"};
+        static const char* kNums[] = {"0",     "-1", "999999999999999999999",
+                                      "1e308", "-0", "18446744073709551616",
+                                      "nan",   "[",  "{",
+                                      "\"",    ":"};
         s.insert(pos, kNums[rng() % (sizeof(kNums) / sizeof(kNums[0]))]);
         break;
       }
@@ -154,12 +167,20 @@ int main(int argc, char** argv) {
   uint64_t seed = 1;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i], v = argv[i + 1];
-    if (a == "--target") which = v;
-    else if (a == "--seconds") seconds = std::stod(v);
-    else if (a == "--iterations") iterations = std::stoll(v);
-    else if (a == "--seed") seed = std::stoull(v);
-    else if (a == "--save") g_save_dir = v;
-    else { std::cerr << "unknown argument " << a << "\n"; return 2; }
+    if (a == "--target")
+      which = v;
+    else if (a == "--seconds")
+      seconds = std::stod(v);
+    else if (a == "--iterations")
+      iterations = std::stoll(v);
+    else if (a == "--seed")
+      seed = std::stoull(v);
+    else if (a == "--save")
+      g_save_dir = v;
+    else {
+      std::cerr << "unknown argument " << a << "\n";
+      return 2;
+    }
   }
   for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGABRT, SIGILL}) std::signal(sig, on_fatal);
   fsdp::log::set_level(fsdp::log::Level::kOff);
@@ -172,8 +193,10 @@ int main(int argc, char** argv) {
     const auto start = std::chrono::steady_clock::now();
     long long n = 0;
     for (const std::string& s : seeds) t.run(reinterpret_cast<const uint8_t*>(s.data()), s.size());
-    while (iterations >= 0 ? n < iterations
-                           : std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() < seconds) {
+    while (iterations >= 0
+               ? n < iterations
+               : std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() <
+                     seconds) {
       const std::string input = mutate(seeds, rng);
       g_current = &input;
       g_current_name = std::string("finding-") + t.name + "-" + std::to_string(n);

@@ -3,8 +3,8 @@
 // (Open MPI's own files hit the limit too).
 #pragma once
 
-#include <catch2/catch.hpp>
 #include <sys/resource.h>
+#include <catch2/catch.hpp>
 
 #include <csignal>
 #include <cstdint>

@@ -6,10 +6,10 @@
 
 #include "comm/runtime.h"
 
-#define FSDP_REQUIRE_GPU()                                                               \
-  do {                                                                                   \
-    if (::fsdp::comm::gpu_count() == 0) {                                                \
+#define FSDP_REQUIRE_GPU()                                                                   \
+  do {                                                                                       \
+    if (::fsdp::comm::gpu_count() == 0) {                                                    \
       WARN("skipped: no GPU visible (needs CUDA driver + device; runs on the GPU machine)"); \
-      return;                                                                            \
-    }                                                                                    \
+      return;                                                                                \
+    }                                                                                        \
   } while (0)

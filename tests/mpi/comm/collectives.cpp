@@ -86,13 +86,14 @@ TEST_CASE("reduce_scatter sum and avg, both MPI algorithms", "[mpi][comm]") {
               out = strided_copy(out);
             }
             c->reduce_scatter(in, out, op)->wait();
-            at::Tensor expect = pattern(W * n, 0, at::kDouble).slice(0, R * n, (R + 1) * n) *
-                                (W * (W + 1) / 2.0);
+            at::Tensor expect =
+                pattern(W * n, 0, at::kDouble).slice(0, R * n, (R + 1) * n) * (W * (W + 1) / 2.0);
             if (op == ReduceOp::kAvg) expect = expect / W;
             INFO("group " << comm::group_name(g) << " dtype " << dt << " n " << n << " op "
                           << comm::reduce_op_name(op) << " threshold " << threshold);
             CHECK(at::allclose(out.to(at::kDouble), expect, 1e-2, 0));
-            if (dt != at::kBFloat16) CHECK(at::equal(out.to(at::kDouble), expect.to(dt).to(at::kDouble)));
+            if (dt != at::kBFloat16)
+              CHECK(at::equal(out.to(at::kDouble), expect.to(dt).to(at::kDouble)));
           }
         }
       }
@@ -112,7 +113,7 @@ TEST_CASE("all_reduce sum, avg and max in place", "[mpi][comm]") {
           if (n % 2 == 1) t = strided_copy(t);
           c->all_reduce(t, op)->wait();
           at::Tensor base = pattern(n, 5, at::kDouble);
-          at::Tensor expect = op == ReduceOp::kMax ? base * W
+          at::Tensor expect = op == ReduceOp::kMax   ? base * W
                               : op == ReduceOp::kSum ? base * (W * (W + 1) / 2.0)
                                                      : base * ((W + 1) / 2.0);
           INFO("group " << comm::group_name(g) << " dtype " << dt << " n " << n << " op "
@@ -148,7 +149,8 @@ TEST_CASE("chunked large counts match unchunked results", "[mpi][comm]") {
   at::Tensor shard = pattern(n, R, at::kFloat);
   at::Tensor out = at::empty({W * n}, at::kFloat);
   c->all_gather(shard, out)->wait();
-  for (int r = 0; r < W; ++r) CHECK(at::equal(out.slice(0, r * n, (r + 1) * n), pattern(n, r, at::kFloat)));
+  for (int r = 0; r < W; ++r)
+    CHECK(at::equal(out.slice(0, r * n, (r + 1) * n), pattern(n, r, at::kFloat)));
   at::Tensor in = pattern(W * n, 0, at::kFloat);
   at::Tensor rs = at::empty({n}, at::kFloat);
   c->reduce_scatter(in, rs, ReduceOp::kSum)->wait();
@@ -254,11 +256,13 @@ TEST_CASE("nccl collectives on the GPU", "[nccl][cuda]") {
     at::Tensor shard = pattern(1000, R, dt).to(dev);
     at::Tensor out = at::empty({1000 * W}, opts);
     c->all_gather(shard, out)->wait();
-    for (int r = 0; r < W; ++r) CHECK(at::equal(out.slice(0, r * 1000, (r + 1) * 1000).cpu(), pattern(1000, r, dt)));
+    for (int r = 0; r < W; ++r)
+      CHECK(at::equal(out.slice(0, r * 1000, (r + 1) * 1000).cpu(), pattern(1000, r, dt)));
     at::Tensor in = (pattern(1000 * W, 0, dt) * (R + 1)).to(dev);
     at::Tensor rs = at::empty({1000}, opts);
     c->reduce_scatter(in, rs, ReduceOp::kAvg)->wait();
-    at::Tensor expect = pattern(1000 * W, 0, at::kDouble).slice(0, R * 1000, (R + 1) * 1000) * ((W + 1) / 2.0);
+    at::Tensor expect =
+        pattern(1000 * W, 0, at::kDouble).slice(0, R * 1000, (R + 1) * 1000) * ((W + 1) / 2.0);
     CHECK(at::allclose(rs.cpu().to(at::kDouble), expect, 1e-2, 0));
     at::Tensor ar = at::ones({4096}, opts);
     c->all_reduce(ar, ReduceOp::kSum)->wait();

@@ -1,8 +1,8 @@
 // Rank-parallel convert and vocab counting at 1..4 ranks: the native dataset written by W ranks
 // holds exactly the .ckpt tensors, and all-reduced token counts equal a one-process count.
 #include <ATen/ATen.h>
-#include <catch2/catch.hpp>
 #include <unistd.h>
+#include <catch2/catch.hpp>
 
 #include <filesystem>
 
@@ -22,8 +22,8 @@ TEST_CASE("convert across ranks, then every rank reads identical native samples"
   // One directory per world size and job (the root's pid, broadcast), so runs never collide.
   at::Tensor pid = at::tensor(std::vector<int64_t>{static_cast<int64_t>(::getpid())});
   comm->broadcast(pid, 0)->wait();
-  const fs::path dir = fs::temp_directory_path() /
-                       ("fsdp_mpi_convert_w" + std::to_string(w) + "_" + std::to_string(pid.item<int64_t>()));
+  const fs::path dir = fs::temp_directory_path() / ("fsdp_mpi_convert_w" + std::to_string(w) + "_" +
+                                                    std::to_string(pid.item<int64_t>()));
   ToyDataOptions t;
   t.out_dir = dir.string();
   t.num_samples = 18;

@@ -17,8 +17,12 @@ using shard::Strategy;
 namespace {
 
 // Forward uses per step and whether the unit's output needs backward, for TinyModel.
-int forward_uses(const std::string& unit) { return unit == "block" ? 2 : 1; }
-bool needs_backward(const std::string& unit) { return unit != "embed"; }
+int forward_uses(const std::string& unit) {
+  return unit == "block" ? 2 : 1;
+}
+bool needs_backward(const std::string& unit) {
+  return unit != "embed";
+}
 
 struct Volume {
   uint64_t ag_bytes = 0, ag_calls = 0, rs_bytes = 0, rs_calls = 0, ar_bytes = 0, ar_calls = 0;
@@ -52,8 +56,8 @@ TEST_CASE("communication volume per step matches theory", "[mpi][shard]") {
   for (Strategy s : {Strategy::kFullShard, Strategy::kShardGradOp, Strategy::kNoShard}) {
     for (int variant = 0; variant < 3; ++variant) {
       const bool local_acc = variant == 1, between_uses = variant == 2;
-      INFO(shard::strategy_name(s) << " local accumulation " << local_acc
-                                   << " reshard between uses " << between_uses);
+      INFO(shard::strategy_name(s)
+           << " local accumulation " << local_acc << " reshard between uses " << between_uses);
       TrainSetup c;
       c.local_accumulation = local_acc;
       const uint64_t A = c.micro_batches, syncs = local_acc ? 1 : A;
@@ -71,9 +75,9 @@ TEST_CASE("communication volume per step matches theory", "[mpi][shard]") {
           // one forward (the first micro-batch of the engine's life gathers at every use).
           // ZeRO-2: one gather per micro-batch (kept until the end of backward).
           const uint64_t bwd = needs_backward(l->unit) ? 1 : 0;
-          const uint64_t gathers =
-              s != Strategy::kFullShard ? A
-              : between_uses           ? A * (forward_uses(l->unit) + bwd)
+          const uint64_t gathers = s != Strategy::kFullShard ? A
+                                   : between_uses
+                                       ? A * (forward_uses(l->unit) + bwd)
                                        : forward_uses(l->unit) + bwd + (A - 1) * (1 + bwd);
           want.ag_calls += gathers;
           want.ag_bytes += gathers * l->padded_numel * 4;

@@ -65,8 +65,8 @@ TEST_CASE("cpu offload gives bit-identical weights", "[mpi][shard]") {
   auto world = world_comm();
   const auto off = run(Strategy::kFullShard, groups_for(Strategy::kFullShard, world), c, 2,
                        torch::kFloat, false);
-  const auto on = run(Strategy::kFullShard, groups_for(Strategy::kFullShard, world), c, 2,
-                      torch::kFloat, true);
+  const auto on =
+      run(Strategy::kFullShard, groups_for(Strategy::kFullShard, world), c, 2, torch::kFloat, true);
   for (const auto& [name, t] : off) {
     INFO(name);
     CHECK(torch::equal(t, on.at(name)));

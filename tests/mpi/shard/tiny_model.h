@@ -31,7 +31,9 @@ TORCH_MODULE(RmsNorm);
 // Pre-norm attention (causal, no RoPE: the engine does not care) and a SwiGLU MLP.
 struct BlockImpl : torch::nn::Module {
   BlockImpl() {
-    auto lin = [](int64_t i, int64_t o) { return torch::nn::Linear(torch::nn::LinearOptions(i, o).bias(false)); };
+    auto lin = [](int64_t i, int64_t o) {
+      return torch::nn::Linear(torch::nn::LinearOptions(i, o).bias(false));
+    };
     norm1 = register_module("input_layernorm", RmsNorm(kHidden));
     q = register_module("q_proj", lin(kHidden, kHidden));
     k = register_module("k_proj", lin(kHidden, kHidden));
@@ -48,7 +50,8 @@ struct BlockImpl : torch::nn::Module {
     auto split = [&](const torch::Tensor& t) { return t.view({B, S, kHeads, D}).transpose(1, 2); };
     auto qs = split(q(h)), ks = split(k(h)), vs = split(v(h));
     auto scores = torch::matmul(qs, ks.transpose(-1, -2)) / std::sqrt(static_cast<double>(D));
-    auto mask = torch::ones({S, S}, torch::TensorOptions().dtype(torch::kBool).device(x.device())).triu(1);
+    auto mask =
+        torch::ones({S, S}, torch::TensorOptions().dtype(torch::kBool).device(x.device())).triu(1);
     scores = scores.masked_fill(mask, -1e9);
     auto attn = torch::matmul(torch::softmax(scores.to(torch::kFloat), -1).to(x.scalar_type()), vs);
     auto y = x + o(attn.transpose(1, 2).reshape({B, S, kHidden}));
@@ -65,7 +68,8 @@ TORCH_MODULE(Block);
 // and the output layer with a bias (1-D: excluded from weight decay).
 struct HeadImpl : torch::nn::Module {
   HeadImpl() {
-    frozen_proj = register_module("frozen_proj", torch::nn::Linear(torch::nn::LinearOptions(kHidden, kHidden).bias(false)));
+    frozen_proj = register_module(
+        "frozen_proj", torch::nn::Linear(torch::nn::LinearOptions(kHidden, kHidden).bias(false)));
     frozen_proj->weight.requires_grad_(false);
     norm = register_module("norm", RmsNorm(kHidden));
     lm_head = register_module("lm_head", torch::nn::Linear(kHidden, kVocab));
@@ -81,8 +85,9 @@ struct TinyModelImpl : torch::nn::Module {
     torch::manual_seed(seed);
     embed = register_module("embed", torch::nn::Embedding(kVocab, kHidden));
     embed->weight.requires_grad_(false);
-    mlp = register_module("mlp", torch::nn::Sequential(torch::nn::Linear(kHidden, kFfn), torch::nn::GELU(),
-                                                       torch::nn::Linear(kFfn, kHidden)));
+    mlp = register_module("mlp",
+                          torch::nn::Sequential(torch::nn::Linear(kHidden, kFfn), torch::nn::GELU(),
+                                                torch::nn::Linear(kFfn, kHidden)));
     block = register_module("block", Block());
     head = register_module("head", Head());
   }
@@ -138,7 +143,8 @@ inline std::map<std::string, torch::Tensor> train_reference(int64_t seed, int64_
   for (int s = 0; s < first_step + steps; ++s) {
     Batch b = global_batch(s);
     auto logits = m->forward(b.ids);
-    auto loss = torch::nn::functional::cross_entropy(logits.reshape({-1, kVocab}), b.targets.reshape({-1}));
+    auto loss =
+        torch::nn::functional::cross_entropy(logits.reshape({-1, kVocab}), b.targets.reshape({-1}));
     loss.backward();
     if (c.max_grad_norm > 0) torch::nn::utils::clip_grad_norm_(trainable, c.max_grad_norm);
     opt.step();
@@ -189,7 +195,8 @@ inline double max_rel_diff(const std::map<std::string, torch::Tensor>& got,
     auto it = got.find(name);
     if (it == got.end()) return INFINITY;
     const double denom = r.abs().max().item<double>();
-    const double d = (it->second.to(torch::kFloat) - r).abs().max().item<double>() / (denom + 1e-30);
+    const double d =
+        (it->second.to(torch::kFloat) - r).abs().max().item<double>() / (denom + 1e-30);
     worst = std::max(worst, d);
   }
   return worst;
@@ -197,8 +204,9 @@ inline double max_rel_diff(const std::map<std::string, torch::Tensor>& got,
 
 // rm -rf without std::filesystem (the PyTorch wheel's libtorch exports clashing symbols).
 inline void remove_tree(const std::string& dir) {
-  nftw(dir.c_str(), [](const char* p, const struct stat*, int, struct FTW*) { return ::remove(p); },
-       16, FTW_DEPTH | FTW_PHYS);
+  nftw(
+      dir.c_str(), [](const char* p, const struct stat*, int, struct FTW*) { return ::remove(p); },
+      16, FTW_DEPTH | FTW_PHYS);
 }
 inline bool path_exists(const std::string& p) {
   struct stat st;

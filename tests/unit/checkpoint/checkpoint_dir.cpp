@@ -43,13 +43,12 @@ TEST_CASE("checkpoint names parse back; odd names are not checkpoints", "[checkp
   REQUIRE(r);
   CHECK(r->epoch == 3);
   CHECK(r->step == 120);
-  for (const char* bad : {"epoch_3", "epoch_3_step_", ".tmp_epoch_3_step_1", "epoch_3_step_1.old",
-                          "epoch_x_step_1"})
+  for (const char* bad :
+       {"epoch_3", "epoch_3_step_", ".tmp_epoch_3_step_1", "epoch_3_step_1.old", "epoch_x_step_1"})
     CHECK_FALSE(parse_checkpoint_name(bad));
 }
 
-TEST_CASE("commit publishes atomically; discovery sees complete checkpoints only",
-          "[checkpoint]") {
+TEST_CASE("commit publishes atomically; discovery sees complete checkpoints only", "[checkpoint]") {
   const std::string out = fresh_dir("commit");
   CHECK_FALSE(find_latest(out));
   CheckpointWriter pending(out, 0, 5);

@@ -36,9 +36,8 @@ TEST_CASE("run_config.yaml: a full disk is an error naming the file, never a cut
   CHECK(first.size() > 100);
 
   cfg.optim.learning_rate = 5e-4;
-  fsdp::testing::with_file_size_limit(16, [&] {
-    require_usage_error([&] { write_run_config(cfg); }, "cannot write " + path);
-  });
+  fsdp::testing::with_file_size_limit(
+      16, [&] { require_usage_error([&] { write_run_config(cfg); }, "cannot write " + path); });
   CHECK(read_all(path) == first);  // the earlier file, whole
   CHECK_FALSE(std::filesystem::exists(dir + "/.run_config.yaml.tmp"));
 

@@ -60,12 +60,21 @@ TEST_CASE("SpecForge's per-rank batch gives the global batch", "[config]") {
 }
 
 TEST_CASE("an alias and its option may not disagree", "[config]") {
-  require_usage_error([] { resolve_args({"--log-interval", "10", "--log-steps", "20"}); },
-                      "disagree");
   require_usage_error(
-      [] { resolve_args({"--batch-size", "2", "--draft-micro-batch-size", "4"}); }, "keep one");
-  require_usage_error([] { resolve_args({"--wandb", "--report-to", "tensorboard"}); },
-                      "--report-to");
+      [] {
+        resolve_args({"--log-interval", "10", "--log-steps", "20"});
+      },
+      "disagree");
+  require_usage_error(
+      [] {
+        resolve_args({"--batch-size", "2", "--draft-micro-batch-size", "4"});
+      },
+      "keep one");
+  require_usage_error(
+      [] {
+        resolve_args({"--wandb", "--report-to", "tensorboard"});
+      },
+      "--report-to");
   CHECK(resolve_args({"--log-interval", "10", "--log-steps", "10"}).metrics.log_steps == 10);
   CHECK(resolve_args({"--wandb", "--report-to", "wandb"}).metrics.report_to.size() == 1);
 }
@@ -75,10 +84,14 @@ TEST_CASE("SpecForge flags without effect are checked and recorded", "[config]")
       resolve_args({"--tp-size", "1", "--cache-key", "k1", "--attention-backend", "SDPA",
                     "--build-dataset-num-proc", "8", "--is-preformatted", "--sp-ring-size", "1",
                     "--target-model-backend", "sglang", "--model-download-dir", "/hf"});
-  const std::map<std::string, std::string> want = {
-      {"attention-backend", "SDPA"}, {"build-dataset-num-proc", "8"}, {"cache-key", "k1"},
-      {"is-preformatted", "true"},   {"model-download-dir", "/hf"},   {"sp-ring-size", "1"},
-      {"target-model-backend", "sglang"}, {"tp-size", "1"}};
+  const std::map<std::string, std::string> want = {{"attention-backend", "SDPA"},
+                                                   {"build-dataset-num-proc", "8"},
+                                                   {"cache-key", "k1"},
+                                                   {"is-preformatted", "true"},
+                                                   {"model-download-dir", "/hf"},
+                                                   {"sp-ring-size", "1"},
+                                                   {"target-model-backend", "sglang"},
+                                                   {"tp-size", "1"}};
   CHECK(c.specforge_flags == want);
   CHECK(to_json(c).find("\"specforge_flags\"") != std::string::npos);
   CHECK(to_json(c).find("\"cache-key\": \"k1\"") != std::string::npos);
@@ -97,16 +110,25 @@ TEST_CASE("SpecForge flags fsdp-train cannot honour are refused with the reason"
   require_usage_error([] { resolve_args({"--sp-ulysses-size", "2"}); }, "sequence parallelism");
   require_usage_error([] { resolve_args({"--sp-ring-size", "4"}); }, "sequence parallelism");
   require_usage_error([] { resolve_args({"--attention-backend", "usp"}); }, "usp");
-  require_usage_error([] { resolve_args({"--draft-attention-backend", "xformers"}); },
-                      "not one of sdpa, flex_attention, fa, eager");
+  require_usage_error(
+      [] {
+        resolve_args({"--draft-attention-backend", "xformers"});
+      },
+      "not one of sdpa, flex_attention, fa, eager");
   require_usage_error([] { resolve_args({"--is-vlm"}); }, "vision-language");
-  require_usage_error([] { resolve_args({"--target-model-backend", "vllm"}); },
-                      "sglang, hf, custom");
+  require_usage_error(
+      [] {
+        resolve_args({"--target-model-backend", "vllm"});
+      },
+      "sglang, hf, custom");
   require_usage_error([] { resolve_args({"--build-dataset-num-proc", "0"}); }, "positive");
   require_usage_error([] { resolve_args({"--dataloader-num-workers", "-1"}); }, "0 or more");
   require_usage_error([] { resolve_args({"--tp-size", "one"}); }, "--tp-size");
-  require_usage_error([] { resolve_args({"--report-to", "swanlab"}); },
-                      "SwanLab and MLflow trackers are not supported");
+  require_usage_error(
+      [] {
+        resolve_args({"--report-to", "swanlab"});
+      },
+      "SwanLab and MLflow trackers are not supported");
   // --dp-size must be the job's data-parallel size.
   ValidateOptions vo;
   vo.check_paths = false;
@@ -127,20 +149,29 @@ TEST_CASE("profile options are validated", "[config]") {
     a.insert(a.end(), extra.begin(), extra.end());
     return resolve_args(a);
   };
-  const TrainConfig p = with({"--profile", "--profile-start-step", "0", "--profile-num-steps",
-                              "2", "--profile-record-shapes", "--profile-dir", "/tmp/p"});
+  const TrainConfig p = with({"--profile", "--profile-start-step", "0", "--profile-num-steps", "2",
+                              "--profile-record-shapes", "--profile-dir", "/tmp/p"});
   CHECK(p.profile.enabled);
   CHECK(p.profile.start_step == 0);
   CHECK(p.profile.num_steps == 2);
   CHECK(p.profile.record_shapes);
   CHECK(p.profile.dir == "/tmp/p");
   CHECK_NOTHROW(validate(p, 1, vo));
-  require_usage_error([&] { validate(with({"--profile", "--profile-num-steps", "0"}), 1, vo); },
-                      "--profile-num-steps");
-  require_usage_error([&] { validate(with({"--profile", "--profile-start-step", "-1"}), 1, vo); },
-                      "--profile-start-step");
-  require_usage_error([&] { validate(with({"--loader-threads", "65"}), 1, vo); },
-                      "--loader-threads");
+  require_usage_error(
+      [&] {
+        validate(with({"--profile", "--profile-num-steps", "0"}), 1, vo);
+      },
+      "--profile-num-steps");
+  require_usage_error(
+      [&] {
+        validate(with({"--profile", "--profile-start-step", "-1"}), 1, vo);
+      },
+      "--profile-start-step");
+  require_usage_error(
+      [&] {
+        validate(with({"--loader-threads", "65"}), 1, vo);
+      },
+      "--loader-threads");
 }
 
 TEST_CASE("unknown flags get a reason or the closest flag", "[config]") {

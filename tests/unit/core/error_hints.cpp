@@ -90,7 +90,9 @@ std::string trim(const std::string& s) {
   return s.substr(b, s.find_last_not_of(" \t\r\n") - b + 1);
 }
 
-bool ident_char(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }
+bool ident_char(char c) {
+  return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
+}
 
 // The word before position i (skipping blanks), e.g. "throw" in "throw Error(".
 std::string word_before(const std::string& s, size_t i) {
@@ -103,10 +105,15 @@ std::string word_before(const std::string& s, size_t i) {
 
 // name -> index of the hint argument (-1: the last one).
 const std::map<std::string, int>& call_forms() {
-  static const std::map<std::string, int> forms = {
-      {"FSDP_CHECK", -1},          {"FSDP_USAGE_CHECK", -1},     {"throw_error", -1},
-      {"throw_usage_error", -1},   {"Error", 1},                 {"UsageError", 1},
-      {"CheckpointWriteError", 1}, {"BadSampleError", 1},        {"SampleReadError", 1}};
+  static const std::map<std::string, int> forms = {{"FSDP_CHECK", -1},
+                                                   {"FSDP_USAGE_CHECK", -1},
+                                                   {"throw_error", -1},
+                                                   {"throw_usage_error", -1},
+                                                   {"Error", 1},
+                                                   {"UsageError", 1},
+                                                   {"CheckpointWriteError", 1},
+                                                   {"BadSampleError", 1},
+                                                   {"SampleReadError", 1}};
   return forms;
 }
 

@@ -12,8 +12,11 @@ RawSample raw(int64_t s, int64_t h, int64_t tag) {
   r.input_ids = at::arange(s, at::kLong) + 100 * tag;
   r.loss_mask = at::ones({s}, at::kLong);
   r.loss_mask[0] = 0;
-  r.hidden_state = (at::arange(s, at::kFloat).view({s, 1}).expand({s, h}) + 1).to(at::kBFloat16).contiguous();
-  r.aux_hidden_state = (at::arange(s, at::kFloat).view({s, 1}).expand({s, 3 * h}) + 10).to(at::kBFloat16).contiguous();
+  r.hidden_state =
+      (at::arange(s, at::kFloat).view({s, 1}).expand({s, h}) + 1).to(at::kBFloat16).contiguous();
+  r.aux_hidden_state = (at::arange(s, at::kFloat).view({s, 1}).expand({s, 3 * h}) + 10)
+                           .to(at::kBFloat16)
+                           .contiguous();
   r.source = "test";
   return r;
 }
@@ -23,7 +26,8 @@ std::vector<int64_t> vec(const at::Tensor& t) {
 }
 }  // namespace
 
-TEST_CASE("process_sample shifts ids and hidden left, keeps loss mask, zeroes its last entry", "[data]") {
+TEST_CASE("process_sample shifts ids and hidden left, keeps loss mask, zeroes its last entry",
+          "[data]") {
   const Sample s = process_sample(raw(5, 2, 0), 2048);
   CHECK(vec(s.input_ids) == std::vector<int64_t>{1, 2, 3, 4, 0});
   CHECK(vec(s.loss_mask) == std::vector<int64_t>{0, 1, 1, 1, 0});
@@ -63,6 +67,7 @@ TEST_CASE("collate right-pads every tensor with zeros to the longest sample", "[
   CHECK(b.input_ids.scalar_type() == at::kLong);
   CHECK(b.target_hidden.scalar_type() == at::kBFloat16);
 
-  std::vector<Sample> mixed = {process_sample(raw(3, 2, 0), 100), process_sample(raw(3, 4, 0), 100)};
+  std::vector<Sample> mixed = {process_sample(raw(3, 2, 0), 100),
+                               process_sample(raw(3, 4, 0), 100)};
   CHECK_THROWS_WITH(collate(mixed), Catch::Contains("hidden size"));
 }

@@ -70,7 +70,8 @@ TEST_CASE("loader yields the sampler's batches in order with 1 and 2 threads", "
         l.start({epoch, 0});
         const auto got = drain(l);
         REQUIRE(static_cast<int64_t>(got.size()) == s.batches_per_epoch());
-        for (int64_t k = 0; k < s.batches_per_epoch(); ++k) CHECK(got[k] == s.batch_indices(epoch, k));
+        for (int64_t k = 0; k < s.batches_per_epoch(); ++k)
+          CHECK(got[k] == s.batch_indices(epoch, k));
         CHECK(l.state() == SamplerState{epoch, s.batches_per_epoch()});
       }
     }
@@ -101,7 +102,8 @@ TEST_CASE("first batch arrives after opening only the files it needs", "[data]")
   // A real .ckpt tree of 60 files; micro-batch 2, depth 1, one thread: at most the first batch,
   // the one prefetched behind it and one in flight may have been read.
   const auto dir = temp_dir("lazy");
-  for (int i = 0; i < 60; ++i) write_ckpt(dir / ("rows_0-60/data_" + std::to_string(i) + ".ckpt"), make_sample(4, 2, i));
+  for (int i = 0; i < 60; ++i)
+    write_ckpt(dir / ("rows_0-60/data_" + std::to_string(i) + ".ckpt"), make_sample(4, 2, i));
   auto ds = open_feature_dataset(dir.string());
   REQUIRE(ds->size() == 60);
   CHECK(ds->files_opened() == 0);
@@ -149,9 +151,11 @@ class FlakyDataset : public KnownDataset {
   RawSample read(int64_t i) const override {
     if (i == flaky_ && failures_ > 0) {
       --failures_;
-      throw SampleReadError(source(i) + ": cannot open (Stale file handle)", "", __FILE__, __LINE__);
+      throw SampleReadError(source(i) + ": cannot open (Stale file handle)", "", __FILE__,
+                            __LINE__);
     }
-    if (i == corrupt_) throw BadSampleError(source(i) + ": input_ids is empty", "", __FILE__, __LINE__);
+    if (i == corrupt_)
+      throw BadSampleError(source(i) + ": input_ids is empty", "", __FILE__, __LINE__);
     return KnownDataset::read(i);
   }
 

@@ -4,8 +4,8 @@
 
 #include <ATen/ATen.h>
 
-#include <cmath>
 #include <catch2/catch.hpp>
+#include <cmath>
 
 #include <nlohmann/json.hpp>
 
@@ -33,15 +33,16 @@ ToyDataOptions small_toy(const fs::path& dir) {
 }
 }  // namespace
 
-TEST_CASE("toy data: layout, target checkpoint, and hidden states that predict the next token", "[data]") {
+TEST_CASE("toy data: layout, target checkpoint, and hidden states that predict the next token",
+          "[data]") {
   const auto dir = temp_dir("toy");
   const auto paths = generate_toy_data(small_toy(dir));
   const auto files = list_ckpt_files(paths.hidden_states_dir);
   REQUIRE(files.size() == 20);
   CHECK(fs::exists(dir / "hidden_states" / "rows_0-8" / "data_0.ckpt"));
   CHECK(fs::exists(dir / "hidden_states" / "rows_16-24" / "data_19.ckpt"));
-  const auto head = fsdp::checkpoint::read_model_tensors(paths.target_model_dir,
-                                                         {"model.embed_tokens.weight", "lm_head.weight"});
+  const auto head = fsdp::checkpoint::read_model_tensors(
+      paths.target_model_dir, {"model.embed_tokens.weight", "lm_head.weight"});
   CHECK(head.at("lm_head.weight").sizes() == at::IntArrayRef({64, 32}));
   CHECK(head.at("model.embed_tokens.weight").scalar_type() == at::kBFloat16);
   const auto cfg = nlohmann::json::parse(std::ifstream(paths.draft_config));
@@ -65,11 +66,13 @@ TEST_CASE("toy data: layout, target checkpoint, and hidden states that predict t
   // Same seed, same bytes.
   const auto again = temp_dir("toy2");
   generate_toy_data(small_toy(again));
-  CHECK(at::equal(read_ckpt_sample(files[7]).aux_hidden_state,
-                  read_ckpt_sample((again / fs::relative(files[7], dir)).string()).aux_hidden_state));
+  CHECK(
+      at::equal(read_ckpt_sample(files[7]).aux_hidden_state,
+                read_ckpt_sample((again / fs::relative(files[7], dir)).string()).aux_hidden_state));
 }
 
-TEST_CASE("convert: native shards hold exactly the .ckpt tensors; resume skips verified shards", "[data]") {
+TEST_CASE("convert: native shards hold exactly the .ckpt tensors; resume skips verified shards",
+          "[data]") {
   const auto dir = temp_dir("convert");
   const auto paths = generate_toy_data(small_toy(dir));
   ConvertOptions o;
@@ -117,9 +120,11 @@ TEST_CASE("convert: native shards hold exactly the .ckpt tensors; resume skips v
   CHECK(error_of([&] { damaged->read(0); }).find("shard_00000.safetensors") != std::string::npos);
 }
 
-TEST_CASE("convert --skip-bad-samples keeps numbering and marks bad samples in the index", "[data]") {
+TEST_CASE("convert --skip-bad-samples keeps numbering and marks bad samples in the index",
+          "[data]") {
   const auto dir = temp_dir("convert_bad");
-  for (int i = 0; i < 6; ++i) write_ckpt(dir / "in" / ("d" + std::to_string(i) + ".ckpt"), make_sample(5, 4, i));
+  for (int i = 0; i < 6; ++i)
+    write_ckpt(dir / "in" / ("d" + std::to_string(i) + ".ckpt"), make_sample(5, 4, i));
   std::ofstream(dir / "in" / "d3.ckpt", std::ios::trunc) << "corrupt";
   ConvertOptions o;
   o.input = (dir / "in").string();
@@ -137,7 +142,8 @@ TEST_CASE("convert --skip-bad-samples keeps numbering and marks bad samples in t
   CHECK_THROWS_WITH(convert_ckpt_to_native(same), Catch::Contains("must differ"));
 }
 
-TEST_CASE("convert without the finite check carries NaN through (byte-exact verification)", "[data]") {
+TEST_CASE("convert without the finite check carries NaN through (byte-exact verification)",
+          "[data]") {
   const auto dir = temp_dir("convert_nan");
   auto nan_sample = make_sample(5, 4, 0);
   nan_sample.insert_or_assign("hidden_state",

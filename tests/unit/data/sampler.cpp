@@ -51,7 +51,8 @@ TEST_CASE("ranks partition each epoch, drop the tail, and differ across epochs",
 }
 
 TEST_CASE("sampler rejects bad arguments with the flag name", "[data]") {
-  CHECK_THROWS_WITH(DistributedSampler(10, 0, 1, 0, 0), Catch::Contains("--draft-micro-batch-size"));
+  CHECK_THROWS_WITH(DistributedSampler(10, 0, 1, 0, 0),
+                    Catch::Contains("--draft-micro-batch-size"));
   CHECK_THROWS(DistributedSampler(10, 2, 2, 1, 0));
 }
 
@@ -69,7 +70,9 @@ TEST_CASE("sampler order equals Python DistributedSampler(drop_last=True)", "[da
          << "with open('" << out.string() << "','w') as f:\n"
          << "  for n,w,seed,ep in [(37,3,0,0),(37,3,0,1),(100,4,42,5),(5,2,1,2)]:\n"
          << "    for r in range(w):\n"
-         << "      s=DistributedSampler(range(n),num_replicas=w,rank=r,shuffle=True,seed=seed,drop_last=True)\n"
+         << "      "
+            "s=DistributedSampler(range(n),num_replicas=w,rank=r,shuffle=True,seed=seed,drop_last="
+            "True)\n"
          << "      s.set_epoch(ep)\n"
          << "      f.write(' '.join(map(str,list(s)))+'\\n')\n";
   std::ofstream(dir / "s.py") << script.str();

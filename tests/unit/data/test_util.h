@@ -34,7 +34,8 @@ inline void write_bytes(const std::filesystem::path& p, const std::vector<char>&
   out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 
-inline void write_ckpt(const std::filesystem::path& p, const c10::Dict<std::string, at::Tensor>& d) {
+inline void write_ckpt(const std::filesystem::path& p,
+                       const c10::Dict<std::string, at::Tensor>& d) {
   write_bytes(p, fsdp::data::torch_save_bytes(d));
 }
 

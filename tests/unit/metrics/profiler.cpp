@@ -2,8 +2,8 @@
 // the operators and fsdp:: scopes that ran, and a summary; it never throws into training when it
 // cannot write, and a window that never comes writes nothing.
 #include <ATen/record_function.h>
-#include <nlohmann/json.hpp>
 #include <torch/torch.h>
+#include <nlohmann/json.hpp>
 
 #include <set>
 

@@ -171,7 +171,8 @@ TEST_CASE("config errors name the key and the file", "[model][config]") {
   CHECK_THAT(e, Catch::Contains("rope_scaling.low_freq_factor") && Catch::Contains("llama3"));
   CHECK_THROWS_AS(parse_draft_config("{not json", "bad.json"), fsdp::UsageError);
   // A fuzz finding: a number too large for a double escaped as a JSON library exception.
-  CHECK_THROWS_AS(parse_draft_config("{\"hidden_size\": 1e308128000}", "big.json"), fsdp::UsageError);
+  CHECK_THROWS_AS(parse_draft_config("{\"hidden_size\": 1e308128000}", "big.json"),
+                  fsdp::UsageError);
   CHECK_THROWS_WITH(load_draft_config("/nonexistent/draft.json"),
                     Catch::Contains("/nonexistent/draft.json"));
 }

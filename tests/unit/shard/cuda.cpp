@@ -32,7 +32,8 @@ TEST_CASE("engine on CUDA matches the CPU engine", "[cuda][shard]") {
       for (int a = 0; a < c.micro_batches; ++a) {
         auto logits = m->forward(b.ids.narrow(0, a * mb, mb).to(torch::kCUDA));
         auto loss = torch::nn::functional::cross_entropy(
-            logits.reshape({-1, kVocab}), b.targets.narrow(0, a * mb, mb).reshape({-1}).to(torch::kCUDA));
+            logits.reshape({-1, kVocab}),
+            b.targets.narrow(0, a * mb, mb).reshape({-1}).to(torch::kCUDA));
         (loss * (static_cast<double>(mb) / kGlobalBatch)).backward();
       }
       // Device-resident state keeps the step's scalars on the GPU (nothing read on the host);
