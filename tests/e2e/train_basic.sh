@@ -137,12 +137,12 @@ for k in a:
         assert torch.equal(a[k], b[k]), k
 print("fp32 export rounds to the bf16 export in all", len(a), "tensors")
 PYEOF
-"$BIN" export --checkpoint "$CK" --output "$W/export_fp32" >"$W/export.log" 2>&1
-[ $? -eq 2 ] && grep -qE -- "--output .*model.safetensors" "$W/export.log" || { cat "$W/export.log"; fail "export overwrote without --overwrite"; }
-"$BIN" export --checkpoint "$CK" --output "$CK/inside" >"$W/export.log" 2>&1
-[ $? -eq 2 ] && grep -q "is inside the checkpoint" "$W/export.log" && [ ! -e "$CK/inside" ] || { cat "$W/export.log"; fail "export into the checkpoint"; }
-"$BIN" export --checkpoint "$DATA" --output "$W/export_bad" >"$W/export.log" 2>&1
-[ $? -eq 2 ] && grep -qE -- "--checkpoint .*: not a complete" "$W/export.log" || { cat "$W/export.log"; fail "export of a non-checkpoint"; }
+expect_usage_error "export without --overwrite" "$BIN" export --checkpoint "$CK" --output "$W/export_fp32"
+grep -qE -- "--output .*model.safetensors" <<<"$out" || { echo "$out"; fail "export overwrote without --overwrite"; }
+expect_usage_error "export into the checkpoint" "$BIN" export --checkpoint "$CK" --output "$CK/inside"
+grep -q "is inside the checkpoint" <<<"$out" && [ ! -e "$CK/inside" ] || { echo "$out"; fail "export into the checkpoint"; }
+expect_usage_error "export of a non-checkpoint" "$BIN" export --checkpoint "$DATA" --output "$W/export_bad"
+grep -qE -- "--checkpoint .*: not a complete" <<<"$out" || { echo "$out"; fail "export of a non-checkpoint"; }
 
 # --init-checkpoint + --eval-only reproduce the saving run's final evaluation.
 run_np 2 --init-checkpoint "$CK" --eval-only --target-model-path "$DATA/target" \
