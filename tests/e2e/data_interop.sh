@@ -14,13 +14,14 @@ trap 'rm -rf "$TMP"' EXIT
   --hidden-size 32 --vocab-size 128 --draft-vocab-size 64 --samples-per-dir 10 --seed 1
 test -f "$TMP/toy/hidden_states/rows_20-30/data_23.ckpt"
 
-# Bad flags exit with code 2 and name the flag.
+# Bad flags exit with code 2, name the flag and say what to do (a ---> HINT line).
 set +e
 out="$("$BIN" gen-toy-data --out "$TMP/x" --min-len 50 --max-len 10 2>&1)"
 rc=$?
 set -e
 [ "$rc" = 2 ] || { echo "expected exit code 2, got $rc: $out"; exit 1; }
 grep -q -- "--min-len" <<<"$out" || { echo "message does not name the flag: $out"; exit 1; }
+[ "$(grep -c -- "---> HINT:" <<<"$out")" -ge 1 ] || { echo "no ---> HINT line: $out"; exit 1; }
 
 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 \
   "$MPIEXEC" --oversubscribe --bind-to none -n 2 \

@@ -64,8 +64,8 @@ grep -q "set aside as $W/damaged/epoch_0_step_5.superseded" "$W/damaged.log" &&
   { cat "$W/damaged.log"; ls "$W/damaged"; fail "the damaged newer checkpoint was not set aside"; }
 # --resume PATH of the damaged one: no fallback, exit 2 naming it and the damaged file.
 D5="$W/damaged/epoch_0_step_5.superseded"
-"$BIN" ${ARGS//$W\/base/$W\/damaged} --max-steps 7 --resume "$D5" >"$W/path.log" 2>&1
-[ $? -eq 2 ] && grep -q "$D5/train_state/shard_" "$W/path.log" || { cat "$W/path.log"; fail "--resume PATH of a damaged checkpoint"; }
+expect_usage_error "--resume PATH of a damaged checkpoint" "$BIN" ${ARGS//$W\/base/$W\/damaged} --max-steps 7 --resume "$D5"
+grep -q "$D5/train_state/shard_" <<<"$out" || { echo "$out"; fail "--resume PATH of a damaged checkpoint"; }
 # A damaged weights file in the newest checkpoint: --resume auto passes over it too.
 cp -r "$W/clean" "$W/dmg2"
 f="$W/dmg2/epoch_0_step_5/model.safetensors"

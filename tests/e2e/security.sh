@@ -24,7 +24,8 @@ PYEOF
 # convert reads every file, so the malicious one is certainly opened.
 out="$("$BIN" convert --input "$W/data/hidden_states" --output "$W/native" 2>&1)"; rc=$?
 [ -e "$MARK" ] && fail "the pickle payload was executed"
-[ $rc -eq 2 ] || { echo "$out" | tail -5; fail "malicious file: exit $rc, expected 2"; }
+[ $rc -eq 2 ] && [ "$(grep -c -- "---> HINT:" <<<"$out")" -ge 1 ] ||
+  { echo "$out" | tail -5; fail "malicious file: exit $rc, expected 2 and a ---> HINT line"; }
 grep -q "$(basename "$victim")" <<<"$out" || { echo "$out" | tail -5; fail "error does not name the file"; }
 echo "ok: malicious pickle rejected without running it"
 
