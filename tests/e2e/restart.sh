@@ -12,10 +12,10 @@ COMMON="--mixed-precision fp32 --export-dtype fp32 --num-epochs 1 --draft-global
 args() { echo "$(train_args "$DATA" "$1") $COMMON"; }
 
 # Flags: --max-restarts belongs to the launcher.
-o="$("$BIN" --max-restarts 2 $(args "$W/x") 2>&1)"; r=$?
-[ $r -eq 2 ] && grep -q -- "--nproc-per-node" <<<"$o" || fail "--max-restarts alone: exit $r: $o"
-o="$("$BIN" --nproc-per-node 2 --max-restarts -1 comm-bench 2>&1)"; r=$?
-[ $r -eq 2 ] && grep -q -- "--max-restarts" <<<"$o" || fail "--max-restarts -1: exit $r: $o"
+expect_usage_error "--max-restarts alone" "$BIN" --max-restarts 2 $(args "$W/x")
+grep -q -- "--nproc-per-node" <<<"$out" || fail "--max-restarts alone: $out"
+expect_usage_error "--max-restarts -1" "$BIN" --nproc-per-node 2 --max-restarts -1 comm-bench
+grep -q -- "--max-restarts" <<<"$out" || fail "--max-restarts -1: $out"
 
 # The reference: 2 ranks, 6 steps, never interrupted.
 run_np 2 $(args "$W/straight") --max-steps 6 >"$W/straight.log" 2>&1 || { cat "$W/straight.log"; fail "reference run"; }
@@ -70,9 +70,8 @@ assert steps == [1, 2, 3, 4], steps
 PYEOF
 
 # A usage error is not restarted.
-"$BIN" --nproc-per-node 1 --max-restarts 3 $(args "$W/usage") --learning-rate -1 >"$W/usage.log" 2>&1; r=$?
-[ $r -eq 2 ] || { cat "$W/usage.log"; fail "usage error: exit $r, expected 2"; }
-grep -q "not restarted" "$W/usage.log" && ! grep -q "restart 1 of" "$W/usage.log" || { cat "$W/usage.log"; fail "usage error restarted"; }
+expect_usage_error "usage error under --max-restarts" "$BIN" --nproc-per-node 1 --max-restarts 3 $(args "$W/usage") --learning-rate -1
+grep -q "not restarted" <<<"$out" && ! grep -q "restart 1 of" <<<"$out" || { echo "$out"; fail "usage error restarted"; }
 
 # SIGTERM to the launcher: every rank saves and exits 0 (mpirun alone would kill them); no restart.
 "$BIN" --nproc-per-node 2 --max-restarts 2 $(args "$W/sig") --num-epochs 200 --total-steps 4000 \
