@@ -5,13 +5,13 @@
 
 #include <ATen/ATen.h>
 
+#include <unistd.h>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <list>
 #include <mutex>
 #include <nlohmann/json.hpp>
-#include <unistd.h>
 
 #include "checkpoint/safetensors.h"
 #include "comm/communicator.h"
@@ -64,9 +64,11 @@ class NativeDataset final : public FeatureDataset {
     const json j = read_json(ip);
     const std::string where = ip.string();
     auto need = [&](bool ok, const std::string& what) {
-      FSDP_USAGE_CHECK(ok, where + ": " + what, "re-run `fsdp-train convert` into an empty directory");
+      FSDP_USAGE_CHECK(ok, where + ": " + what,
+                       "re-run `fsdp-train convert` into an empty directory");
     };
-    need(j.is_object() && j.value("format", "") == kNativeFormatName, "not a fsdp-train feature index");
+    need(j.is_object() && j.value("format", "") == kNativeFormatName,
+         "not a fsdp-train feature index");
     need(j.value("version", 0) == kNativeFormatVersion,
          str("format version ", j.value("version", 0), " is not supported (expected ",
              kNativeFormatVersion, ")"));
@@ -75,10 +77,12 @@ class NativeDataset final : public FeatureDataset {
          "missing shards or samples list");
     hidden_size_ = j.value("hidden_size", int64_t{0});
     if (options_.hidden_size > 0 && hidden_size_ > 0)
-      FSDP_USAGE_CHECK(hidden_size_ == options_.hidden_size,
-                       str(where, ": hidden size ", hidden_size_, " but the target has ", options_.hidden_size),
-                       "convert features produced by the same target model");
-    for (const auto& s : j["shards"]) shards_.push_back((fs::path(dir) / s.at("file").get<std::string>()).string());
+      FSDP_USAGE_CHECK(
+          hidden_size_ == options_.hidden_size,
+          str(where, ": hidden size ", hidden_size_, " but the target has ", options_.hidden_size),
+          "convert features produced by the same target model");
+    for (const auto& s : j["shards"])
+      shards_.push_back((fs::path(dir) / s.at("file").get<std::string>()).string());
     for (const auto& s : j["samples"]) {
       Entry e;
       e.shard = s.at("shard").get<int64_t>();
@@ -208,7 +212,9 @@ bool shard_is_complete(const fs::path& out, int64_t k, const std::vector<std::st
 
 }  // namespace
 
-bool is_native_dataset(const std::string& dir) { return fs::exists(fs::path(dir) / kNativeIndexFile); }
+bool is_native_dataset(const std::string& dir) {
+  return fs::exists(fs::path(dir) / kNativeIndexFile);
+}
 
 std::shared_ptr<FeatureDataset> open_native_dataset(const std::string& dir,
                                                     const DatasetOptions& options) {
@@ -233,9 +239,11 @@ std::vector<std::pair<int64_t, int64_t>> plan_shards(const std::vector<std::stri
   return plan;
 }
 
-ConvertReport convert_ckpt_to_native(const ConvertOptions& o, comm::Communicator* comm) {
-  Stopwatch watch;
-  const int rank = comm ? comm->rank() : 0, world = comm ? comm->size() : 1;
+namespace {
+
+using ShardPlan = std::vector<std::pair<int64_t, int64_t>>;
+
+void check_convert_options(const ConvertOptions& o) {
   FSDP_USAGE_CHECK(!o.output.empty() && !o.input.empty(), "convert needs --input and --output",
                    "run: fsdp-train convert --input <dir of *.ckpt files> --output <new dir>");
   FSDP_USAGE_CHECK(fs::weakly_canonical(o.input) != fs::weakly_canonical(o.output),
@@ -243,6 +251,125 @@ ConvertReport convert_ckpt_to_native(const ConvertOptions& o, comm::Communicator
                    "choose an --output directory other than --input");
   FSDP_USAGE_CHECK(o.shard_bytes > 0, "--shard-size must be positive",
                    "set --shard-size to a positive size, e.g. 512M or 2G");
+}
+
+// What one shard holds once its .ckpt files are read: the tensors to write, the marker's
+// per-sample lines (bad ones included when skipped) and the samples kept.
+struct ShardContents {
+  checkpoint::NamedTensors tensors;
+  json samples = json::array();
+  std::vector<RawSample> kept;
+  int64_t hidden = 0;
+};
+
+ShardContents read_shard_samples(const ConvertOptions& o, const std::vector<std::string>& files,
+                                 int64_t first, int64_t end, ConvertReport& rep) {
+  ShardContents c;
+  for (int64_t j = first; j < end; ++j) {
+    json s = {{"source", fs::relative(files[j], o.input).string()},
+              {"source_bytes", fs::file_size(files[j])}};
+    try {
+      RawSample r = read_ckpt_sample(files[j], o.dataset);
+      FSDP_USAGE_CHECK(c.hidden == 0 || r.hidden_size() == c.hidden,
+                       str(files[j], ": hidden size ", r.hidden_size(), " differs from ", c.hidden,
+                           " in the same dataset"),
+                       "all features must come from one target model");
+      c.hidden = r.hidden_size();
+      s["length"] = r.length();
+      for (int i = 0; i < 4; ++i) {
+        const at::Tensor& t = i == 0   ? r.input_ids
+                              : i == 1 ? r.loss_mask
+                              : i == 2 ? r.hidden_state
+                                       : r.aux_hidden_state;
+        c.tensors.emplace_back(str(j, ".", kTensorKeys[i]), t);
+      }
+      c.kept.push_back(std::move(r));
+    } catch (const BadSampleError& e) {
+      if (!o.skip_bad_samples) throw;
+      s["length"] = 0;
+      s["bad"] = e.message();
+      rep.bad_sample_lines.push_back(e.message());
+    }
+    c.samples.push_back(std::move(s));
+  }
+  return c;
+}
+
+// Re-reads every tensor of a written shard through the reader and compares it with what was meant.
+void verify_shard(const fs::path& file, const checkpoint::NamedTensors& tensors) {
+  auto f = SafetensorsFile::open(file.string());
+  for (const auto& [name, t] : tensors) {
+    // Byte for byte (at::equal would call NaN != NaN, which --no-check-finite lets through).
+    const at::Tensor back = f->contains(name) ? f->read(name).contiguous() : at::Tensor();
+    const at::Tensor meant = t.contiguous();
+    FSDP_CHECK(back.defined() && back.scalar_type() == meant.scalar_type() &&
+                   back.sizes() == meant.sizes() &&
+                   std::memcmp(back.data_ptr(), meant.data_ptr(), meant.nbytes()) == 0,
+               file.string() + ": verification failed for tensor '" + name + "'",
+               "the disk or file system corrupts data; check it, then run convert again");
+  }
+}
+
+// Shard k: read, write, verify, then publish its .done marker.
+void convert_shard(const ConvertOptions& o, const std::vector<std::string>& files,
+                   const fs::path& out, int64_t k, int64_t first, int64_t end, ConvertReport& rep) {
+  const ShardContents c = read_shard_samples(o, files, first, end, rep);
+  const fs::path file = out / shard_name(k, "safetensors");
+  const uint64_t bytes =
+      checkpoint::write_safetensors(file.string(), c.tensors,
+                                    {{"format", kNativeFormatName},
+                                     {"version", std::to_string(kNativeFormatVersion)},
+                                     {"first_sample", std::to_string(first)},
+                                     {"num_samples", std::to_string(end - first)}});
+  verify_shard(file, c.tensors);
+  write_json_atomic(
+      out / shard_name(k, "done"),
+      {{"shard", k}, {"bytes", bytes}, {"hidden_size", c.hidden}, {"samples", c.samples}});
+  ++rep.shards_written;
+  rep.samples_written += static_cast<int64_t>(c.kept.size());
+  rep.bytes_written += bytes;
+  FSDP_LOG(kInfo) << "convert: wrote " << file.string() << " (" << c.kept.size() << " samples, "
+                  << (bytes >> 20) << " MiB)";
+}
+
+// Every rank reads all markers (small JSON) for the totals; rank 0 writes the index.
+void write_index(const ConvertOptions& o, const ShardPlan& plan, const fs::path& out, int rank,
+                 ConvertReport& rep) {
+  json shards = json::array(), samples = json::array();
+  int64_t hidden = 0;
+  for (int64_t k = 0; k < rep.shards_total; ++k) {
+    const json m = read_json(out / shard_name(k, "done"));
+    shards.push_back({{"file", shard_name(k, "safetensors")},
+                      {"first_sample", plan[k].first},
+                      {"num_samples", plan[k].second - plan[k].first},
+                      {"bytes", m.at("bytes")}});
+    if (m.value("hidden_size", int64_t{0}) > 0) hidden = m["hidden_size"].get<int64_t>();
+    for (const auto& s : m.at("samples")) {
+      json e = {{"shard", k}, {"length", s.at("length")}, {"source", s.at("source")}};
+      if (!s.value("bad", "").empty()) {
+        e["bad"] = s["bad"];
+        ++rep.bad_samples;
+      }
+      samples.push_back(std::move(e));
+    }
+  }
+  if (rank == 0) {
+    write_json_atomic(out / kNativeIndexFile, {{"format", kNativeFormatName},
+                                               {"version", kNativeFormatVersion},
+                                               {"hidden_size", hidden},
+                                               {"num_samples", samples.size()},
+                                               {"source", fs::weakly_canonical(o.input).string()},
+                                               {"shards", shards},
+                                               {"samples", samples}});
+  }
+}
+
+}  // namespace
+
+ConvertReport convert_ckpt_to_native(const ConvertOptions& o, comm::Communicator* comm) {
+  Stopwatch watch;
+  const int rank = comm ? comm->rank() : 0, world = comm ? comm->size() : 1;
+  check_convert_options(o);
   const auto files = list_ckpt_files(o.input);
   FSDP_USAGE_CHECK(!files.empty(), o.input + ": no *.ckpt files found", "check --input");
   const auto plan = plan_shards(files, o.shard_bytes);
@@ -257,85 +384,10 @@ ConvertReport convert_ckpt_to_native(const ConvertOptions& o, comm::Communicator
       ++rep.shards_skipped;
       continue;
     }
-    checkpoint::NamedTensors tensors;
-    json samples = json::array();
-    std::vector<RawSample> kept;
-    int64_t hidden = 0;
-    for (int64_t j = first; j < end; ++j) {
-      json s = {{"source", fs::relative(files[j], o.input).string()},
-                {"source_bytes", fs::file_size(files[j])}};
-      try {
-        RawSample r = read_ckpt_sample(files[j], o.dataset);
-        FSDP_USAGE_CHECK(hidden == 0 || r.hidden_size() == hidden,
-                         str(files[j], ": hidden size ", r.hidden_size(), " differs from ", hidden,
-                             " in the same dataset"),
-                         "all features must come from one target model");
-        hidden = r.hidden_size();
-        s["length"] = r.length();
-        for (int i = 0; i < 4; ++i) {
-          const at::Tensor& t = i == 0 ? r.input_ids : i == 1 ? r.loss_mask : i == 2 ? r.hidden_state : r.aux_hidden_state;
-          tensors.emplace_back(str(j, ".", kTensorKeys[i]), t);
-        }
-        kept.push_back(std::move(r));
-      } catch (const BadSampleError& e) {
-        if (!o.skip_bad_samples) throw;
-        s["length"] = 0;
-        s["bad"] = e.message();
-        rep.bad_sample_lines.push_back(e.message());
-      }
-      samples.push_back(std::move(s));
-    }
-    const fs::path file = out / shard_name(k, "safetensors");
-    const uint64_t bytes = checkpoint::write_safetensors(
-        file.string(), tensors,
-        {{"format", kNativeFormatName}, {"version", std::to_string(kNativeFormatVersion)},
-         {"first_sample", std::to_string(first)}, {"num_samples", std::to_string(end - first)}});
-    // Verify: re-read every tensor through the reader and compare with what was meant.
-    auto f = SafetensorsFile::open(file.string());
-    for (const auto& [name, t] : tensors) {
-      // Byte for byte (at::equal would call NaN != NaN, which --no-check-finite lets through).
-      const at::Tensor back = f->contains(name) ? f->read(name).contiguous() : at::Tensor();
-      const at::Tensor meant = t.contiguous();
-      FSDP_CHECK(back.defined() && back.scalar_type() == meant.scalar_type() &&
-                     back.sizes() == meant.sizes() &&
-                     std::memcmp(back.data_ptr(), meant.data_ptr(), meant.nbytes()) == 0,
-                 file.string() + ": verification failed for tensor '" + name + "'",
-                 "the disk or file system corrupts data; check it, then run convert again");
-    }
-    write_json_atomic(out / shard_name(k, "done"),
-                      {{"shard", k}, {"bytes", bytes}, {"hidden_size", hidden}, {"samples", samples}});
-    ++rep.shards_written;
-    rep.samples_written += static_cast<int64_t>(kept.size());
-    rep.bytes_written += bytes;
-    FSDP_LOG(kInfo) << "convert: wrote " << file.string() << " (" << kept.size() << " samples, "
-                    << (bytes >> 20) << " MiB)";
+    convert_shard(o, files, out, k, first, end, rep);
   }
   if (comm) comm->barrier();
-
-  // Every rank reads all markers (small JSON) for the totals; rank 0 writes the index.
-  json shards = json::array(), samples = json::array();
-  int64_t hidden = 0;
-  for (int64_t k = 0; k < rep.shards_total; ++k) {
-    const json m = read_json(out / shard_name(k, "done"));
-    shards.push_back({{"file", shard_name(k, "safetensors")}, {"first_sample", plan[k].first},
-                      {"num_samples", plan[k].second - plan[k].first}, {"bytes", m.at("bytes")}});
-    if (m.value("hidden_size", int64_t{0}) > 0) hidden = m["hidden_size"].get<int64_t>();
-    for (const auto& s : m.at("samples")) {
-      json e = {{"shard", k}, {"length", s.at("length")}, {"source", s.at("source")}};
-      if (!s.value("bad", "").empty()) {
-        e["bad"] = s["bad"];
-        ++rep.bad_samples;
-      }
-      samples.push_back(std::move(e));
-    }
-  }
-  if (rank == 0) {
-    write_json_atomic(out / kNativeIndexFile,
-                      {{"format", kNativeFormatName}, {"version", kNativeFormatVersion},
-                       {"hidden_size", hidden}, {"num_samples", samples.size()},
-                       {"source", fs::weakly_canonical(o.input).string()},
-                       {"shards", shards}, {"samples", samples}});
-  }
+  write_index(o, plan, out, rank, rep);
   if (comm) comm->barrier();
   rep.seconds = watch.seconds();
   return rep;
