@@ -70,7 +70,8 @@ double bus_factor(const std::string& op, int n) {
   return static_cast<double>(n - 1) / n;
 }
 
-int run_bench(const BenchOptions& o) {
+// The device of this rank: a GPU with --device cuda, or auto when one is visible; else the CPU.
+c10::Device pick_device(const BenchOptions& o) {
   const auto& topo = comm::topology();
   c10::Device device(c10::kCPU);
   if (o.device == "cuda" || (o.device == "auto" && comm::gpu_count() > 0)) {
@@ -82,18 +83,18 @@ int run_bench(const BenchOptions& o) {
                      "--device: '" + o.device + "' is not one of auto, cpu, cuda",
                      "pick one of auto, cpu, cuda");
   }
-  const auto dtype = parse_dtype(o.dtype);
-  int64_t lo = parse_bytes(o.quick ? "1K" : o.min_bytes, "--min-bytes");
-  int64_t hi = parse_bytes(o.quick ? "1M" : o.max_bytes, "--max-bytes");
-  FSDP_USAGE_CHECK(lo <= hi, "--min-bytes is larger than --max-bytes",
-                   "swap them, or lower --min-bytes");
-  const int64_t esize = static_cast<int64_t>(dtype_size(dtype));
+  return device;
+}
 
-  struct Variant {
-    std::string op;
-    std::string label;
-    std::shared_ptr<comm::Communicator> comm;
-  };
+// One table section: the collective it runs, its label and the communicator it runs on.
+struct Variant {
+  std::string op;
+  std::string label;
+  std::shared_ptr<comm::Communicator> comm;
+};
+
+// The sections in table order; the first one's communicator is the device's default.
+std::vector<Variant> make_variants(const c10::Device& device) {
   auto comm_default = comm::make_communicator(comm::Group::kWorld, device);
   std::vector<Variant> variants = {{"all_gather", "all_gather", comm_default},
                                    {"reduce_scatter", "reduce_scatter", comm_default},
@@ -111,10 +112,52 @@ int run_bench(const BenchOptions& o) {
                     {"reduce_scatter", "reduce_scatter[allreduce]",
                      comm::make_communicator(comm::Group::kWorld, device, viaar)});
   }
+  return variants;
+}
+
+// Seconds per call of v's collective on `count` elements: the slowest rank's mean over iters
+// timed calls after `warmup` untimed ones.
+double time_collective(const Variant& v, int64_t count, int iters, int warmup,
+                       const at::TensorOptions& opts, const c10::Device& device) {
+  const int n = comm::topology().world_size;
+  at::Tensor full = at::ones({count}, opts);
+  at::Tensor shard = at::ones({count / n}, opts);
+  auto once = [&]() {
+    if (v.op == "all_gather")
+      v.comm->all_gather(shard, full)->wait();
+    else if (v.op == "reduce_scatter")
+      v.comm->reduce_scatter(full, shard, comm::ReduceOp::kSum)->wait();
+    else if (v.op == "all_reduce")
+      v.comm->all_reduce(full, comm::ReduceOp::kSum)->wait();
+    else
+      v.comm->broadcast(full, 0)->wait();
+  };
+  for (int i = 0; i < warmup; ++i) once();
+  v.comm->synchronize();
+  v.comm->barrier();
+  Stopwatch w;
+  for (int i = 0; i < iters; ++i) once();
+  v.comm->synchronize();
+  at::Tensor t = at::full({1}, w.seconds() / iters, at::TensorOptions().dtype(at::kDouble));
+  if (!device.is_cpu()) t = t.to(device);
+  v.comm->all_reduce(t, comm::ReduceOp::kMax)->wait();
+  return t.cpu().item<double>();
+}
+
+int run_bench(const BenchOptions& o) {
+  const auto& topo = comm::topology();
+  const c10::Device device = pick_device(o);
+  const auto dtype = parse_dtype(o.dtype);
+  int64_t lo = parse_bytes(o.quick ? "1K" : o.min_bytes, "--min-bytes");
+  int64_t hi = parse_bytes(o.quick ? "1M" : o.max_bytes, "--max-bytes");
+  FSDP_USAGE_CHECK(lo <= hi, "--min-bytes is larger than --max-bytes",
+                   "swap them, or lower --min-bytes");
+  const int64_t esize = static_cast<int64_t>(dtype_size(dtype));
+  const std::vector<Variant> variants = make_variants(device);
   const int n = topo.world_size;
   if (topo.world_rank == 0) {
     std::printf("# fsdp-train comm-bench: %d ranks, %d node(s), backend %s, device %s, dtype %s\n",
-                n, topo.num_nodes, comm_default->backend().c_str(), device.str().c_str(),
+                n, topo.num_nodes, variants[0].comm->backend().c_str(), device.str().c_str(),
                 dtype_name(dtype).c_str());
     std::printf("%-26s %10s %12s %10s %12s %12s %12s\n", "collective", "size", "count", "iters",
                 "time(us)", "algbw(GB/s)", "busbw(GB/s)");
@@ -135,28 +178,7 @@ int run_bench(const BenchOptions& o) {
       const int iters = o.iters > 0 ? o.iters
                                     : static_cast<int>(std::clamp<int64_t>(
                                           (int64_t{256} << 20) / payload, 3, o.quick ? 10 : 50));
-      at::Tensor full = at::ones({count}, opts);
-      at::Tensor shard = at::ones({count / n}, opts);
-      auto once = [&]() {
-        if (v.op == "all_gather")
-          v.comm->all_gather(shard, full)->wait();
-        else if (v.op == "reduce_scatter")
-          v.comm->reduce_scatter(full, shard, comm::ReduceOp::kSum)->wait();
-        else if (v.op == "all_reduce")
-          v.comm->all_reduce(full, comm::ReduceOp::kSum)->wait();
-        else
-          v.comm->broadcast(full, 0)->wait();
-      };
-      for (int i = 0; i < o.warmup; ++i) once();
-      v.comm->synchronize();
-      v.comm->barrier();
-      Stopwatch w;
-      for (int i = 0; i < iters; ++i) once();
-      v.comm->synchronize();
-      at::Tensor t = at::full({1}, w.seconds() / iters, at::TensorOptions().dtype(at::kDouble));
-      if (!device.is_cpu()) t = t.to(device);
-      v.comm->all_reduce(t, comm::ReduceOp::kMax)->wait();
-      const double secs = t.cpu().item<double>();
+      const double secs = time_collective(v, count, iters, o.warmup, opts, device);
       if (topo.world_rank == 0) {
         const double algbw = static_cast<double>(payload) / secs / 1e9;
         std::printf("%-26s %10s %12lld %10d %12.1f %12.3f %12.3f\n", v.label.c_str(),
