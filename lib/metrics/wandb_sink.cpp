@@ -63,9 +63,8 @@ int wait_child(int pid, double timeout_s) {
   }
 }
 
-}  // namespace
-
-WandbSink::WandbSink(const WandbOptions& options) {
+// --report-to wandb's Python: the option, else $FSDP_PYTHON, else the setup venv, else python3.
+std::string choose_python(const WandbOptions& options) {
   std::string python = options.python;
   if (python.empty()) {
     if (const auto py = env::text("FSDP_PYTHON")) {
@@ -76,21 +75,11 @@ WandbSink::WandbSink(const WandbOptions& options) {
       python = "python3";
     }
   }
-  int in_pair[2];   // [0] trainer end, [1] child's stdin
-  int out_pipe[2];  // child's stdout -> handshake
-  FSDP_CHECK(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, in_pair) == 0,
-             str("--report-to wandb: socketpair failed: ", std::strerror(errno)),
-             "raise `ulimit -n` (out of file descriptors), or drop wandb from --report-to");
-  FSDP_CHECK(::pipe2(out_pipe, O_CLOEXEC) == 0,
-             str("--report-to wandb: pipe failed: ", std::strerror(errno)),
-             "raise `ulimit -n` (out of file descriptors), or drop wandb from --report-to");
+  return python;
+}
 
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_adddup2(&fa, in_pair[1], 0);
-  posix_spawn_file_actions_adddup2(&fa, out_pipe[1], 1);
-
-  // Environment: ours, plus the key when given on the command line (never on the argv).
+// Environment: ours, plus the key when given on the command line (never on the argv).
+std::vector<std::string> bridge_environment(const WandbOptions& options) {
   std::vector<std::string> env_strings;
   for (char** e = environ; *e; ++e) {
     if (!options.api_key.empty() && std::strncmp(*e, "WANDB_API_KEY=", 14) == 0) continue;
@@ -98,6 +87,18 @@ WandbSink::WandbSink(const WandbOptions& options) {
   }
   if (!options.api_key.empty()) env_strings.push_back("WANDB_API_KEY=" + options.api_key);
   env_strings.push_back("PYTHONUNBUFFERED=1");
+  return env_strings;
+}
+
+// Starts the bridge with child_stdin and child_stdout as its stdin and stdout and closes those
+// ends here; on failure also closes our ends (our_in, our_out) before throwing.
+pid_t spawn_bridge(const std::string& python, const WandbOptions& options, int child_stdin,
+                   int child_stdout, int our_in, int our_out) {
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, child_stdin, 0);
+  posix_spawn_file_actions_adddup2(&fa, child_stdout, 1);
+  std::vector<std::string> env_strings = bridge_environment(options);
   std::vector<char*> envp;
   for (auto& s : env_strings) envp.push_back(s.data());
   envp.push_back(nullptr);
@@ -107,17 +108,19 @@ WandbSink::WandbSink(const WandbOptions& options) {
   pid_t pid = -1;
   const int rc = ::posix_spawnp(&pid, python.c_str(), &fa, nullptr, argv, envp.data());
   posix_spawn_file_actions_destroy(&fa);
-  ::close(in_pair[1]);
-  ::close(out_pipe[1]);
+  ::close(child_stdin);
+  ::close(child_stdout);
   if (rc != 0) {
-    ::close(in_pair[0]);
-    ::close(out_pipe[0]);
+    ::close(our_in);
+    ::close(our_out);
     FSDP_CHECK(false, str("--report-to wandb: cannot start '", python, "': ", std::strerror(rc)),
                "set FSDP_PYTHON to a Python with wandb installed, or drop wandb from --report-to");
   }
-  pid_ = pid;
-  fd_ = in_pair[0];
+  return pid;
+}
 
+// The bridge's first line: the arguments of wandb.init.
+nlohmann::json init_message(const WandbOptions& options) {
   nlohmann::json init;
   init["project"] = options.project.empty() ? "fsdp-train" : options.project;
   init["name"] = options.name;
@@ -128,7 +131,25 @@ WandbSink::WandbSink(const WandbOptions& options) {
     init["id"] = options.resume_run_id;
     init["resume"] = true;
   }
-  send(nlohmann::json{{"init", init}}.dump() + "\n");
+  return nlohmann::json{{"init", init}};
+}
+
+}  // namespace
+
+WandbSink::WandbSink(const WandbOptions& options) {
+  const std::string python = choose_python(options);
+  int in_pair[2];   // [0] trainer end, [1] child's stdin
+  int out_pipe[2];  // child's stdout -> handshake
+  FSDP_CHECK(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, in_pair) == 0,
+             str("--report-to wandb: socketpair failed: ", std::strerror(errno)),
+             "raise `ulimit -n` (out of file descriptors), or drop wandb from --report-to");
+  FSDP_CHECK(::pipe2(out_pipe, O_CLOEXEC) == 0,
+             str("--report-to wandb: pipe failed: ", std::strerror(errno)),
+             "raise `ulimit -n` (out of file descriptors), or drop wandb from --report-to");
+  pid_ = spawn_bridge(python, options, in_pair[1], out_pipe[1], in_pair[0], out_pipe[0]);
+  fd_ = in_pair[0];
+
+  send(init_message(options).dump() + "\n");
   // wandb.init can take a while (it starts its own service process); offline it is seconds.
   const std::string ready = read_line(out_pipe[0], 180.0);
   ::close(out_pipe[0]);
