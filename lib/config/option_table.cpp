@@ -62,16 +62,16 @@ std::string one_of(const std::vector<std::string>& choices) {
 template <class T>
 using Accessor = T& (*)(TrainConfig&);
 
-// Builds set/get for a field of type T. `kind` distinguishes kString from kPath.
+// Read-only access to the field acc binds.
 template <class T>
-OptionSpec row(std::string name, OptionKind kind, std::string group, std::string help,
-               Accessor<T> acc) {
-  OptionSpec s;
-  s.name = std::move(name);
-  s.kind = kind;
-  s.group = std::move(group);
-  s.help = std::move(help);
-  auto cacc = [acc](const TrainConfig& c) -> const T& { return acc(const_cast<TrainConfig&>(c)); };
+auto const_accessor(Accessor<T> acc) {
+  return [acc](const TrainConfig& c) -> const T& { return acc(const_cast<TrainConfig&>(c)); };
+}
+
+// set/get of a plain field: an enum (by its choices), text, whole or real number, or switch.
+template <class T>
+void bind_plain(OptionSpec& s, Accessor<T> acc) {
+  auto cacc = const_accessor(acc);
   if constexpr (std::is_enum_v<T>) {
     s.choices = enum_choices<T>();
     const auto choices = s.choices;
@@ -117,7 +117,16 @@ OptionSpec row(std::string name, OptionKind kind, std::string group, std::string
     s.get = [cacc](const TrainConfig& c) {
       return OptionValue{false, cacc(c) ? "true" : "false", {}};
     };
-  } else if constexpr (std::is_same_v<T, std::optional<int64_t>>) {
+  } else {
+    static_assert(std::is_same_v<T, void>, "no option binding for this field type");
+  }
+}
+
+// set/get of an optional number: "none" (or YAML null) resets it.
+template <class T>
+void bind_optional(OptionSpec& s, Accessor<T> acc) {
+  auto cacc = const_accessor(acc);
+  if constexpr (std::is_same_v<T, std::optional<int64_t>>) {
     s.set = [acc, name = s.name](TrainConfig& c, const OptionValue& v, const std::string& src) {
       if (v.is_null || is_null_text(v.text)) {
         acc(c).reset();
@@ -147,6 +156,23 @@ OptionSpec row(std::string name, OptionKind kind, std::string group, std::string
     };
   } else {
     static_assert(std::is_same_v<T, void>, "no option binding for this field type");
+  }
+}
+
+// Builds set/get for a field of type T. `kind` distinguishes kString from kPath.
+template <class T>
+OptionSpec row(std::string name, OptionKind kind, std::string group, std::string help,
+               Accessor<T> acc) {
+  OptionSpec s;
+  s.name = std::move(name);
+  s.kind = kind;
+  s.group = std::move(group);
+  s.help = std::move(help);
+  if constexpr (std::is_same_v<T, std::optional<int64_t>> ||
+                std::is_same_v<T, std::optional<double>>) {
+    bind_optional(s, acc);
+  } else {
+    bind_plain(s, acc);
   }
   return s;
 }
