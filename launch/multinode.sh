@@ -16,21 +16,25 @@ set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BIN="${FSDP_BIN:-$REPO/build/fsdp-train}"
 hostfile="" nproc="" nnodes=""
+# usage_error MESSAGE HINT: our error format (an error line and a HINT line), exit 2.
+usage_error() { printf 'multinode.sh: error: %s\n---> HINT: %s\n' "$1" "$2" >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --hostfile) hostfile="$2"; shift 2 ;;
     --nproc-per-node) nproc="$2"; shift 2 ;;
     --nnodes) nnodes="$2"; shift 2 ;;
     --) shift; break ;;
-    *) echo "multinode.sh: unknown option '$1' (put fsdp-train flags after --)" >&2; exit 2 ;;
+    *) usage_error "unknown option '$1'" "put fsdp-train flags after --" ;;
   esac
 done
-[ -n "$hostfile" ] && [ -r "$hostfile" ] || { echo "multinode.sh: --hostfile FILE is required and must be readable" >&2; exit 2; }
-[[ "$nproc" =~ ^[1-9][0-9]*$ ]] || { echo "multinode.sh: --nproc-per-node N (positive integer) is required" >&2; exit 2; }
+[ -n "$hostfile" ] && [ -r "$hostfile" ] ||
+  usage_error "--hostfile FILE is required and must be readable" "give a readable mpirun hostfile, one node per line (docs/multi-node.md)"
+[[ "$nproc" =~ ^[1-9][0-9]*$ ]] ||
+  usage_error "--nproc-per-node N (positive integer) is required" "give the ranks per node, e.g. --nproc-per-node 8 (one per GPU)"
 if [ -z "$nnodes" ]; then
   nnodes=$(grep -Ev '^\s*(#|$)' "$hostfile" | wc -l)
 fi
-[ -x "$BIN" ] || { echo "multinode.sh: $BIN not found: build first (bash launch/setup.sh) or set FSDP_BIN" >&2; exit 2; }
+[ -x "$BIN" ] || usage_error "$BIN not found" "build first (bash launch/setup.sh) or set FSDP_BIN"
 for v in NCCL_SOCKET_IFNAME NCCL_IB_HCA NCCL_IB_DISABLE NCCL_DEBUG FSDP_LOG_LEVEL FSDP_PRETEND_NODES; do
   [ -n "${!v:-}" ] && export "$v"
 done

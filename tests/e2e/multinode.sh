@@ -20,9 +20,8 @@ grep -q "4 rank(s) on 2 node(s)" "$W/hybrid.log" || { cat "$W/hybrid.log"; fail 
 grep -q "shard_size 2" "$(latest_ckpt "$W/hybrid")/train_state/manifest.txt" || fail "hybrid manifest: not 2 shards"
 "$BIN" export --checkpoint "$(latest_ckpt "$W/hybrid")" --output "$W/hybrid_export" --dtype bf16 >/dev/null || fail "export of the hybrid checkpoint"
 compare_exports "$W/hybrid_export" "$(latest_ckpt "$W/hybrid")" 0 || fail "hybrid export differs"
-# no HINT yet: launch/multinode.sh prints only "multinode.sh: --hostfile FILE is required and must be readable"
-out=$(bash "$SRC/launch/multinode.sh" --nproc-per-node 2 -- --help 2>&1); rc=$?
-[ $rc -eq 2 ] && grep -q "hostfile" <<<"$out" || fail "missing --hostfile not rejected (rc $rc)"
+expect_usage_error "missing --hostfile" bash "$SRC/launch/multinode.sh" --nproc-per-node 2 -- --help
+grep -q -- "--hostfile" <<<"$out" || fail "missing --hostfile: the error does not name --hostfile"
 
 # Slurm recipe with a stand-in srun.
 mkdir -p "$W/bin"

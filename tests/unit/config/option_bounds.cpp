@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "config_test_util.h"
+#include "support/generated_doc.h"
 
 using namespace fsdp::config;
 using fsdp::config::test::kRequiredFlags;
@@ -142,25 +143,12 @@ TEST_CASE("bounds are checked for YAML keys and for configurations built in code
 }
 
 TEST_CASE("docs/usage.md's limits table is generated from the bounds", "[config]") {
-  const std::string path = std::string(FSDP_SOURCE_DIR) + "/docs/usage.md";
-  const std::string begin = "<!-- BEGIN GENERATED LIMITS (lib/config option table) -->\n";
-  const std::string end = "<!-- END GENERATED LIMITS -->";
-  std::string doc = read_text(path);
-  const size_t b = doc.find(begin), e = doc.find(end);
-  REQUIRE(b != std::string::npos);
-  REQUIRE(e != std::string::npos);
-  REQUIRE(b < e);
-  const std::string current = doc.substr(b + begin.size(), e - b - begin.size());
   const std::string want = usage_limits_markdown();
-  const char* update = std::getenv("FSDP_UPDATE_DOCS");
-  if (update && std::string(update) == "1" && current != want) {
-    doc = doc.substr(0, b + begin.size()) + want + doc.substr(e);
-    std::ofstream(path) << doc;
-  }
-  INFO(
-      "regenerate: FSDP_UPDATE_DOCS=1 <build>/tests/unit_config \"[#option_bounds]\" "
-      "--filenames-as-tags");
-  CHECK(current == want);
+  fsdp::test::check_generated_section(
+      std::string(FSDP_SOURCE_DIR) + "/docs/usage.md",
+      "<!-- BEGIN GENERATED LIMITS (lib/config option table) -->\n",
+      "<!-- END GENERATED LIMITS -->", want,
+      "<build>/tests/unit_config \"[#option_bounds]\" --filenames-as-tags");
   CHECK(want.find("| `--dist-timeout` | 1..10080 |") != std::string::npos);
 }
 

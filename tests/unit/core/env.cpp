@@ -14,6 +14,7 @@
 #include <set>
 #include <sstream>
 
+#include "support/generated_doc.h"
 namespace {
 
 namespace fs = std::filesystem;
@@ -171,23 +172,11 @@ TEST_CASE("the environment table is consistent", "[core]") {
 }
 
 TEST_CASE("docs/usage.md lists the environment table", "[core]") {
-  const std::string path = std::string(FSDP_SOURCE_DIR) + "/docs/usage.md";
-  const std::string begin = "<!-- BEGIN GENERATED ENVIRONMENT (lib/core/env.cpp) -->\n";
-  const std::string end = "<!-- END GENERATED ENVIRONMENT -->";
-  std::string doc = read_text(path);
-  const size_t b = doc.find(begin), e = doc.find(end);
-  REQUIRE(b != std::string::npos);
-  REQUIRE(e != std::string::npos);
-  REQUIRE(b < e);
-  const std::string current = doc.substr(b + begin.size(), e - b - begin.size());
-  const std::string want = fsdp::env::usage_markdown();
-  const char* update = std::getenv("FSDP_UPDATE_DOCS");
-  if (update && std::string(update) == "1" && current != want) {
-    doc = doc.substr(0, b + begin.size()) + want + doc.substr(e);
-    std::ofstream(path) << doc;
-  }
-  INFO("regenerate: FSDP_UPDATE_DOCS=1 <build>/tests/unit_core \"[#env]\" --filenames-as-tags");
-  CHECK(current == want);
+  fsdp::test::check_generated_section(std::string(FSDP_SOURCE_DIR) + "/docs/usage.md",
+                                      "<!-- BEGIN GENERATED ENVIRONMENT (lib/core/env.cpp) -->\n",
+                                      "<!-- END GENERATED ENVIRONMENT -->",
+                                      fsdp::env::usage_markdown(),
+                                      "<build>/tests/unit_core \"[#env]\" --filenames-as-tags");
 }
 
 TEST_CASE("lib/ and apps/ read the environment only through the table", "[core]") {
