@@ -157,6 +157,7 @@ int run_cli(int argc, char** argv) {
   app.add_option("--log-level", log_level,
                  "log level: trace, debug, info, warn, error, off (env FSDP_LOG_LEVEL)");
   Action action;
+  add_check_export(app, &action);
   add_comm_bench(app, &action);
   add_convert(app, &action);
   add_export(app, &action);

@@ -23,6 +23,7 @@ struct TrainCommand {
 };
 TrainCommand add_train(CLI::App& root);
 
+void add_check_export(CLI::App& root, Action* action);
 void add_comm_bench(CLI::App& root, Action* action);
 void add_convert(CLI::App& root, Action* action);
 void add_export(CLI::App& root, Action* action);

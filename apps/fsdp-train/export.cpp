@@ -7,12 +7,15 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 
 #include "checkpoint/checkpoint_dir.h"
 #include "checkpoint/export.h"
 #include "commands.h"
 #include "core/error.h"
+#include "model/aux_layers.h"
 #include "shard/engine.h"
 
 namespace fsdp::app {
@@ -23,8 +26,40 @@ struct ExportFlags {
   std::string checkpoint;
   std::string output;
   std::string dtype = "fp32";
+  std::string for_engines = "engines";
+  std::string rope_scaling;
+  std::string aux_convention = "layer-output";
+  std::string target_model_path;
   bool overwrite = false;
 };
+
+// The target layers of the checkpoint's features: its aux_layers.json when it has one (every
+// checkpoint since the file exists); else the saved config's ids, read with --aux-layer-convention
+// (a top-level id list is vLLM's and needs none).
+std::optional<model::AuxLayers> checkpoint_aux_layers(const ExportFlags& f,
+                                                      const std::string& config_json) {
+  const std::string record = checkpoint::join_path(f.checkpoint, "aux_layers.json");
+  const auto convention = model::parse_convention(f.aux_convention);
+  FSDP_USAGE_CHECK(convention.has_value(),
+                   "--aux-layer-convention '" + f.aux_convention +
+                       "' is not one of layer-output, hidden-state-index",
+                   "use the convention the draft config's ids were written in");
+  std::ifstream in(record);
+  if (in) {
+    std::stringstream text;
+    text << in.rdbuf();
+    // The record holds the ids as hidden_states indices under the top-level (vLLM) key's name.
+    const auto ids = nlohmann::json::parse(text.str(), nullptr, false);
+    FSDP_USAGE_CHECK(ids.is_object() && ids.contains("hidden_state_index") &&
+                         ids.at("hidden_state_index").is_array(),
+                     record + " is not an aux-layer record", "use another checkpoint");
+    nlohmann::json as_config = {{"eagle_aux_hidden_state_layer_ids", ids.at("hidden_state_index")}};
+    return model::resolve_aux_layers(as_config.dump(), *convention, 0, record);
+  }
+  const int64_t L = f.target_model_path.empty() ? 0
+                                                : model::target_num_layers(f.target_model_path);
+  return model::resolve_aux_layers(config_json, *convention, L, f.checkpoint + "/config.json");
+}
 
 int run_export(const ExportFlags& f) {
   namespace fs = std::filesystem;
@@ -71,8 +106,15 @@ int run_export(const ExportFlags& f) {
     exported[name] = it->second;
     params += w.numel();
   }
+  const auto target = model::parse_export_target(f.for_engines);
+  FSDP_USAGE_CHECK(target.has_value(),
+                   "--for '" + f.for_engines + "' is not one of engines, vllm, sglang, specforge",
+                   "engines writes one config.json that vLLM and SGLang both read right");
+  const auto aux = checkpoint_aux_layers(f, config_json.str());
+  const std::string serving = model::serving_config_json(
+      config_json.str(), aux, *target, model::parse_rope_override(f.rope_scaling, 0));
   const auto bytes =
-      checkpoint::write_draft_export(f.output, config_json.str(), exported, saved.d2t, saved.t2d,
+      checkpoint::write_draft_export(f.output, serving, exported, saved.d2t, saved.t2d,
                                      f.dtype == "fp32" ? c10::kFloat : c10::kBFloat16);
   std::cout << "export: " << exported.size() << " tensors, " << params << " parameters, " << f.dtype
             << ", " << (bytes >> 20) << " MiB -> " << f.output << "/model.safetensors\n";
@@ -92,6 +134,18 @@ void add_export(CLI::App& root, Action* action) {
   sub->add_option("--output", f->output, "directory for config.json and model.safetensors")
       ->required();
   sub->add_option("--dtype", f->dtype, "fp32 (default: the master weights) or bf16");
+  sub->add_option("--for", f->for_engines,
+                  "engines (default: one config.json vLLM and SGLang both read right), vllm, "
+                  "sglang or specforge (docs/serving.md)");
+  sub->add_option("--rope-scaling", f->rope_scaling,
+                  "RoPE scaling to write in both schemas: a JSON object such as "
+                  "'{\"rope_type\": \"yarn\", \"factor\": 32, "
+                  "\"original_max_position_embeddings\": 2048}'");
+  sub->add_option("--aux-layer-convention", f->aux_convention,
+                  "for checkpoints without aux_layers.json: what the saved config's "
+                  "eagle_config ids mean (layer-output, SpecForge's; or hidden-state-index)");
+  sub->add_option("--target-model-path", f->target_model_path,
+                  "the target directory, for checking the layer ids against its layer count");
   sub->add_flag("--overwrite", f->overwrite, "replace an existing model.safetensors in --output");
   sub->callback([action, f]() {
     action->run = [f]() { return run_export(*f); };

@@ -266,9 +266,11 @@ std::vector<std::string> prune(const std::string& output_dir, int64_t keep_last,
                          "it yourself when it is not needed)";
     }
   }
+  const std::string best = link_target(output_dir, kBestLink);
   const int64_t excess = static_cast<int64_t>(all.size()) - keep_last;
   for (int64_t i = 0; i < excess; ++i) {
     if (fs::path(all[i].path) == fs::path(keep)) continue;
+    if (!best.empty() && fs::path(all[i].path).filename() == best) continue;
     std::error_code ec;
     // Remove the marker first: a crash mid-removal leaves an incomplete, ignored directory.
     fs::remove(fs::path(all[i].path) / kCompleteMarker, ec);
@@ -276,6 +278,34 @@ std::vector<std::string> prune(const std::string& output_dir, int64_t keep_last,
     removed.push_back(all[i].path);
   }
   return removed;
+}
+
+void point_link(const std::string& output_dir, const std::string& link_name,
+                const std::string& checkpoint_dir) {
+  const std::string name = fs::path(checkpoint_dir).filename().string();
+  const std::string link = join_path(output_dir, link_name);
+  const std::string temp = join_path(output_dir, "." + link_name + ".tmp");
+  std::error_code ec;
+  fs::remove(temp, ec);  // left by an interrupted replacement (a link: remove() never follows it)
+  fs::create_directory_symlink(name, temp, ec);
+  FSDP_CHECK(!ec, "cannot create the symbolic link " + temp + ": " + ec.message(),
+             "check that the file system of --output-dir supports symbolic links");
+  fs::rename(temp, link, ec);
+  if (ec) {
+    const std::string why = ec.message();
+    fs::remove(temp, ec);
+    FSDP_CHECK(false, "cannot replace " + link + " with a link to " + name + ": " + why,
+               "remove " + link + " if it is not a link made by fsdp-train");
+  }
+  fsync_path(output_dir, true);
+}
+
+std::string link_target(const std::string& output_dir, const std::string& link_name) {
+  std::error_code ec;
+  const fs::path link = fs::path(output_dir) / link_name;
+  if (!fs::is_symlink(fs::symlink_status(link, ec))) return "";
+  const fs::path target = fs::read_symlink(link, ec);
+  return ec ? std::string() : target.filename().string();
 }
 
 }  // namespace fsdp::checkpoint

@@ -14,6 +14,12 @@ namespace fsdp::checkpoint {
 
 // Written last into a checkpoint directory: its presence means every file is complete.
 inline constexpr const char* kCompleteMarker = "COMPLETE";
+// Symbolic links in the output directory naming the best (--save-best-by) and the newest
+// checkpoint. Their names never parse as a checkpoint's, so discovery, resume and pruning
+// never take a link for a checkpoint; the temporary links point_link() renames over them
+// (".best.tmp", ".latest.tmp") are ignored alike.
+inline constexpr const char* kBestLink = "best";
+inline constexpr const char* kLatestLink = "latest";
 
 struct CheckpointRef {
   std::string path;  // absolute or as given under the output directory
@@ -63,7 +69,8 @@ class CheckpointWriter {
   std::string final_dir_;
 };
 
-// Removes complete checkpoints beyond the newest keep_last (never the one named `keep`).
+// Removes complete checkpoints beyond the newest keep_last (never the one named `keep`, nor the
+// one the <output_dir>/best link points at: the best is kept besides the newest keep_last).
 // Returns the removed paths.
 std::vector<std::string> prune(const std::string& output_dir, int64_t keep_last,
                                const std::string& keep = "");
@@ -99,6 +106,16 @@ class OutputDirLock {
   std::string dir_;
   int fd_ = -1;
 };
+
+// Points <output_dir>/<link_name> at `checkpoint_dir` (a checkpoint directly in output_dir),
+// replacing an earlier link atomically: a temporary link ".<link_name>.tmp" is made and renamed
+// over it, so a reader sees the old target or the new one, never none. The link is relative
+// (the directory's name): the output directory can be moved or mounted elsewhere. Throws Error
+// when the link cannot be made (a file system without symbolic links, a directory of that name).
+void point_link(const std::string& output_dir, const std::string& link_name,
+                const std::string& checkpoint_dir);
+// The name of the directory <output_dir>/<link_name> points at; "" when it is not a link.
+std::string link_target(const std::string& output_dir, const std::string& link_name);
 
 // Joins path components without doubling separators; rejects components containing ".." or a
 // leading '/', so names derived from configs cannot escape the directory.

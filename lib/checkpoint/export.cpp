@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "checkpoint/checkpoint_dir.h"
+#include "checkpoint/export_check.h"
 #include "checkpoint/safetensors.h"
 #include "core/error.h"
 #include "core/fs_util.h"
@@ -33,8 +34,12 @@ uint64_t write_draft_export(const std::string& dir, const std::string& config_js
              "this is a bug in fsdp-train: please report it with the command line and log");
   tensors.emplace_back("d2t", d2t.to(at::kCPU).to(at::kLong).contiguous());
   tensors.emplace_back("t2d", t2d.to(at::kCPU).to(at::kBool).contiguous());
-  return write_safetensors(join_path(dir, "model.safetensors"), tensors,
-                           {{"format", "pt"}, {"producer", "fsdp-train"}});
+  const uint64_t bytes = write_safetensors(join_path(dir, "model.safetensors"), tensors,
+                                           {{"format", "pt"}, {"producer", "fsdp-train"}});
+  // What the serving engines need, checked on the files as written (headers, d2t and t2d only:
+  // milliseconds for any draft) before the caller can mark the checkpoint complete.
+  verify_export(dir);
+  return bytes;
 }
 
 std::pair<at::Tensor, at::Tensor> read_export_mapping(const std::string& dir) {

@@ -44,6 +44,18 @@ struct EnumNames<StepScalars> {
   static constexpr const char* names[] = {"auto", "host", "device"};
 };
 template <>
+struct EnumNames<AccuracyAggregation> {
+  static constexpr const char* names[] = {"pooled", "per-batch"};
+};
+template <>
+struct EnumNames<model::AuxIdConvention> {
+  static constexpr const char* names[] = {"layer-output", "hidden-state-index"};
+};
+template <>
+struct EnumNames<model::ExportTarget> {
+  static constexpr const char* names[] = {"engines", "vllm", "sglang", "specforge"};
+};
+template <>
 struct EnumNames<LrScheduler> {
   static constexpr const char* names[] = {"cosine", "linear", "constant"};
 };
@@ -423,6 +435,13 @@ void add_model_rows(std::vector<OptionSpec>& t) {
                                "template with the target's sizes, written to "
                                "<cache-dir>/draft_configs/)",
                                FIELD(model.draft_model_config)));
+  t.push_back(row<model::AuxIdConvention>(
+      "aux-layer-convention", K::kEnum, md,
+      "what the draft config's eagle_config.eagle_aux_hidden_state_layer_ids mean: "
+      "layer-output (SpecForge, ModelOpt: id i = output of decoder layer i) or "
+      "hidden-state-index (vLLM, speculators: id k = hidden_states[k]); exports are written "
+      "so that each engine reads these layers (docs/serving.md)",
+      FIELD(model.aux_layer_convention)));
   t.push_back(row<std::string>("embedding-key", K::kString, md,
                                "tensor name of the target's token embedding; when the "
                                "default is absent, the one tensor named *.embed_tokens.weight "
@@ -622,10 +641,28 @@ void add_checkpoint_rows(std::vector<OptionSpec>& t) {
                              "dtype of model.safetensors in checkpoints (bf16 as serving engines "
                              "expect; fp32 for full-precision exports and parity checks)",
                              FIELD(checkpoint.export_dtype)));
+  t.push_back(row<model::ExportTarget>(
+      "export-for", K::kEnum, ck,
+      "serving engines the exported config.json is written for: engines (one config vLLM and "
+      "SGLang both read right), vllm, sglang, or specforge (SpecForge's own layout)",
+      FIELD(checkpoint.export_for)));
+  t.push_back(row<std::string>(
+      "export-rope-scaling", K::kString, ck,
+      "RoPE scaling written into exports (both rope_scaling and rope_parameters), e.g. "
+      "yarn:32 (YaRN, factor 32 over --max-length) or a JSON object; empty: the draft "
+      "config's own",
+      FIELD(checkpoint.export_rope_scaling)));
   t.push_back(row<int64_t>("keep-last", K::kInt, ck,
-                           "keep only the newest N complete checkpoints (0: keep all)",
+                           "keep only the newest N complete checkpoints, and the best "
+                           "(--save-best-by) besides (0: keep all)",
                            FIELD(checkpoint.keep_last)));
   t.back().bounds = whole(0, kMaxEpochs, " (0: keep all)");
+  t.push_back(row<std::string>(
+      "save-best-by", K::kString, ck,
+      "evaluation metric whose best value's checkpoint <output-dir>/best names (best.json "
+      "records it; names with \"loss\" are minimised, others maximised), e.g. eval/acc_0, "
+      "eval/loss; none: off",
+      FIELD(checkpoint.save_best_by)));
   t.push_back(resume_row());
 }
 
@@ -668,6 +705,11 @@ void add_logging_rows(std::vector<OptionSpec>& t) {
       FIELD(metrics.mfu_peak_tflops)));
   t.back().bounds = at_least(
       0, true, "give the device's dense bf16 peak in TFLOP/s, e.g. 989 for an H100 SXM", 1.0e6);
+  t.push_back(row<AccuracyAggregation>(
+      "accuracy-aggregation", K::kEnum, lg,
+      "acc_i over micro-batches and ranks: pooled (sum correct / sum tokens) or per-batch (mean "
+      "of each micro-batch's acc_i, SpecForge's old offline script)",
+      FIELD(metrics.accuracy_aggregation)));
   t.push_back(row<std::string>("log-level", K::kString, lg,
                                "trace, debug, info, warn, error or off (env FSDP_LOG_LEVEL)",
                                FIELD(runtime.log_level)));

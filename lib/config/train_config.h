@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "model/aux_layers.h"
+
 namespace fsdp::config {
 
 // ZeRO stages: FULL_SHARD = ZeRO-3, SHARD_GRAD_OP = ZeRO-2, NO_SHARD = DDP, HYBRID_SHARD =
@@ -24,6 +26,10 @@ enum class DeviceKind { kAuto, kCpu, kCuda };
 enum class StepScalars { kAuto, kHost, kDevice };
 // After warmup: cosine to 0 (docs/reference.md §6), linear to 0, or constant.
 enum class LrScheduler { kCosine, kLinear, kConstant };
+// How acc_i is aggregated over micro-batches and ranks (docs/reference.md §5): kPooled sums
+// numerators and denominators first, then divides; kPerBatch averages each micro-batch's own
+// acc_i (SpecForge's old offline script).
+enum class AccuracyAggregation { kPooled, kPerBatch };
 // --resume: kNone starts fresh, kAuto takes the newest complete checkpoint in --output-dir
 // (fresh start when there is none), kPath resumes from resume_path and fails if it is missing.
 enum class ResumeMode { kNone, kAuto, kPath };
@@ -44,6 +50,9 @@ struct ModelConfig {
   std::string init_checkpoint;     // exported draft directory to start from; empty: random init
   int64_t ttt_length = 7;
   bool activation_checkpointing = false;
+  // What the draft config's eagle_config.eagle_aux_hidden_state_layer_ids mean (the features'
+  // producer's convention; model/aux_layers.h). SpecForge's: id i = output of layer i.
+  model::AuxIdConvention aux_layer_convention = model::AuxIdConvention::kLayerOutput;
 };
 
 // Precomputed hidden states and their processing.
@@ -112,9 +121,16 @@ struct CheckpointConfig {
   int64_t save_interval = 1;  // epochs between saves (SpecForge); 0: no per-epoch save
   int64_t save_steps = 0;     // optimizer steps between saves; 0: off
   bool save_final = true;     // save when training ends (a signal-triggered save is separate)
-  int64_t keep_last = 0;      // complete checkpoints kept; 0: keep all
+  int64_t keep_last = 0;      // complete checkpoints kept; 0: keep all (the best is always kept)
+  // The evaluation metric whose best value's checkpoint <output-dir>/best names ("loss" in the
+  // name: lower is better); "none": no best kept (train/best_checkpoint.h).
+  std::string save_best_by = "eval/accept_len";
   Precision export_dtype =
       Precision::kBF16;  // model.safetensors dtype (docs/reference.md §7: bf16)
+  // Which engines config.json is written for (docs/serving.md): by default one config that
+  // vLLM and SGLang both read right.
+  model::ExportTarget export_for = model::ExportTarget::kEngines;
+  std::string export_rope_scaling;  // RoPE scaling injected into exports; "": none
   ResumeMode resume = ResumeMode::kNone;
   std::string resume_path;  // when resume == kPath
 };
@@ -135,6 +151,7 @@ struct MetricsConfig {
   // Never saved, printed or logged: passed to the W&B side process through its environment.
   std::string wandb_key;
   std::optional<double> mfu_peak_tflops;  // unset: known GPU table, n/a on CPU
+  AccuracyAggregation accuracy_aggregation = AccuracyAggregation::kPooled;
 };
 
 // A trace of a few optimizer steps (SpecForge's --profile flags): the LibTorch profiler records

@@ -8,6 +8,9 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <tuple>
+#include <utility>
+#include <vector>
 
 #include "core/error.h"
 
@@ -94,10 +97,67 @@ struct WeightedSoftCrossEntropy : torch::autograd::Function<WeightedSoftCrossEnt
   }
 };
 
-// The target on the loss rows: target_p [N, Vd], its argmax, and position_mask0 at those rows.
+// The target on the loss rows: target_p [N, Vd], the full-vocabulary argmax target_ids [N],
+// position_mask0 at those rows, and the full-vocabulary argmax at LossRows::pre, pre_ids [R].
 struct RowsTarget {
-  at::Tensor target_p, target_best, position;
+  at::Tensor target_p, target_ids, position, pre_ids;
 };
+
+// Rows per chunk of the expected-acceptance sum: at most 16 Mi elements of [rows, Vd] at once.
+int64_t accept_rate_chunk(int64_t vocab) { return std::max<int64_t>(1, (int64_t{1} << 24) / vocab); }
+
+// sum_n pm_n * sum_v min(p_nv, q_nv), q = softmax of the logits in `acc` precision, p =
+// target_p[take]; in row chunks so no more than accept_rate_chunk rows are expanded at once.
+at::Tensor expected_acceptance(const at::Tensor& logits, const at::Tensor& target_p,
+                               const at::Tensor& take, const at::Tensor& pm, at::ScalarType acc) {
+  at::Tensor sum = at::zeros({}, pm.options());
+  const int64_t n = logits.size(0), chunk = accept_rate_chunk(std::max<int64_t>(logits.size(-1), 1));
+  for (int64_t from = 0; from < n; from += chunk) {
+    const int64_t len = std::min(chunk, n - from);
+    at::Tensor q = logits.narrow(0, from, len).to(acc).softmax(-1);
+    at::Tensor p = target_p.index_select(0, take.narrow(0, from, len)).to(acc);
+    sum = sum + (at::minimum(p, q).sum(-1) * pm.narrow(0, from, len)).sum();
+  }
+  return sum;
+}
+
+// Hits of step i: the draft argmax mapped to a target id through d2t equals the target id.
+at::Tensor d2t_hits(const at::Tensor& logits, const at::Tensor& d2t, const at::Tensor& target_ids) {
+  at::Tensor best = logits.argmax(-1);
+  return (best + d2t.index_select(0, best)).eq(target_ids);
+}
+
+// The engine's drafts over LossRows' nodes (see LossRows::engine_hit): each node's accepted
+// count n (leading hits), the jump to the node n + 1 rows later, and the nodes reached from
+// each reply's first node, by pointer doubling (ceil(log2(M + 1)) gather/scatter rounds on the
+// device, no host sync). Returns {sum of n over the reached nodes, number of reached nodes}.
+std::pair<at::Tensor, at::Tensor> engine_chains(const LossRows& rows,
+                                                const std::vector<at::Tensor>& hits,
+                                                const at::Tensor& pre_hit, int64_t T) {
+  const auto f32 = at::TensorOptions().dtype(at::kFloat).device(rows.rows.device());
+  const int64_t M = rows.engine_nodes;
+  if (M == 0) return {at::zeros({}, f32), at::zeros({}, f32)};
+  const int64_t R = rows.pre.numel();
+  at::Tensor alive = at::ones({M}, f32), n = at::zeros({M}, f32);
+  for (int64_t i = 0; i < T; ++i) {
+    at::Tensor all = at::cat({hits[static_cast<size_t>(i)],
+                              i == 0 ? pre_hit : at::zeros({R}, f32), at::zeros({1}, f32)});
+    alive.mul_(all.index_select(0, rows.engine_hit[static_cast<size_t>(i)]));
+    n.add_(alive);
+  }
+  const auto i64 = f32.dtype(at::kLong);
+  at::Tensor next = at::arange(M, i64) + n.to(at::kLong) + 1;
+  next = at::where(next.lt(rows.engine_end), next, at::full({}, M, i64));
+  at::Tensor jump = at::cat({next, at::full({1}, M, i64)});  // node M: past every reply
+  at::Tensor reached = at::zeros({M + 1}, f32).index_fill_(0, rows.engine_start, 1.0);
+  for (int64_t span = 1; span <= M; span *= 2) {
+    // Reached now: the nodes 0 .. 2*span-1 jumps after a first node.
+    reached = reached.index_add(0, jump, reached).clamp_max_(1.0);
+    jump = jump.index_select(0, jump);
+  }
+  at::Tensor drafts = reached.narrow(0, 0, M);
+  return {(drafts * n).sum(), drafts.sum()};
+}
 
 // The unroll and loss on the loss rows only (see LossRows).
 StepOutput step_on_rows(Eagle3DraftImpl& model, const RowsTarget& target, const LossRows& rows,
@@ -116,10 +176,11 @@ StepOutput step_on_rows(Eagle3DraftImpl& model, const RowsTarget& target, const 
   StepOutput res;
   res.batch = B;
   res.seq = S;
-  std::vector<at::Tensor> ploss, correct, loss_tokens, position_tokens;
-  std::vector<at::Tensor> hits;  // step i: fp32 [N], hit * position mask at each loss row
-  at::Tensor total;
+  std::vector<at::Tensor> ploss, correct, loss_tokens, position_tokens, accept_rate;
+  std::vector<at::Tensor> hits;  // step i: fp32 [N], the hit at each loss row
+  at::Tensor total, pre_hit;
   const int64_t N = rows.rows.numel();
+  const at::Tensor d2t = model.d2t.to(at::kLong);
   unroll(
       model, input_ids, attention_mask, aux_hidden, T, options.attention,
       [&](int64_t i, const at::Tensor& out) {
@@ -142,14 +203,24 @@ StepOutput step_on_rows(Eagle3DraftImpl& model, const RowsTarget& target, const 
                                  : sum / pm_sum.clamp_min(1.0);
         const double w = std::pow(options.step_decay, static_cast<double>(i));
         total = total.defined() ? total + w * ploss_i : w * ploss_i;
+        if (i == 0) {
+          // The engine's first draft of each reply, at the row before it (LossRows::pre): its
+          // step-0 logits, in a call of its own so the loss rows' logits keep their bits. Made
+          // on every micro-batch, rows or not, so the sharding engine sees the same unit order.
+          at::Tensor pre_logits =
+              model.logits(out.reshape({B * S, out.size(-1)}).index_select(0, rows.pre).detach());
+          at::NoGradGuard guard;
+          pre_hit = d2t_hits(pre_logits, d2t, target.pre_ids).to(at::kFloat);
+        }
         at::NoGradGuard guard;
         // The cast to fp32 is exact, so the logits' own argmax is the fp32 one.
-        at::Tensor hit = logits.argmax(-1).eq(target.target_best.index_select(0, take));
+        at::Tensor hit =
+            d2t_hits(logits, d2t, target.target_ids.index_select(0, take)).to(at::kFloat);
         ploss.push_back(ploss_i.detach().to(at::kFloat));
-        at::Tensor scored = hit.to(acc) * pm;
-        correct.push_back(scored.sum().to(at::kFloat));
-        hits.push_back(at::zeros({N}, scored.options().dtype(at::kFloat))
-                           .index_copy_(0, take, scored.to(at::kFloat)));
+        correct.push_back(hit.sum());
+        hits.push_back(at::zeros({N}, hit.options()).index_copy_(0, take, hit));
+        accept_rate.push_back(
+            expected_acceptance(logits.detach(), target.target_p, take, pm, acc).to(at::kFloat));
         loss_tokens.push_back(
             at::scalar_tensor(static_cast<double>(rows.count[static_cast<size_t>(i)]),
                               at::TensorOptions().dtype(at::kFloat).device(logits.device())));
@@ -160,6 +231,7 @@ StepOutput step_on_rows(Eagle3DraftImpl& model, const RowsTarget& target, const 
   res.correct = at::stack(correct);
   res.loss_tokens = at::stack(loss_tokens);
   res.position_tokens = at::stack(position_tokens);
+  res.accept_rate = at::stack(accept_rate);
   res.acc = res.correct / res.loss_tokens.clamp_min(1e-6);
   res.valid_tokens = attention_mask.to(at::kLong).sum();
   {
@@ -167,19 +239,26 @@ StepOutput step_on_rows(Eagle3DraftImpl& model, const RowsTarget& target, const 
     // at row j + i, counted while the rows stay consecutive positions of one sample.
     at::NoGradGuard guard;
     const auto f32 = at::TensorOptions().dtype(at::kFloat).device(rows.rows.device());
-    at::Tensor alive = at::ones({N}, f32), accepted = at::zeros({N}, f32);
-    for (int64_t i = 0; i < T && N > 0; ++i) {
+    const at::Tensor full = rows.run.ge(T).to(at::kFloat);  // chains that can reach length T
+    at::Tensor alive = at::ones({N}, f32);
+    std::vector<at::Tensor> chain_hits;
+    for (int64_t i = 0; i < T; ++i) {
+      if (N == 0) {
+        chain_hits.push_back(at::zeros({}, f32));
+        continue;
+      }
       at::Tensor at_i =
           i == 0
               ? hits[0]
               : at::cat({hits[static_cast<size_t>(i)].narrow(0, std::min(i, N), N - std::min(i, N)),
                          at::zeros({std::min(i, N)}, f32)});
       alive.mul_(at_i).mul_(rows.run.gt(i));
-      accepted.add_(alive);
+      chain_hits.push_back((alive * full).sum());
     }
-    const at::Tensor full = rows.run.ge(T);  // chains that can reach length T
-    res.accepted = accepted.mul_(full).sum();
-    res.anchors = full.sum().to(at::kFloat);
+    res.chain_hits = at::stack(chain_hits);
+    res.accepted = res.chain_hits.sum();
+    res.anchors = full.sum();
+    std::tie(res.draft_accepted, res.drafts) = engine_chains(rows, hits, pre_hit, T);
   }
   return res;
 }
@@ -226,10 +305,47 @@ LossRows LossRows::build(const at::Tensor& loss_mask, int64_t ttt_length, c10::D
     if (rows[j] == rows[j - 1] + 1 && rows[j] % r.seq != 0)
       run[j - 1] = std::min(run[j] + 1, ttt_length);
   }
+  // The engine's drafts (see the header): per reply a..e (loss rows j0..j1 of one sample), the
+  // nodes p = first..e-2 with first = a-1 (a pre row) or a at a sample's start; node p's step i
+  // is scored at row p+i while p+i <= e-2.
+  const auto N = static_cast<int64_t>(rows.size());
+  std::vector<int64_t> pre, node_end, node_start;
+  std::vector<std::vector<int64_t>> node_hit(static_cast<size_t>(ttt_length));
+  for (size_t j0 = 0; j0 < rows.size();) {
+    size_t j1 = j0;
+    while (j1 + 1 < rows.size() && rows[j1 + 1] == rows[j1] + 1 && rows[j1 + 1] % r.seq != 0)
+      ++j1;
+    const int64_t a = rows[j0] % r.seq, e = rows[j1] % r.seq, first = a >= 1 ? a - 1 : a;
+    if (e - 2 >= first) {
+      const auto pre_index = static_cast<int64_t>(pre.size());
+      if (a >= 1) pre.push_back(rows[j0] - 1);
+      const auto k0 = static_cast<int64_t>(node_end.size()), k1 = k0 + (e - 2 - first + 1);
+      node_start.push_back(k0);
+      for (int64_t p = first; p <= e - 2; ++p) {
+        node_end.push_back(k1);
+        for (int64_t i = 0; i < ttt_length; ++i) {
+          int64_t slot = -1;  // the trailing 0, set below once R is known
+          if (p + i <= e - 2) {
+            slot = p + i < a ? N + pre_index : static_cast<int64_t>(j0) + (p + i - a);
+          }
+          node_hit[static_cast<size_t>(i)].push_back(slot);
+        }
+      }
+    }
+    j0 = j1 + 1;
+  }
+  const auto R = static_cast<int64_t>(pre.size());
+  for (auto& list : node_hit)
+    for (int64_t& slot : list)
+      if (slot < 0) slot = N + R;
+  r.engine_nodes = static_cast<int64_t>(node_end.size());
   // All index lists go in one host buffer (pinned for a GPU) and one asynchronous copy; the
   // lists are views of the device copy. No per-list blocking copies, no stream sync.
   std::vector<int64_t> all(rows);
   all.insert(all.end(), run.begin(), run.end());
+  const size_t engine_at = all.size();
+  for (const auto* list : {&pre, &node_end, &node_start}) all.insert(all.end(), list->begin(), list->end());
+  for (const auto& list : node_hit) all.insert(all.end(), list.begin(), list.end());
   std::vector<std::pair<size_t, size_t>> target_span, draft_span;  // (offset, length)
   for (int64_t i = 0; i < ttt_length; ++i) {
     const size_t t0 = all.size();
@@ -254,6 +370,17 @@ LossRows LossRows::build(const at::Tensor& loss_mask, int64_t ttt_length, c10::D
   };
   r.rows = view(0, rows.size());
   r.run = view(rows.size(), rows.size());
+  size_t offset = engine_at;
+  for (auto [field, length] : {std::pair<at::Tensor*, size_t>{&r.pre, pre.size()},
+                               {&r.engine_end, node_end.size()},
+                               {&r.engine_start, node_start.size()}}) {
+    *field = view(offset, length);
+    offset += length;
+  }
+  for (const auto& list : node_hit) {
+    r.engine_hit.push_back(view(offset, list.size()));
+    offset += list.size();
+  }
   for (int64_t i = 0; i < ttt_length; ++i) {
     r.target.push_back(view(target_span[i].first, target_span[i].second));
     r.draft.push_back(view(draft_span[i].first, draft_span[i].second));
@@ -282,8 +409,21 @@ StepOutput ttt_step(Eagle3DraftImpl& model, const TargetDistribution& target,
   {
     at::NoGradGuard guard;
     t.target_p = target.target_p.narrow(1, 0, S).reshape({B * S, Vd}).index_select(0, rows.rows);
-    t.target_best = t.target_p.argmax(-1);
     t.position = target.position_mask.reshape({B * S}).index_select(0, rows.rows);
+    at::Tensor ids = target.target_ids;
+    if (!ids.defined()) {
+      // The target id of argmax p where the position mask is set; none (-1) elsewhere.
+      at::Tensor best = target.target_p.narrow(1, 0, S).argmax(-1);
+      ids = at::where(target.position_mask.ne(0),
+                      best + model.d2t.to(at::kLong).index_select(0, best.reshape({-1})).view_as(best),
+                      at::full({}, -1, best.options()));
+    }
+    FSDP_CHECK(ids.sizes() == input_ids.sizes(),
+               fsdp::str("target_ids must be [", B, ", ", S, "], got ", ids.sizes()),
+               "compute the target from this batch");
+    const at::Tensor flat = ids.reshape({B * S}).to(at::kLong);
+    t.target_ids = flat.index_select(0, rows.rows);
+    t.pre_ids = flat.index_select(0, rows.pre);
   }
   return step_on_rows(model, t, rows, input_ids, attention_mask, aux_hidden, options);
 }
@@ -305,7 +445,12 @@ StepOutput ttt_step(Eagle3DraftImpl& model, const TargetHead& head, const LossRo
                        ", got ", target_hidden.sizes()),
              "every batch tensor is padded to the same [B, S]");
   RowTarget rt = head.compute_rows(target_hidden, rows.rows, options.target, options.vocab_tile);
-  RowsTarget t{rt.target_p, rt.target_best, rt.in_draft};
+  at::Tensor pre_ids = at::empty({0}, rt.target_ids.options());
+  if (rows.pre.numel() > 0) {
+    pre_ids =
+        head.compute_rows(target_hidden, rows.pre, options.target, options.vocab_tile).target_ids;
+  }
+  RowsTarget t{rt.target_p, rt.target_ids, rt.in_draft, pre_ids};
   return step_on_rows(model, t, rows, input_ids, attention_mask, aux_hidden, options);
 }
 

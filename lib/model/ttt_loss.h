@@ -40,19 +40,29 @@ struct StepOutput {
   at::Tensor loss;             // scalar, requires grad: sum_i decay^i * ploss_i / accumulation
   at::Tensor ploss;            // fp32 [T], detached, normalised as the options say
   at::Tensor acc;              // fp32 [T], detached: correct / max(loss_tokens, 1e-6)
-  at::Tensor correct;          // fp32 [T]: sum [argmax z == argmax p] * position_mask_i
+  // fp32 [T]: the loss rows of step i where the draft's argmax, mapped to a target id through
+  // the model's d2t (id + d2t[id]), is the target's full-vocabulary argmax: a "hit" (SpecForge
+  // 0.2.0's accuracy). With a d2t that matches the target head's t2d this is exactly
+  // sum [argmax z == argmax p] * position_mask_i; a wrong d2t shows as fewer hits.
+  at::Tensor correct;
   at::Tensor loss_tokens;      // fp32 [T]: sum loss_mask_i (the acc denominator, unclamped)
   at::Tensor position_tokens;  // fp32 [T]: sum position_mask_i
   at::Tensor valid_tokens;     // int64 scalar: sum attention_mask (tokens/s accounting)
-  // Greedy chain drafting simulated on the unroll: a chain anchored at loss position t proposes
-  // step i's prediction for position t + i (i = 0..T-1) and keeps it while every earlier one
-  // was the target's argmax (a hit of acc_i, which needs that argmax in the draft vocabulary).
-  // accepted: fp32 scalar, sum over anchors of the number of leading hits (0..T); anchors:
-  // fp32 scalar, the loss positions t whose next T-1 positions are loss positions of the same
-  // sample (so every chain can reach length T). 1 + accepted / anchors estimates the mean
-  // acceptance length of a chain of T draft tokens (the +1 is the target's own token); exact
-  // when the data is the target's greedy output, since the unroll feeds the data's tokens.
-  at::Tensor accepted, anchors;
+  // fp32 [T]: sum over position_mask_i rows of sum_v min(p_v, q_v), p the target distribution
+  // over the draft vocabulary (target_p), q the draft's softmax: the expected acceptance of
+  // step i under speculative sampling; divided by position_tokens it is acceptance_rate_i.
+  at::Tensor accept_rate;
+  // All-anchor chains (accept_len_all_anchors): a chain anchored at loss row t proposes step
+  // i's prediction at draft row t, scored at row t + i, and keeps it while every earlier one
+  // was a hit. anchors: fp32 scalar, the loss rows t whose next T-1 positions are loss rows of
+  // the same sample (so every chain can reach length T). chain_hits: fp32 [T], the anchors
+  // whose steps 0..i all hit. accepted: fp32 scalar, sum of chain_hits (the leading hits).
+  at::Tensor accepted, anchors, chain_hits;
+  // Engine-faithful chains (accept_len; docs/model.md "Acceptance length"): greedy chain
+  // drafting of T tokens, one draft where the previous one ended, as vLLM and SGLang (top-k 1)
+  // draft each reply (a run of consecutive loss rows). drafts: fp32 scalar, the drafts made;
+  // draft_accepted: fp32 scalar, the tokens they accepted.
+  at::Tensor draft_accepted, drafts;
   int64_t batch = 0, seq = 0;  // B and S of this micro-batch (the kBatchTokens normaliser)
 };
 
@@ -77,8 +87,22 @@ struct LossRows {
   std::vector<at::Tensor> draft;   // step i: int64 [N_i], the draft rows b*S + t - i they feed
   std::vector<int64_t> count;      // N_i = sum loss_mask_i (host)
   // int64 [N]: how many loss rows, from this one on, are consecutive positions of one sample,
-  // capped at ttt_length (the chains of StepOutput::accepted).
+  // capped at ttt_length (the all-anchor chains of StepOutput::accepted).
   at::Tensor run;
+  // The engine's drafts (StepOutput::drafts). A reply is a run a..e of consecutive loss rows;
+  // the draft made at draft row p proposes the tokens scored at rows p, p+1, ... (step i at
+  // row p + i), and the engine's first draft of the reply is made at row a - 1 (docs/model.md).
+  // pre: int64 [R], the rows b*S + a - 1 of the replies that have such a draft and a >= 1
+  // (not loss rows: step 0's hit there is computed separately).
+  at::Tensor pre;
+  // The possible drafts ("nodes"): rows p = first..e-2 of every reply, M in all, in order.
+  // engine_hit[i]: int64 [M], where node k's step-i hit is in cat(hit_i [N], pre hit_i [R],
+  // 0): the loss row p + i, the pre row, or the trailing 0 when p + i is past e - 2 (the
+  // tokens left in the reply). engine_end: int64 [M], the first node index past k's reply.
+  // engine_start: int64 [K], each reply's first node.
+  std::vector<at::Tensor> engine_hit;
+  at::Tensor engine_end, engine_start;
+  int64_t engine_nodes = 0;  // M (host)
   // loss_mask int64/bool [B, S]: on the host ideally (else one copy to the host); the index
   // tensors are placed on `device`.
   static LossRows build(const at::Tensor& loss_mask, int64_t ttt_length, c10::Device device);
@@ -90,7 +114,9 @@ StepOutput ttt_step(Eagle3DraftImpl& model, const TargetHead& head, const LossRo
                     const at::Tensor& loss_mask, const at::Tensor& aux_hidden,
                     const at::Tensor& target_hidden, const LossOptions& options = {});
 
-// Same unroll from a precomputed dense target distribution (tests).
+// Same unroll from a precomputed dense target distribution (tests). When target.target_ids is
+// undefined, the target id of a row is the argmax of target_p mapped through the model's d2t
+// where position_mask is 1 (no target id elsewhere): the hits are then those of argmax p.
 StepOutput ttt_step(Eagle3DraftImpl& model, const TargetDistribution& target,
                     const at::Tensor& input_ids, const at::Tensor& attention_mask,
                     const at::Tensor& loss_mask, const at::Tensor& aux_hidden,

@@ -3,48 +3,63 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "comm/communicator.h"
 #include "model/ttt_loss.h"
 
 namespace fsdp::train {
+namespace {
+
+// Offsets into the sums (see StepMetrics::sums_).
+struct Layout {
+  int64_t T;
+  int64_t ploss() const { return 0; }
+  int64_t correct() const { return T; }
+  int64_t loss_tokens() const { return 2 * T; }
+  int64_t valid() const { return 3 * T; }
+  int64_t micro() const { return 3 * T + 1; }
+  int64_t accepted() const { return 3 * T + 2; }
+  int64_t anchors() const { return 3 * T + 3; }
+  int64_t chain_hits() const { return 3 * T + 4; }
+  int64_t draft_accepted() const { return 4 * T + 4; }
+  int64_t drafts() const { return 4 * T + 5; }
+  int64_t accept_rate() const { return 4 * T + 6; }
+  int64_t position() const { return 5 * T + 6; }
+  int64_t batch_acc() const { return 6 * T + 6; }
+  int64_t size() const { return 7 * T + 6; }
+};
+
+}  // namespace
 
 void StepMetrics::add(const model::StepOutput& out) {
-  auto as64 = [](const at::Tensor& t) { return t.detach().to(at::kDouble); };
+  auto as64 = [](const at::Tensor& t) { return t.detach().to(at::kDouble).reshape({-1}); };
+  const at::Tensor correct = as64(out.correct), loss_tokens = as64(out.loss_tokens);
+  const at::Tensor one = at::ones({1}, correct.options());
+  at::Tensor row = at::cat({as64(out.ploss), correct, loss_tokens, as64(out.valid_tokens), one,
+                            as64(out.accepted), as64(out.anchors), as64(out.chain_hits),
+                            as64(out.draft_accepted), as64(out.drafts), as64(out.accept_rate),
+                            as64(out.position_tokens), correct / loss_tokens.clamp_min(1e-6)});
   if (micro_batches_ == 0) {
-    ploss_ = as64(out.ploss).clone();
-    correct_ = as64(out.correct).clone();
-    loss_tokens_ = as64(out.loss_tokens).clone();
-    valid_tokens_ = as64(out.valid_tokens).reshape({1}).clone();
-    chains_ = at::stack({as64(out.accepted), as64(out.anchors)});
+    sums_ = row;
   } else {
-    ploss_.add_(as64(out.ploss));
-    correct_.add_(as64(out.correct));
-    loss_tokens_.add_(as64(out.loss_tokens));
-    valid_tokens_.add_(as64(out.valid_tokens).reshape({1}));
-    chains_.add_(at::stack({as64(out.accepted), as64(out.anchors)}));
+    sums_.add_(row);
   }
   ++micro_batches_;
 }
 
 void StepMetrics::clear() {
   micro_batches_ = 0;
-  ploss_ = correct_ = loss_tokens_ = valid_tokens_ = chains_ = at::Tensor();
+  sums_ = at::Tensor();
 }
 
 at::Tensor StepMetrics::reduced(comm::Communicator& comm) const {
-  const int64_t T = ttt_;
-  // One buffer, one all-reduce:
-  // [ploss T | correct T | loss_tokens T | valid 1 | micro 1 | accepted 1 | anchors 1].
-  at::Tensor buf;
-  if (micro_batches_ > 0) {
-    buf = at::cat({ploss_, correct_, loss_tokens_, valid_tokens_,
-                   at::full({1}, static_cast<double>(micro_batches_), ploss_.options()), chains_});
-  } else {
-    buf = at::zeros({3 * T + 4}, at::TensorOptions().dtype(at::kDouble).device(device_));
-  }
-  // The communicator's device decides where the reduction runs.
+  // One buffer, one all-reduce; the communicator's device decides where the reduction runs.
+  at::Tensor buf =
+      micro_batches_ > 0
+          ? sums_.clone()
+          : at::zeros({Layout{ttt_}.size()}, at::TensorOptions().dtype(at::kDouble).device(device_));
   buf = buf.contiguous();
   comm.all_reduce(buf, comm::ReduceOp::kSum)->wait();
   return buf.to(at::kCPU);
@@ -57,52 +72,70 @@ std::vector<double> StepMetrics::global_sums(comm::Communicator& comm) const {
 }
 
 void StepMetrics::add_sums(const std::vector<double>& sums) {
-  const int64_t T = ttt_;
-  // 3T + 2: a checkpoint written before the chain sums existed (they count as none).
+  const Layout L{ttt_};
+  // 3T+2 and 3T+4: checkpoints written before the chain sums or the later metrics existed
+  // (what they lack counts as none).
   const auto n = static_cast<int64_t>(sums.size());
-  if ((n != 3 * T + 2 && n != 3 * T + 4) || sums[3 * T + 1] <= 0) return;
+  if ((n != 3 * ttt_ + 2 && n != 3 * ttt_ + 4 && n != L.size()) || sums[L.micro()] <= 0) return;
   std::vector<double> padded(sums);
-  padded.resize(3 * T + 4, 0.0);
-  const auto opts = at::TensorOptions().dtype(at::kDouble);
-  const at::Tensor all = at::tensor(padded, opts).to(device_);
-  const auto part = [&](int64_t from, int64_t len) { return all.narrow(0, from, len).clone(); };
+  padded.resize(static_cast<size_t>(L.size()), 0.0);
+  const at::Tensor all =
+      at::tensor(padded, at::TensorOptions().dtype(at::kDouble)).to(sums_.defined() ? sums_.device() : device_);
   if (micro_batches_ == 0) {
-    ploss_ = part(0, T);
-    correct_ = part(T, T);
-    loss_tokens_ = part(2 * T, T);
-    valid_tokens_ = part(3 * T, 1);
-    chains_ = part(3 * T + 2, 2);
+    sums_ = all;
   } else {
-    ploss_.add_(part(0, T));
-    correct_.add_(part(T, T));
-    loss_tokens_.add_(part(2 * T, T));
-    valid_tokens_.add_(part(3 * T, 1));
-    chains_.add_(part(3 * T + 2, 2));
+    sums_.add_(all);
   }
-  micro_batches_ += static_cast<int64_t>(sums[3 * T + 1]);
+  micro_batches_ += static_cast<int64_t>(sums[L.micro()]);
 }
 
 std::vector<std::pair<std::string, double>> StepMetrics::report(comm::Communicator& comm,
                                                                 const std::string& prefix,
                                                                 int64_t* global_tokens) {
   const int64_t T = ttt_;
+  const Layout L{T};
   at::Tensor host = reduced(comm);
   const double* v = host.data_ptr<double>();
-  const double micro = v[3 * T + 1];
+  const double micro = v[L.micro()];
+  const auto step = [&](const char* name, int64_t i) {
+    return prefix + "/" + name + "_" + std::to_string(i);
+  };
   std::vector<std::pair<std::string, double>> out;
   double loss = 0.0;
   for (int64_t i = 0; i < T; ++i) {
-    const double p = micro > 0 ? v[i] / micro : std::nan("");
+    const double p = micro > 0 ? v[L.ploss() + i] / micro : std::nan("");
     loss += std::pow(0.8, static_cast<double>(i)) * p;
-    out.emplace_back(prefix + "/ploss_" + std::to_string(i), p);
+    out.emplace_back(step("ploss", i), p);
   }
+  // acc_i pooled (sum correct / sum tokens) or the mean of the micro-batches' own acc_i.
+  std::vector<double> acc(static_cast<size_t>(T));
   for (int64_t i = 0; i < T; ++i) {
-    out.emplace_back(prefix + "/acc_" + std::to_string(i), v[T + i] / std::max(v[2 * T + i], 1e-6));
+    acc[static_cast<size_t>(i)] =
+        aggregation_ == config::AccuracyAggregation::kPerBatch
+            ? (micro > 0 ? v[L.batch_acc() + i] / micro : 0.0)
+            : v[L.correct() + i] / std::max(v[L.loss_tokens() + i], 1e-6);
+    out.emplace_back(step("acc", i), acc[static_cast<size_t>(i)]);
   }
   out.emplace_back(prefix + "/loss", loss);
-  // Absent when no sample had T consecutive loss positions (nothing to estimate from).
-  if (v[3 * T + 3] > 0) out.emplace_back(prefix + "/accept_len", 1.0 + v[3 * T + 2] / v[3 * T + 3]);
-  if (global_tokens) *global_tokens = static_cast<int64_t>(v[3 * T]);
+  // Absent when no reply had a drafted token / no sample had T consecutive loss positions.
+  if (v[L.drafts()] > 0)
+    out.emplace_back(prefix + "/accept_len", 1.0 + v[L.draft_accepted()] / v[L.drafts()]);
+  if (v[L.anchors()] > 0) {
+    out.emplace_back(prefix + "/accept_len_all_anchors",
+                     1.0 + v[L.accepted()] / v[L.anchors()]);
+  }
+  double simulated = 0.0, chain = 1.0;
+  for (double a : acc) simulated += (chain *= a);
+  out.emplace_back(prefix + "/simulated_acc_len", simulated);
+  for (int64_t i = 0; i < T; ++i) {
+    out.emplace_back(step("acceptance_rate", i),
+                     v[L.accept_rate() + i] / std::max(v[L.position() + i], 1e-6));
+  }
+  for (int64_t i = 0; i < T; ++i) {
+    const double before = i == 0 ? v[L.anchors()] : v[L.chain_hits() + i - 1];
+    if (before > 0) out.emplace_back(step("cond_acc", i), v[L.chain_hits() + i] / before);
+  }
+  if (global_tokens) *global_tokens = static_cast<int64_t>(v[L.valid()]);
   clear();
   return out;
 }

@@ -12,6 +12,8 @@
 #include <utility>
 #include <vector>
 
+#include "config/train_config.h"
+
 namespace fsdp::comm {
 class Communicator;
 }
@@ -24,15 +26,21 @@ namespace fsdp::train {
 class StepMetrics {
  public:
   // `device`: where report()'s buffer lives when nothing was added (the metrics
-  // communicator's device: NCCL reduces device tensors only).
-  explicit StepMetrics(int64_t ttt_length, c10::Device device = c10::Device(c10::kCPU))
-      : ttt_(ttt_length), device_(device) {}
+  // communicator's device: NCCL reduces device tensors only). `aggregation`: how report()
+  // forms acc_i (config::AccuracyAggregation; --accuracy-aggregation).
+  explicit StepMetrics(
+      int64_t ttt_length, c10::Device device = c10::Device(c10::kCPU),
+      config::AccuracyAggregation aggregation = config::AccuracyAggregation::kPooled)
+      : ttt_(ttt_length), device_(device), aggregation_(aggregation) {}
   void add(const model::StepOutput& out);
   bool empty() const { return micro_batches_ == 0; }
-  // All-reduces the sums over `comm` (every rank must call) and returns
-  // <prefix>/ploss_i, <prefix>/acc_i (i < T), <prefix>/loss (0.8^i-weighted sum of ploss_i),
-  // <prefix>/accept_len (1 + accepted / anchors of model::StepOutput, when there were anchors)
-  // and the global number of valid tokens; then clears the sums.
+  // All-reduces the sums over `comm` (every rank must call) and returns, as
+  // docs/reference.md §5 defines them: <prefix>/ploss_i, <prefix>/acc_i (i < T), <prefix>/loss
+  // (0.8^i-weighted sum of ploss_i), <prefix>/accept_len (engine-faithful: 1 + draft_accepted
+  // / drafts, when there was a draft), <prefix>/accept_len_all_anchors (1 + accepted / anchors,
+  // when there was an anchor), <prefix>/simulated_acc_len (sum_k prod_{i<=k} acc_i),
+  // <prefix>/acceptance_rate_i, <prefix>/cond_acc_i (when step i-1's chains were alive), and
+  // the global number of valid tokens; then clears the sums.
   std::vector<std::pair<std::string, double>> report(comm::Communicator& comm,
                                                      const std::string& prefix,
                                                      int64_t* global_tokens = nullptr);
@@ -48,8 +56,14 @@ class StepMetrics {
   at::Tensor reduced(comm::Communicator& comm) const;  // the all-reduced buffer, on the host
   int64_t ttt_;
   c10::Device device_;
+  config::AccuracyAggregation aggregation_;
   int64_t micro_batches_ = 0;
-  at::Tensor ploss_, correct_, loss_tokens_, valid_tokens_, chains_;  // chains_: accepted, anchors
+  // The sums, in the order of the all-reduced buffer (and of a checkpoint's sums):
+  // [ploss T | correct T | loss_tokens T | valid 1 | micro-batches 1 | accepted 1 | anchors 1 |
+  //  chain_hits T | draft_accepted 1 | drafts 1 | accept_rate T | position_tokens T |
+  //  sum of per-micro-batch acc T]. A checkpoint of an older version has the first 3T+2 or
+  // 3T+4 only (the rest count from the resume on).
+  at::Tensor sums_;
 };
 
 }  // namespace fsdp::train

@@ -4,6 +4,9 @@
 // the order of those parts lives here. Everything is collective: every rank runs the same steps.
 #include <ATen/ATen.h>
 
+#include <filesystem>
+#include <optional>
+
 #include "checkpoint/checkpoint_dir.h"
 #include "comm/runtime.h"
 #include "config/run_config.h"
@@ -16,12 +19,14 @@
 #include "model/flops.h"
 #include "optim/adamw.h"
 #include "optim/lr_schedule.h"
+#include "train/best_checkpoint.h"
 #include "train/cadence.h"
 #include "train/component_options.h"
 #include "train/signals.h"
 #include "train/step_health.h"
 #include "train/step_metrics.h"
 #include "train/step_runner.h"
+#include "train/stuck_metrics.h"
 #include "train/trainer_impl.h"
 
 namespace fsdp::train {
@@ -64,7 +69,8 @@ struct EpochCounts {
 // The state of one training run between its parts: meters, windows, what is saved.
 class TrainLoop {
  public:
-  TrainLoop(Trainer::Impl& t, data::DataLoader& loader, int64_t per_epoch, Cadence cadence);
+  TrainLoop(Trainer::Impl& t, data::DataLoader& loader, int64_t per_epoch, Cadence cadence,
+            std::optional<BestMetric> best_by);
   RunResult run();
 
  private:
@@ -78,7 +84,9 @@ class TrainLoop {
   bool save_now(int64_t epoch);                        // a periodic save; false when it failed
   void save_or_fail(int64_t epoch, const char* when);  // a save that ends the run
   void save_before_failure(int64_t epoch, const char* why);
-  void evaluate_at(int64_t at);
+  // An evaluation of the step `at`; `epoch` names a checkpoint saved for a new best.
+  void evaluate_at(int64_t at, int64_t epoch);
+  void keep_best(int64_t epoch);  // after an evaluation: a new best is saved and linked
 
   Trainer::Impl& t_;
   data::DataLoader& loader_;
@@ -103,9 +111,21 @@ class TrainLoop {
   std::vector<std::pair<std::string, double>> last_eval_;
   int64_t last_eval_step_ = -1;
   int64_t epoch_now_ = 0;  // the epoch a failed evaluation's save is named after
+  // The newest checkpoint this process saved: an evaluation setting a new best at that step
+  // takes it instead of saving again.
+  int64_t last_saved_step_ = -1;
+  std::string last_saved_dir_;
+  bool keeps_best_ = false;            // every rank: evaluations run and --save-best-by is on
+  std::unique_ptr<BestTracker> best_;  // rank 0
+  // Metrics stuck at exactly 0: the evaluations', else the training log's (after
+  // kZeroMetricWarmupSteps steps) when the run evaluates nothing.
+  bool evaluates_ = false;
+  ZeroMetricWatch eval_zero_{"eval", "evaluations"};
+  ZeroMetricWatch train_zero_{"train", "logging steps"};
 };
 
-TrainLoop::TrainLoop(Trainer::Impl& t, data::DataLoader& loader, int64_t per_epoch, Cadence cadence)
+TrainLoop::TrainLoop(Trainer::Impl& t, data::DataLoader& loader, int64_t per_epoch, Cadence cadence,
+                     std::optional<BestMetric> best_by)
     : t_(t),
       loader_(loader),
       per_epoch_(per_epoch),
@@ -116,8 +136,9 @@ TrainLoop::TrainLoop(Trainer::Impl& t, data::DataLoader& loader, int64_t per_epo
                                 t.cfg.shard.accumulate_locally}),
       agreement_{t.world, [&t](bool mine) { return t.any_rank(mine); }},
       meter_(metrics::resolve_peak_tflops(t.cfg.metrics.mfu_peak_tflops, t.device)),
-      window_(t.cfg.model.ttt_length, t.metrics_device()),
-      epoch_metrics_(t.cfg.model.ttt_length, t.metrics_device()),
+      window_(t.cfg.model.ttt_length, t.metrics_device(), t.cfg.metrics.accuracy_aggregation),
+      epoch_metrics_(t.cfg.model.ttt_length, t.metrics_device(),
+                     t.cfg.metrics.accuracy_aggregation),
       health_(Trainer::kMaxConsecutiveNonFinite, &t.state.skipped_steps) {
   t_.logger =
       metrics::make_logger(t.cfg.metrics, sink_context(t.cfg, t.rank, t.total_steps, t.config_json,
@@ -128,6 +149,27 @@ TrainLoop::TrainLoop(Trainer::Impl& t, data::DataLoader& loader, int64_t per_epo
   if (t.rank == 0 && t.state.position > 0) epoch_metrics_.add_sums(t.state.epoch_metric_sums);
   // Just resumed: that step is saved already (a stop before the next step saves nothing again).
   saved_at_step_ = !t.resume_candidates.empty() && t.state.step > 0;
+  evaluates_ = cadence_.has_eval_data && (cadence_.eval_steps > 0 || cadence_.eval_epochs > 0);
+  if (best_by && !evaluates_) {
+    FSDP_LOG0(kInfo) << "--save-best-by " << best_by->name << ": this run evaluates nothing ("
+                     << (cadence_.has_eval_data ? "--eval-interval and --eval-steps are 0"
+                                                : "no --eval-hidden-states-path")
+                     << "), so no best checkpoint is kept; <output-dir>/latest names the newest";
+  }
+  keeps_best_ = best_by && evaluates_;
+  if (keeps_best_ && t.rank == 0) {
+    best_ = std::make_unique<BestTracker>(t.cfg.checkpoint.output_dir, *best_by);
+    // A resumed run continues the best so far: a worse evaluation must not replace it. A fresh
+    // run starts anew (a best.json left in the directory names no checkpoint of this run).
+    if (!t.resume_candidates.empty()) {
+      try {
+        const std::string line = best_->resume();
+        if (!line.empty()) FSDP_LOG0(kInfo) << line;
+      } catch (const std::exception& e) {
+        FSDP_LOG0(kWarn) << "--save-best-by: " << error_text(e);
+      }
+    }
+  }
 }
 
 RunResult TrainLoop::run() {
@@ -215,7 +257,7 @@ bool TrainLoop::optimizer_step(int64_t epoch, int64_t b_index, Stopwatch& step_c
     health_.flush();
     saved_at_step_ = save_now(epoch);
   }
-  if (next.evaluate) evaluate_at(n);
+  if (next.evaluate) evaluate_at(n, epoch);
   if (next.evaluate_after_epoch) deferred_eval_step_ = n;
   // Agree on stopping: a signal may have reached only some ranks.
   const AfterSignal on_signal = after_signal(t_.any_rank(stop_requested()), saved_at_step_);
@@ -259,6 +301,10 @@ void TrainLoop::log_step(int64_t n, int64_t epoch) {
                          mem.device_peak_allocated_bytes / 1073741824.0);
   }
   t_.logger->log(n, scalars);
+  if (!evaluates_ && n > kZeroMetricWarmupSteps) {
+    const std::string stuck = train_zero_.observe(scalars);
+    if (!stuck.empty()) FSDP_LOG0(kError) << stuck;
+  }
   meter_.reset_window();
   window_clock_.reset();
 }
@@ -276,11 +322,11 @@ void TrainLoop::end_epoch(int64_t epoch, const EpochCounts& counts) {
     saved_at_step_ = save_now(epoch);
   }
   if (deferred_eval_step_ > 0) {
-    evaluate_at(deferred_eval_step_);
+    evaluate_at(deferred_eval_step_, epoch);
     deferred_eval_step_ = 0;
   }
   if (next.evaluate) {
-    evaluate_at(t_.state.step);
+    evaluate_at(t_.state.step, epoch);
     result_.final_eval = last_eval_;
   }
 }
@@ -327,8 +373,11 @@ bool TrainLoop::save_now(int64_t epoch) {
   // A periodic save that fails leaves training running: the next save tries again.
   t_.state.epoch_metric_sums = epoch_metrics_.global_sums(*t_.metrics_comm);
   const std::string dir = t_.save(epoch);
-  if (!dir.empty()) result_.last_checkpoint = dir;
-  return !dir.empty();
+  if (dir.empty()) return false;
+  result_.last_checkpoint = dir;
+  last_saved_step_ = t_.state.step;
+  last_saved_dir_ = dir;
+  return true;
 }
 
 void TrainLoop::save_or_fail(int64_t epoch, const char* when) {
@@ -349,7 +398,7 @@ void TrainLoop::save_before_failure(int64_t epoch, const char* why) {
   }
 }
 
-void TrainLoop::evaluate_at(int64_t at) {
+void TrainLoop::evaluate_at(int64_t at, int64_t epoch) {
   if (last_eval_step_ == at) return;
   // Unreadable evaluation data ends the run like a bad training sample: the last completed step
   // is saved first.
@@ -357,6 +406,56 @@ void TrainLoop::evaluate_at(int64_t at) {
       t_.evaluate("eval", [&] { save_before_failure(epoch_now_, "evaluation data failed"); });
   last_eval_step_ = at;
   t_.logger->log(at, last_eval_);
+  const std::string stuck = eval_zero_.observe(last_eval_);
+  if (!stuck.empty()) FSDP_LOG0(kError) << stuck;
+  keep_best(epoch);
+}
+
+void TrainLoop::keep_best(int64_t epoch) {
+  if (!keeps_best_) return;
+  // Rank 0 decides (the evaluation's scalars are the same on every rank, all-reduced), every
+  // rank follows: a save is collective.
+  std::optional<double> better;
+  if (best_) better = best_->improvement(last_eval_);
+  if (!t_.any_rank(better.has_value())) return;
+  const int64_t step = t_.state.step;
+  // The checkpoint of the evaluated step: the one just saved (the loop saves before it
+  // evaluates), else one saved now; a best is always a complete checkpoint of its own.
+  if (last_saved_step_ != step) {
+    health_.flush();
+    if (save_now(epoch)) {
+      saved_at_step_ = true;
+    } else {
+      if (best_) {
+        FSDP_LOG0(kWarn) << "--save-best-by " << best_->metric().name << ": step " << step
+                         << " is a new best (" << *better
+                         << "), but its checkpoint could not be saved; the best stays "
+                         << (best_->best() ? best_->best()->checkpoint : std::string("unset"));
+      }
+      return;
+    }
+  }
+  if (!best_) return;
+  const auto before = best_->best();
+  const auto ref = checkpoint::parse_checkpoint_name(
+      std::filesystem::path(last_saved_dir_).filename().string());
+  try {
+    best_->record(*better, step, ref ? ref->epoch : epoch, last_saved_dir_);
+    FSDP_LOG0(kInfo) << "new best " << best_->metric().name << " " << *better
+                     << (before ? fsdp::str(" (was ", before->value, " at step ", before->step, ")")
+                                : std::string())
+                     << ": " << checkpoint::join_path(t_.cfg.checkpoint.output_dir,
+                                                      checkpoint::kBestLink)
+                     << " -> " << last_saved_dir_;
+    // The earlier best, no longer protected, goes when it is beyond --keep-last.
+    if (t_.cfg.checkpoint.keep_last > 0) {
+      checkpoint::prune(t_.cfg.checkpoint.output_dir, t_.cfg.checkpoint.keep_last,
+                        last_saved_dir_);
+    }
+  } catch (const std::exception& e) {
+    FSDP_LOG0(kWarn) << "--save-best-by: the new best " << last_saved_dir_
+                     << " could not be recorded: " << error_text(e);
+  }
 }
 
 RunResult Trainer::Impl::train() {
@@ -366,6 +465,9 @@ RunResult Trainer::Impl::train() {
   const int64_t steps_per_epoch = check_epoch(per_epoch);
   total_steps =
       cfg.loop.total_steps ? *cfg.loop.total_steps : cfg.loop.num_epochs * steps_per_epoch;
+  // A metric no evaluation can log is an error now, not after hours of training.
+  const std::optional<BestMetric> best_by =
+      parse_best_metric(cfg.checkpoint.save_best_by, cfg.model.ttt_length);
   checkpoint::ensure_directory(cfg.checkpoint.output_dir);
   state.world_size = world;
   state.accumulation_steps = plan.accumulation_steps;
@@ -384,7 +486,8 @@ RunResult Trainer::Impl::train() {
   const int64_t stop_at =
       cfg.loop.max_steps ? std::min(*cfg.loop.max_steps, total_steps) : total_steps;
   if (rank == 0) log_run_start(per_epoch);
-  TrainLoop loop(*this, *loader, per_epoch, make_cadence(cfg, eval_ds != nullptr, stop_at));
+  TrainLoop loop(*this, *loader, per_epoch, make_cadence(cfg, eval_ds != nullptr, stop_at),
+                 best_by);
   return loop.run();
 }
 

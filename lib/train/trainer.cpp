@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <sstream>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
@@ -95,6 +96,7 @@ void Trainer::Impl::setup() {
                      << config::to_display(cfg);
   }
   draft_cfg = model::load_draft_config(cfg.model.draft_model_config);
+  resolve_serving_export();
   // Before any data or weights are read: a run that cannot fit stops here with the numbers.
   model::check_training_memory(
       draft_cfg, memory_plan(cfg, device, plan.micro_batch, world, topo.local_size),
@@ -161,6 +163,50 @@ std::string Trainer::Impl::set_threads(const comm::Topology& topo) const {
          (cfg.runtime.threads > 0 ? ""
           : omp_threads > 0       ? " (OMP_NUM_THREADS)"
                                   : " (cores / ranks)");
+}
+
+void Trainer::Impl::resolve_serving_export() {
+  std::ifstream in(cfg.model.draft_model_config);
+  std::stringstream text;
+  text << in.rdbuf();
+  const int64_t L = model::target_num_layers(cfg.model.target_model_path);
+  aux_layers = model::resolve_aux_layers(text.str(), cfg.model.aux_layer_convention, L,
+                                         cfg.model.draft_model_config);
+  export_rope = model::parse_rope_override(cfg.checkpoint.export_rope_scaling, cfg.data.max_length);
+  if (aux_layers) {
+    const size_t n = aux_layers->hidden_state_index.size();
+    FSDP_USAGE_CHECK(n == 3,
+                     fsdp::str(aux_layers->origin, ": ", n,
+                               " target layers, but the draft's fc reads 3 (fc input 3 x "
+                               "target_hidden_size)"),
+                     "give three layer ids, the ones the features were dumped with");
+    // What each engine will read from the export, checked here rather than found at serving.
+    const std::string exported = export_config_json();
+    const auto v = model::vllm_reads(exported), g = model::sglang_reads(exported, false);
+    FSDP_CHECK(cfg.checkpoint.export_for == model::ExportTarget::kSglang ||
+                   cfg.checkpoint.export_for == model::ExportTarget::kSpecForge ||
+                   (v && *v == aux_layers->hidden_state_index),
+               "the export's config.json would make vLLM read other layers", "report this bug");
+    if (rank == 0) {
+      std::string hs;
+      for (int64_t k : aux_layers->hidden_state_index) hs += (hs.empty() ? "" : ", ") + std::to_string(k);
+      FSDP_LOG0(kInfo) << "target layers: hidden_states [" << hs << "] from " << aux_layers->origin
+                       << "; exports are written for " << model::export_target_name(cfg.checkpoint.export_for)
+                       << (g && *g == aux_layers->hidden_state_index ? "" : " (SGLang cannot read them: serve with vLLM)");
+    }
+  } else if (rank == 0) {
+    FSDP_LOG0(kWarn) << cfg.model.draft_model_config
+                     << " names no eagle_aux_hidden_state_layer_ids and the target's layer count "
+                        "is unknown (no num_hidden_layers in "
+                     << cfg.model.target_model_path
+                     << "/config.json): the export names no layers, and the engines use their "
+                        "default capture (SpecForge's default layers)";
+  }
+}
+
+std::string Trainer::Impl::export_config_json() const {
+  return model::serving_config_json(draft_cfg.to_json(), aux_layers, cfg.checkpoint.export_for,
+                                    export_rope);
 }
 
 void Trainer::Impl::open_data() {
@@ -410,7 +456,7 @@ std::vector<std::pair<std::string, double>> Trainer::Impl::evaluate(
   check_eval_size(*ds);
   auto loader = make_loader(ds, /*shuffle=*/false);
   loader->start({0, 0});
-  StepMetrics m(cfg.model.ttt_length, metrics_device());
+  StepMetrics m(cfg.model.ttt_length, metrics_device(), cfg.metrics.accuracy_aggregation);
   at::NoGradGuard no_grad;
   int64_t zero_loss = 0, loss_tokens = 0;  // this rank's (samples without a loss token)
   const model::LossOptions loss = loss_options(cfg, 1);

@@ -98,8 +98,13 @@ std::string Trainer::Impl::save(int64_t epoch_for_name) {
   auto full = engine->full_state(/*rank0_only=*/true, /*include_frozen=*/false);
   if (rank == 0) {
     attempt([&] {
-      checkpoint::write_draft_export(writer.temp_dir(), draft_cfg.to_json(), full, mapping.d2t,
+      checkpoint::write_draft_export(writer.temp_dir(), export_config_json(), full, mapping.d2t,
                                      mapping.t2d, to_dtype(cfg.checkpoint.export_dtype));
+      if (aux_layers) {
+        // Inside the temporary directory: published with the checkpoint, never half-written.
+        fsdp::write_file_durably(checkpoint::join_path(writer.temp_dir(), "aux_layers.json"),
+                           model::aux_layers_record(*aux_layers));
+      }
     });
   }
   full.clear();  // not held through save_state's own host copies (1.7 GB for the llama3-8B draft)
@@ -138,9 +143,21 @@ std::string Trainer::Impl::save(int64_t epoch_for_name) {
   }
   if (rank == 0) {
     FSDP_LOG0(kInfo) << "saved checkpoint " << writer.final_dir() << " (" << w.seconds() << " s)";
+    point_latest(writer.final_dir());
   }
   control->barrier();
   return writer.final_dir();
+}
+
+void Trainer::Impl::point_latest(const std::string& checkpoint_dir) const {
+  // A convenience for people and scripts: resume never reads it (it lists the checkpoints), so a
+  // link that cannot be made is only a warning.
+  try {
+    checkpoint::point_link(cfg.checkpoint.output_dir, checkpoint::kLatestLink, checkpoint_dir);
+  } catch (const std::exception& e) {
+    FSDP_LOG0(kWarn) << "<output-dir>/" << checkpoint::kLatestLink << " not updated: "
+                     << error_text(e);
+  }
 }
 
 std::string Trainer::Impl::newest_checkpoint_text() const {
@@ -276,10 +293,12 @@ void Trainer::Impl::resume_if_asked() {
   // Checkpoints after the one resumed from belong to an abandoned branch: set aside, so that
   // this run's saves do not overwrite them and a later --resume auto does not take them.
   if (rank == 0 && !cfg.loop.eval_only && inside_output_dir(loaded, cfg.checkpoint.output_dir)) {
-    for (const auto& moved : checkpoint::set_aside_newer(cfg.checkpoint.output_dir, saved.step)) {
+    const auto moved_aside = checkpoint::set_aside_newer(cfg.checkpoint.output_dir, saved.step);
+    for (const auto& moved : moved_aside) {
       FSDP_LOG0(kWarn) << "resumed from step " << saved.step << ": the newer checkpoint is set "
                        << "aside as " << moved << " (another branch of the run; nothing deleted)";
     }
+    if (!moved_aside.empty()) point_latest(loaded);  // the link named a checkpoint set aside
   }
   control->barrier();
   if (have_init_export && rank == 0) {

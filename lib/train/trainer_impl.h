@@ -6,6 +6,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,7 @@
 #include "data/vocab_mapping.h"
 #include "metrics/profiler.h"
 #include "metrics/sinks.h"
+#include "model/aux_layers.h"
 #include "model/draft_model.h"
 #include "model/target_head.h"
 #include "model/ttt_loss.h"
@@ -33,6 +35,10 @@ struct Trainer::Impl {
   c10::Device device{c10::kCPU};
   int rank = 0, world = 1;
   model::DraftConfig draft_cfg;
+  // The target layers the features hold (nullopt: unknown, the engines' defaults apply) and the
+  // RoPE scaling injected into exports: what serving_config_json writes (docs/serving.md).
+  std::optional<model::AuxLayers> aux_layers;
+  model::RopeOverride export_rope;
   std::shared_ptr<data::FeatureDataset> train_ds, eval_ds;
   data::VocabMapping mapping;
   model::TargetHead head;
@@ -59,6 +65,9 @@ struct Trainer::Impl {
   void plan_batches();
   // Sets the intra-op threads; returns "N thread(s) per rank (source)" for the start-up line.
   std::string set_threads(const comm::Topology& topo) const;
+  void resolve_serving_export();  // aux_layers and export_rope, checked against the target
+  // The draft's config.json as exported: each engine's aux ids, RoPE in both schemas.
+  std::string export_config_json() const;
   void open_data();               // opens the feature sets and reads one sample of each
   void check_loss_masks() const;  // exit 2 for sets without (almost any) loss tokens
   void check_eval_set() const;    // one micro-batch per rank; warns about samples left out
@@ -88,6 +97,8 @@ struct Trainer::Impl {
   // Exits 2 unless every rank lists the same checkpoints (collective).
   void check_same_checkpoints(const std::vector<checkpoint::CheckpointRef>& list) const;
   std::string newest_checkpoint_text() const;
+  // Rank 0: points <output-dir>/latest at checkpoint_dir (a warning when it cannot).
+  void point_latest(const std::string& checkpoint_dir) const;
   // Chooses the checkpoints a resume would load (train::plan_resume in resume_plan.h), before the
   // model is built: the model takes its vocabulary mapping from the first. Collective.
   void plan_resume();

@@ -113,6 +113,61 @@ TEST_CASE("keep-last never follows a symbolic link named like a checkpoint", "[c
   CHECK(is_complete(target));
 }
 
+TEST_CASE("best and latest links: replaced atomically, never taken for checkpoints", "[checkpoint]") {
+  const std::string out = fresh_dir("links");
+  const std::string s2 = save(out, 0, 2, "two");
+  const std::string s4 = save(out, 0, 4, "four");
+  CHECK(link_target(out, kBestLink).empty());
+  point_link(out, kBestLink, s2);
+  point_link(out, kLatestLink, s2);
+  CHECK(fs::is_symlink(out + "/best"));
+  CHECK(fs::read_symlink(out + "/best") == "epoch_0_step_2");  // relative: the directory can move
+  CHECK(payload(out + "/best") == "two");
+  // Replaced by a rename over the old link: no temporary link is left.
+  point_link(out, kLatestLink, s4);
+  CHECK(link_target(out, kLatestLink) == "epoch_0_step_4");
+  CHECK(payload(out + "/latest") == "four");
+  CHECK_FALSE(fs::exists(fs::symlink_status(out + "/.latest.tmp")));
+  // A temporary link left by an interrupted replacement, and best.json, change nothing either.
+  fs::create_directory_symlink("epoch_0_step_2", out + "/.best.tmp");
+  std::ofstream(out + "/best.json") << "{}";
+  // Discovery, resume and the other listings see the two checkpoints only: the links are not
+  // checkpoints, and the best is not taken unless it is the newest.
+  const auto all = list_complete(out);
+  REQUIRE(all.size() == 2);
+  CHECK(all[0].path == s2);
+  CHECK(all[1].path == s4);
+  CHECK(find_latest(out)->path == s4);
+  CHECK(list_foreign_exports(out).empty());
+  CHECK(recover_interrupted_saves(out).empty());
+  CHECK(set_aside_newer(out, 4).empty());
+  point_link(out, kBestLink, s2);  // over the leftover temporary link
+  CHECK(link_target(out, kBestLink) == "epoch_0_step_2");
+  // A directory named like a link is not replaced.
+  fs::create_directories(out + "/notalink/x");
+  CHECK_THROWS(point_link(out, "notalink", s4));
+  CHECK(fs::is_directory(out + "/notalink/x"));
+}
+
+TEST_CASE("keep-last never removes the best checkpoint", "[checkpoint]") {
+  const std::string out = fresh_dir("prune-best");
+  const std::string s2 = save(out, 0, 2, "two");
+  point_link(out, kBestLink, s2);
+  for (int64_t step : {4, 6, 8}) save(out, 0, step, std::to_string(step), /*keep_last=*/2);
+  // The newest two and the best besides.
+  std::vector<int64_t> steps;
+  for (const auto& c : list_complete(out)) steps.push_back(c.step);
+  CHECK(steps == std::vector<int64_t>{2, 6, 8});
+  CHECK(payload(out + "/best") == "two");
+  // The best moves on: the old one is an ordinary checkpoint again.
+  point_link(out, kBestLink, out + "/epoch_0_step_6");
+  CHECK(prune(out, 1) == std::vector<std::string>{s2});
+  steps.clear();
+  for (const auto& c : list_complete(out)) steps.push_back(c.step);
+  CHECK(steps == std::vector<int64_t>{6, 8});
+  CHECK(payload(out + "/best") == "6");
+}
+
 TEST_CASE("weights-only directories are not checkpoints, and are listed apart", "[checkpoint]") {
   const std::string out = fresh_dir("foreign");
   for (const char* name : {"epoch_3", "epoch_0_step_7"}) {

@@ -106,6 +106,19 @@ TEST_CASE("counting reads unshifted input_ids at loss_mask == 1, truncated to ma
   CHECK(vec(build_vocab_mapping(*ds, o).used_ids()) == std::vector<int64_t>{0, 4});
 }
 
+TEST_CASE("the vocab cache key holds both vocabulary sizes and the data fingerprint", "[data]") {
+  // A cached mapping of another target vocabulary (V), draft vocabulary (Vd) or of data changed
+  // in place (the fingerprint) must never be taken: each gives another cache file.
+  const std::string base = vocab_cache_file("/data/x", 2048, 32000, 8000, "00000000000000aa");
+  CHECK(vocab_cache_file("/data/x", 2048, 32000, 8000, "00000000000000aa") == base);
+  CHECK(vocab_cache_file("/data/x", 2048, 32001, 8000, "00000000000000aa") != base);  // V
+  CHECK(vocab_cache_file("/data/x", 2048, 32000, 8001, "00000000000000aa") != base);  // Vd
+  CHECK(vocab_cache_file("/data/x", 2048, 32000, 8000, "00000000000000ab") != base);  // data
+  CHECK(vocab_cache_file("/data/x", 2048, 32000, 8000) != base);  // no fingerprint
+  // Swapping the two sizes is another key too.
+  CHECK(vocab_cache_file("/data/x", 2048, 8000, 32000, "00000000000000aa") != base);
+}
+
 TEST_CASE("mapping files: round trip, validation, and Python/SpecForge interop", "[data][python]") {
   const auto dir = temp_dir("vocab_file");
   const VocabMapping m = mapping_from_counts(at::tensor(std::vector<int64_t>{5, 0, 2, 0, 7, 1}), 3);

@@ -276,7 +276,10 @@ struct StepFixture {
     }
     at::Tensor t2d = torch::zeros({20}, torch::kBool);
     t2d.index_put_({torch::randperm(20).narrow(0, 0, 10)}, true);
-    model->set_vocab_mapping(torch::zeros({10}, torch::kLong), t2d);
+    // d2t consistent with t2d (draft id j is the j-th target id t2d selects): accuracy
+    // through d2t then counts exactly the hits of argmax p.
+    at::Tensor used = t2d.nonzero().view({-1});
+    model->set_vocab_mapping(used - torch::arange(10, torch::kLong), t2d);
     head = TargetHead(torch::randn({20, 8}, torch::kDouble), t2d);
     ids = torch::randint(0, 20, {2, 5}, torch::kLong);
     mask = torch::tensor({1, 1, 1, 1, 1, 1, 1, 1, 0, 0}, torch::kLong).view({2, 5});

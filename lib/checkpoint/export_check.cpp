@@ -1,0 +1,542 @@
+// EAGLE3 draft directory checks for the serving engines (export_check.h): files, tensors and the
+// vocabulary mapping. What each engine does with a tensor name or dtype mirrors vLLM 0.32's
+// llama_eagle3.py load_weights and SGLang's llama_eagle3.py (docs/usage.md "Checking an export");
+// the config checks are in export_check_config.cpp. Never throws for a bad directory.
+#include "checkpoint/export_check.h"
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <optional>
+
+#include "checkpoint/export_check_internal.h"
+#include "checkpoint/safetensors.h"
+#include "core/error.h"
+
+namespace fsdp::checkpoint {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using Level = ExportFinding::Level;
+
+namespace export_check {
+
+std::string list_text(const std::vector<int64_t>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + "]";
+}
+
+std::string what_of(const std::exception& e) {
+  if (const auto* fe = dynamic_cast<const Error*>(&e)) return fe->message();
+  return error_text(e);
+}
+
+}  // namespace export_check
+
+namespace {
+
+using export_check::list_text;
+using export_check::Report;
+using export_check::what_of;
+
+struct Tensor {
+  std::shared_ptr<SafetensorsFile> file;
+  const TensorInfo* info = nullptr;
+  std::string name;  // as stored
+};
+
+// Config-derived shapes. `ok` false when a required key is missing (shapes are then not checked).
+struct Dims {
+  int64_t H = 0, I = 0, nh = 0, nkv = 0, d = 0, Ht = 0, V = 0, Vd = 0, n = 3;
+  bool ok = false;
+};
+
+bool is_plain_file_name(const std::string& s) {
+  return !s.empty() && s != "." && s != ".." && s.find('/') == std::string::npos &&
+         s.find('\\') == std::string::npos;
+}
+
+// The pickled weight files in `dir` (not read: unpickling can run code).
+std::vector<std::string> pickled_files(const fs::path& dir) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  int seen = 0;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end && ++seen < 10000;
+       it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    const std::string ext = it->path().extension().string();
+    if (ext == ".bin" || ext == ".pt" || ext == ".pth" || ext == ".ckpt") out.push_back(name);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+bool has_shards(const fs::path& dir) {
+  std::error_code ec;
+  int seen = 0;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end && ++seen < 10000;
+       it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.rfind("model-", 0) == 0 && it->path().extension() == ".safetensors") return true;
+  }
+  return false;
+}
+
+void add_file(const std::shared_ptr<SafetensorsFile>& f, std::map<std::string, Tensor>& out) {
+  for (const auto& info : f->tensors()) out[info.name] = Tensor{f, &info, info.name};
+}
+
+std::shared_ptr<SafetensorsFile> open_checked(const fs::path& path, const std::string& subject,
+                                              Report& r) {
+  try {
+    return SafetensorsFile::open(path.string());
+  } catch (const std::exception& e) {
+    r.error(subject, what_of(e),
+            "the file is truncated or not a safetensors file: export or download it again");
+  }
+  return nullptr;
+}
+
+// Opens the weights: model.safetensors, or the shards of model.safetensors.index.json.
+std::map<std::string, Tensor> open_weights(const fs::path& dir, Report& r) {
+  std::map<std::string, Tensor> out;
+  std::error_code ec;
+  const fs::path single = dir / "model.safetensors";
+  const fs::path index = dir / "model.safetensors.index.json";
+  if (fs::is_regular_file(single, ec)) {
+    if (auto f = open_checked(single, "model.safetensors", r)) {
+      add_file(f, out);
+      r.ok("model.safetensors",
+           str(f->tensors().size(), " tensors, ", f->file_size(), " bytes, header valid"));
+    }
+    return out;
+  }
+  if (fs::is_regular_file(index, ec)) {
+    const auto j = export_check::read_json(index, "model.safetensors.index.json", r, nullptr);
+    if (!j) return out;
+    if (!j->contains("weight_map") || !j->at("weight_map").is_object()) {
+      r.error("model.safetensors.index.json", "has no weight_map object",
+              "write the index as save_pretrained does: {\"weight_map\": {tensor: file}}");
+      return out;
+    }
+    std::map<std::string, std::shared_ptr<SafetensorsFile>> files;
+    for (auto it = j->at("weight_map").begin(); it != j->at("weight_map").end(); ++it) {
+      const std::string subject = "model.safetensors.index.json:" + it.key();
+      if (!it.value().is_string() || !is_plain_file_name(it.value().get<std::string>())) {
+        r.error(subject, "weight_map value " + it.value().dump() + " is not a file name",
+                "weight_map values are file names next to the index (no directories)");
+        continue;
+      }
+      const std::string file = it.value().get<std::string>();
+      if (!files.count(file)) files[file] = open_checked(dir / file, file, r);
+      const auto& f = files[file];
+      if (!f) continue;
+      if (!f->contains(it.key())) {
+        r.error(subject, "the index names " + file + ", which holds no such tensor",
+                "the index and the shards disagree: write them again together");
+        continue;
+      }
+      out[it.key()] = Tensor{f, &f->info(it.key()), it.key()};
+    }
+    r.ok("model.safetensors.index.json",
+         str(out.size(), " tensors in ", files.size(), " shard file(s)"));
+    return out;
+  }
+  const auto pickled = pickled_files(dir);
+  if (!pickled.empty()) {
+    std::string names;
+    for (const auto& p : pickled) names += (names.empty() ? "" : ", ") + p;
+    r.error("model.safetensors",
+            "missing; the directory holds pickled weights (" + names +
+                "), which are not read (loading a pickle can run code)",
+            "convert once with the safetensors library (save_file(torch.load(p, "
+            "weights_only=True), 'model.safetensors')); only model.safetensors and "
+            "model-*.safetensors shards with model.safetensors.index.json are read");
+  } else if (has_shards(dir)) {
+    r.error("model.safetensors.index.json",
+            "missing: model-*.safetensors shards without their index",
+            "write the index (weight_map: tensor name -> shard file) next to the shards");
+  } else {
+    r.error("model.safetensors", "missing (no model.safetensors nor a sharded index)",
+            "point at a draft directory holding config.json and model.safetensors");
+  }
+  return out;
+}
+
+// The name every engine means: "model." dropped, "layers.0." (speculators) read as "midlayer.".
+std::string canonical(const std::string& name) {
+  std::string c = name.rfind("model.", 0) == 0 ? name.substr(6) : name;
+  if (c.rfind("layers.0.", 0) == 0) c = "midlayer." + c.substr(9);
+  return c;
+}
+
+struct Expected {
+  std::string name;
+  std::vector<int64_t> shape;
+};
+
+std::vector<Expected> expected_weights(const Dims& d) {
+  const std::string a = "midlayer.self_attn.", m = "midlayer.mlp.";
+  return {{"fc.weight", {d.H, d.n * d.Ht}},
+          {"midlayer.hidden_norm.weight", {d.H}},
+          {"midlayer.input_layernorm.weight", {d.H}},
+          {a + "q_proj.weight", {d.nh * d.d, 2 * d.H}},
+          {a + "k_proj.weight", {d.nkv * d.d, 2 * d.H}},
+          {a + "v_proj.weight", {d.nkv * d.d, 2 * d.H}},
+          {a + "o_proj.weight", {d.H, d.nh * d.d}},
+          {"midlayer.post_attention_layernorm.weight", {d.H}},
+          {m + "gate_proj.weight", {d.I, d.H}},
+          {m + "up_proj.weight", {d.I, d.H}},
+          {m + "down_proj.weight", {d.H, d.I}},
+          {"norm.weight", {d.H}},
+          {"lm_head.weight", {d.Vd, d.H}}};
+}
+
+bool is_float_dtype(const std::string& s) {
+  return s == "BF16" || s == "F16" || s == "F32";
+}
+
+// Names: what each named engine does with the stored spelling.
+void check_name(const Tensor& t, const std::string& canon, const export_check::Engines& e,
+                Report& r) {
+  const bool prefixed = t.name.rfind("model.", 0) == 0;
+  const bool speculators = t.name.find("layers.0.") != std::string::npos;
+  if (canon == "lm_head.weight" && prefixed) {
+    r.error(t.name, "vLLM and SGLang load the draft's LM head only as 'lm_head.weight'",
+            "rename the tensor to lm_head.weight");
+  } else if (prefixed && e.vllm) {
+    r.error(t.name,
+            "vLLM 0.32 adds 'model.' to every name but lm_head itself: it looks for "
+            "'model." +
+                t.name + "' and refuses to load",
+            "drop the 'model.' prefix (SGLang reads both spellings)");
+  } else if (speculators && e.sglang) {
+    r.error(t.name,
+            "SGLang knows only 'midlayer.' names and skips this tensor without a word (random "
+            "weights)",
+            "rename 'layers.0.' to 'midlayer.' (vLLM reads both spellings)");
+  }
+}
+
+void check_weights(const std::map<std::string, Tensor>& by_canon, const Dims& d,
+                   const export_check::Engines& e, int64_t draft_layers, Report& r) {
+  for (const auto& ex : expected_weights(d)) {
+    auto it = by_canon.find(ex.name);
+    if (it == by_canon.end()) {
+      const bool head = ex.name == "lm_head.weight";
+      r.error(ex.name,
+              head ? "missing: without it the engines use the target's LM head, whose rows are "
+                     "not the draft's; the draft loads and serves at acceptance ~1 "
+                     "(Automodel#2447, sglang#27908)"
+                   : "missing",
+              "export every tensor of the draft (docs/reference.md §3) except embed_tokens");
+      continue;
+    }
+    const Tensor& t = it->second;
+    check_name(t, ex.name, e, r);
+    if (!is_float_dtype(t.info->dtype_str)) {
+      r.error(t.name,
+              "dtype " + t.info->dtype_str + ": the engines load bf16, fp16 or fp32 weights",
+              "store the weights as BF16, F16 or F32");
+      continue;
+    }
+    if (d.ok && t.info->shape != ex.shape) {
+      r.error(t.name,
+              "shape " + list_text(t.info->shape) + ", expected " + list_text(ex.shape) +
+                  " from config.json" +
+                  (ex.name == "fc.weight" ? str(" (hidden_size ", d.H, " x ", d.n,
+                                                " aux layers x target_hidden_size ", d.Ht, ")")
+                                          : ""),
+              ex.name == "fc.weight"
+                  ? "the number of eagle_aux_hidden_state_layer_ids and target_hidden_size must "
+                    "match the features the draft was trained on"
+                  : "config.json must describe these weights (hidden_size, intermediate_size, "
+                    "heads, head_dim, draft_vocab_size)");
+      continue;
+    }
+    r.ok(t.name, list_text(t.info->shape) + " " + t.info->dtype_str);
+  }
+  auto emb = by_canon.find("embed_tokens.weight");
+  if (emb == by_canon.end()) {
+    r.ok("embed_tokens.weight", "absent: the engines share the target's embedding");
+  } else if (!is_float_dtype(emb->second.info->dtype_str) ||
+             (d.ok && emb->second.info->shape != std::vector<int64_t>{d.V, d.H})) {
+    r.error(emb->second.name,
+            str(emb->second.info->dtype_str, " ", list_text(emb->second.info->shape),
+                ", expected a float [", d.V, ", ", d.H, "]"),
+            "leave embed_tokens out (the engines share the target's) or store the target's");
+  } else {
+    check_name(emb->second, "embed_tokens.weight", e, r);
+    r.ok(emb->second.name, "present: the engines load it instead of sharing the target's");
+  }
+  // Tensors no engine expects: vLLM refuses unknown names, SGLang skips them.
+  const auto expected = expected_weights(d);
+  for (const auto& [canon, t] : by_canon) {
+    const bool known = canon == "d2t" || canon == "t2d" || canon == "embed_tokens.weight" ||
+                       std::any_of(expected.begin(), expected.end(),
+                                   [&](const Expected& x) { return x.name == canon; });
+    if (known) continue;
+    // rotary_emb buffers: vLLM drops them; input_norm / fc_norm: vLLM's norm_before_fc and
+    // fc_norm variants (not checked here).
+    const bool variant = t.name.find("rotary_emb.") != std::string::npos ||
+                         canon.rfind("input_norm.", 0) == 0 || canon.rfind("fc_norm.", 0) == 0;
+    if (e.vllm && draft_layers == 1 && !variant) {
+      r.error(t.name, "not a tensor of the EAGLE3 draft: vLLM 0.32 refuses to load unknown names",
+              "drop the tensor, or check its spelling against docs/reference.md §3");
+    } else {
+      r.warn(t.name, "not a tensor of the one-layer EAGLE3 draft this check knows (not checked)",
+             "drop it unless your engine expects it");
+    }
+  }
+}
+
+// A small integer or bool tensor's values (d2t, t2d), converted to int64.
+std::vector<int64_t> read_ints(const Tensor& t) {
+  const std::string& dt = t.info->dtype_str;
+  const int64_t n = t.info->numel();
+  std::vector<int64_t> v(static_cast<size_t>(n));
+  const uint8_t* p = t.file->data(*t.info);
+  for (int64_t i = 0; i < n; ++i) {
+    if (dt == "I64") {
+      std::memcpy(&v[i], p + 8 * i, 8);
+    } else if (dt == "I32") {
+      int32_t x;
+      std::memcpy(&x, p + 4 * i, 4);
+      v[i] = x;
+    } else {
+      v[i] = p[i] != 0;  // BOOL, U8
+    }
+  }
+  return v;
+}
+
+// d2t (int64 [Vd]: target id of draft index j is j + d2t[j]) and t2d (bool [V], its inverse).
+void check_mapping(const std::map<std::string, Tensor>& by_canon, const Dims& d,
+                   const export_check::Engines& e, Report& r) {
+  auto d2t_it = by_canon.find("d2t"), t2d_it = by_canon.find("t2d");
+  const bool smaller = d.ok && d.Vd < d.V;
+  const std::string why =
+      "while the draft vocabulary (" + std::to_string(d.Vd) + ") is smaller than the target's (" +
+      std::to_string(d.V) +
+      "): the draft loads and serves at acceptance ~1 (Automodel#2447, sglang#27908)";
+  const std::string hint =
+      "export the training's vocabulary mapping: d2t int64 [draft_vocab_size] "
+      "and t2d bool [vocab_size]";
+  std::vector<int64_t> targets;  // j + d2t[j], when d2t is usable
+  if (d2t_it == by_canon.end()) {
+    if (smaller)
+      r.error("d2t", "missing " + why, hint);
+    else
+      r.ok("d2t", "absent: the draft and target vocabularies are the same");
+  } else {
+    const Tensor& t = d2t_it->second;
+    const std::string& dt = t.info->dtype_str;
+    if (dt != "I64" && dt != "I32") {
+      r.error(t.name, "dtype " + dt + ", expected I64 (int64)", hint);
+    } else if (d.ok && t.info->shape != std::vector<int64_t>{d.Vd}) {
+      r.error(t.name,
+              "shape " + list_text(t.info->shape) + ", expected [" + std::to_string(d.Vd) +
+                  "] (draft_vocab_size)",
+              hint);
+    } else if (t.info->shape.size() == 1) {
+      if (dt != "I64") r.warn(t.name, "dtype " + dt + ": engines expect I64", "store d2t as int64");
+      const auto v = read_ints(t);
+      std::string bad;
+      for (size_t j = 0; j < v.size() && bad.empty(); ++j) {
+        const int64_t id = static_cast<int64_t>(j) + v[j];
+        if (id < 0 || (d.ok && id >= d.V))
+          bad = str("j + d2t[j] = ", id, " at j = ", j, " is outside the target vocabulary [0, ",
+                    d.V, ")");
+        else if (!targets.empty() && id <= targets.back())
+          bad = str("j + d2t[j] is not strictly increasing at j = ", j, " (", targets.back(),
+                    " then ", id, ")");
+        targets.push_back(id);
+      }
+      if (bad.empty()) {
+        r.ok(t.name, str("[", v.size(), "] maps the draft ids to increasing target ids"));
+      } else {
+        targets.clear();
+        r.error(t.name, bad,
+                "d2t[j] is the offset target_id - j of draft index j, for draft ids sorted by "
+                "target id: rebuild the vocabulary mapping");
+      }
+      if (d.ok && d.Vd == d.V && e.vllm)
+        r.warn(t.name,
+               "present although draft_vocab_size equals vocab_size: vLLM 0.32 then has no "
+               "draft_id_to_target_id and refuses the tensor",
+               "leave d2t and t2d out when the draft predicts the whole target vocabulary");
+    }
+  }
+  if (t2d_it == by_canon.end()) {
+    if (smaller)
+      r.error("t2d", "missing " + why, hint);
+    else
+      r.ok("t2d", "absent: the draft and target vocabularies are the same");
+    return;
+  }
+  const Tensor& t = t2d_it->second;
+  const std::string& dt = t.info->dtype_str;
+  if (dt != "BOOL" && dt != "U8") {
+    r.error(t.name, "dtype " + dt + ", expected BOOL", hint);
+    return;
+  }
+  if (d.ok && t.info->shape != std::vector<int64_t>{d.V}) {
+    r.error(t.name,
+            "shape " + list_text(t.info->shape) + ", expected [" + std::to_string(d.V) +
+                "] (vocab_size)",
+            hint);
+    return;
+  }
+  if (t.info->shape.size() != 1) return;
+  const auto v = read_ints(t);
+  const int64_t count = std::count(v.begin(), v.end(), 1);
+  if (d.ok && count != d.Vd) {
+    r.error(t.name, str(count, " true entries, expected draft_vocab_size = ", d.Vd),
+            "t2d[v] is true exactly for the target ids the draft predicts: rebuild the mapping");
+    return;
+  }
+  for (size_t j = 0; j < targets.size(); ++j) {
+    if (targets[j] >= static_cast<int64_t>(v.size()) || !v[targets[j]]) {
+      r.error(t.name, str("t2d[", targets[j], "] is false, but d2t maps draft index ", j, " to it"),
+              "t2d must be the inverse of d2t: t2d[j + d2t[j]] true for every j; rebuild them "
+              "together");
+      return;
+    }
+  }
+  r.ok(t.name, str("[", v.size(), "] with ", count, " true entries, the inverse of d2t"));
+}
+
+Dims config_dims(const json& cfg, Report& r) {
+  Dims d;
+  auto req = [&](const char* key) -> int64_t {
+    const auto v = export_check::positive_int(cfg, key, r);
+    if (!v && (!cfg.contains(key) || cfg.at(key).is_null()))
+      r.error(std::string("config.json:") + key, "missing",
+              "config.json must give the draft's dimensions (an HF LlamaConfig)");
+    return v.value_or(0);
+  };
+  d.H = req("hidden_size");
+  d.I = req("intermediate_size");
+  d.nh = req("num_attention_heads");
+  d.V = req("vocab_size");
+  d.ok = d.H && d.I && d.nh && d.V;
+  d.nkv = export_check::positive_int(cfg, "num_key_value_heads", r).value_or(d.nh);
+  d.d = export_check::positive_int(cfg, "head_dim", r).value_or(d.nh ? d.H / d.nh : 0);
+  d.Ht = export_check::positive_int(cfg, "target_hidden_size", r).value_or(d.H);
+  d.Vd = export_check::positive_int(cfg, "draft_vocab_size", r).value_or(d.V);
+  d.n = export_check::config_aux_count(cfg);
+  return d;
+}
+
+}  // namespace
+
+std::vector<ExportFinding> check_export(const std::string& dir, const ExportCheckOptions& options) {
+  Report r;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) {
+    r.error(dir, "not a directory", "give a draft directory (config.json + model.safetensors)");
+    return r.out;
+  }
+  std::string text;
+  const auto cfg = export_check::read_json(fs::path(dir) / "config.json", "config.json", r, &text);
+  const auto tensors = open_weights(dir, r);
+  const json cfg_or_empty = cfg ? *cfg : json::object();
+  const export_check::Engines e = export_check::engines_for(cfg_or_empty, options);
+  const Dims d = cfg ? config_dims(*cfg, r) : Dims{};
+  std::map<std::string, Tensor> by_canon;
+  for (const auto& [name, t] : tensors) {
+    const std::string c = canonical(name);
+    auto [it, fresh] = by_canon.emplace(c, t);
+    if (!fresh)
+      r.error(name, "the same tensor as '" + it->second.name + "' under another spelling",
+              "keep one of the two");
+  }
+  int64_t draft_layers = 1;
+  if (cfg) {
+    if (const auto l = export_check::positive_int(*cfg, "num_hidden_layers", r)) draft_layers = *l;
+  }
+  if (!tensors.empty()) {
+    check_weights(by_canon, d, e, draft_layers, r);
+    check_mapping(by_canon, d, e, r);
+  }
+  if (cfg) {
+    std::optional<int64_t> fc_layers;
+    auto fc = by_canon.find("fc.weight");
+    if (fc != by_canon.end() && fc->second.info->shape.size() == 2 && d.Ht > 0 &&
+        fc->second.info->shape[1] % d.Ht == 0)
+      fc_layers = fc->second.info->shape[1] / d.Ht;
+    auto head = by_canon.find("lm_head.weight");
+    std::optional<int64_t> head_rows;
+    if (head != by_canon.end() && !head->second.info->shape.empty())
+      head_rows = head->second.info->shape[0];
+    export_check::check_aux(text, *cfg, e, options.target_num_layers, fc_layers, r);
+    export_check::check_config_fields(*cfg, e, head_rows, draft_layers, r);
+  }
+  return r.out;
+}
+
+bool has_errors(const std::vector<ExportFinding>& findings) {
+  return std::any_of(findings.begin(), findings.end(),
+                     [](const ExportFinding& f) { return f.level == Level::kError; });
+}
+
+const char* level_name(ExportFinding::Level level) {
+  switch (level) {
+    case Level::kOk:
+      return "OK";
+    case Level::kWarn:
+      return "WARN";
+    case Level::kError:
+      return "ERROR";
+  }
+  return "?";
+}
+
+std::string finding_line(const ExportFinding& f) {
+  std::string s = level_name(f.level);
+  s.resize(6, ' ');
+  s += f.subject + ": " + f.message;
+  if (!f.hint.empty() && f.level != Level::kOk) s += " ---> HINT: " + f.hint;
+  return s;
+}
+
+void verify_export(const std::string& dir) {
+  ExportCheckOptions o;
+  o.engines_from_config = true;
+  const auto findings = check_export(dir, o);
+  if (!has_errors(findings)) return;
+  std::string errors;
+  for (const auto& f : findings)
+    if (f.level == Level::kError) errors += "; " + f.subject + ": " + f.message;
+  throw_error(__FILE__, __LINE__,
+              "the export in " + dir + " fails its serving check (" + errors.substr(2) + ")",
+              "a config.json key named here comes from the draft config (--draft-model-config): "
+              "fix it there; a tensor named here is a bug in fsdp-train: please report it. "
+              "fsdp-train check-export DIR prints the whole report");
+}
+
+int64_t target_num_hidden_layers(const std::string& target_dir) {
+  const fs::path path = fs::path(target_dir) / "config.json";
+  export_check::Report r;
+  const auto cfg = export_check::read_json(path, "config.json", r, nullptr);
+  FSDP_USAGE_CHECK(cfg.has_value(),
+                   "--target-model-path " + target_dir + ": config.json " +
+                       (r.out.empty() ? std::string("unreadable") : r.out.back().message),
+                   "give the target model's directory (it holds config.json)");
+  for (const json* c : {&*cfg, cfg->contains("text_config") ? &cfg->at("text_config") : nullptr}) {
+    if (c && c->is_object() && c->contains("num_hidden_layers") &&
+        c->at("num_hidden_layers").is_number_integer() &&
+        c->at("num_hidden_layers").get<int64_t>() > 0)
+      return c->at("num_hidden_layers").get<int64_t>();
+  }
+  FSDP_USAGE_CHECK(false,
+                   "--target-model-path " + target_dir +
+                       ": config.json has no num_hidden_layers (nor text_config.num_hidden_layers)",
+                   "give the target model's directory");
+  return 0;
+}
+
+}  // namespace fsdp::checkpoint
