@@ -3,7 +3,9 @@
 // ERROR, 1 with one, 2 for bad flags. One process, no MPI; reads headers only, writes nothing.
 #include <CLI/CLI.hpp>
 
+#include <chrono>
 #include <filesystem>
+#include <iomanip>
 #include <iostream>
 
 #include "checkpoint/export_check.h"
@@ -36,7 +38,10 @@ int run_check_export(const CheckExportFlags& f) {
   o.engines = *target;
   if (!f.target_model_path.empty())
     o.target_num_layers = checkpoint::target_num_hidden_layers(f.target_model_path);
+  const auto start = std::chrono::steady_clock::now();
   const auto findings = checkpoint::check_export(f.dir, o);
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   int counts[3] = {0, 0, 0};
   for (const auto& x : findings) {
     std::cout << checkpoint::finding_line(x) << "\n";
@@ -46,7 +51,8 @@ int run_check_export(const CheckExportFlags& f) {
                     : *target == model::ExportTarget::kSglang ? "SGLang"
                                                               : "vLLM and SGLang";
   std::cout << "check-export: " << f.dir << " for " << who << ": " << counts[0] << " OK, "
-            << counts[1] << " WARN, " << counts[2] << " ERROR\n";
+            << counts[1] << " WARN, " << counts[2] << " ERROR (checked in " << std::fixed
+            << std::setprecision(1) << ms << " ms)\n";
   if (counts[2] == 0) return 0;
   write_error_block(str(f.dir, ": ", counts[2], " ERROR finding(s) above: ", who,
                         " would refuse the draft or serve it wrong"),

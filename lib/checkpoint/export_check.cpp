@@ -5,6 +5,7 @@
 #include "checkpoint/export_check.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -14,6 +15,7 @@
 #include "checkpoint/export_check_internal.h"
 #include "checkpoint/safetensors.h"
 #include "core/error.h"
+#include "core/log.h"
 
 namespace fsdp::checkpoint {
 
@@ -293,6 +295,9 @@ void check_weights(const std::map<std::string, Tensor>& by_canon, const Dims& d,
   }
 }
 
+// d2t and t2d are read into memory: a (hostile, sparse) file cannot make that unbounded.
+constexpr int64_t kMaxVocab = int64_t{1} << 28;
+
 // A small integer or bool tensor's values (d2t, t2d), converted to int64.
 std::vector<int64_t> read_ints(const Tensor& t) {
   const std::string& dt = t.info->dtype_str;
@@ -341,6 +346,8 @@ void check_mapping(const std::map<std::string, Tensor>& by_canon, const Dims& d,
               "shape " + list_text(t.info->shape) + ", expected [" + std::to_string(d.Vd) +
                   "] (draft_vocab_size)",
               hint);
+    } else if (t.info->numel() > kMaxVocab) {
+      r.error(t.name, str(t.info->numel(), " entries: no vocabulary is that large"), hint);
     } else if (t.info->shape.size() == 1) {
       if (dt != "I64") r.warn(t.name, "dtype " + dt + ": engines expect I64", "store d2t as int64");
       const auto v = read_ints(t);
@@ -391,6 +398,10 @@ void check_mapping(const std::map<std::string, Tensor>& by_canon, const Dims& d,
     return;
   }
   if (t.info->shape.size() != 1) return;
+  if (t.info->numel() > kMaxVocab) {
+    r.error(t.name, str(t.info->numel(), " entries: no vocabulary is that large"), hint);
+    return;
+  }
   const auto v = read_ints(t);
   const int64_t count = std::count(v.begin(), v.end(), 1);
   if (d.ok && count != d.Vd) {
@@ -506,7 +517,12 @@ std::string finding_line(const ExportFinding& f) {
 void verify_export(const std::string& dir) {
   ExportCheckOptions o;
   o.engines_from_config = true;
+  const auto start = std::chrono::steady_clock::now();
   const auto findings = check_export(dir, o);
+  FSDP_LOG(kDebug)
+      << "export check of " << dir << ": " << findings.size() << " findings in "
+      << std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count()
+      << " ms";
   if (!has_errors(findings)) return;
   std::string errors;
   for (const auto& f : findings)

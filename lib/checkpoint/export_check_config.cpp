@@ -40,10 +40,11 @@ int same_reading(const Ids& a_raw, const Ids& b_raw, const Ids& a, const Ids& b)
 
 void check_range(const std::string& subject, const std::string& who, const std::vector<int64_t>& hs,
                  bool is_default, int64_t L, Report& r) {
+  const std::string reads = who.find(" and ") != std::string::npos ? " read " : " reads ";
   for (int64_t k : hs) {
     if (k < 0 || (L > 0 && k > L)) {
       const std::string msg =
-          who + " reads hidden_states[" + std::to_string(k) + "]" +
+          who + reads + "hidden_states[" + std::to_string(k) + "]" +
           (L > 0 ? ", but the target has " + std::to_string(L) +
                        " decoder layers (hidden_states 0.." + std::to_string(L) + ")"
                  : ", which does not exist");
@@ -58,7 +59,7 @@ void check_range(const std::string& subject, const std::string& who, const std::
     }
     if (L > 0 && k == L) {
       r.warn(subject,
-             who + " reads hidden_states[" + std::to_string(L) +
+             who + reads + "hidden_states[" + std::to_string(L) +
                  "], the last layer's output: vLLM and SGLang capture it before the target's "
                  "final norm, Hugging Face's output_hidden_states after it",
              "make sure the features were dumped as the engines capture them (SpecForge does), "
@@ -98,6 +99,16 @@ void check_rope(const json& cfg, Report& r) {
     if (s.contains("type") && s.at("type").is_string()) return s.at("type");
     return "default";
   };
+  const json* params = cfg.contains("rope_parameters") ? &cfg.at("rope_parameters") : &cfg;
+  for (const json* o : {&cfg, params}) {
+    if (o->is_object() && o->contains("rope_theta") && !o->at("rope_theta").is_null() &&
+        !o->at("rope_theta").is_number()) {
+      r.error(std::string("config.json:") + (o == &cfg ? "" : "rope_parameters.") + "rope_theta",
+              "is " + o->at("rope_theta").dump() + ", not a number",
+              "write the RoPE base, e.g. 10000.0");
+      return;
+    }
+  }
   const std::string type4 = type_of(scaling);
   if (!cfg.contains("rope_parameters") || cfg.at("rope_parameters").is_null()) {
     r.ok("config.json:rope_theta", str("rope_theta ", theta4, ", rope_scaling ", type4,
@@ -156,6 +167,16 @@ Engines engines_for(const json& cfg, const ExportCheckOptions& o) {
     const bool top = has_ids(cfg), nested = nested_ids(cfg);
     if (top && !nested) return {true, false};
     if (!top && nested) return {false, true};
+    if (!top) return {true, true};
+    // Both keys: written for both engines, unless SGLang reads other layers than vLLM: then for
+    // vLLM (`export --for vllm` mirrors the ids into eagle_config for vLLM's fc size, also when
+    // SGLang cannot read them), and the SGLang reading is a WARN.
+    try {
+      const std::string text = cfg.dump();
+      if (model::vllm_reads(text) != model::sglang_reads(text, /*legacy=*/false))
+        return {true, false};
+    } catch (const std::exception&) {  // malformed ids: check_aux reports them
+    }
     return {true, true};
   }
   if (o.engines == model::ExportTarget::kVllm) return {true, false};
@@ -201,9 +222,9 @@ std::optional<json> read_json(const fs::path& path, const std::string& subject, 
 std::optional<int64_t> positive_int(const json& cfg, const std::string& key, Report& r) {
   if (!cfg.contains(key) || cfg.at(key).is_null()) return std::nullopt;
   const json& v = cfg.at(key);
-  if (v.is_number_integer() && v.get<int64_t>() > 0 && v.get<int64_t>() < (int64_t{1} << 40))
+  if (v.is_number_integer() && v.get<int64_t>() > 0 && v.get<int64_t>() < (int64_t{1} << 31))
     return v.get<int64_t>();
-  r.error("config.json:" + key, "is " + v.dump() + ", not a positive integer",
+  r.error("config.json:" + key, "is " + v.dump() + ", not a positive integer below 2^31",
           "write the draft's value");
   return std::nullopt;
 }
@@ -373,6 +394,11 @@ void check_config_fields(const json& cfg, const Engines& e, std::optional<int64_
   else
     r.ok("config.json:tie_word_embeddings", "false");
 
+  if (cfg.contains("eagle_config") && !cfg.at("eagle_config").is_object() &&
+      !cfg.at("eagle_config").is_null())
+    r.error("config.json:eagle_config", "is " + cfg.at("eagle_config").dump() + ", not an object",
+            "write an object, e.g. {\"eagle_aux_hidden_state_layer_ids\": [1, 15, 26]}, or leave "
+            "it out");
   check_rope(cfg, r);
 
   const char* dtype_key = cfg.contains("torch_dtype") ? "torch_dtype" : "dtype";

@@ -107,6 +107,11 @@ std::optional<AuxLayers> resolve_aux_layers(const std::string& config_json,
     out.origin = source + ": " + kKey + " " + list_text(*top) + " (hidden-state-index convention)";
   } else if (num_target_layers > 0) {
     out.hidden_state_index = default_hidden_state_index(num_target_layers);
+    // Below 7 layers the default names no three distinct layers (SpecForge's would index
+    // negatively): such features came from elsewhere, and nothing is known of their layers.
+    const auto& d = out.hidden_state_index;
+    if (!(d[0] >= 0 && d[0] < d[1] && d[1] < d[2] && d[2] <= num_target_layers))
+      return std::nullopt;
     out.origin = "SpecForge's default for a " + std::to_string(num_target_layers) +
                  "-layer target (outputs of layers " +
                  list_text(from_hidden_state_index(out.hidden_state_index,

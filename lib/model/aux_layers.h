@@ -43,7 +43,8 @@ struct AuxLayers {
 // meaning of eagle_config.eagle_aux_hidden_state_layer_ids (a top-level
 // eagle_aux_hidden_state_layer_ids is vLLM's key and always read as hidden_states indices);
 // `num_target_layers` 0 when unknown. Without ids, SpecForge's default for the target (needs the
-// layer count; else nullopt: the engines then fall back to their own default, the same tensors).
+// layer count, and at least 7 layers for three distinct ones; else nullopt: the engines then fall
+// back to their own default, the same tensors).
 // Throws fsdp::UsageError naming `source` for ids that are not strictly ascending, negative, out
 // of range for the target, or top-level and eagle_config ids that name different tensors.
 std::optional<AuxLayers> resolve_aux_layers(const std::string& config_json,

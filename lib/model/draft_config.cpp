@@ -163,6 +163,7 @@ const std::set<std::string>& known_keys() {
                                              "max_position_embeddings",
                                              "rope_theta",
                                              "rope_scaling",
+                                             "rope_parameters",
                                              "hidden_act",
                                              "pad_token_id",
                                              "target_hidden_size",
@@ -170,6 +171,51 @@ const std::set<std::string>& known_keys() {
                                              "tie_word_embeddings",
                                              "torch_dtype"};
   return keys;
+}
+
+// transformers v5 writes RoPE as rope_parameters {rope_type, rope_theta, factor, ...}; v4 as
+// rope_theta + rope_scaling. Either alone is taken; both must agree (a config edited in one schema
+// only would otherwise train with the other's values).
+void read_rope_parameters(const json& j, DraftConfig& cfg) {
+  const std::string& src = cfg.source;
+  const json& rp = j.at("rope_parameters");
+  if (!rp.is_object()) {
+    bad_key(src, "rope_parameters", str("must be null or an object, got ", rp.dump()),
+            "copy rope_parameters from the target model's config.json");
+  }
+  if (rp.contains("rope_theta")) {
+    const double theta = get_double(rp, "rope_theta", src);
+    if (present(j, "rope_theta") && theta != cfg.rope_theta) {
+      bad_key(src, "rope_parameters.rope_theta",
+              str("is ", theta, " but rope_theta is ", cfg.rope_theta),
+              "keep one value (the target model's) in both keys, or drop one of them");
+    }
+    cfg.rope_theta = theta;
+  }
+  json scaling = rp;
+  scaling.erase("rope_theta");
+  const std::string type = rp.contains("rope_type") && rp.at("rope_type").is_string()
+                               ? rp.at("rope_type").get<std::string>()
+                           : rp.contains("type") && rp.at("type").is_string()
+                               ? rp.at("type").get<std::string>()
+                               : "default";
+  const RopeScaling from_params =
+      type == "default" ? RopeScaling{} : parse_rope_scaling(scaling, cfg);
+  if (present(j, "rope_scaling")) {
+    const RopeScaling& v4 = cfg.rope_scaling;
+    if (v4.type != from_params.type || v4.factor != from_params.factor ||
+        v4.original_max_position_embeddings != from_params.original_max_position_embeddings) {
+      bad_key(src, "rope_parameters",
+              str("says ", type, " (factor ", from_params.factor, ") but rope_scaling says ",
+                  rope_type_name(v4.type), " (factor ", v4.factor, ")"),
+              "keep one RoPE scaling (the target model's) in both keys, or drop one of them");
+    }
+    return;
+  }
+  if (type != "default") {
+    cfg.rope_scaling = from_params;
+    cfg.rope_scaling_json = scaling.dump();
+  }
 }
 
 }  // namespace
@@ -232,6 +278,7 @@ DraftConfig parse_draft_config(const std::string& json_text, const std::string& 
     cfg.rope_scaling = parse_rope_scaling(j.at("rope_scaling"), cfg);
     cfg.rope_scaling_json = j.at("rope_scaling").dump();
   }
+  if (present(j, "rope_parameters")) read_rope_parameters(j, cfg);
   if (present(j, "hidden_act")) cfg.hidden_act = get_string(j, "hidden_act", source);
   if (present(j, "pad_token_id")) cfg.pad_token_id = get_int(j, "pad_token_id", source);
   if (present(j, "target_hidden_size")) {

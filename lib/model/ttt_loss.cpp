@@ -104,14 +104,17 @@ struct RowsTarget {
 };
 
 // Rows per chunk of the expected-acceptance sum: at most 16 Mi elements of [rows, Vd] at once.
-int64_t accept_rate_chunk(int64_t vocab) { return std::max<int64_t>(1, (int64_t{1} << 24) / vocab); }
+int64_t accept_rate_chunk(int64_t vocab) {
+  return std::max<int64_t>(1, (int64_t{1} << 24) / vocab);
+}
 
 // sum_n pm_n * sum_v min(p_nv, q_nv), q = softmax of the logits in `acc` precision, p =
 // target_p[take]; in row chunks so no more than accept_rate_chunk rows are expanded at once.
 at::Tensor expected_acceptance(const at::Tensor& logits, const at::Tensor& target_p,
                                const at::Tensor& take, const at::Tensor& pm, at::ScalarType acc) {
   at::Tensor sum = at::zeros({}, pm.options());
-  const int64_t n = logits.size(0), chunk = accept_rate_chunk(std::max<int64_t>(logits.size(-1), 1));
+  const int64_t n = logits.size(0),
+                chunk = accept_rate_chunk(std::max<int64_t>(logits.size(-1), 1));
   for (int64_t from = 0; from < n; from += chunk) {
     const int64_t len = std::min(chunk, n - from);
     at::Tensor q = logits.narrow(0, from, len).to(acc).softmax(-1);
@@ -140,8 +143,8 @@ std::pair<at::Tensor, at::Tensor> engine_chains(const LossRows& rows,
   const int64_t R = rows.pre.numel();
   at::Tensor alive = at::ones({M}, f32), n = at::zeros({M}, f32);
   for (int64_t i = 0; i < T; ++i) {
-    at::Tensor all = at::cat({hits[static_cast<size_t>(i)],
-                              i == 0 ? pre_hit : at::zeros({R}, f32), at::zeros({1}, f32)});
+    at::Tensor all = at::cat({hits[static_cast<size_t>(i)], i == 0 ? pre_hit : at::zeros({R}, f32),
+                              at::zeros({1}, f32)});
     alive.mul_(all.index_select(0, rows.engine_hit[static_cast<size_t>(i)]));
     n.add_(alive);
   }
@@ -313,8 +316,7 @@ LossRows LossRows::build(const at::Tensor& loss_mask, int64_t ttt_length, c10::D
   std::vector<std::vector<int64_t>> node_hit(static_cast<size_t>(ttt_length));
   for (size_t j0 = 0; j0 < rows.size();) {
     size_t j1 = j0;
-    while (j1 + 1 < rows.size() && rows[j1 + 1] == rows[j1] + 1 && rows[j1 + 1] % r.seq != 0)
-      ++j1;
+    while (j1 + 1 < rows.size() && rows[j1 + 1] == rows[j1] + 1 && rows[j1 + 1] % r.seq != 0) ++j1;
     const int64_t a = rows[j0] % r.seq, e = rows[j1] % r.seq, first = a >= 1 ? a - 1 : a;
     if (e - 2 >= first) {
       const auto pre_index = static_cast<int64_t>(pre.size());
@@ -344,7 +346,8 @@ LossRows LossRows::build(const at::Tensor& loss_mask, int64_t ttt_length, c10::D
   std::vector<int64_t> all(rows);
   all.insert(all.end(), run.begin(), run.end());
   const size_t engine_at = all.size();
-  for (const auto* list : {&pre, &node_end, &node_start}) all.insert(all.end(), list->begin(), list->end());
+  for (const auto* list : {&pre, &node_end, &node_start})
+    all.insert(all.end(), list->begin(), list->end());
   for (const auto& list : node_hit) all.insert(all.end(), list.begin(), list.end());
   std::vector<std::pair<size_t, size_t>> target_span, draft_span;  // (offset, length)
   for (int64_t i = 0; i < ttt_length; ++i) {
@@ -414,9 +417,10 @@ StepOutput ttt_step(Eagle3DraftImpl& model, const TargetDistribution& target,
     if (!ids.defined()) {
       // The target id of argmax p where the position mask is set; none (-1) elsewhere.
       at::Tensor best = target.target_p.narrow(1, 0, S).argmax(-1);
-      ids = at::where(target.position_mask.ne(0),
-                      best + model.d2t.to(at::kLong).index_select(0, best.reshape({-1})).view_as(best),
-                      at::full({}, -1, best.options()));
+      ids = at::where(
+          target.position_mask.ne(0),
+          best + model.d2t.to(at::kLong).index_select(0, best.reshape({-1})).view_as(best),
+          at::full({}, -1, best.options()));
     }
     FSDP_CHECK(ids.sizes() == input_ids.sizes(),
                fsdp::str("target_ids must be [", B, ", ", S, "], got ", ids.sizes()),

@@ -37,9 +37,9 @@ struct LossOptions {
 };
 
 struct StepOutput {
-  at::Tensor loss;             // scalar, requires grad: sum_i decay^i * ploss_i / accumulation
-  at::Tensor ploss;            // fp32 [T], detached, normalised as the options say
-  at::Tensor acc;              // fp32 [T], detached: correct / max(loss_tokens, 1e-6)
+  at::Tensor loss;   // scalar, requires grad: sum_i decay^i * ploss_i / accumulation
+  at::Tensor ploss;  // fp32 [T], detached, normalised as the options say
+  at::Tensor acc;    // fp32 [T], detached: correct / max(loss_tokens, 1e-6)
   // fp32 [T]: the loss rows of step i where the draft's argmax, mapped to a target id through
   // the model's d2t (id + d2t[id]), is the target's full-vocabulary argmax: a "hit" (SpecForge
   // 0.2.0's accuracy). With a d2t that matches the target head's t2d this is exactly

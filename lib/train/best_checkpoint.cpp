@@ -64,11 +64,11 @@ std::string best_record_json(const BestRecord& r) {
 
 void write_best_record(const std::string& output_dir, const BestRecord& r) {
   const std::string file = checkpoint::join_path(output_dir, kBestRecordFile);
-  const std::string temp = checkpoint::join_path(output_dir, std::string(".") + kBestRecordFile +
-                                                                 ".tmp");
+  const std::string temp =
+      checkpoint::join_path(output_dir, std::string(".") + kBestRecordFile + ".tmp");
   write_file_durably(temp, best_record_json(r));
-  FSDP_CHECK(std::rename(temp.c_str(), file.c_str()) == 0,
-             "cannot rename " + temp + " to " + file, "check the permissions of --output-dir");
+  FSDP_CHECK(std::rename(temp.c_str(), file.c_str()) == 0, "cannot rename " + temp + " to " + file,
+             "check the permissions of --output-dir");
   fsync_file(output_dir);
 }
 
@@ -108,8 +108,9 @@ std::string BestTracker::resume() {
   }
   if (!saved) return "";
   if (saved->metric != metric_.name) {
-    return fsdp::str("--save-best-by ", metric_.name, ": ", kBestRecordFile, " records the best by ",
-                     saved->metric, " (", saved->checkpoint, "); the best by ", metric_.name,
+    return fsdp::str("--save-best-by ", metric_.name, ": ", kBestRecordFile,
+                     " records the best by ", saved->metric, " (", saved->checkpoint,
+                     "); the best by ", metric_.name,
                      " starts anew and replaces it at the next evaluation");
   }
   const auto ref = checkpoint::parse_checkpoint_name(saved->checkpoint);

@@ -56,10 +56,10 @@ void StepMetrics::clear() {
 
 at::Tensor StepMetrics::reduced(comm::Communicator& comm) const {
   // One buffer, one all-reduce; the communicator's device decides where the reduction runs.
-  at::Tensor buf =
-      micro_batches_ > 0
-          ? sums_.clone()
-          : at::zeros({Layout{ttt_}.size()}, at::TensorOptions().dtype(at::kDouble).device(device_));
+  at::Tensor buf = micro_batches_ > 0
+                       ? sums_.clone()
+                       : at::zeros({Layout{ttt_}.size()},
+                                   at::TensorOptions().dtype(at::kDouble).device(device_));
   buf = buf.contiguous();
   comm.all_reduce(buf, comm::ReduceOp::kSum)->wait();
   return buf.to(at::kCPU);
@@ -79,8 +79,8 @@ void StepMetrics::add_sums(const std::vector<double>& sums) {
   if ((n != 3 * ttt_ + 2 && n != 3 * ttt_ + 4 && n != L.size()) || sums[L.micro()] <= 0) return;
   std::vector<double> padded(sums);
   padded.resize(static_cast<size_t>(L.size()), 0.0);
-  const at::Tensor all =
-      at::tensor(padded, at::TensorOptions().dtype(at::kDouble)).to(sums_.defined() ? sums_.device() : device_);
+  const at::Tensor all = at::tensor(padded, at::TensorOptions().dtype(at::kDouble))
+                             .to(sums_.defined() ? sums_.device() : device_);
   if (micro_batches_ == 0) {
     sums_ = all;
   } else {
@@ -110,10 +110,9 @@ std::vector<std::pair<std::string, double>> StepMetrics::report(comm::Communicat
   // acc_i pooled (sum correct / sum tokens) or the mean of the micro-batches' own acc_i.
   std::vector<double> acc(static_cast<size_t>(T));
   for (int64_t i = 0; i < T; ++i) {
-    acc[static_cast<size_t>(i)] =
-        aggregation_ == config::AccuracyAggregation::kPerBatch
-            ? (micro > 0 ? v[L.batch_acc() + i] / micro : 0.0)
-            : v[L.correct() + i] / std::max(v[L.loss_tokens() + i], 1e-6);
+    acc[static_cast<size_t>(i)] = aggregation_ == config::AccuracyAggregation::kPerBatch
+                                      ? (micro > 0 ? v[L.batch_acc() + i] / micro : 0.0)
+                                      : v[L.correct() + i] / std::max(v[L.loss_tokens() + i], 1e-6);
     out.emplace_back(step("acc", i), acc[static_cast<size_t>(i)]);
   }
   out.emplace_back(prefix + "/loss", loss);
@@ -121,8 +120,7 @@ std::vector<std::pair<std::string, double>> StepMetrics::report(comm::Communicat
   if (v[L.drafts()] > 0)
     out.emplace_back(prefix + "/accept_len", 1.0 + v[L.draft_accepted()] / v[L.drafts()]);
   if (v[L.anchors()] > 0) {
-    out.emplace_back(prefix + "/accept_len_all_anchors",
-                     1.0 + v[L.accepted()] / v[L.anchors()]);
+    out.emplace_back(prefix + "/accept_len_all_anchors", 1.0 + v[L.accepted()] / v[L.anchors()]);
   }
   double simulated = 0.0, chain = 1.0;
   for (double a : acc) simulated += (chain *= a);

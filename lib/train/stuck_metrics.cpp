@@ -35,7 +35,8 @@ std::string ZeroMetricWatch::observe(const std::vector<std::pair<std::string, do
   if (!say_ploss && !say_acc) return "";
   std::string what;
   if (say_ploss) what = prefix_ + "/ploss_* (every TTT step's loss)";
-  if (say_acc) what += std::string(what.empty() ? "" : " and ") + prefix_ + "/acc_* (every step's accuracy)";
+  if (say_acc)
+    what += std::string(what.empty() ? "" : " and ") + prefix_ + "/acc_* (every step's accuracy)";
   return fsdp::str(
       what, (say_ploss && say_acc ? " have" : " has"), " been exactly 0 for ", needed_,
       " consecutive ", reports_,

@@ -437,20 +437,19 @@ void TrainLoop::keep_best(int64_t epoch) {
   }
   if (!best_) return;
   const auto before = best_->best();
-  const auto ref = checkpoint::parse_checkpoint_name(
-      std::filesystem::path(last_saved_dir_).filename().string());
+  const auto ref =
+      checkpoint::parse_checkpoint_name(std::filesystem::path(last_saved_dir_).filename().string());
   try {
     best_->record(*better, step, ref ? ref->epoch : epoch, last_saved_dir_);
     FSDP_LOG0(kInfo) << "new best " << best_->metric().name << " " << *better
                      << (before ? fsdp::str(" (was ", before->value, " at step ", before->step, ")")
                                 : std::string())
-                     << ": " << checkpoint::join_path(t_.cfg.checkpoint.output_dir,
-                                                      checkpoint::kBestLink)
+                     << ": "
+                     << checkpoint::join_path(t_.cfg.checkpoint.output_dir, checkpoint::kBestLink)
                      << " -> " << last_saved_dir_;
     // The earlier best, no longer protected, goes when it is beyond --keep-last.
     if (t_.cfg.checkpoint.keep_last > 0) {
-      checkpoint::prune(t_.cfg.checkpoint.output_dir, t_.cfg.checkpoint.keep_last,
-                        last_saved_dir_);
+      checkpoint::prune(t_.cfg.checkpoint.output_dir, t_.cfg.checkpoint.keep_last, last_saved_dir_);
     }
   } catch (const std::exception& e) {
     FSDP_LOG0(kWarn) << "--save-best-by: the new best " << last_saved_dir_

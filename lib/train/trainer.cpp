@@ -196,11 +196,11 @@ void Trainer::Impl::resolve_serving_export() {
     }
   } else if (rank == 0) {
     FSDP_LOG0(kWarn) << cfg.model.draft_model_config
-                     << " names no eagle_aux_hidden_state_layer_ids and the target's layer count "
-                        "is unknown (no num_hidden_layers in "
+                     << " names no eagle_aux_hidden_state_layer_ids, and SpecForge's default "
+                        "layers are not known for the target (num_hidden_layers in "
                      << cfg.model.target_model_path
-                     << "/config.json): the export names no layers, and the engines use their "
-                        "default capture (SpecForge's default layers)";
+                     << "/config.json missing, or below 7): the export names no layers, and the "
+                        "engines use their default capture (SpecForge's default layers)";
   }
 }
 

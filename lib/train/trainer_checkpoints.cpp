@@ -155,8 +155,8 @@ void Trainer::Impl::point_latest(const std::string& checkpoint_dir) const {
   try {
     checkpoint::point_link(cfg.checkpoint.output_dir, checkpoint::kLatestLink, checkpoint_dir);
   } catch (const std::exception& e) {
-    FSDP_LOG0(kWarn) << "<output-dir>/" << checkpoint::kLatestLink << " not updated: "
-                     << error_text(e);
+    FSDP_LOG0(kWarn) << "<output-dir>/" << checkpoint::kLatestLink
+                     << " not updated: " << error_text(e);
   }
 }
 

@@ -4,7 +4,8 @@
 # value and checkpoint, saved at that step when no save fell there) and <output-dir>/best and
 # <output-dir>/latest point at the right directories; --keep-last keeps the newest and the best.
 # A resumed run with a ruinous learning rate reads the best back and never replaces it by its
-# worse evaluations. A name no evaluation logs is a usage error at start-up; the YAML key works.
+# worse evaluations. Two ranks agree on a new best. A name no evaluation logs is a usage error at
+# start-up; the YAML key works.
 set -uo pipefail
 source "$(dirname "$0")/lib/common.sh"
 DATA=$(toy_data fixed --num-samples 128 --min-len 32 --max-len 32 --samples-per-dir 32 --seed 1)
@@ -48,6 +49,8 @@ PYEOF
 # 8 steps: evaluations at 2, 4, 6, 8; saves at 4 and 8, and at the first best's step.
 run_np 1 $(run_args "$OUT") --max-steps 8 >"$W/first.log" 2>&1 || { cat "$W/first.log"; fail "first run"; }
 grep -q "new best eval/accept_len" "$W/first.log" || { cat "$W/first.log"; fail "no new best logged"; }
+# The first evaluation is a best at a step without a save: its checkpoint is saved then.
+grep -q "saved checkpoint $OUT/epoch_0_step_2 " "$W/first.log" || { grep "saved checkpoint" "$W/first.log"; fail "the best of step 2 was not saved"; }
 check_best eval/accept_len "$OUT" 8 || fail "best after the first run"
 cp "$OUT/best.json" "$W/best_before.json"
 
@@ -64,6 +67,10 @@ assert before == after, (before, after)
 assert later and max(later) < before["value"], (later, before)
 print(f"resumed evaluations {later} all below the best {before['value']:.4f}: best.json unchanged")
 PYEOF
+
+# 2 ranks: the ranks agree on a new best and save it together.
+run_np 2 $(run_args "$W/np2") --max-steps 4 >"$W/np2.log" 2>&1 || { cat "$W/np2.log"; fail "2-rank run"; }
+check_best eval/accept_len "$W/np2" 4 || fail "best at 2 ranks"
 
 # Another metric from the YAML file (loss: minimised), and none.
 printf 'save_best_by: eval/loss\n' >"$W/loss.yaml"

@@ -77,8 +77,14 @@ stage "fsdp-train: engine-faithful accept_len on the same sequences"
   --draft-global-batch-size 1 --draft-micro-batch-size 1 --output-dir "$W/eval" \
   >"$W/eval.log" 2>&1 || { tail -30 "$W/eval.log"; fail "eval-only"; }
 
-"$PY" - "$C/base.json" "$W/spec.json" "$W/eval/metrics.jsonl" "$FLOOR" <<'PYEOF' || fail "serving checks"
-import json, sys
+"$PY" - "$C/base.json" "$W/spec.json" "$W/eval/metrics.jsonl" "$FLOOR" "$W/spec.log" "$CK/aux_layers.json" <<'PYEOF' || fail "serving checks"
+import json, re, sys
+# The layers vLLM captured, as its own code computed them from our config.json (its log line),
+# are the ones the features hold.
+m = re.findall(r"Using (?:Eagle3 )?auxiliary layers from (?:speculative )?config: \(([0-9, ]+)\)",
+               open(sys.argv[5]).read())
+want = json.load(open(sys.argv[6]))["hidden_state_index"]
+assert m and [int(x) for x in m[-1].split(",")] == want, f"vLLM captured {m} but the features hold {want}"
 base = json.load(open(sys.argv[1]))["outputs"]["eval"]
 spec_run = json.load(open(sys.argv[2]))
 spec = spec_run["outputs"]["eval"]

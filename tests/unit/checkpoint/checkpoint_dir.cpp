@@ -113,7 +113,8 @@ TEST_CASE("keep-last never follows a symbolic link named like a checkpoint", "[c
   CHECK(is_complete(target));
 }
 
-TEST_CASE("best and latest links: replaced atomically, never taken for checkpoints", "[checkpoint]") {
+TEST_CASE("best and latest links: replaced atomically, never taken for checkpoints",
+          "[checkpoint]") {
   const std::string out = fresh_dir("links");
   const std::string s2 = save(out, 0, 2, "two");
   const std::string s4 = save(out, 0, 4, "four");

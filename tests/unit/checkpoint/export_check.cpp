@@ -82,11 +82,21 @@ Draft good_draft() {
   return d;
 }
 
+// Every directory a test makes, removed when the process ends.
+struct TempDirs {
+  std::vector<fs::path> paths;
+  ~TempDirs() {
+    for (const auto& p : paths) fsdp::remove_tree(p.string());
+  }
+};
+
 fs::path fresh_dir(const std::string& name) {
+  static TempDirs dirs;
   const fs::path p =
       fs::temp_directory_path() / ("fsdp_xc_" + name + "_" + std::to_string(::getpid()));
   fsdp::remove_tree(p.string());
   fs::create_directories(p);
+  dirs.paths.push_back(p);
   return p;
 }
 
@@ -329,6 +339,22 @@ TEST_CASE("hostile and missing files are findings, not crashes", "[cpu]") {
     INFO(keep << "\n" << dump(f));
     CHECK(has(f, Level::kError, "model.safetensors"));
   }
+  // A (sparse) file whose t2d claims 2^29 entries: refused, not read into memory.
+  Draft big = good_draft();
+  big.config["vocab_size"] = int64_t{1} << 29;  // matches the shape: only the cap refuses it
+  const fs::path huge = write_draft("huge_t2d", big);
+  {
+    const uint64_t n = uint64_t{1} << 29;
+    const std::string header =
+        json{{"t2d", {{"dtype", "BOOL"}, {"shape", {n}}, {"data_offsets", {0, n}}}}}.dump();
+    std::ofstream out(huge / "model.safetensors", std::ios::binary | std::ios::trunc);
+    for (int i = 0; i < 8; ++i) out.put(static_cast<char>((header.size() >> (8 * i)) & 0xff));
+    out << header;
+  }
+  fs::resize_file(huge / "model.safetensors", 8 + 200 + (uint64_t{1} << 29));
+  auto h = check(huge);
+  INFO(dump(h));
+  CHECK(has(h, Level::kError, "t2d", "no vocabulary is that large"));
   // Corrupt JSON.
   const fs::path bad_json = write_draft("bad_json", good_draft());
   std::ofstream(bad_json / "config.json") << "{\"hidden_size\": 8,";
@@ -365,6 +391,11 @@ TEST_CASE("write_draft_export checks itself and fails on an ERROR", "[cpu]") {
     if (n != "d2t" && n != "t2d") state[n] = t.to(at::kFloat);
   const fs::path dir = fresh_dir("self_check");
   CHECK_NOTHROW(write_draft_export(dir.string(), d.config.dump(), state, d["d2t"], d["t2d"]));
+  // Written for vLLM (`--export-for vllm`): eagle_config mirrors the ids, which SGLang reads
+  // one higher: a warning, not a failed save.
+  d.config["eagle_aux_hidden_state_layer_ids"] = {1, 3, 6};
+  d.config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = {1, 3, 6};
+  CHECK_NOTHROW(write_draft_export(dir.string(), d.config.dump(), state, d["d2t"], d["t2d"]));
   d.config["tie_word_embeddings"] = true;
   try {
     write_draft_export(dir.string(), d.config.dump(), state, d["d2t"], d["t2d"]);
@@ -372,4 +403,15 @@ TEST_CASE("write_draft_export checks itself and fails on an ERROR", "[cpu]") {
   } catch (const fsdp::Error& e) {
     CHECK(std::string(e.message()).find("tie_word_embeddings") != std::string::npos);
   }
+}
+
+TEST_CASE("the target's layer count: num_hidden_layers or text_config's", "[cpu]") {
+  const fs::path dir = fresh_dir("target");
+  std::ofstream(dir / "config.json") << R"({"num_hidden_layers": 30})";
+  CHECK(target_num_hidden_layers(dir.string()) == 30);
+  std::ofstream(dir / "config.json") << R"({"text_config": {"num_hidden_layers": 28}})";
+  CHECK(target_num_hidden_layers(dir.string()) == 28);
+  std::ofstream(dir / "config.json") << R"({"hidden_size": 8})";
+  CHECK_THROWS_AS(target_num_hidden_layers(dir.string()), fsdp::UsageError);
+  CHECK_THROWS_AS(target_num_hidden_layers((dir / "none").string()), fsdp::UsageError);
 }

@@ -48,8 +48,8 @@ at::Tensor d2t_for(const at::Tensor& t2d) {
 }
 
 // Step i's draft argmax at draft row p of sample b, as a target id through d2t.
-int64_t proposal(const std::vector<at::Tensor>& logits, const at::Tensor& d2t, int64_t i,
-                 int64_t b, int64_t p) {
+int64_t proposal(const std::vector<at::Tensor>& logits, const at::Tensor& d2t, int64_t i, int64_t b,
+                 int64_t p) {
   const int64_t best = logits[static_cast<size_t>(i)][b][p].argmax().item<int64_t>();
   return best + d2t[best].item<int64_t>();
 }
@@ -105,9 +105,9 @@ Counts brute_force(const std::vector<at::Tensor>& logits, const at::Tensor& d2t,
 // Target ids that make the draft's chains hit in places: row t copies step i's proposal at row
 // t - i with i = (t + b + shift) % (T + 1) (a miss, an id outside the draft vocabulary, when i
 // is T or reaches before the sample), and every `noise`-th row is a random id.
-at::Tensor designed_targets(const std::vector<at::Tensor>& logits, const at::Tensor& d2t,
-                            int64_t B, int64_t S, int64_t T, int64_t V, int64_t shift,
-                            int64_t noise, int64_t outside) {
+at::Tensor designed_targets(const std::vector<at::Tensor>& logits, const at::Tensor& d2t, int64_t B,
+                            int64_t S, int64_t T, int64_t V, int64_t shift, int64_t noise,
+                            int64_t outside) {
   at::Tensor ids = torch::empty({B, S}, torch::kLong);
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t t = 0; t < S; ++t) {
@@ -179,8 +179,8 @@ TEST_CASE("engine drafts and all-anchor chains: the unroll's counts equal a brut
         at::Tensor aux = torch::randn({B, S, 24}, torch::kDouble);
         torch::NoGradGuard g;
         const auto logits = ttt_logits(*model, ids, mask, aux, T, AttentionImpl::kDense);
-        const at::Tensor target_ids =
-            designed_targets(logits, d2t, B, S, T, V, shift, 11 + static_cast<int64_t>(seed), outside);
+        const at::Tensor target_ids = designed_targets(logits, d2t, B, S, T, V, shift,
+                                                       11 + static_cast<int64_t>(seed), outside);
         const TargetDistribution target = dense_target(target_ids, t2d, loss_mask, T, Vd);
         const Counts want = brute_force(logits, d2t, target_ids, loss_mask, T);
 
@@ -205,7 +205,8 @@ TEST_CASE("engine drafts and all-anchor chains: the unroll's counts equal a brut
   CHECK(most_accepted > 1.25);
 }
 
-TEST_CASE("engine drafts: the first draft of a reply is made at the row before it", "[model][ttt]") {
+TEST_CASE("engine drafts: the first draft of a reply is made at the row before it",
+          "[model][ttt]") {
   // One reply at rows 2..5 (tokens x2..x5): the engine drafts from row 1 (x3 onward). With
   // its proposals hits and T = 2, the draft at row 1 accepts x3 and x4, the target adds x5
   // itself, and no draft follows: 1 draft, 2 accepted. Without the hit at row 1 (the row before
@@ -237,10 +238,10 @@ TEST_CASE("engine drafts: the first draft of a reply is made at the row before i
   CHECK(r.draft_accepted.item<double>() == 2);
   // Make row 1's step-0 proposal miss.
   target_ids[0][1] = (target_ids[0][1].item<int64_t>() + 1) % V;
-  r = ttt_step(*model, dense_target(target_ids, t2d, loss_mask, T, Vd), ids, mask, loss_mask,
-               aux, opt);
-  const Counts want = brute_force(logits, torch::zeros({Vd}, torch::kLong), target_ids,
-                                  loss_mask, T);
+  r = ttt_step(*model, dense_target(target_ids, t2d, loss_mask, T, Vd), ids, mask, loss_mask, aux,
+               opt);
+  const Counts want =
+      brute_force(logits, torch::zeros({Vd}, torch::kLong), target_ids, loss_mask, T);
   CHECK(r.drafts.item<double>() == want.drafts);
   CHECK(r.draft_accepted.item<double>() == want.accepted);
   CHECK(want.drafts >= 2);
@@ -278,9 +279,9 @@ TEST_CASE("accuracy through d2t: with the right d2t, the hits of argmax p (train
       want[static_cast<size_t>(i)] =
           (logits[static_cast<size_t>(i)].argmax(-1).eq(p.argmax(-1)) * pm).sum().item<double>();
     }
-    const StepOutput r =
-        ttt_step(*model, head, ids, mask, loss_mask, aux, target_hidden, opt);
-    for (int64_t i = 0; i < T; ++i) CHECK(r.correct[i].item<double>() == want[static_cast<size_t>(i)]);
+    const StepOutput r = ttt_step(*model, head, ids, mask, loss_mask, aux, target_hidden, opt);
+    for (int64_t i = 0; i < T; ++i)
+      CHECK(r.correct[i].item<double>() == want[static_cast<size_t>(i)]);
     // The trainer's path and the dense target (with its target ids) count the same drafts.
     const StepOutput rd = ttt_step(*model, dense, ids, mask, loss_mask, aux, opt);
     CHECK(torch::equal(rd.correct, r.correct));
@@ -328,9 +329,11 @@ TEST_CASE("accuracy through d2t: a wrong d2t counts the wrong ids' hits, fewer",
       for (int64_t t = i; t < S; ++t) {
         if (loss_mask[b][t].item<int64_t>() == 0) continue;
         const at::Tensor z = logits[static_cast<size_t>(i)][b][t - i];
-        old_definition += target.position_mask[b][t].item<int64_t>() == 1 &&
-                          z.argmax().item<int64_t>() == target.target_p[b][t].argmax().item<int64_t>();
-        wrong_ids += proposal(logits, wrong, i, b, t - i) == target.target_ids[b][t].item<int64_t>();
+        old_definition +=
+            target.position_mask[b][t].item<int64_t>() == 1 &&
+            z.argmax().item<int64_t>() == target.target_p[b][t].argmax().item<int64_t>();
+        wrong_ids +=
+            proposal(logits, wrong, i, b, t - i) == target.target_ids[b][t].item<int64_t>();
       }
     }
     CHECK(right.correct[i].item<double>() == old_definition);

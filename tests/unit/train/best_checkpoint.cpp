@@ -168,8 +168,8 @@ TEST_CASE("ploss or accuracy stuck at exactly 0 is said once per streak", "[trai
   ZeroMetricWatch w("eval", "evaluations", 3);
   const MetricScalars dead = {{"eval/ploss_0", 0}, {"eval/ploss_1", 0}, {"eval/acc_0", 0},
                               {"eval/acc_1", 0},   {"eval/loss", 0},    {"eval/accept_len", 1}};
-  const MetricScalars alive = {{"eval/ploss_0", 2.1}, {"eval/ploss_1", 2.4}, {"eval/acc_0", 0.1},
-                               {"eval/acc_1", 0.0}};
+  const MetricScalars alive = {
+      {"eval/ploss_0", 2.1}, {"eval/ploss_1", 2.4}, {"eval/acc_0", 0.1}, {"eval/acc_1", 0.0}};
   CHECK(w.observe(dead).empty());
   CHECK(w.observe(dead).empty());
   const std::string line = w.observe(dead);

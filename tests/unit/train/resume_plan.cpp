@@ -9,7 +9,7 @@
 
 #include <unistd.h>
 
-#include "checkpoint/export.h"
+#include "checkpoint/safetensors.h"
 #include "core/error.h"
 #include "core/fs_util.h"
 #include "train/resume_plan.h"
@@ -46,9 +46,11 @@ std::string make_checkpoint(const fs::path& out, int64_t epoch, int64_t step, bo
   const fs::path dir = out / ("epoch_" + std::to_string(epoch) + "_step_" + std::to_string(step));
   fs::create_directories(dir);
   if (readable) {
-    checkpoint::write_draft_export(dir.string(), "{}", {}, at::arange(4, at::kLong),
-                                   at::arange(8, at::kLong), c10::kFloat);
-    ::unlink((dir / "config.json").c_str());  // weights-only: no draft config to check
+    // Weights-only (no draft config): written directly, as write_draft_export would refuse it
+    // (its serving check on itself needs a whole draft).
+    checkpoint::write_safetensors((dir / "model.safetensors").string(),
+                                  {{"d2t", at::arange(4, at::kLong)},
+                                   {"t2d", at::arange(8, at::kLong).to(at::kBool)}});
   }
   RunState st;
   st.step = step;

@@ -94,8 +94,7 @@ const std::vector<Micro> kOtherRank = {
 
 }  // namespace
 
-TEST_CASE("step metrics: each formula against a brute-force count, pooled over ranks",
-          "[train]") {
+TEST_CASE("step metrics: each formula against a brute-force count, pooled over ranks", "[train]") {
   const int64_t T = 3;
   // The other rank's sums, as its global_sums would hand them over.
   StepMetrics other(T);
