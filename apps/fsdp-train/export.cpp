@@ -56,8 +56,7 @@ std::optional<model::AuxLayers> checkpoint_aux_layers(const ExportFlags& f,
     nlohmann::json as_config = {{"eagle_aux_hidden_state_layer_ids", ids.at("hidden_state_index")}};
     return model::resolve_aux_layers(as_config.dump(), *convention, 0, record);
   }
-  const int64_t L = f.target_model_path.empty() ? 0
-                                                : model::target_num_layers(f.target_model_path);
+  const int64_t L = f.target_model_path.empty() ? 0 : model::target_num_layers(f.target_model_path);
   return model::resolve_aux_layers(config_json, *convention, L, f.checkpoint + "/config.json");
 }
 

@@ -85,9 +85,9 @@ std::optional<AuxLayers> resolve_aux_layers(const std::string& config_json,
                                             const std::string& source) {
   const json cfg = parse_object(config_json, source);
   const auto top = id_list(cfg, source);
-  const auto nested = cfg.contains("eagle_config") ? id_list(cfg.at("eagle_config"),
-                                                             source + ": eagle_config")
-                                                   : std::nullopt;
+  const auto nested = cfg.contains("eagle_config")
+                          ? id_list(cfg.at("eagle_config"), source + ": eagle_config")
+                          : std::nullopt;
   AuxLayers out;
   if (nested) {
     out.hidden_state_index = to_hidden_state_index(*nested, convention);
@@ -112,19 +112,20 @@ std::optional<AuxLayers> resolve_aux_layers(const std::string& config_json,
     const auto& d = out.hidden_state_index;
     if (!(d[0] >= 0 && d[0] < d[1] && d[1] < d[2] && d[2] <= num_target_layers))
       return std::nullopt;
-    out.origin = "SpecForge's default for a " + std::to_string(num_target_layers) +
-                 "-layer target (outputs of layers " +
-                 list_text(from_hidden_state_index(out.hidden_state_index,
-                                                   AuxIdConvention::kLayerOutput)) +
-                 ")";
+    out.origin =
+        "SpecForge's default for a " + std::to_string(num_target_layers) +
+        "-layer target (outputs of layers " +
+        list_text(from_hidden_state_index(out.hidden_state_index, AuxIdConvention::kLayerOutput)) +
+        ")";
   } else {
     return std::nullopt;
   }
   const auto& hs = out.hidden_state_index;
   for (size_t i = 0; i < hs.size(); ++i) {
-    FSDP_USAGE_CHECK(hs[i] >= 0, out.origin + ": names hidden_states[" + std::to_string(hs[i]) +
-                                     "], before the embedding",
-                     "check --aux-layer-convention: layer-output ids start at 0");
+    FSDP_USAGE_CHECK(
+        hs[i] >= 0,
+        out.origin + ": names hidden_states[" + std::to_string(hs[i]) + "], before the embedding",
+        "check --aux-layer-convention: layer-output ids start at 0");
     FSDP_USAGE_CHECK(i == 0 || hs[i] > hs[i - 1],
                      out.origin + ": the ids are not strictly ascending",
                      "vLLM and SGLang capture the layers in ascending order and concatenate them "
@@ -143,9 +144,9 @@ int64_t target_num_layers(const std::string& model_dir) {
   std::ifstream f(model_dir + "/config.json");
   if (!f) return 0;
   const json cfg = json::parse(f, nullptr, /*allow_exceptions=*/false);
-  for (const json* c : {&cfg, cfg.is_object() && cfg.contains("text_config")
-                                  ? &cfg.at("text_config")
-                                  : static_cast<const json*>(nullptr)}) {
+  for (const json* c :
+       {&cfg, cfg.is_object() && cfg.contains("text_config") ? &cfg.at("text_config")
+                                                             : static_cast<const json*>(nullptr)}) {
     if (c && c->is_object() && c->contains("num_hidden_layers") &&
         c->at("num_hidden_layers").is_number_integer())
       return c->at("num_hidden_layers").get<int64_t>();
@@ -156,8 +157,8 @@ int64_t target_num_layers(const std::string& model_dir) {
 std::string aux_layers_record(const AuxLayers& aux) {
   json j;
   j["hidden_state_index"] = aux.hidden_state_index;
-  j["layer_output_ids"] = from_hidden_state_index(aux.hidden_state_index,
-                                                   AuxIdConvention::kLayerOutput);
+  j["layer_output_ids"] =
+      from_hidden_state_index(aux.hidden_state_index, AuxIdConvention::kLayerOutput);
   j["vllm_ids"] = aux.hidden_state_index;
   const auto sg = sglang_ids(aux.hidden_state_index);
   j["sglang_ids"] = sg ? json(*sg) : json();
@@ -192,10 +193,14 @@ std::optional<std::vector<int64_t>> sglang_ids(const std::vector<int64_t>& hs) {
 
 const char* export_target_name(ExportTarget t) {
   switch (t) {
-    case ExportTarget::kEngines: return "engines";
-    case ExportTarget::kVllm: return "vllm";
-    case ExportTarget::kSglang: return "sglang";
-    case ExportTarget::kSpecForge: return "specforge";
+    case ExportTarget::kEngines:
+      return "engines";
+    case ExportTarget::kVllm:
+      return "vllm";
+    case ExportTarget::kSglang:
+      return "sglang";
+    case ExportTarget::kSpecForge:
+      return "specforge";
   }
   return "?";
 }
@@ -216,28 +221,30 @@ RopeOverride parse_rope_override(const std::string& text, int64_t train_length) 
     char* end = nullptr;
     const double factor = std::strtod(text.c_str() + 5, &end);
     FSDP_USAGE_CHECK(end && *end == '\0' && std::isfinite(factor) && factor > 1.0,
-                     "--export-rope-scaling " + text + ": the factor after 'yarn:' must be a "
-                                                       "number above 1",
+                     "--export-rope-scaling " + text +
+                         ": the factor after 'yarn:' must be a "
+                         "number above 1",
                      "write e.g. --export-rope-scaling yarn:32");
-    FSDP_USAGE_CHECK(train_length > 0, "--export-rope-scaling " + text +
-                                           ": the training length (--max-length) is unknown",
-                     "give the JSON form with original_max_position_embeddings");
+    FSDP_USAGE_CHECK(
+        train_length > 0,
+        "--export-rope-scaling " + text + ": the training length (--max-length) is unknown",
+        "give the JSON form with original_max_position_embeddings");
     rs = {{"rope_type", "yarn"},
           {"factor", factor},
           {"original_max_position_embeddings", train_length}};
   } else {
     rs = json::parse(text, nullptr, /*allow_exceptions=*/false);
-    FSDP_USAGE_CHECK(rs.is_object() && (rs.contains("rope_type") || rs.contains("type")),
-                     "--export-rope-scaling " + text +
-                         ": not 'yarn:<factor>' nor a JSON object with rope_type",
-                     "write e.g. --export-rope-scaling yarn:32 or '{\"rope_type\": \"yarn\", "
-                     "\"factor\": 32, \"original_max_position_embeddings\": 2048}'");
+    FSDP_USAGE_CHECK(
+        rs.is_object() && (rs.contains("rope_type") || rs.contains("type")),
+        "--export-rope-scaling " + text + ": not 'yarn:<factor>' nor a JSON object with rope_type",
+        "write e.g. --export-rope-scaling yarn:32 or '{\"rope_type\": \"yarn\", "
+        "\"factor\": 32, \"original_max_position_embeddings\": 2048}'");
     if (!rs.contains("rope_type")) rs["rope_type"] = rs.at("type");
     const json& f = rs.contains("factor") ? rs.at("factor") : json();
-    FSDP_USAGE_CHECK(rs.at("rope_type").is_string() && f.is_number() && f.get<double>() >= 1.0,
-                     "--export-rope-scaling " + text +
-                         ": rope_type must be a string and factor a number >= 1",
-                     "write e.g. '{\"rope_type\": \"yarn\", \"factor\": 32}'");
+    FSDP_USAGE_CHECK(
+        rs.at("rope_type").is_string() && f.is_number() && f.get<double>() >= 1.0,
+        "--export-rope-scaling " + text + ": rope_type must be a string and factor a number >= 1",
+        "write e.g. '{\"rope_type\": \"yarn\", \"factor\": 32}'");
   }
   out.rope_scaling_json = rs.dump();
   return out;
@@ -266,9 +273,10 @@ std::string serving_config_json(const std::string& config_json, const std::optio
       case ExportTarget::kSglang:
         nested = sglang_ids(hs);
         FSDP_USAGE_CHECK(nested.has_value(),
-                         aux->origin + ": the first aux layer is hidden_states[1] (the output of "
-                                       "layer 0), which no SGLang reading of "
-                                       "eagle_aux_hidden_state_layer_ids can name",
+                         aux->origin +
+                             ": the first aux layer is hidden_states[1] (the output of "
+                             "layer 0), which no SGLang reading of "
+                             "eagle_aux_hidden_state_layer_ids can name",
                          "serve this draft with vLLM (--for vllm), or train on other layers");
         break;
       case ExportTarget::kSpecForge:
@@ -286,12 +294,12 @@ std::string serving_config_json(const std::string& config_json, const std::optio
       cfg.at("eagle_config").empty())
     cfg.erase("eagle_config");
   // RoPE in both schemas: v4 rope_theta + rope_scaling, v5 rope_parameters (rope_theta inside).
-  const double theta =
-      cfg.contains("rope_theta") && cfg.at("rope_theta").is_number() ? cfg.at("rope_theta").get<double>()
-      : cfg.contains("rope_parameters") && cfg.at("rope_parameters").is_object() &&
-              cfg.at("rope_parameters").contains("rope_theta")
-          ? cfg.at("rope_parameters").at("rope_theta").get<double>()
-          : 10000.0;
+  const double theta = cfg.contains("rope_theta") && cfg.at("rope_theta").is_number()
+                           ? cfg.at("rope_theta").get<double>()
+                       : cfg.contains("rope_parameters") && cfg.at("rope_parameters").is_object() &&
+                               cfg.at("rope_parameters").contains("rope_theta")
+                           ? cfg.at("rope_parameters").at("rope_theta").get<double>()
+                           : 10000.0;
   json scaling = cfg.contains("rope_scaling") ? cfg.at("rope_scaling") : json();
   if (!rope.rope_scaling_json.empty()) scaling = json::parse(rope.rope_scaling_json);
   if (scaling.is_object() && !scaling.contains("rope_type") && scaling.contains("type"))

@@ -12,11 +12,11 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
-#include <sstream>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
 #include <optional>
+#include <sstream>
 #include <thread>
 #include <tuple>
 
@@ -189,10 +189,14 @@ void Trainer::Impl::resolve_serving_export() {
                "the export's config.json would make vLLM read other layers", "report this bug");
     if (rank == 0) {
       std::string hs;
-      for (int64_t k : aux_layers->hidden_state_index) hs += (hs.empty() ? "" : ", ") + std::to_string(k);
+      for (int64_t k : aux_layers->hidden_state_index)
+        hs += (hs.empty() ? "" : ", ") + std::to_string(k);
       FSDP_LOG0(kInfo) << "target layers: hidden_states [" << hs << "] from " << aux_layers->origin
-                       << "; exports are written for " << model::export_target_name(cfg.checkpoint.export_for)
-                       << (g && *g == aux_layers->hidden_state_index ? "" : " (SGLang cannot read them: serve with vLLM)");
+                       << "; exports are written for "
+                       << model::export_target_name(cfg.checkpoint.export_for)
+                       << (g && *g == aux_layers->hidden_state_index
+                               ? ""
+                               : " (SGLang cannot read them: serve with vLLM)");
     }
   } else if (rank == 0) {
     FSDP_LOG0(kWarn) << cfg.model.draft_model_config

@@ -103,7 +103,7 @@ std::string Trainer::Impl::save(int64_t epoch_for_name) {
       if (aux_layers) {
         // Inside the temporary directory: published with the checkpoint, never half-written.
         fsdp::write_file_durably(checkpoint::join_path(writer.temp_dir(), "aux_layers.json"),
-                           model::aux_layers_record(*aux_layers));
+                                 model::aux_layers_record(*aux_layers));
       }
     });
   }

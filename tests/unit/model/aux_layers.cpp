@@ -26,8 +26,10 @@ constexpr const char* kKey = "eagle_aux_hidden_state_layer_ids";
 // the residual stream after k layers.
 std::optional<Ids> vllm_rule(const json& cfg) {
   json ids;
-  if (cfg.contains(kKey) && !cfg[kKey].empty()) ids = cfg[kKey];
-  else if (cfg.contains("eagle_config") && cfg["eagle_config"].contains(kKey)) ids = cfg["eagle_config"][kKey];
+  if (cfg.contains(kKey) && !cfg[kKey].empty())
+    ids = cfg[kKey];
+  else if (cfg.contains("eagle_config") && cfg["eagle_config"].contains(kKey))
+    ids = cfg["eagle_config"][kKey];
   if (ids.is_null() || ids.empty()) return std::nullopt;
   Ids v = ids.get<Ids>();
   std::sort(v.begin(), v.end());
@@ -49,8 +51,10 @@ std::optional<Ids> sglang_rule(const json& cfg, bool legacy) {
 }
 
 std::string draft(const json& extra) {
-  json c = {{"architectures", {"LlamaForCausalLMEagle3"}}, {"hidden_size", 64},
-            {"rope_theta", 10000.0}, {"rope_scaling", nullptr}};
+  json c = {{"architectures", {"LlamaForCausalLMEagle3"}},
+            {"hidden_size", 64},
+            {"rope_theta", 10000.0},
+            {"rope_scaling", nullptr}};
   for (auto& [k, v] : extra.items()) c[k] = v;
   return c.dump();
 }
@@ -161,8 +165,8 @@ TEST_CASE("every export target makes its engines read the trained layers") {
 }
 
 TEST_CASE("exports write RoPE in both schemas and inject a scaling") {
-  json cfg = json::parse(serving_config_json(draft({{"rope_theta", 500000.0}}), std::nullopt,
-                                             ExportTarget::kEngines));
+  json cfg = json::parse(
+      serving_config_json(draft({{"rope_theta", 500000.0}}), std::nullopt, ExportTarget::kEngines));
   CHECK(cfg["rope_scaling"].is_null());
   CHECK(cfg["rope_parameters"] == json({{"rope_type", "default"}, {"rope_theta", 500000.0}}));
   const auto yarn = parse_rope_override("yarn:32", 2048);

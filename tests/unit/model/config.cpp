@@ -230,7 +230,9 @@ TEST_CASE("transformers v5 rope_parameters is read, and must agree with rope_the
   DraftConfig c = parse_draft_config(j.dump(), "v5.json");
   CHECK(c.rope_theta == 500000.0);  // not the 10000 default
   CHECK(c.rope_scaling.type == RopeType::kDefault);
-  j["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 1e6}, {"factor", 4.0},
+  j["rope_parameters"] = {{"rope_type", "yarn"},
+                          {"rope_theta", 1e6},
+                          {"factor", 4.0},
                           {"original_max_position_embeddings", 128}};
   c = parse_draft_config(j.dump(), "v5.json");
   CHECK(c.rope_theta == 1e6);
@@ -239,9 +241,11 @@ TEST_CASE("transformers v5 rope_parameters is read, and must agree with rope_the
   CHECK(c.rope_scaling.original_max_position_embeddings == 128);
   // Both schemas, agreeing: fine; disagreeing theta or scaling: an error naming the key.
   j["rope_theta"] = 1e6;
-  j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 128}};
+  j["rope_scaling"] = {
+      {"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 128}};
   CHECK(parse_draft_config(j.dump(), "both.json").rope_scaling.type == RopeType::kYarn);
-  CHECK(error_for("rope_parameters", R"({"rope_type": "default", "rope_theta": 7.0})").find("rope_parameters") ==
+  CHECK(error_for("rope_parameters", R"({"rope_type": "default", "rope_theta": 7.0})")
+            .find("rope_parameters") ==
         std::string::npos);  // kTiny has no rope_theta: the v5 value is taken
   j["rope_theta"] = 10000.0;
   CHECK_THROWS_WITH(parse_draft_config(j.dump(), "both.json"),
