@@ -13,14 +13,17 @@ BIN="$BUILD/fsdp-train"
 PY="${FSDP_VENV:-$HOME/.cache/fsdp-train/venv}/bin/python"
 VPY="${FSDP_VLLM_VENV:-$HOME/.cache/fsdp-train/vllm-venv}/bin/python"
 PIPE="$REPO/benchmarks/serving/pipeline.py"
-NUM_TRAIN="${NUM_TRAIN:-128}" NUM_EVAL="${NUM_EVAL:-20}" EPOCHS="${EPOCHS:-6}" K="${K:-3}"
+# Defaults: the serving tier's sizes (tests/serving/vllm_acceptance.sh), so its cached target,
+# prompts, generation and features are reused.
+NUM_TRAIN="${NUM_TRAIN:-48}" NUM_EVAL="${NUM_EVAL:-12}" EPOCHS="${EPOCHS:-6}" K="${K:-3}"
 MAX_TOKENS="${MAX_TOKENS:-64}"
 for f in "$BIN" "$PY" "$VPY"; do
   [ -x "$f" ] || { echo "error: $f missing"; echo "---> HINT: run launch/setup.sh and launch/setup-serving.sh"; exit 2; }
 done
-KEY=$( (cat "$PIPE" "$REPO/benchmarks/realdata/make_features.py" "$REPO/launch/serving-requirements.txt";
-  echo "$NUM_TRAIN $NUM_EVAL $MAX_TOKENS") | sha256sum | cut -c1-12)
-C="$HOME/.cache/fsdp-train/serving-bench/$KEY"
+KEY=$(cat "$PIPE" "$REPO/benchmarks/realdata/make_features.py" "$REPO/launch/serving-requirements.txt" |
+  sha256sum | cut -c1-12)
+C="${FSDP_SERVING_CACHE:-$HOME/.cache/fsdp-train/serving}/$KEY"
+[ "$NUM_TRAIN $NUM_EVAL $MAX_TOKENS" = "48 12 64" ] || C="$C-$NUM_TRAIN-$NUM_EVAL-$MAX_TOKENS"
 OUT="${OUT:-$BUILD/serving_bench}"
 rm -rf "$OUT"
 mkdir -p "$C" "$OUT"
@@ -28,18 +31,18 @@ t0=$(date +%s)
 stage() { echo "[serving-bench] $(( $(date +%s) - t0 ))s: $*"; }
 run() { local log="$1"; shift; "$@" >"$log" 2>&1 || { tail -30 "$log"; echo "error: $*"; exit 1; }; }
 
-T="$HOME/.cache/fsdp-train/serving-bench/target"
+T="$C/target"
 [ -f "$T/config.json" ] || { stage "target"; run "$OUT/target.log" "$PY" "$PIPE" target --out "$T"; }
 [ -f "$C/prompts.json" ] || { stage "prompts"; run "$OUT/prompts.log" "$PY" "$PIPE" prompts --target "$T" \
-  --num-train "$NUM_TRAIN" --num-eval "$NUM_EVAL" --seed 1 --out "$C/prompts.json"; }
+  --num-train "$NUM_TRAIN" --num-eval "$NUM_EVAL" --out "$C/prompts.json"; }
 [ -f "$C/base.json" ] || { stage "vLLM greedy replies (no speculation)"; run "$OUT/base.log" \
   "$VPY" "$PIPE" generate --target "$T" --prompts "$C/prompts.json" --sets train,eval \
   --max-tokens "$MAX_TOKENS" --out "$C/base.json"; }
-if [ ! -f "$C/feat-regen/.complete" ]; then
+if [ ! -f "$C/feat-train/.complete" ]; then
   stage "features: training prompts + the target's own replies"
   run "$OUT/feat-regen.log" "$PY" "$PIPE" features --target "$T" --source "$C/base.json" --split train \
-    --dtype bf16 --draft-config "$C/draft-config.json" --draft-vocab-size 2048 --out "$C/feat-regen"
-  touch "$C/feat-regen/.complete"
+    --dtype bf16 --draft-config "$C/draft-config.json" --draft-vocab-size 2048 --out "$C/feat-train"
+  touch "$C/feat-train/.complete"
 fi
 if [ ! -f "$C/feat-human/.complete" ]; then
   stage "features: training prompts + the human replies"
@@ -57,7 +60,7 @@ fi
 for data in regen human; do
   stage "training on $data replies ($EPOCHS epochs)"
   run "$OUT/train-$data.log" "$BIN" --target-model-path "$T" --draft-model-config "$C/draft-config.json" \
-    --train-hidden-states-path "$C/feat-$data" --output-dir "$OUT/run-$data" --cache-dir "$OUT/cache-$data" \
+    --train-hidden-states-path "$C/$([ $data = regen ] && echo feat-train || echo feat-human)" --output-dir "$OUT/run-$data" --cache-dir "$OUT/cache-$data" \
     --num-epochs "$EPOCHS" --draft-global-batch-size 4 --draft-micro-batch-size 4 --learning-rate 2e-3 \
     --warmup-ratio 0.05 --max-length 256 --ttt-length "$K" --export-dtype fp32 --save-interval 0 --log-steps 50
   ck="$(ls -d "$OUT/run-$data"/epoch_* | sort -V | tail -n 1)"

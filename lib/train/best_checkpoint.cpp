@@ -82,7 +82,7 @@ std::optional<BestRecord> read_best_record(const std::string& output_dir) {
   const auto j = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
   BestRecord r;
   try {
-    FSDP_CHECK(j.is_object(), "not a JSON object", "");
+    FSDP_CHECK(j.is_object(), "not a JSON object", "remove it to start the best checkpoint anew");
     r.metric = j.at("metric").get<std::string>();
     r.direction = j.at("direction").get<std::string>();
     r.step = j.at("step").get<int64_t>();
