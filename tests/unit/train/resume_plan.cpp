@@ -48,9 +48,9 @@ std::string make_checkpoint(const fs::path& out, int64_t epoch, int64_t step, bo
   if (readable) {
     // Weights-only (no draft config): written directly, as write_draft_export would refuse it
     // (its serving check on itself needs a whole draft).
-    checkpoint::write_safetensors((dir / "model.safetensors").string(),
-                                  {{"d2t", at::arange(4, at::kLong)},
-                                   {"t2d", at::arange(8, at::kLong).to(at::kBool)}});
+    checkpoint::write_safetensors(
+        (dir / "model.safetensors").string(),
+        {{"d2t", at::arange(4, at::kLong)}, {"t2d", at::arange(8, at::kLong).to(at::kBool)}});
   }
   RunState st;
   st.step = step;
