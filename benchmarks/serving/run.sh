@@ -20,64 +20,46 @@ MAX_TOKENS="${MAX_TOKENS:-64}"
 for f in "$BIN" "$PY" "$VPY"; do
   [ -x "$f" ] || { echo "error: $f missing"; echo "---> HINT: run launch/setup.sh and launch/setup-serving.sh"; exit 2; }
 done
-KEY=$(cat "$PIPE" "$REPO/benchmarks/realdata/make_features.py" "$REPO/launch/serving-requirements.txt" |
-  sha256sum | cut -c1-12)
-C="${FSDP_SERVING_CACHE:-$HOME/.cache/fsdp-train/serving}/$KEY"
+SRC="$REPO"
+source "$REPO/benchmarks/serving/cache.sh"
+C="$(serving_cache_dir)"
 [ "$NUM_TRAIN $NUM_EVAL $MAX_TOKENS" = "48 12 64" ] || C="$C-$NUM_TRAIN-$NUM_EVAL-$MAX_TOKENS"
 OUT="${OUT:-$BUILD/serving_bench}"
 rm -rf "$OUT"
 mkdir -p "$C" "$OUT"
 t0=$(date +%s)
 stage() { echo "[serving-bench] $(( $(date +%s) - t0 ))s: $*"; }
-run() { local log="$1"; shift; "$@" >"$log" 2>&1 || { tail -30 "$log"; echo "error: $*"; exit 1; }; }
 
 T="$C/target"
-[ -f "$T/config.json" ] || { stage "target"; run "$OUT/target.log" "$PY" "$PIPE" target --out "$T"; }
-[ -f "$C/prompts.json" ] || { stage "prompts"; run "$OUT/prompts.log" "$PY" "$PIPE" prompts --target "$T" \
-  --num-train "$NUM_TRAIN" --num-eval "$NUM_EVAL" --out "$C/prompts.json"; }
-[ -f "$C/base.json" ] || { stage "vLLM greedy replies (no speculation)"; run "$OUT/base.log" \
-  "$VPY" "$PIPE" generate --target "$T" --prompts "$C/prompts.json" --sets train,eval \
-  --max-tokens "$MAX_TOKENS" --out "$C/base.json"; }
-if [ ! -f "$C/feat-train/.complete" ]; then
-  stage "features: training prompts + the target's own replies"
-  run "$OUT/feat-regen.log" "$PY" "$PIPE" features --target "$T" --source "$C/base.json" --split train \
-    --dtype bf16 --draft-config "$C/draft-config.json" --draft-vocab-size 2048 --out "$C/feat-train"
-  touch "$C/feat-train/.complete"
-fi
+build_serving_cache "$C" "$OUT"
 if [ ! -f "$C/feat-human/.complete" ]; then
   stage "features: training prompts + the human replies"
-  run "$OUT/feat-human.log" "$PY" "$PIPE" features --target "$T" --source "$C/prompts.json" --split train \
+  cache_step "$OUT/feat-human.log" "$PY" "$PIPE" features --target "$T" --source "$C/prompts.json" --split train \
     --dtype bf16 --out "$C/feat-human"
   touch "$C/feat-human/.complete"
-fi
-if [ ! -f "$C/feat-eval/.complete" ]; then
-  stage "features: the held-out sequences vLLM generated"
-  run "$OUT/feat-eval.log" "$PY" "$PIPE" features --target "$T" --source "$C/base.json" --split eval \
-    --dtype fp32 --out "$C/feat-eval"
-  touch "$C/feat-eval/.complete"
 fi
 
 for data in regen human; do
   stage "training on $data replies ($EPOCHS epochs)"
-  run "$OUT/train-$data.log" "$BIN" --target-model-path "$T" --draft-model-config "$C/draft-config.json" \
+  cache_step "$OUT/train-$data.log" "$BIN" --target-model-path "$T" --draft-model-config "$C/draft-config.json" \
     --train-hidden-states-path "$C/$([ $data = regen ] && echo feat-train || echo feat-human)" --output-dir "$OUT/run-$data" --cache-dir "$OUT/cache-$data" \
     --num-epochs "$EPOCHS" --draft-global-batch-size 4 --draft-micro-batch-size 4 --learning-rate 2e-3 \
     --warmup-ratio 0.05 --max-length 256 --ttt-length "$K" --export-dtype fp32 --save-interval 0 --log-steps 50
   ck="$(ls -d "$OUT/run-$data"/epoch_* | sort -V | tail -n 1)"
   ln -sfn "$ck" "$OUT/draft-$data"
   stage "fsdp-train metrics of the $data draft on the generated held-out sequences"
-  run "$OUT/eval-$data.log" "$BIN" --init-checkpoint "$ck" --eval-only --target-model-path "$T" \
+  cache_step "$OUT/eval-$data.log" "$BIN" --init-checkpoint "$ck" --eval-only --target-model-path "$T" \
     --draft-model-config "$ck/config.json" --eval-hidden-states-path "$C/feat-eval" --cache-dir "$OUT/cache-$data" \
     --max-length 512 --ttt-length "$K" --mixed-precision fp32 --draft-global-batch-size 1 \
     --draft-micro-batch-size 1 --output-dir "$OUT/eval-$data"
 done
 # The regenerated draft with SpecForge's config layout: vLLM reads its layer-output ids as
 # hidden_states indices, one layer too low.
-run "$OUT/export-specforge.log" "$BIN" export --checkpoint "$(readlink "$OUT/draft-regen")" \
+cache_step "$OUT/export-specforge.log" "$BIN" export --checkpoint "$(readlink "$OUT/draft-regen")" \
   --output "$OUT/draft-regen-specforge-layout" --for specforge
 for d in regen human regen-specforge-layout; do
   stage "vLLM serving the $d draft (EAGLE3, k=$K)"
-  run "$OUT/spec-$d.log" "$VPY" "$PIPE" generate --target "$T" --prompts "$C/prompts.json" --sets eval \
+  cache_step "$OUT/spec-$d.log" "$VPY" "$PIPE" generate --target "$T" --prompts "$C/prompts.json" --sets eval \
     --max-tokens "$MAX_TOKENS" --draft "$OUT/draft-$d" --k "$K" --out "$OUT/spec-$d.json"
 done
 stage "done"

@@ -166,11 +166,10 @@ std::string Trainer::Impl::set_threads(const comm::Topology& topo) const {
 }
 
 void Trainer::Impl::resolve_serving_export() {
-  std::ifstream in(cfg.model.draft_model_config);
-  std::stringstream text;
-  text << in.rdbuf();
+  // The parsed config carries eagle_config and any top-level id list through to_json(): no second
+  // read of the file.
   const int64_t L = model::target_num_layers(cfg.model.target_model_path);
-  aux_layers = model::resolve_aux_layers(text.str(), cfg.model.aux_layer_convention, L,
+  aux_layers = model::resolve_aux_layers(draft_cfg.to_json(), cfg.model.aux_layer_convention, L,
                                          cfg.model.draft_model_config);
   export_rope = model::parse_rope_override(cfg.checkpoint.export_rope_scaling, cfg.data.max_length);
   if (aux_layers) {

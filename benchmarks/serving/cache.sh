@@ -1,0 +1,51 @@
+# Sourced by tests/serving/vllm_acceptance.sh and benchmarks/serving/run.sh: the cached inputs of a
+# serving run (docs/serving.md), built once per cache directory and reused.
+#   serving_cache_dir            -> prints ~/.cache/fsdp-train/serving/<key of the pipeline's sources>
+#   build_serving_cache C LOGDIR -> C/target, C/prompts.json, C/base.json (vLLM, no speculation),
+#                                   C/feat-train (+ C/draft-config.json), C/feat-eval
+# Needs PY, VPY, PIPE, SRC, NUM_TRAIN, NUM_EVAL, MAX_TOKENS and a `stage MESSAGE` function.
+
+serving_cache_dir() {
+  local key
+  key=$(cat "$PIPE" "$SRC/benchmarks/realdata/make_features.py" "$SRC/launch/serving-requirements.txt" |
+    sha256sum | cut -c1-12)
+  echo "${FSDP_SERVING_CACHE:-$HOME/.cache/fsdp-train/serving}/$key"
+}
+
+# cache_step LOG CMD...: runs CMD with its output in LOG; on failure shows the log's end and exits.
+cache_step() {
+  local log="$1"; shift
+  "$@" >"$log" 2>&1 || { tail -30 "$log"; echo "FAIL: $*"; exit 1; }
+}
+
+build_serving_cache() {
+  local C="$1" L="$2"
+  mkdir -p "$C" "$L"
+  if [ ! -f "$C/target/config.json" ]; then
+    stage "target: SmolLM2-135M-Instruct from the PyPI GGUF"
+    cache_step "$L/target.log" "$PY" "$PIPE" target --out "$C/target"
+  fi
+  if [ ! -f "$C/prompts.json" ]; then
+    stage "prompts"
+    cache_step "$L/prompts.log" "$PY" "$PIPE" prompts --target "$C/target" --num-train "$NUM_TRAIN" \
+      --num-eval "$NUM_EVAL" --out "$C/prompts.json"
+  fi
+  if [ ! -f "$C/base.json" ]; then
+    stage "vLLM without speculation: greedy replies to the training and held-out prompts"
+    cache_step "$L/base.log" "$VPY" "$PIPE" generate --target "$C/target" --prompts "$C/prompts.json" \
+      --sets train,eval --max-tokens "$MAX_TOKENS" --out "$C/base.json"
+  fi
+  if [ ! -f "$C/feat-train/.complete" ]; then
+    stage "features of the training prompts + the target's own replies"
+    cache_step "$L/feat-train.log" "$PY" "$PIPE" features --target "$C/target" --source "$C/base.json" \
+      --split train --dtype bf16 --draft-config "$C/draft-config.json" --draft-vocab-size 2048 \
+      --out "$C/feat-train"
+    touch "$C/feat-train/.complete"
+  fi
+  if [ ! -f "$C/feat-eval/.complete" ]; then
+    stage "features of the held-out sequences vLLM generated (fp32)"
+    cache_step "$L/feat-eval.log" "$PY" "$PIPE" features --target "$C/target" --source "$C/base.json" \
+      --split eval --dtype fp32 --out "$C/feat-eval"
+    touch "$C/feat-eval/.complete"
+  fi
+}
