@@ -1,4 +1,4 @@
-// `fsdp-train convert`: SpecForge .ckpt tree -> native safetensors shards (lib/data
+// `fsdp-train convert`: any feature dataset -> native safetensors shards (bf16 or fp8) (lib/data
 // native_format.h). Parallel over the job's MPI ranks, resumable; never touches the input tree.
 #include <CLI/CLI.hpp>
 
@@ -47,15 +47,17 @@ uint64_t parse_size(const std::string& s) {
 int run_convert(ConvertFlags& f) {
   f.options.shard_bytes = parse_size(f.shard_size);
   f.options.dataset.check_finite = !f.no_check_finite;
+  f.options.dataset.num_aux_layers = 0;  // keep every captured layer the producer wrote
   auto comm = comm::make_communicator(comm::Group::kWorld, c10::Device(c10::kCPU));
-  const auto rep = data::convert_ckpt_to_native(f.options, comm.get());
+  const auto rep = data::convert_to_native(f.options, comm.get());
   for (const auto& line : rep.bad_sample_lines) FSDP_LOG(kWarn) << "skipped bad sample: " << line;
-  FSDP_LOG(kInfo) << "convert: rank " << comm->rank() << " wrote " << rep.shards_written
-                  << " shard(s) (" << rep.samples_written << " samples, "
+  FSDP_LOG(kInfo) << "convert: " << rep.input_format << " input, rank " << comm->rank() << " wrote "
+                  << rep.shards_written << " shard(s) (" << rep.samples_written << " samples, "
                   << (rep.bytes_written >> 20) << " MiB), skipped " << rep.shards_skipped
                   << " already complete, in " << rep.seconds << " s";
   if (comm->rank() == 0) {
-    std::cout << "convert: " << rep.shards_total << " shard(s) in " << f.options.output
+    std::cout << "convert: " << rep.shards_total << " shard(s) (" << f.options.dtype << ") in "
+              << f.options.output
               << (rep.bad_samples
                       ? " (" + std::to_string(rep.bad_samples) + " bad sample(s) skipped)"
                       : "")
@@ -70,14 +72,19 @@ void add_convert(CLI::App& root, Action* action) {
   auto f = std::make_shared<ConvertFlags>();
   CLI::App* sub = root.add_subcommand(
       "convert",
-      "convert SpecForge hidden states (*.ckpt tree) into native memory-mapped safetensors shards; "
-      "run under mpirun to convert in parallel; rerun to resume");
-  sub->add_option("--input", f->options.input, "directory searched recursively for *.ckpt")
+      "convert hidden states (SpecForge *.ckpt / *.ckpt.gz, speculators, ModelOpt, DeepSpec or "
+      "native shards) into native memory-mapped safetensors shards, bf16 or fp8; run under "
+      "mpirun to convert in parallel; rerun to resume");
+  sub->add_option("--input", f->options.input,
+                  "feature directory, any format fsdp-train reads (docs/data.md)")
       ->required();
   sub->add_option("--output", f->options.output,
                   "output directory for shards and features.index.json")
       ->required();
   sub->add_option("--shard-size", f->shard_size, "target shard size, e.g. 512M, 1G (default 1G)");
+  sub->add_option("--dtype", f->options.dtype,
+                  "hidden-state storage: bf16 (exact, default) or fp8_e4m3 (per-row scales, about "
+                  "half the bytes)");
   sub->add_flag("--skip-bad-samples", f->options.skip_bad_samples,
                 "record bad input files in the index (training skips them) instead of stopping");
   sub->add_flag("--overwrite", f->options.overwrite, "rewrite shards even when already complete");

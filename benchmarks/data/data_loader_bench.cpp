@@ -143,7 +143,7 @@ int main(int argc, char** argv) {
   co.input = (root / "ckpt").string();
   co.output = (root / "native").string();
   co.shard_bytes = 256ull << 20;
-  const auto rep = convert_ckpt_to_native(co);
+  const auto rep = convert_to_native(co);
   std::printf("convert: %lld shards in %.1f s (%.0f MB/s)\n",
               static_cast<long long>(rep.shards_total), rep.seconds,
               static_cast<double>(rep.bytes_written) / 1048576.0 / rep.seconds);

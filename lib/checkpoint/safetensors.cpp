@@ -40,8 +40,8 @@ int64_t element_size(const std::string& d) {
 }
 
 c10::ScalarType torch_dtype_or_undefined(const std::string& d) {
-  static const std::set<std::string> known = {"F64", "F32", "F16", "BF16", "I64",
-                                              "I32", "I16", "I8",  "U8",   "BOOL"};
+  static const std::set<std::string> known = {"F64", "F32", "F16", "BF16", "I64",    "I32",
+                                              "I16", "I8",  "U8",  "BOOL", "F8_E4M3"};
   return known.count(d) ? dtype_from_safetensors(d) : c10::ScalarType::Undefined;
 }
 

@@ -19,7 +19,7 @@ namespace fsdp::checkpoint {
 // header's data_offsets are relative to the end of the header; we add that base once).
 struct TensorInfo {
   std::string name;
-  // Undefined for dtypes LibTorch cannot hold (e.g. F8_E4M3 in a quantised target): such
+  // Undefined for dtypes LibTorch cannot hold (e.g. F8_E5M2): such
   // tensors are range-checked at open but only rejected when someone reads them.
   c10::ScalarType dtype = c10::ScalarType::Undefined;
   std::string dtype_str;  // as written in the header ("BF16", ...)

@@ -98,4 +98,37 @@ TargetKeys resolve_target_keys(const std::string& model_dir, const TargetKeyRequ
   return out;
 }
 
+FinalNormSpec resolve_final_norm(const std::string& model_dir) {
+  const auto weights = model_weight_map(model_dir);
+  std::vector<std::string> c;
+  for (const auto& [name, file] : weights) {
+    const std::string tail = "norm.weight";
+    const bool final_norm = name.size() >= tail.size() &&
+                            name.compare(name.size() - tail.size(), tail.size(), tail) == 0 &&
+                            (name == tail || name[name.size() - tail.size() - 1] == '.') &&
+                            name.find("layers.") == std::string::npos &&
+                            name.find("vision") == std::string::npos &&
+                            name.find("visual") == std::string::npos;
+    if (final_norm) c.push_back(name);
+  }
+  FSDP_USAGE_CHECK(c.size() == 1,
+                   c.empty() ? str(model_dir,
+                                   ": no final norm tensor (*.norm.weight outside the "
+                                   "decoder layers) in the checkpoint")
+                             : str(model_dir, ": several final norm candidates ", quoted(c)),
+                   "features stored before the final norm (speculators) need the target's final "
+                   "RMSNorm: point --target-model-path at the full target checkpoint");
+  std::ifstream in(model_dir + "/config.json");
+  const json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
+  for (const json* cfg :
+       {&j, j.is_object() && j.contains("text_config") ? &j["text_config"] : nullptr}) {
+    if (cfg && cfg->is_object() && cfg->contains("rms_norm_eps") &&
+        (*cfg)["rms_norm_eps"].is_number())
+      return {c[0], (*cfg)["rms_norm_eps"].get<double>()};
+  }
+  FSDP_USAGE_CHECK(false, str(model_dir, "/config.json: no rms_norm_eps"),
+                   "the final norm of features stored before it (speculators) needs the "
+                   "target's rms_norm_eps; check --target-model-path");
+}
+
 }  // namespace fsdp::checkpoint

@@ -34,3 +34,18 @@ struct TargetKeys {
 TargetKeys resolve_target_keys(const std::string& model_dir, const TargetKeyRequest& request);
 
 }  // namespace fsdp::checkpoint
+
+namespace fsdp::checkpoint {
+
+// The target's final RMSNorm (what a dump that stores the last hidden state before the norm,
+// such as speculators', needs applied before the LM head): the one tensor named norm.weight
+// outside the decoder layers ("model.norm.weight", "model.language_model.norm.weight", ...), and
+// rms_norm_eps of config.json (top level, else text_config). Throws UsageError naming the
+// directory when either is missing or the name is ambiguous.
+struct FinalNormSpec {
+  std::string key;
+  double eps = 0;
+};
+FinalNormSpec resolve_final_norm(const std::string& model_dir);
+
+}  // namespace fsdp::checkpoint

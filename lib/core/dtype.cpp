@@ -35,6 +35,8 @@ std::string dtype_name(c10::ScalarType t) {
       return "uint8";
     case c10::kBool:
       return "bool";
+    case c10::kFloat8_e4m3fn:
+      return "fp8_e4m3";
     default:
       return c10::toString(t);
   }
@@ -51,8 +53,9 @@ c10::ScalarType dtype_from_safetensors(const std::string& s) {
   if (s == "I8") return c10::kChar;
   if (s == "U8") return c10::kByte;
   if (s == "BOOL") return c10::kBool;
+  if (s == "F8_E4M3") return c10::kFloat8_e4m3fn;
   FSDP_USAGE_CHECK(false, "unsupported safetensors dtype '" + s + "'",
-                   "supported: F64 F32 F16 BF16 I64 I32 I16 I8 U8 BOOL");
+                   "supported: F64 F32 F16 BF16 I64 I32 I16 I8 U8 BOOL F8_E4M3");
 }
 
 std::string dtype_to_safetensors(c10::ScalarType t) {
@@ -77,6 +80,8 @@ std::string dtype_to_safetensors(c10::ScalarType t) {
       return "U8";
     case c10::kBool:
       return "BOOL";
+    case c10::kFloat8_e4m3fn:
+      return "F8_E4M3";
     default:
       break;
   }

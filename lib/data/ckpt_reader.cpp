@@ -5,11 +5,13 @@
 #include <ATen/ATen.h>
 
 #include <cerrno>
+#include <cstring>
 #include <string>
 #include <vector>
 
 #include "core/dtype.h"
 #include "core/finite.h"
+#include "core/gzip_reader.h"
 #include "core/torch_archive_load.h"
 #include "data/dataset.h"
 
@@ -108,11 +110,20 @@ RawSample validate_sample(at::Tensor input_ids, at::Tensor loss_mask, at::Tensor
         kRegenerate);
   const int64_t h = s.hidden_state.size(1);
   if (h == 0) bad(where, "hidden_state has hidden size 0", kRegenerate);
-  if (s.aux_hidden_state.size(1) != 3 * h)
+  const int64_t w = s.aux_hidden_state.size(1);
+  // 0: any number of captured layers (convert keeps what the producer captured).
+  const int64_t n_aux = options.num_aux_layers > 0 ? options.num_aux_layers
+                        : (w > 0 && w % h == 0)    ? w / h
+                                                   : 1;
+  if (w != n_aux * h)
     bad(where,
-        fsdp::str("aux_hidden_state has width ", s.aux_hidden_state.size(1), ", expected 3 x ", h,
-                  " (three captured layers of hidden size ", h, ")"),
-        kRegenerate);
+        w % h == 0 ? fsdp::str("aux_hidden_state holds ", w / h, " captured layers (width ", w,
+                               " = ", w / h, " x ", h, "), the draft reads ", n_aux)
+                   : fsdp::str("aux_hidden_state has width ", w, ", expected ", n_aux, " x ", h,
+                               " (", n_aux, " captured layers of hidden size ", h, ")"),
+        w % h == 0 ? "capture the layers the draft config names "
+                     "(eagle_aux_hidden_state_layer_ids), or use features dumped for this draft"
+                   : kRegenerate);
   if (options.hidden_size > 0 && h != options.hidden_size)
     bad(where, fsdp::str("hidden size ", h, " but the dataset/target has ", options.hidden_size),
         "all feature files must come from the same target model as --target-model-path");
@@ -135,48 +146,80 @@ namespace {
   throw SampleReadError(path + ": " + e.what(), "check the file system", __FILE__, __LINE__);
 }
 
+bool ends_with(const std::string& s, const char* suffix) {
+  const size_t n = std::strlen(suffix);
+  return s.size() >= n && s.compare(s.size() - n, n, suffix) == 0;
+}
+
+// The first `count` of kKeys from a torch.save zip held by `file` (`path` names it in errors;
+// `gz`: the bytes came out of a gzip file).
+std::vector<at::Tensor> load_from_source(const ZipSource& file, const std::string& path, int count,
+                                         bool gz) {
+  char head[2] = {0, 0};
+  if (file.size() < 4)
+    bad(path, fsdp::str(gz ? "decompressed content" : "file", " has only ", file.size(), " bytes"),
+        kRegenerate);
+  file.read(0, 2, head);
+  if (!(head[0] == 'P' && head[1] == 'K')) {
+    if (static_cast<unsigned char>(head[0]) == 0x80)
+      bad(path, "legacy (non-zip) torch.save format",
+          "re-save it in Python with torch.save(obj, path) from torch >= 1.6 (zip format)");
+    bad(path,
+        gz ? "decompressed content is not a torch.save zip archive (no zip signature)"
+           : "not a torch.save zip archive (no zip signature)",
+        kRegenerate);
+  }
+  c10::impl::GenericDict dict(c10::AnyType::get(), c10::AnyType::get());
+  std::string present;
+  try {
+    const TorchArchive archive(file);
+    const PickleTree& tree = archive.tree();
+    if (tree.at(tree.root).kind == PickleNode::Kind::kDict) {
+      for (size_t i = 0; i < tree.at(tree.root).items.size(); i += 2) {
+        const PickleNode& key = tree.at(tree.at(tree.root).items[i]);
+        if (key.kind == PickleNode::Kind::kString) present += (present.empty() ? "" : ", ") + key.s;
+      }
+    }
+    dict = load_torch_archive_keys(archive, std::vector<std::string>(kKeys, kKeys + count));
+  } catch (const FormatError& e) {
+    bad(path, std::string("cannot load torch.save archive: ") + e.what(), kRegenerate);
+  }
+  std::vector<at::Tensor> out;
+  for (int i = 0; i < count; ++i) {
+    const auto it = dict.find(kKeys[i]);
+    if (it == dict.end())
+      bad(path,
+          fsdp::str("missing key '", kKeys[i],
+                    "' (keys present: ", present.empty() ? "none" : present, ")"),
+          kRegenerate);
+    if (!it->value().isTensor())
+      bad(path, fsdp::str("key '", kKeys[i], "' is a ", it->value().tagKind(), ", not a tensor"),
+          kRegenerate);
+    out.push_back(it->value().toTensor());
+  }
+  return out;
+}
+
 std::vector<at::Tensor> load_ckpt_tensors(const std::string& path, int count,
                                           uint64_t* bytes_read) {
   try {
-    FileSource file(path);
-    char head[2] = {0, 0};
-    if (file.size() < 4) bad(path, fsdp::str("file has only ", file.size(), " bytes"), kRegenerate);
-    file.read(0, 2, head);
-    if (!(head[0] == 'P' && head[1] == 'K')) {
-      if (static_cast<unsigned char>(head[0]) == 0x80)
-        bad(path, "legacy (non-zip) torch.save format",
-            "re-save it in Python with torch.save(obj, path) from torch >= 1.6 (zip format)");
-      bad(path, "not a torch.save zip archive (no zip signature)", kRegenerate);
-    }
-    c10::impl::GenericDict dict(c10::AnyType::get(), c10::AnyType::get());
-    std::string present;
-    try {
-      const TorchArchive archive(file);
-      const PickleTree& tree = archive.tree();
-      if (tree.at(tree.root).kind == PickleNode::Kind::kDict) {
-        for (size_t i = 0; i < tree.at(tree.root).items.size(); i += 2) {
-          const PickleNode& key = tree.at(tree.at(tree.root).items[i]);
-          if (key.kind == PickleNode::Kind::kString)
-            present += (present.empty() ? "" : ", ") + key.s;
-        }
+    if (ends_with(path, ".gz")) {
+      uint64_t compressed = 0;
+      std::vector<char> bytes;
+      try {
+        bytes = gunzip_file(path, {}, &compressed);
+      } catch (const FormatError& e) {
+        bad(path, std::string("cannot decompress: ") + e.what(),
+            "re-copy the file (gzip -t checks it), regenerate it with SpecForge's "
+            "prepare_hidden_states --compress, or run with --skip-bad-samples");
       }
-      dict = load_torch_archive_keys(archive, std::vector<std::string>(kKeys, kKeys + count));
-    } catch (const FormatError& e) {
-      bad(path, std::string("cannot load torch.save archive: ") + e.what(), kRegenerate);
+      const MemorySource memory(bytes);
+      auto out = load_from_source(memory, path, count, true);
+      if (bytes_read) *bytes_read = compressed;
+      return out;
     }
-    std::vector<at::Tensor> out;
-    for (int i = 0; i < count; ++i) {
-      const auto it = dict.find(kKeys[i]);
-      if (it == dict.end())
-        bad(path,
-            fsdp::str("missing key '", kKeys[i],
-                      "' (keys present: ", present.empty() ? "none" : present, ")"),
-            kRegenerate);
-      if (!it->value().isTensor())
-        bad(path, fsdp::str("key '", kKeys[i], "' is a ", it->value().tagKind(), ", not a tensor"),
-            kRegenerate);
-      out.push_back(it->value().toTensor());
-    }
+    FileSource file(path);
+    auto out = load_from_source(file, path, count, false);
     if (bytes_read) *bytes_read = file.bytes_read();
     return out;
   } catch (const ZipIoError& e) {
@@ -186,8 +229,9 @@ std::vector<at::Tensor> load_ckpt_tensors(const std::string& path, int count,
 
 }  // namespace
 
-RawSample read_ckpt_sample(const std::string& path, const DatasetOptions& options) {
-  const std::vector<at::Tensor> t = load_ckpt_tensors(path, 4, nullptr);
+RawSample read_ckpt_sample(const std::string& path, const DatasetOptions& options,
+                           uint64_t* bytes_read) {
+  const std::vector<at::Tensor> t = load_ckpt_tensors(path, 4, bytes_read);
   return validate_sample(t[0], t[1], t[2], t[3], path, options);
 }
 

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <filesystem>
 
+#include "data/formats.h"
 #include "data/native_format.h"
 
 namespace fsdp::data {
@@ -20,7 +21,9 @@ std::vector<std::string> list_ckpt_files(const std::string& dir) {
        it != fs::recursive_directory_iterator(); it.increment(ec)) {
     FSDP_USAGE_CHECK(!ec, dir + ": cannot list (" + ec.message() + ")",
                      "check permissions and symbolic links (a link to a parent loops)");
-    if (it->path().extension() != ".ckpt") continue;
+    const std::string name = it->path().filename().string();
+    const bool gz = name.size() > 8 && name.compare(name.size() - 8, 8, ".ckpt.gz") == 0;
+    if (it->path().extension() != ".ckpt" && !gz) continue;
     // A link whose target is gone is listed too: it is a missing sample (an error, or skipped
     // and counted with --skip-bad-samples), never silently fewer samples.
     std::error_code fe;
@@ -44,15 +47,31 @@ class CkptDataset final : public FeatureDataset {
       : root_(std::move(root)), files_(std::move(files)), options_(options) {}
   std::string format() const override { return "ckpt"; }
   int64_t size() const override { return static_cast<int64_t>(files_.size()); }
-  RawSample read(int64_t i) const override { return read_ckpt_sample(open_file(i), options_); }
+  RawSample read(int64_t i) const override {
+    uint64_t n = 0;
+    RawSample s = read_ckpt_sample(open_file(i), options_, &n);
+    bytes_read_ += n;
+    return s;
+  }
   TokenSample read_tokens(int64_t i) const override {
     RawSample s = read(i);
     return {s.input_ids, s.loss_mask};
   }
   TokenSample read_tokens_only(int64_t i) const override {
-    return read_ckpt_tokens(open_file(i), options_);
+    uint64_t n = 0;
+    TokenSample s = read_ckpt_tokens(open_file(i), options_, &n);
+    bytes_read_ += n;
+    return s;
   }
   std::string source(int64_t i) const override { return files_.at(i); }
+  std::string source_key(int64_t i) const override {
+    return fs::relative(files_.at(i), root_).string();
+  }
+  uint64_t source_bytes(int64_t i) const override {
+    std::error_code ec;
+    const auto n = fs::file_size(files_.at(i), ec);
+    return ec ? 0 : n;
+  }
   const std::string& root() const override { return root_; }
 
  private:
@@ -71,16 +90,26 @@ class CkptDataset final : public FeatureDataset {
 
 }  // namespace
 
+std::shared_ptr<FeatureDataset> open_ckpt_dataset(const std::string& root,
+                                                  std::vector<std::string> files,
+                                                  const DatasetOptions& options) {
+  return std::make_shared<CkptDataset>(root, std::move(files), options);
+}
+
 std::shared_ptr<FeatureDataset> open_feature_dataset(const std::string& path,
                                                      const DatasetOptions& options) {
   FSDP_USAGE_CHECK(fs::exists(path), path + ": hidden-states path does not exist",
                    "check --train-hidden-states-path");
   if (is_native_dataset(path)) return open_native_dataset(path, options);
+  if (auto ds = open_producer_dataset(path, options)) return ds;
   auto files = list_ckpt_files(path);
   FSDP_USAGE_CHECK(!files.empty(),
-                   path + ": no *.ckpt files and no " + std::string(kNativeIndexFile) + " found",
-                   "point the path at SpecForge hidden states (rows_*/data_*.ckpt) or at the "
-                   "output of `fsdp-train convert`");
+                   path +
+                       ": no feature files found (no *.ckpt, *.ckpt.gz, hs_<i>.safetensors, "
+                       "*.pt, manifest.json or " +
+                       std::string(kNativeIndexFile) + ")",
+                   "point the path at SpecForge hidden states (rows_*/data_*.ckpt[.gz]), another "
+                   "producer's dump (docs/data.md) or the output of `fsdp-train convert`");
   return std::make_shared<CkptDataset>(path, std::move(files), options);
 }
 

@@ -1,6 +1,7 @@
-// Feature datasets: SpecForge .ckpt trees and native safetensors shards behind one interface.
-// Opening lists files (and reads the native index) but never opens a feature file; samples are
-// read one at a time on demand, so step 1 never waits for the whole dataset.
+// Feature datasets behind one interface: SpecForge .ckpt / .ckpt.gz trees, native safetensors
+// shards (bf16 or fp8), and the other producers' formats (data/formats.h). Opening lists files
+// (or reads an index) but never opens a feature file; samples are read one at a time on demand,
+// so step 1 never waits for the whole dataset.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -36,6 +37,9 @@ struct DatasetOptions {
   int64_t hidden_size = 0;
   // Scan hidden states for NaN/Inf (one pass over the bytes already in memory).
   bool check_finite = true;
+  // Number of captured target layers the draft reads: aux_hidden_state must be [S, n*H]
+  // (0: any n >= 1, as convert keeps what the producer captured).
+  int64_t num_aux_layers = 3;
 };
 
 // Token ids and loss mask of one sample (what vocab counting needs), both int64 [S].
@@ -47,7 +51,7 @@ struct TokenSample {
 class FeatureDataset {
  public:
   virtual ~FeatureDataset() = default;
-  // "ckpt" or "native".
+  // "ckpt", "native", "speculators", "modelopt" or "deepspec".
   virtual std::string format() const = 0;
   virtual int64_t size() const = 0;
   // Reads, validates and normalises sample i (0 <= i < size()). Thread-safe. Throws
@@ -62,23 +66,46 @@ class FeatureDataset {
   virtual TokenSample read_tokens_only(int64_t i) const { return read_tokens(i); }
   // File (and shard key) that holds sample i.
   virtual std::string source(int64_t i) const = 0;
+  // Where sample i comes from, relative to root() (a file, or a file plus a record), and its
+  // size in bytes there: what `convert` plans shards by and records to resume.
+  // (Defaults: source(i), and 0 bytes, which plans one sample per shard.)
+  virtual std::string source_key(int64_t i) const { return source(i); }
+  virtual uint64_t source_bytes(int64_t /*i*/) const { return 0; }
   // The dataset root as given.
   virtual const std::string& root() const = 0;
+  // True when hidden_state holds the target's last layer BEFORE its final norm (speculators
+  // stores it so); the trainer then applies the target's final RMSNorm before the target head.
+  // SpecForge, ModelOpt (transformers dumps) and DeepSpec store it after the norm.
+  virtual bool hidden_state_prenorm() const { return false; }
+  // The captured target layers as the dump records them, as 0-based decoder-layer output ids
+  // (SpecForge's convention), in aux_hidden_state order; empty when the dump does not say.
+  virtual std::vector<int64_t> captured_layer_ids() const { return {}; }
   // Number of feature files opened so far (laziness checks and stats).
   int64_t files_opened() const { return files_opened_.load(); }
+  // Bytes read from storage so far (as stored: compressed bytes for .ckpt.gz), for I/O checks.
+  uint64_t bytes_read() const { return bytes_read_.load(); }
 
  protected:
   mutable std::atomic<int64_t> files_opened_{0};
+  mutable std::atomic<uint64_t> bytes_read_{0};
 };
 
-// Opens `path`: a native dataset when it holds features.index.json, else a tree searched
-// recursively for *.ckpt (sorted by path; sample i = i-th path). Throws UsageError when the
-// path does not exist or holds no features.
+// Opens `path`, detecting its format (data/formats.h: detect_feature_format): a native dataset
+// (features.index.json), a DeepSpec cache (manifest.json), a speculators dump (hs_<i>.safetensors),
+// a SpecForge tree (*.ckpt and/or *.ckpt.gz, searched recursively, sorted by path; sample i =
+// i-th path) or ModelOpt dumps (*.pt). Throws UsageError when the path does not exist or holds
+// no features.
 std::shared_ptr<FeatureDataset> open_feature_dataset(const std::string& path,
                                                      const DatasetOptions& options = {});
 
-// All *.ckpt files under `dir`, recursively, sorted (the sample order of a .ckpt dataset).
+// All *.ckpt and *.ckpt.gz files under `dir`, recursively, sorted (the sample order of a .ckpt
+// dataset).
 std::vector<std::string> list_ckpt_files(const std::string& dir);
+
+// The SpecForge .ckpt dataset over `files` (as list_ckpt_files returns them).
+std::shared_ptr<FeatureDataset> open_ckpt_dataset(const std::string& root,
+                                                  std::vector<std::string> files,
+                                                  const DatasetOptions& options = {});
 
 // Reads one SpecForge .ckpt file (torch.save zip of a dict, read by core/torch_archive_load.h:
 // tensors and containers only, every record bounded, nothing ever executed) and validates it:
@@ -86,7 +113,11 @@ std::vector<std::string> list_ckpt_files(const std::string& dir);
 //   input_ids/loss_mask: int64 (int32, and bool/uint8 for loss_mask, converted), shape [S] or
 //   [1,S]; loss_mask values 0/1; hidden_state [1,S,H] or [S,H], aux [1,S,3H] or [S,3H], bf16
 //   (fp16/fp32 accepted and converted to bf16); S > 0 and equal in all four; finite values.
-RawSample read_ckpt_sample(const std::string& path, const DatasetOptions& options = {});
+// A path ending in .gz (SpecForge's --compress) is gunzipped into memory first (one sample at a
+// time: gzip has no random access, so the whole file is decompressed even for the tokens).
+// With `bytes_read`, stores how many bytes of the file were read.
+RawSample read_ckpt_sample(const std::string& path, const DatasetOptions& options = {},
+                           uint64_t* bytes_read = nullptr);
 
 // Only input_ids and loss_mask of one .ckpt file, checked as read_ckpt_sample checks them: reads
 // the zip directory, data.pkl and those two storage records, never the hidden states. With

@@ -18,6 +18,7 @@
 #include "core/fs_util.h"
 #include "core/log.h"
 #include "core/timer.h"
+#include "data/fp8.h"
 
 namespace fsdp::data {
 
@@ -69,13 +70,20 @@ class NativeDataset final : public FeatureDataset {
     };
     need(j.is_object() && j.value("format", "") == kNativeFormatName,
          "not a fsdp-train feature index");
-    need(j.value("version", 0) == kNativeFormatVersion,
-         str("format version ", j.value("version", 0), " is not supported (expected ",
-             kNativeFormatVersion, ")"));
+    const int version = j.value("version", 0);
+    need(version == kNativeFormatVersion || version == kNativeFp8FormatVersion,
+         str("format version ", version, " is not supported (expected ", kNativeFormatVersion,
+             " or ", kNativeFp8FormatVersion, ")"));
+    hidden_dtype_ = j.value("hidden_dtype", std::string("bf16"));
+    need(hidden_dtype_ == "bf16" || hidden_dtype_ == "fp8_e4m3",
+         "hidden_dtype '" + hidden_dtype_ + "' is not bf16 or fp8_e4m3");
     need(j.contains("shards") && j["shards"].is_array() && j.contains("samples") &&
              j["samples"].is_array(),
          "missing shards or samples list");
     hidden_size_ = j.value("hidden_size", int64_t{0});
+    prenorm_ = j.value("hidden_state_prenorm", false);
+    if (j.contains("captured_layer_ids") && j["captured_layer_ids"].is_array())
+      captured_ = j["captured_layer_ids"].get<std::vector<int64_t>>();
     if (options_.hidden_size > 0 && hidden_size_ > 0)
       FSDP_USAGE_CHECK(
           hidden_size_ == options_.hidden_size,
@@ -98,25 +106,49 @@ class NativeDataset final : public FeatureDataset {
   std::string format() const override { return "native"; }
   int64_t size() const override { return static_cast<int64_t>(entries_.size()); }
   const std::string& root() const override { return root_; }
+  bool hidden_state_prenorm() const override { return prenorm_; }
+  std::vector<int64_t> captured_layer_ids() const override { return captured_; }
   std::string source(int64_t i) const override {
     const auto& e = entries_.at(i);
     return str(shards_[e.shard], "[", i, "]", e.source.empty() ? "" : " (from " + e.source + ")");
+  }
+  std::string source_key(int64_t i) const override {
+    return str(fs::path(shards_[entries_.at(i).shard]).filename().string(), "[", i, "]");
+  }
+  uint64_t source_bytes(int64_t i) const override {
+    // Per token: two int64 ids/mask, and H + n*H hidden values (bf16, or fp8 plus scales).
+    const int64_t h = hidden_size_, n = options_.num_aux_layers > 0 ? options_.num_aux_layers : 3;
+    const bool fp8 = hidden_dtype_ == "fp8_e4m3";
+    const int64_t per_token = 16 + (fp8 ? (h + n * h) + 4 * (1 + n) : 2 * (h + n * h));
+    return static_cast<uint64_t>(entries_.at(i).length * per_token);
   }
 
   RawSample read(int64_t i) const override {
     const auto [file, where] = locate(i);
     at::Tensor t[4];
-    for (int k = 0; k < 4; ++k) t[k] = read_tensor(*file, i, kTensorKeys[k], where);
+    for (int k = 0; k < 4; ++k) {
+      t[k] = read_tensor(*file, i, kTensorKeys[k], where);
+      if (k >= 2 && t[k].scalar_type() == at::kFloat8_e4m3fn) {
+        const std::string scale_key = str(kTensorKeys[k], "_scale");
+        const std::string name = str(i, ".", scale_key);
+        const at::Tensor scale = file->contains(name) ? file->read(name) : at::Tensor();
+        t[k] = dequantize_fp8_rows(t[k], scale, where, kTensorKeys[k]);
+      }
+    }
+    uint64_t n = 0;
+    for (int k = 0; k < 4; ++k) n += t[k].nbytes();
+    bytes_read_ += n;
     return validate_sample(t[0], t[1], t[2], t[3], where, options_);
   }
 
   TokenSample read_tokens(int64_t i) const override {
     const auto [file, where] = locate(i);
-    RawSample s = validate_sample(read_tensor(*file, i, "input_ids", where),
-                                  read_tensor(*file, i, "loss_mask", where),
-                                  at::zeros({entries_[i].length, 1}, at::kBFloat16),
-                                  at::zeros({entries_[i].length, 3}, at::kBFloat16), where,
-                                  DatasetOptions{options_.vocab_size, 0, false});
+    const at::Tensor ids = read_tensor(*file, i, "input_ids", where);
+    const at::Tensor mask = read_tensor(*file, i, "loss_mask", where);
+    bytes_read_ += ids.nbytes() + mask.nbytes();
+    RawSample s = validate_sample(ids, mask, at::zeros({entries_[i].length, 1}, at::kBFloat16),
+                                  at::zeros({entries_[i].length, 1}, at::kBFloat16), where,
+                                  DatasetOptions{options_.vocab_size, 0, false, 1});
     return {s.input_ids, s.loss_mask};
   }
 
@@ -173,6 +205,9 @@ class NativeDataset final : public FeatureDataset {
   std::string root_;
   DatasetOptions options_;
   int64_t hidden_size_ = 0;
+  std::string hidden_dtype_ = "bf16";
+  bool prenorm_ = false;
+  std::vector<int64_t> captured_;
   std::vector<std::string> shards_;
   std::vector<Entry> entries_;
   mutable std::mutex mu_;
@@ -180,9 +215,10 @@ class NativeDataset final : public FeatureDataset {
 };
 
 // A shard's .done marker matches the plan and the file on disk: same sources with the same sizes,
-// same file size, and the header holds every expected tensor with the recorded length.
-bool shard_is_complete(const fs::path& out, int64_t k, const std::vector<std::string>& files,
-                       int64_t first, int64_t end, const std::string& input_root) {
+// same storage dtype, same file size, and the header holds every expected tensor with the
+// recorded length.
+bool shard_is_complete(const fs::path& out, int64_t k, const FeatureDataset& input, int64_t first,
+                       int64_t end, const std::string& dtype) {
   const fs::path marker = out / shard_name(k, "done");
   const fs::path file = out / shard_name(k, "safetensors");
   if (!fs::exists(marker) || !fs::exists(file)) return false;
@@ -191,11 +227,12 @@ bool shard_is_complete(const fs::path& out, int64_t k, const std::vector<std::st
     const auto& samples = m.at("samples");
     if (static_cast<int64_t>(samples.size()) != end - first) return false;
     if (m.at("bytes").get<uint64_t>() != fs::file_size(file)) return false;
+    if (m.value("hidden_dtype", std::string("bf16")) != dtype) return false;
     auto f = SafetensorsFile::open(file.string());
     for (int64_t j = first; j < end; ++j) {
       const json& s = samples[j - first];
-      if (s.at("source").get<std::string>() != fs::relative(files[j], input_root).string() ||
-          s.at("source_bytes").get<uint64_t>() != fs::file_size(files[j]))
+      if (s.at("source").get<std::string>() != input.source_key(j) ||
+          s.at("source_bytes").get<uint64_t>() != input.source_bytes(j))
         return false;
       if (!s.value("bad", "").empty()) continue;
       for (const char* key : kTensorKeys) {
@@ -223,11 +260,19 @@ std::shared_ptr<FeatureDataset> open_native_dataset(const std::string& dir,
 
 std::vector<std::pair<int64_t, int64_t>> plan_shards(const std::vector<std::string>& files,
                                                      uint64_t shard_bytes) {
+  std::vector<uint64_t> sizes;
+  for (const auto& f : files) sizes.push_back(fs::file_size(f));
+  return plan_shards(sizes, shard_bytes);
+}
+
+std::vector<std::pair<int64_t, int64_t>> plan_shards(const std::vector<uint64_t>& sizes,
+                                                     uint64_t shard_bytes) {
   std::vector<std::pair<int64_t, int64_t>> plan;
   int64_t first = 0;
   uint64_t acc = 0;
-  for (int64_t i = 0; i < static_cast<int64_t>(files.size()); ++i) {
-    const uint64_t sz = fs::file_size(files[i]);
+  const int64_t count = static_cast<int64_t>(sizes.size());
+  for (int64_t i = 0; i < count; ++i) {
+    const uint64_t sz = sizes[i];
     if (i > first && acc + sz > shard_bytes) {
       plan.emplace_back(first, i);
       first = i;
@@ -235,13 +280,19 @@ std::vector<std::pair<int64_t, int64_t>> plan_shards(const std::vector<std::stri
     }
     acc += sz;
   }
-  if (first < static_cast<int64_t>(files.size())) plan.emplace_back(first, files.size());
+  if (first < count) plan.emplace_back(first, count);
   return plan;
 }
 
 namespace {
 
 using ShardPlan = std::vector<std::pair<int64_t, int64_t>>;
+
+// fp8 shards are version 2, so a binary that predates them refuses the index by its version
+// instead of failing on the first fp8 tensor.
+int native_version(const std::string& dtype) {
+  return dtype == "bf16" ? kNativeFormatVersion : kNativeFp8FormatVersion;
+}
 
 void check_convert_options(const ConvertOptions& o) {
   FSDP_USAGE_CHECK(!o.output.empty() && !o.input.empty(), "convert needs --input and --output",
@@ -251,6 +302,9 @@ void check_convert_options(const ConvertOptions& o) {
                    "choose an --output directory other than --input");
   FSDP_USAGE_CHECK(o.shard_bytes > 0, "--shard-size must be positive",
                    "set --shard-size to a positive size, e.g. 512M or 2G");
+  FSDP_USAGE_CHECK(o.dtype == "bf16" || o.dtype == "fp8_e4m3",
+                   "convert: --dtype '" + o.dtype + "' is not bf16 or fp8_e4m3",
+                   "use --dtype bf16 (exact) or --dtype fp8_e4m3 (half the bytes)");
 }
 
 // What one shard holds once its .ckpt files are read: the tensors to write, the marker's
@@ -262,26 +316,32 @@ struct ShardContents {
   int64_t hidden = 0;
 };
 
-ShardContents read_shard_samples(const ConvertOptions& o, const std::vector<std::string>& files,
+ShardContents read_shard_samples(const ConvertOptions& o, const FeatureDataset& input,
                                  int64_t first, int64_t end, ConvertReport& rep) {
   ShardContents c;
+  const bool fp8 = o.dtype == "fp8_e4m3";
   for (int64_t j = first; j < end; ++j) {
-    json s = {{"source", fs::relative(files[j], o.input).string()},
-              {"source_bytes", fs::file_size(files[j])}};
+    json s = {{"source", input.source_key(j)}, {"source_bytes", input.source_bytes(j)}};
     try {
-      RawSample r = read_ckpt_sample(files[j], o.dataset);
+      RawSample r = input.read(j);
       FSDP_USAGE_CHECK(c.hidden == 0 || r.hidden_size() == c.hidden,
-                       str(files[j], ": hidden size ", r.hidden_size(), " differs from ", c.hidden,
-                           " in the same dataset"),
+                       str(input.source(j), ": hidden size ", r.hidden_size(), " differs from ",
+                           c.hidden, " in the same dataset"),
                        "all features must come from one target model");
       c.hidden = r.hidden_size();
       s["length"] = r.length();
-      for (int i = 0; i < 4; ++i) {
-        const at::Tensor& t = i == 0   ? r.input_ids
-                              : i == 1 ? r.loss_mask
-                              : i == 2 ? r.hidden_state
-                                       : r.aux_hidden_state;
-        c.tensors.emplace_back(str(j, ".", kTensorKeys[i]), t);
+      c.tensors.emplace_back(str(j, ".input_ids"), r.input_ids);
+      c.tensors.emplace_back(str(j, ".loss_mask"), r.loss_mask);
+      for (const bool aux : {false, true}) {
+        const at::Tensor& t = aux ? r.aux_hidden_state : r.hidden_state;
+        const char* key = aux ? "aux_hidden_state" : "hidden_state";
+        if (!fp8) {
+          c.tensors.emplace_back(str(j, ".", key), t);
+          continue;
+        }
+        Fp8Rows q = quantize_fp8_rows(t, aux ? t.size(1) / c.hidden : 1);
+        c.tensors.emplace_back(str(j, ".", key), q.q);
+        c.tensors.emplace_back(str(j, ".", key, "_scale"), q.scale);
       }
       c.kept.push_back(std::move(r));
     } catch (const BadSampleError& e) {
@@ -311,20 +371,23 @@ void verify_shard(const fs::path& file, const checkpoint::NamedTensors& tensors)
 }
 
 // Shard k: read, write, verify, then publish its .done marker.
-void convert_shard(const ConvertOptions& o, const std::vector<std::string>& files,
-                   const fs::path& out, int64_t k, int64_t first, int64_t end, ConvertReport& rep) {
-  const ShardContents c = read_shard_samples(o, files, first, end, rep);
+void convert_shard(const ConvertOptions& o, const FeatureDataset& input, const fs::path& out,
+                   int64_t k, int64_t first, int64_t end, ConvertReport& rep) {
+  const ShardContents c = read_shard_samples(o, input, first, end, rep);
   const fs::path file = out / shard_name(k, "safetensors");
   const uint64_t bytes =
       checkpoint::write_safetensors(file.string(), c.tensors,
                                     {{"format", kNativeFormatName},
-                                     {"version", std::to_string(kNativeFormatVersion)},
+                                     {"version", std::to_string(native_version(o.dtype))},
+                                     {"hidden_dtype", o.dtype},
                                      {"first_sample", std::to_string(first)},
                                      {"num_samples", std::to_string(end - first)}});
   verify_shard(file, c.tensors);
-  write_json_atomic(
-      out / shard_name(k, "done"),
-      {{"shard", k}, {"bytes", bytes}, {"hidden_size", c.hidden}, {"samples", c.samples}});
+  write_json_atomic(out / shard_name(k, "done"), {{"shard", k},
+                                                  {"bytes", bytes},
+                                                  {"hidden_size", c.hidden},
+                                                  {"hidden_dtype", o.dtype},
+                                                  {"samples", c.samples}});
   ++rep.shards_written;
   rep.samples_written += static_cast<int64_t>(c.kept.size());
   rep.bytes_written += bytes;
@@ -333,8 +396,8 @@ void convert_shard(const ConvertOptions& o, const std::vector<std::string>& file
 }
 
 // Every rank reads all markers (small JSON) for the totals; rank 0 writes the index.
-void write_index(const ConvertOptions& o, const ShardPlan& plan, const fs::path& out, int rank,
-                 ConvertReport& rep) {
+void write_index(const ConvertOptions& o, const FeatureDataset& input, const ShardPlan& plan,
+                 const fs::path& out, int rank, ConvertReport& rep) {
   json shards = json::array(), samples = json::array();
   int64_t hidden = 0;
   for (int64_t k = 0; k < rep.shards_total; ++k) {
@@ -354,40 +417,48 @@ void write_index(const ConvertOptions& o, const ShardPlan& plan, const fs::path&
     }
   }
   if (rank == 0) {
-    write_json_atomic(out / kNativeIndexFile, {{"format", kNativeFormatName},
-                                               {"version", kNativeFormatVersion},
-                                               {"hidden_size", hidden},
-                                               {"num_samples", samples.size()},
-                                               {"source", fs::weakly_canonical(o.input).string()},
-                                               {"shards", shards},
-                                               {"samples", samples}});
+    write_json_atomic(out / kNativeIndexFile,
+                      {{"format", kNativeFormatName},
+                       {"version", native_version(o.dtype)},
+                       {"hidden_dtype", o.dtype},
+                       {"hidden_size", hidden},
+                       {"hidden_state_prenorm", input.hidden_state_prenorm()},
+                       {"captured_layer_ids", input.captured_layer_ids()},
+                       {"source_format", input.format()},
+                       {"num_samples", samples.size()},
+                       {"source", fs::weakly_canonical(o.input).string()},
+                       {"shards", shards},
+                       {"samples", samples}});
   }
 }
 
 }  // namespace
 
-ConvertReport convert_ckpt_to_native(const ConvertOptions& o, comm::Communicator* comm) {
+ConvertReport convert_to_native(const ConvertOptions& o, comm::Communicator* comm) {
   Stopwatch watch;
   const int rank = comm ? comm->rank() : 0, world = comm ? comm->size() : 1;
   check_convert_options(o);
-  const auto files = list_ckpt_files(o.input);
-  FSDP_USAGE_CHECK(!files.empty(), o.input + ": no *.ckpt files found", "check --input");
-  const auto plan = plan_shards(files, o.shard_bytes);
+  const auto input = open_feature_dataset(o.input, o.dataset);
+  FSDP_USAGE_CHECK(input->size() > 0, o.input + ": no samples found", "check --input");
+  std::vector<uint64_t> sizes;
+  for (int64_t i = 0; i < input->size(); ++i) sizes.push_back(input->source_bytes(i));
+  const auto plan = plan_shards(sizes, o.shard_bytes);
   const fs::path out(o.output);
   make_dirs(out.string(), "check --output (a directory that can be created and written)");
 
   ConvertReport rep;
+  rep.input_format = input->format();
   rep.shards_total = static_cast<int64_t>(plan.size());
   for (int64_t k = rank; k < rep.shards_total; k += world) {
     const auto [first, end] = plan[k];
-    if (!o.overwrite && shard_is_complete(out, k, files, first, end, o.input)) {
+    if (!o.overwrite && shard_is_complete(out, k, *input, first, end, o.dtype)) {
       ++rep.shards_skipped;
       continue;
     }
-    convert_shard(o, files, out, k, first, end, rep);
+    convert_shard(o, *input, out, k, first, end, rep);
   }
   if (comm) comm->barrier();
-  write_index(o, plan, out, rank, rep);
+  write_index(o, *input, plan, out, rank, rep);
   if (comm) comm->barrier();
   rep.seconds = watch.seconds();
   return rep;

@@ -57,13 +57,13 @@ VocabMapping mapping_from_counts(const at::Tensor& counts_in, int64_t vd) {
 }
 
 at::Tensor count_loss_tokens(const FeatureDataset& dataset, int64_t vocab_size, int64_t max_length,
-                             comm::Communicator* comm, bool skip_bad_samples) {
+                             comm::Communicator* comm, bool skip_bad_samples, bool tokens_only) {
   const int rank = comm ? comm->rank() : 0, world = comm ? comm->size() : 1;
   at::Tensor counts = at::zeros({vocab_size}, at::kLong);
   for (int64_t i = rank; i < dataset.size(); i += world) {
     TokenSample s;
     try {
-      s = dataset.read_tokens(i);
+      s = tokens_only ? dataset.read_tokens_only(i) : dataset.read_tokens(i);
     } catch (const SampleReadError&) {
       if (!skip_bad_samples) throw;  // (the loader would retry it; at start-up, say so now)
       FSDP_LOG(kWarn) << "vocab mapping: not counting a sample that could not be read";
@@ -88,7 +88,7 @@ at::Tensor count_loss_tokens(const FeatureDataset& dataset, int64_t vocab_size, 
   return counts;
 }
 
-VocabMapping load_vocab_mapping(const std::string& path, int64_t v, int64_t vd) {
+VocabMapping read_vocab_mapping_file(const std::string& path) {
   std::vector<char> bytes;
   {
     std::ifstream in(path, std::ios::binary | std::ios::ate);
@@ -115,6 +115,11 @@ VocabMapping load_vocab_mapping(const std::string& path, int64_t v, int64_t vd) 
   }
   FSDP_USAGE_CHECK(m.d2t.defined() && m.t2d.defined(), path + ": needs tensors 'd2t' and 't2d'",
                    "point --vocab-mapping-path at the d2t/t2d file SpecForge wrote");
+  return m;
+}
+
+VocabMapping load_vocab_mapping(const std::string& path, int64_t v, int64_t vd) {
+  VocabMapping m = read_vocab_mapping_file(path);
   FSDP_USAGE_CHECK(m.d2t.dim() == 1 && m.d2t.size(0) == vd,
                    fsdp::str(path, ": d2t has shape ", m.d2t.sizes(), ", expected [", vd,
                              "] (draft_vocab_size)"),
@@ -147,6 +152,10 @@ double mapping_coverage(const at::Tensor& counts, const VocabMapping& mapping) {
   const double total = counts.sum().item<double>();
   if (total <= 0) return 100.0;
   return 100.0 * counts.masked_select(mapping.t2d.to(at::kBool)).sum().item<double>() / total;
+}
+
+std::string dump_vocab_mapping_path(const std::string& data_root) {
+  return (fs::path(data_root) / "vocab_mapping" / "vocab_mapping.pt").string();
 }
 
 std::string vocab_cache_file(const std::string& data_path, int64_t max_length, int64_t v,
@@ -208,6 +217,21 @@ VocabMapping build_vocab_mapping(const FeatureDataset& dataset, const VocabMappi
                    "vocab mapping needs vocab_size and draft_vocab_size", "check the draft config");
   if (!o.mapping_path.empty())
     return load_vocab_mapping(o.mapping_path, o.vocab_size, o.draft_vocab_size);
+  // SpecForge's prepare_hidden_states writes the mapping of its dump next to the features.
+  const std::string beside = dump_vocab_mapping_path(dataset.root());
+  if (o.use_dump_mapping && fs::exists(beside)) {
+    const VocabMapping found = read_vocab_mapping_file(beside);
+    if (found.d2t.dim() == 1 && found.t2d.dim() == 1 && found.d2t.size(0) == o.draft_vocab_size &&
+        found.t2d.size(0) == o.vocab_size) {
+      FSDP_LOG0(kInfo) << "vocab mapping: " << beside << " (the dump's own mapping)";
+      return load_vocab_mapping(beside, o.vocab_size, o.draft_vocab_size);
+    }
+    FSDP_LOG0(kWarn) << "vocab mapping: not using " << beside << ": it maps " << found.t2d.numel()
+                     << " target ids to " << found.d2t.numel()
+                     << " draft ids, the draft config has vocab_size " << o.vocab_size
+                     << " and draft_vocab_size " << o.draft_vocab_size
+                     << "; building one from the features instead";
+  }
   std::string cache;
   if (!o.cache_dir.empty()) {
     cache = (fs::path(o.cache_dir) / "vocab_mapping" /

@@ -37,15 +37,24 @@ double mapping_coverage(const at::Tensor& counts, const VocabMapping& mapping);
 // each sample's ORIGINAL (unshifted) input_ids[:max_length] and loss_mask[:max_length], exactly
 // as SpecForge counts its tokenized (max_length-truncated) dataset. With `comm`, each rank
 // counts a strided subset and the counts are all-reduced. Throws when an id is >= V.
+// `tokens_only`: read only input_ids and loss_mask (read_tokens_only), never the hidden states,
+// so a sample whose hidden states are damaged is still counted (`fsdp-train vocab-map`).
 at::Tensor count_loss_tokens(const FeatureDataset& dataset, int64_t vocab_size, int64_t max_length,
-                             comm::Communicator* comm = nullptr, bool skip_bad_samples = true);
+                             comm::Communicator* comm = nullptr, bool skip_bad_samples = true,
+                             bool tokens_only = false);
 
 // Reads a torch.save dict {"d2t": int64 [Vd], "t2d": bool [V]} (SpecForge's vocab mapping file)
-// and checks it against V and Vd and for consistency (t2d true exactly at j + d2t[j]).
+// without checking its sizes (what a caller deciding whether a file fits needs).
+VocabMapping read_vocab_mapping_file(const std::string& path);
+// Same, checked against V and Vd and for consistency (t2d true exactly at j + d2t[j]).
 VocabMapping load_vocab_mapping(const std::string& path, int64_t vocab_size,
                                 int64_t draft_vocab_size);
 // Writes the same format (loadable by SpecForge and Python torch.load). Atomic.
 void save_vocab_mapping(const std::string& path, const VocabMapping& mapping);
+
+// Where SpecForge's prepare_hidden_states puts the mapping of a dump: <root>/vocab_mapping/
+// vocab_mapping.pt.
+std::string dump_vocab_mapping_path(const std::string& data_root);
 
 struct VocabMappingOptions {
   std::string mapping_path;  // --vocab-mapping-path: use this file when set
@@ -56,9 +65,13 @@ struct VocabMappingOptions {
   // false (the trainer without --skip-bad-samples): a bad sample met while counting stops the
   // run now, at start-up, rather than when training reaches it.
   bool skip_bad_samples = true;
+  // Without mapping_path: take the dump's own <root>/vocab_mapping/vocab_mapping.pt when its sizes
+  // match V and Vd (a warning naming both sizes when they do not, then built as below).
+  bool use_dump_mapping = true;
 };
 
-// The mapping the trainer uses: the given file; else the cache entry keyed by (canonical data
+// The mapping the trainer uses: the given file; else the dump's own mapping file when it fits;
+// else the cache entry keyed by (canonical data
 // path, max_length, V, Vd, dataset_fingerprint), unless it cannot be read (then recomputed and
 // rewritten, with a warning); else computed from the dataset (in parallel over `comm`) and cached
 // by rank 0. Every rank returns the same mapping.

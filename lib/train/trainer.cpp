@@ -33,6 +33,7 @@
 #include "core/log.h"
 #include "core/timer.h"
 #include "data/dataset.h"
+#include "data/final_norm.h"
 #include "data/loader.h"
 #include "data/loss_mask_stats.h"
 #include "data/sampler.h"
@@ -223,6 +224,39 @@ void Trainer::Impl::open_data() {
   if (!cfg.data.eval_hidden_states_path.empty()) {
     eval_ds = data::open_feature_dataset(cfg.data.eval_hidden_states_path, dso);
   }
+  // Dumps that keep the target's last layer before its final norm (speculators) get that norm
+  // applied in the loader, so the target head sees what a SpecForge dump holds.
+  for (auto* ds : {&train_ds, &eval_ds}) {
+    if (!*ds || !(*ds)->hidden_state_prenorm()) continue;
+    const checkpoint::FinalNormSpec norm =
+        checkpoint::resolve_final_norm(cfg.model.target_model_path);
+    const at::Tensor weight =
+        checkpoint::read_model_tensors(cfg.model.target_model_path, {norm.key}).at(norm.key);
+    FSDP_LOG0(kInfo) << (*ds)->root() << ": " << (*ds)->format()
+                     << " features hold the last hidden state before the target's final norm; "
+                        "applying "
+                     << norm.key << " (eps " << norm.eps << ") when reading";
+    *ds = data::with_final_norm(*ds, weight, norm.eps);
+  }
+  // A dump that records its layers (DeepSpec's manifest) must hold the layers the draft reads.
+  for (const auto& [ds, flag] : {std::pair{train_ds, "--train-hidden-states-path"},
+                                 std::pair{eval_ds, "--eval-hidden-states-path"}}) {
+    if (!ds || ds->captured_layer_ids().empty() || !aux_layers) continue;
+    std::vector<int64_t> hs;  // 0-based layer output id i is hidden_states[i + 1]
+    for (int64_t id : ds->captured_layer_ids()) hs.push_back(id + 1);
+    auto list = [](const std::vector<int64_t>& v) {
+      std::string out;
+      for (int64_t k : v) out += (out.empty() ? "" : ", ") + std::to_string(k);
+      return "[" + out + "]";
+    };
+    FSDP_USAGE_CHECK(hs == aux_layers->hidden_state_index,
+                     fsdp::str(flag, ": ", ds->root(), " holds target hidden_states ", list(hs),
+                               " (layer outputs ", list(ds->captured_layer_ids()),
+                               "), but the draft reads hidden_states ",
+                               list(aux_layers->hidden_state_index), " (", aux_layers->origin, ")"),
+                     "set eagle_aux_hidden_state_layer_ids in the draft config to the dump's "
+                     "layers, or use features dumped for this draft");
+  }
   // One sample of each set read now: features of another target (hidden size, vocabulary) stop
   // the run before any work, not at the first evaluation hours later.
   for (const auto& [ds, flag] : {std::pair{train_ds, "--train-hidden-states-path"},
@@ -401,6 +435,11 @@ std::map<std::string, at::Tensor> Trainer::Impl::read_target_tensors() const {
                      fsdp::str("check ", flag,
                                " and that vocab_size/hidden_size of the draft config "
                                "match the target model"));
+    // An fp8 checkpoint keeps its scales in other tensors: a plain cast would be silently wrong.
+    FSDP_USAGE_CHECK(t.scalar_type() != at::kFloat8_e4m3fn,
+                     fsdp::str("target tensor '", key, "' in ", cfg.model.target_model_path,
+                               " is fp8 (F8_E4M3): a quantised checkpoint"),
+                     "point --target-model-path at the bf16/fp16 checkpoint of the target model");
     // NaN/Inf here would give a draft that trains on garbage (or a NaN loss blamed on the
     // learning rate).
     FSDP_USAGE_CHECK(all_finite(t),

@@ -40,7 +40,7 @@ TEST_CASE("convert across ranks, then every rank reads identical native samples"
   o.input = (dir / "hidden_states").string();
   o.output = (dir / "native").string();
   o.shard_bytes = 8 << 10;
-  const auto rep = convert_ckpt_to_native(o, comm.get());
+  const auto rep = convert_to_native(o, comm.get());
   CHECK(rep.shards_total >= 4);
   // Every shard written exactly once across ranks.
   at::Tensor written = at::tensor(std::vector<int64_t>{rep.shards_written, rep.samples_written});
@@ -58,7 +58,7 @@ TEST_CASE("convert across ranks, then every rank reads identical native samples"
     CHECK(at::equal(a.aux_hidden_state, b.aux_hidden_state));
   }
   // Resume across ranks: nothing left to do.
-  const auto again = convert_ckpt_to_native(o, comm.get());
+  const auto again = convert_to_native(o, comm.get());
   CHECK(again.shards_written == 0);
 
   const at::Tensor local = count_loss_tokens(*native, 48, 64, nullptr);

@@ -139,10 +139,10 @@ TEST_CASE("safetensors rejects corrupt files with a message naming the problem",
         std::string::npos);
   // Reading a tensor that is absent names the tensor; unsupported dtypes parse but do not load.
   const auto p = dir / "f8.safetensors";
-  write_raw(p, R"({"q":{"dtype":"F8_E4M3","shape":[8],"data_offsets":[0,8]}})", "12345678");
+  write_raw(p, R"({"q":{"dtype":"F8_E5M2","shape":[8],"data_offsets":[0,8]}})", "12345678");
   auto f = SafetensorsFile::open(p.string());
   CHECK(error_of([&] { f->read("nope"); }).find("no tensor named 'nope'") != std::string::npos);
-  CHECK(error_of([&] { f->read("q"); }).find("F8_E4M3") != std::string::npos);
+  CHECK(error_of([&] { f->read("q"); }).find("F8_E5M2") != std::string::npos);
 }
 
 TEST_CASE("read_model_tensors opens only the shards holding the requested names", "[checkpoint]") {

@@ -100,7 +100,12 @@ TEST_CASE("corrupt .ckpt inputs each give their own message", "[data]") {
        [&](auto p) {
          write_ckpt(p, with("aux_hidden_state", at::zeros({1, 6, 8}, at::kBFloat16)));
        },
-       "aux_hidden_state has width 8, expected 3 x 4"},
+       "aux_hidden_state holds 2 captured layers (width 8 = 2 x 4), the draft reads 3"},
+      {"aux width not a multiple",
+       [&](auto p) {
+         write_ckpt(p, with("aux_hidden_state", at::zeros({1, 6, 7}, at::kBFloat16)));
+       },
+       "aux_hidden_state has width 7, expected 3 x 4"},
       {"mask values",
        [&](auto p) { write_ckpt(p, with("loss_mask", at::full({6}, 2, at::kLong))); },
        "loss_mask has values other than 0 and 1"},

@@ -79,7 +79,7 @@ TEST_CASE("convert: native shards hold exactly the .ckpt tensors; resume skips v
   o.input = paths.hidden_states_dir;
   o.output = (dir / "native").string();
   o.shard_bytes = 20 << 10;  // several shards
-  const auto rep = convert_ckpt_to_native(o);
+  const auto rep = convert_to_native(o);
   CHECK(rep.shards_total > 2);
   CHECK(rep.shards_written == rep.shards_total);
   CHECK(rep.samples_written == 20);
@@ -102,12 +102,12 @@ TEST_CASE("convert: native shards hold exactly the .ckpt tensors; resume skips v
   CHECK(native->source(3).find("shard_") != std::string::npos);
 
   // Resume: nothing to do; then damage one shard and drop another's marker: both redone.
-  const auto again = convert_ckpt_to_native(o);
+  const auto again = convert_to_native(o);
   CHECK(again.shards_written == 0);
   CHECK(again.shards_skipped == rep.shards_total);
   fs::resize_file(fs::path(o.output) / "shard_00001.safetensors", 100);
   fs::remove(fs::path(o.output) / "shard_00002.done");
-  const auto third = convert_ckpt_to_native(o);
+  const auto third = convert_to_native(o);
   CHECK(third.shards_written == 2);
   auto native2 = open_feature_dataset(o.output);
   for (int64_t i = 0; i < ckpt->size(); ++i)
@@ -129,9 +129,9 @@ TEST_CASE("convert --skip-bad-samples keeps numbering and marks bad samples in t
   ConvertOptions o;
   o.input = (dir / "in").string();
   o.output = (dir / "out").string();
-  CHECK_THROWS_AS(convert_ckpt_to_native(o), BadSampleError);
+  CHECK_THROWS_AS(convert_to_native(o), BadSampleError);
   o.skip_bad_samples = true;
-  const auto rep = convert_ckpt_to_native(o);
+  const auto rep = convert_to_native(o);
   CHECK(rep.bad_samples == 1);
   auto ds = open_feature_dataset(o.output);
   REQUIRE(ds->size() == 6);
@@ -139,7 +139,7 @@ TEST_CASE("convert --skip-bad-samples keeps numbering and marks bad samples in t
   CHECK(error_of([&] { ds->read(3); }).find("marked bad by convert") != std::string::npos);
   ConvertOptions same = o;
   same.output = o.input;
-  CHECK_THROWS_WITH(convert_ckpt_to_native(same), Catch::Contains("must differ"));
+  CHECK_THROWS_WITH(convert_to_native(same), Catch::Contains("must differ"));
 }
 
 TEST_CASE("convert without the finite check carries NaN through (byte-exact verification)",
@@ -154,7 +154,7 @@ TEST_CASE("convert without the finite check carries NaN through (byte-exact veri
   o.input = (dir / "in").string();
   o.output = (dir / "out").string();
   o.dataset.check_finite = false;
-  const auto rep = convert_ckpt_to_native(o);
+  const auto rep = convert_to_native(o);
   CHECK(rep.samples_written == 2);
   DatasetOptions lenient;
   lenient.check_finite = false;
