@@ -1,0 +1,205 @@
+#!/usr/bin/env bash
+# Every producer's feature format, written by Python from the same samples as the producers write
+# them (SpecForge --compress: gzip of torch.save; speculators: hs_<i>.safetensors + a datasets
+# Arrow directory for the loss mask, the last layer before the final norm; ModelOpt: one
+# torch.save dict per conversation; DeepSpec: manifest.json + 56-byte samples.idx records + raw
+# shards), trains with the same per-step losses as the .ckpt tree, directly and after `convert`;
+# fp8 native shards train; `vocab-map` writes the mapping training computes, read back by
+# torch.load(weights_only=True), reading only token bytes; the dump's own vocab_mapping.pt is
+# used; a DeepSpec cache of other layers, and damaged files of each format, are clear errors.
+set -uo pipefail
+source "$(dirname "$0")/lib/common.sh"
+DATA=$(toy_data formats --num-samples 40 --min-len 12 --max-len 60 --samples-per-dir 10 --seed 5)
+W="$BUILD/e2e_work/producer_formats"; rm -rf "$W"; mkdir -p "$W"
+
+"$PY" - "$DATA" "$W" <<'PYEOF' || fail "writing the producers' formats"
+import glob, gzip, json, os, shutil, struct, sys
+import torch
+from safetensors.torch import save_file, load_file
+import datasets
+
+data, w = sys.argv[1], sys.argv[2]
+files = sorted(glob.glob(os.path.join(data, "hidden_states", "**", "*.ckpt"), recursive=True))
+samples = [torch.load(f, weights_only=True) for f in files]
+H = samples[0]["hidden_state"].shape[-1]
+rel = [os.path.relpath(f, os.path.join(data, "hidden_states")) for f in files]
+
+# SpecForge --compress: gzip.open(path, "wb") + torch.save into it, level 6.
+for r, f in zip(rel, files):
+    out = os.path.join(w, "gz", r + ".gz")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(f, "rb") as src, gzip.open(out, "wb", compresslevel=6) as dst:
+        dst.write(src.read())
+
+# ModelOpt: {conversation_id}.pt with input_ids, hidden_states [S,H], aux_hidden_states [S,3H],
+# loss_mask, conversation_id.
+os.makedirs(os.path.join(w, "modelopt"))
+for i, s in enumerate(samples):
+    cid = f"{i:08d}"
+    torch.save({"input_ids": s["input_ids"], "hidden_states": s["hidden_state"][0],
+                "aux_hidden_states": s["aux_hidden_state"][0], "loss_mask": s["loss_mask"],
+                "conversation_id": cid}, os.path.join(w, "modelopt", cid + ".pt"))
+
+# DeepSpec: manifest.json, samples.idx ("<QIIQQQQQ" records), shard-00000.bin with int32 ids,
+# uint8 attention and loss masks, bf16 [S, L*H] and bf16 [S, H], no padding.
+def write_deepspec(out, layer_ids):
+    os.makedirs(out)
+    rec = struct.Struct("<QIIQQQQQ")
+    idx, blob = bytearray(), bytearray()
+    for i, s in enumerate(samples):
+        S = s["input_ids"].numel()
+        offs = []
+        for t in (s["input_ids"].to(torch.int32), torch.ones(S, dtype=torch.uint8),
+                  s["loss_mask"].to(torch.uint8), s["aux_hidden_state"][0].contiguous(),
+                  s["hidden_state"][0].contiguous()):
+            offs.append(len(blob))
+            blob += t.contiguous().view(torch.uint8).numpy().tobytes()
+        idx += rec.pack(i, 0, S, *offs)
+    open(os.path.join(out, "shard-00000.bin"), "wb").write(blob)
+    open(os.path.join(out, "samples.idx"), "wb").write(idx)
+    json.dump({"version": 2, "num_samples": len(samples), "num_shards": 1,
+               "target_layer_ids": layer_ids, "hidden_dtype": "bfloat16", "token_dtype": "int32",
+               "mask_dtype": "uint8", "index_record_size": rec.size, "hidden_size": H,
+               "shards": [{"shard_id": 0, "file_name": "shard-00000.bin"}],
+               "target_model_name_or_path": "toy"}, open(os.path.join(out, "manifest.json"), "w"),
+              indent=2, sort_keys=True)
+write_deepspec(os.path.join(w, "deepspec"), [1, 5, 8])
+write_deepspec(os.path.join(w, "deepspec_other"), [1, 5, 9])
+
+# speculators: the stored last layer is BEFORE the target's final norm. Take each sample's
+# hidden_state as that pre-norm state; the reference .ckpt tree holds norm(hidden_state) computed
+# as transformers' LlamaRMSNorm does (fp32 normalisation, cast to bf16, times the bf16 weight).
+# The target gets a final norm weight (the toy target has none).
+tgt = os.path.join(w, "target")
+shutil.copytree(os.path.join(data, "target"), tgt)
+torch.manual_seed(0)
+norm_w = (torch.rand(H) + 0.5).to(torch.bfloat16)
+save_file({"model.norm.weight": norm_w}, os.path.join(tgt, "model-norm.safetensors"))
+index = json.load(open(os.path.join(tgt, "model.safetensors.index.json")))
+index["weight_map"]["model.norm.weight"] = "model-norm.safetensors"
+json.dump(index, open(os.path.join(tgt, "model.safetensors.index.json"), "w"))
+cfg = json.load(open(os.path.join(tgt, "config.json")))
+cfg["num_hidden_layers"] = 12  # so that the draft's layer ids below are in range
+json.dump(cfg, open(os.path.join(tgt, "config.json"), "w"))
+eps = cfg["rms_norm_eps"]
+draft = json.load(open(os.path.join(data, "draft_config.json")))
+draft["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [1, 5, 8]}
+json.dump(draft, open(os.path.join(w, "draft_config.json"), "w"), indent=1)
+
+pre = os.path.join(w, "speculators", "preprocessed")
+os.makedirs(os.path.join(pre, "hidden_states"))
+rows = {"input_ids": [], "loss_mask": [], "seq_len": [], "text": []}
+for i, s in enumerate(samples):
+    S = s["input_ids"].numel()
+    aux = s["aux_hidden_state"][0].view(S, 3, H)
+    hs = torch.cat([aux, s["hidden_state"][0].view(S, 1, H)], dim=1).contiguous()  # [S, 4, H]
+    save_file({"hidden_states": hs, "token_ids": s["input_ids"].clone()},
+              os.path.join(pre, "hidden_states", f"hs_{i}.safetensors"))
+    rows["input_ids"].append(s["input_ids"].tolist())
+    rows["loss_mask"].append(s["loss_mask"].tolist())
+    rows["seq_len"].append(S)
+    rows["text"].append(f"conversation {i}")
+    x = s["hidden_state"].float()
+    normed = (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)).to(torch.bfloat16)
+    ref = dict(s)
+    ref["hidden_state"] = norm_w * normed
+    out = os.path.join(w, "spec_ref", rel[i])
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    torch.save(ref, out)
+datasets.Dataset.from_dict(rows).save_to_disk(pre)
+print(f"wrote {len(samples)} samples in 5 formats (H={H})")
+PYEOF
+
+# Per-step losses and accuracies of a short fp32 run (1 rank; ranks are tested elsewhere).
+train_on() {  # NAME FEATURES [FLAGS...]
+  local name="$1" feat="$2"; shift 2
+  "$BIN" --target-model-path "$W/target" --draft-model-config "$W/draft_config.json" \
+    --train-hidden-states-path "$feat" --cache-dir "$W/cache" --output-dir "$W/run_$name" \
+    --max-length 64 --ttt-length 3 --learning-rate 1e-3 --warmup-ratio 0.1 --log-steps 1 \
+    --device cpu --threads 1 --mixed-precision fp32 --draft-global-batch-size 4 \
+    --draft-micro-batch-size 2 --num-epochs 1 --max-steps 5 --save-interval 0 --seed 11 "$@" \
+    >"$W/run_$name.log" 2>&1 || { tail -20 "$W/run_$name.log"; fail "training on $name"; }
+}
+same_losses() {  # A B: identical per-step losses and accuracies
+  "$PY" - "$W/run_$1/metrics.jsonl" "$W/run_$2/metrics.jsonl" "$1" "$2" <<'PYEOF'
+import json, sys
+def steps(p):
+    return {r["step"]: {k: v for k, v in r.items() if k.startswith("train/") and
+                        ("loss" in k or "/acc_" in k)} for r in map(json.loads, open(p)) if "train/loss" in r}
+a, b = steps(sys.argv[1]), steps(sys.argv[2])
+assert a and a.keys() == b.keys(), (sorted(a), sorted(b))
+for s in a:
+    assert a[s] == b[s], (sys.argv[3], sys.argv[4], s, a[s], b[s])
+print(f"{sys.argv[3]} == {sys.argv[4]}: {len(a)} steps, losses and accuracies identical")
+PYEOF
+}
+
+train_on ckpt "$DATA/hidden_states"
+train_on gz "$W/gz"
+same_losses ckpt gz || fail ".ckpt.gz trains differently from .ckpt"
+train_on modelopt "$W/modelopt"
+same_losses ckpt modelopt || fail "ModelOpt dump trains differently"
+train_on deepspec "$W/deepspec"
+same_losses ckpt deepspec || fail "DeepSpec cache trains differently"
+train_on spec_ref "$W/spec_ref"
+train_on speculators "$W/speculators/preprocessed/hidden_states"
+grep -q "before the target's final norm" "$W/run_speculators.log" || fail "no final-norm line for speculators features"
+same_losses spec_ref speculators || fail "speculators dump trains differently from the normed .ckpt"
+
+# convert from each format gives the same training; the speculators flag travels in the index.
+for f in gz modelopt deepspec speculators/preprocessed/hidden_states; do
+  n="${f%%/*}"
+  "$BIN" convert --input "$W/$f" --output "$W/native_$n" --shard-size 64K >"$W/convert_$n.log" 2>&1 ||
+    { tail -5 "$W/convert_$n.log"; fail "convert of $n"; }
+  train_on "native_$n" "$W/native_$n"
+done
+same_losses ckpt native_gz && same_losses ckpt native_modelopt && same_losses ckpt native_deepspec &&
+  same_losses spec_ref native_speculators || fail "converted features train differently"
+
+# fp8 native shards: about half the bytes; they train (the quality cost is measured in
+# benchmarks/data/fp8_quality.sh, not here).
+"$BIN" convert --input "$DATA/hidden_states" --output "$W/native_fp8" --dtype fp8_e4m3 >/dev/null 2>&1 || fail "convert --dtype fp8_e4m3"
+"$BIN" convert --input "$DATA/hidden_states" --output "$W/native_bf16" >/dev/null 2>&1 || fail "convert bf16"
+b16=$(du -b --apparent-size -s "$W/native_bf16" | cut -f1); b8=$(du -b --apparent-size -s "$W/native_fp8" | cut -f1)
+echo "native bf16 $b16 bytes, fp8 $b8 bytes"
+[ $((b8 * 100)) -lt $((b16 * 65)) ] || fail "fp8 shards are not much smaller ($b8 vs $b16)"
+train_on fp8 "$W/native_fp8"
+
+# A DeepSpec cache of other layers than the draft reads: refused at start-up, naming both.
+expect_usage_error "deepspec layers" "$BIN" --target-model-path "$W/target" --draft-model-config "$W/draft_config.json" \
+  --train-hidden-states-path "$W/deepspec_other" --output-dir "$W/x" --device cpu --max-steps 1
+grep -q "layer outputs \[1, 5, 9\]" <<<"$out" || { echo "$out" | tail -3; fail "layer mismatch not named"; }
+
+# vocab-map: the mapping training builds, from tokens only, read by torch.load(weights_only=True).
+"$BIN" vocab-map --features "$W/deepspec" --draft-vocab-size 256 --target-model-path "$W/target" \
+  --max-length 64 --out "$W/map.pt" >"$W/vocab_map.log" 2>&1 || { cat "$W/vocab_map.log"; fail "vocab-map"; }
+cat "$W/vocab_map.log"
+"$PY" - "$W/map.pt" "$W/cache/vocab_mapping" "$W/vocab_map.log" <<'PYEOF' || fail "vocab-map output"
+import glob, re, sys, torch
+m = torch.load(sys.argv[1], weights_only=True)
+assert m["d2t"].dtype == torch.int64 and m["d2t"].shape == (256,), m["d2t"].shape
+assert m["t2d"].dtype == torch.bool and m["t2d"].shape == (512,), m["t2d"].shape
+cached = [torch.load(p, weights_only=True) for p in glob.glob(sys.argv[2] + "/*.pt")]
+assert any(torch.equal(c["d2t"], m["d2t"]) and torch.equal(c["t2d"], m["t2d"]) for c in cached), "differs from training's mapping"
+log = open(sys.argv[3]).read()
+read, total = map(int, re.search(r"read (\d+) of (\d+) bytes", log).groups())
+assert read * 20 < total, (read, total)  # tokens only: 6 of ~1000 bytes a token here
+print(f"vocab-map equals training's mapping; read {read} of {total} bytes")
+PYEOF
+# The dump's own vocab_mapping/vocab_mapping.pt (SpecForge's place) is taken when it fits.
+mkdir -p "$W/gz/vocab_mapping" && cp "$W/map.pt" "$W/gz/vocab_mapping/vocab_mapping.pt"
+train_on gz_map "$W/gz" --cache-dir "$W/cache_empty"
+grep -q "the dump's own mapping" "$W/run_gz_map.log" || fail "the dump's vocab_mapping.pt was not used"
+same_losses ckpt gz_map || fail "the dump's mapping trains differently"
+
+# Damaged files of each new format: exit 2 naming the file; --skip-bad-samples skips them.
+cp -r "$W/gz" "$W/gz_bad" && f=$(ls "$W"/gz_bad/rows_*/*.gz | head -1) && head -c 300 "$f" >"$f.part" && mv "$f.part" "$f"
+expect_usage_error "truncated gzip" "$BIN" --target-model-path "$W/target" --draft-model-config "$W/draft_config.json" \
+  --train-hidden-states-path "$W/gz_bad" --output-dir "$W/y" --device cpu --max-steps 1
+grep -q "truncated gzip" <<<"$out" && grep -q "$(basename "$f")" <<<"$out" || { echo "$out" | tail -3; fail "truncated gzip not named"; }
+train_on gz_skip "$W/gz_bad" --skip-bad-samples
+grep -q "skipped" "$W/run_gz_skip.log" || fail "skip mode did not report the bad .ckpt.gz"
+cp -r "$W/deepspec" "$W/ds_bad" && truncate -s 500000 "$W/ds_bad/shard-00000.bin"
+train_on ds_skip "$W/ds_bad" --skip-bad-samples
+grep -q "runs past the end of the shard" "$W/run_ds_skip.log" || fail "truncated DeepSpec shard not reported"
+echo "PASS producer_formats"
