@@ -10,6 +10,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <zlib.h>
 #include <chrono>
 #include <csignal>
 #include <cstring>
@@ -21,10 +22,13 @@
 #include "config/options.h"
 #include "config/train_config.h"
 #include "core/error.h"
+#include "core/gzip_reader.h"
 #include "core/log.h"
 #include "core/torch_archive_load.h"
+#include "data/arrow_ipc.h"
 #include "model/draft_config.h"
 #include "targets.h"
+#include "unit/data/arrow_test_bytes.h"
 
 namespace fsdp::fuzz {
 namespace {
@@ -62,6 +66,53 @@ void run_yaml_config(const uint8_t* data, size_t size) {
   });
 }
 
+// SpecForge --compress files: gunzip with a small ceiling (a mutated length must not allocate
+// without bound), then the archive reader on what came out.
+void run_gzip(const uint8_t* data, size_t size) {
+  expect_clean([&] {
+    GzipLimits limits;
+    limits.max_output = 1 << 24;
+    const std::vector<char> out = gunzip_bytes(std::vector<char>(data, data + size), limits);
+    load_torch_archive(out);
+  });
+}
+
+// speculators' loss masks: the Arrow IPC stream reader, every row of every column read.
+void run_arrow(const uint8_t* data, size_t size) {
+  expect_clean([&] {
+    auto f = data::ArrowStreamFile::from_bytes(std::string(data, data + size), "<fuzz>");
+    for (int c = 0; c < f->num_columns(); ++c) {
+      for (int64_t r = 0; r < f->num_rows(); ++r) {
+        expect_clean([&] { f->int_list(c, r); });
+        expect_clean([&] { f->int_value(c, r); });
+      }
+    }
+  });
+}
+
+std::vector<std::string> gzip_seeds() {
+  std::vector<std::string> out;
+  for (const std::string& archive : torch_archive_seeds()) {
+    // A stored (level 0) gzip member: valid gzip without zlib's deflate in the test binary.
+    std::string g = {'\x1f', '\x8b', 8, 0, 0, 0, 0, 0, 0, 3};
+    const uint16_t n = static_cast<uint16_t>(archive.size());
+    g += std::string{1, static_cast<char>(n & 0xff), static_cast<char>(n >> 8),
+                     static_cast<char>(~n & 0xff), static_cast<char>((~n >> 8) & 0xff)};
+    g += archive;
+    const uint32_t crc = static_cast<uint32_t>(
+        ::crc32(0, reinterpret_cast<const unsigned char*>(archive.data()), archive.size()));
+    for (int i = 0; i < 4; ++i) g.push_back(static_cast<char>(crc >> (8 * i)));
+    for (int i = 0; i < 4; ++i) g.push_back(static_cast<char>(archive.size() >> (8 * i)));
+    out.push_back(g);
+  }
+  return out;
+}
+
+std::vector<std::string> arrow_seeds() {
+  using data::testing::from_hex;
+  return {from_hex(data::testing::kGoodStream), from_hex(data::testing::kBadStream)};
+}
+
 std::vector<std::string> safetensors_seeds() {
   return {
       R"({"__metadata__":{"format":"pt"},"a":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]},)"
@@ -84,6 +135,8 @@ const Target kTargets[] = {
     {"safetensors_header", run_safetensors_header, safetensors_seeds},
     {"draft_config", run_draft_config, draft_config_seeds},
     {"yaml_config", run_yaml_config, yaml_seeds},
+    {"gzip_ckpt", run_gzip, gzip_seeds},
+    {"arrow_stream", run_arrow, arrow_seeds},
 };
 
 std::string g_save_dir = ".";
