@@ -193,7 +193,9 @@ grep -q "the dump's own mapping" "$W/run_gz_map.log" || fail "the dump's vocab_m
 same_losses ckpt gz_map || fail "the dump's mapping trains differently"
 
 # Damaged files of each new format: exit 2 naming the file; --skip-bad-samples skips them.
-cp -r "$W/gz" "$W/gz_bad" && f=$(ls "$W"/gz_bad/rows_*/*.gz | head -1) && head -c 300 "$f" >"$f.part" && mv "$f.part" "$f"
+cp -r "$W/gz" "$W/gz_bad"
+gzs=("$W"/gz_bad/rows_*/*.gz); f="${gzs[0]}"
+dd if="$f" of="$f.part" bs=300 count=1 status=none && mv "$f.part" "$f"
 expect_usage_error "truncated gzip" "$BIN" --target-model-path "$W/target" --draft-model-config "$W/draft_config.json" \
   --train-hidden-states-path "$W/gz_bad" --output-dir "$W/y" --device cpu --max-steps 1
 grep -q "truncated gzip" <<<"$out" && grep -q "$(basename "$f")" <<<"$out" || { echo "$out" | tail -3; fail "truncated gzip not named"; }

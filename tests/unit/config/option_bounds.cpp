@@ -168,6 +168,7 @@ TEST_CASE("every --flag named in a message, hint or help text exists", "[config]
       {"--filenames-as-tags", "Catch2's (how to regenerate the docs)"},
       {"--include", "huggingface-cli download's (the hint for a model not in the cache)"},
       {"--name", "the placeholder of '--name VALUE' in the parse-error hint"},
+      {"--compress", "SpecForge prepare_hidden_states's (how its .ckpt.gz files are made)"},
   };
   for (const auto& file : sources("apps")) {
     for (const auto& [line, lit] : string_literals(read_text(file))) {
