@@ -31,7 +31,8 @@ struct ExportCheckOptions {
   model::ExportTarget engines = model::ExportTarget::kEngines;
   // The export's check on itself: the engines follow from the aux-id keys the config holds
   // (top-level and eagle_config: both when they name the same layers, else vLLM; top-level only:
-  // vLLM; eagle_config only: SGLang, the SpecForge layout; none: both). Overrides `engines`.
+  // vLLM; eagle_config only: SGLang, the SpecForge layout; none: both; num_aux_hidden_states
+  // other than 3: vLLM, as SGLang cannot build such a draft). Overrides `engines`.
   bool engines_from_config = false;
   // Decoder layers of the target (num_hidden_layers); 0: unknown, the aux-id range is not checked.
   int64_t target_num_layers = 0;

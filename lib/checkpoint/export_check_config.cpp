@@ -164,6 +164,12 @@ void check_rope(const json& cfg, Report& r) {
 
 Engines engines_for(const json& cfg, const ExportCheckOptions& o) {
   if (o.engines_from_config) {
+    // num_aux_hidden_states other than 3 is vLLM's key for a draft SGLang cannot build (its fc
+    // reads 3 layers): the config is written for vLLM.
+    if (cfg.contains("num_aux_hidden_states") &&
+        cfg.at("num_aux_hidden_states").is_number_integer() &&
+        cfg.at("num_aux_hidden_states").get<int64_t>() != 3)
+      return {true, false};
     const bool top = has_ids(cfg), nested = nested_ids(cfg);
     if (top && !nested) return {true, false};
     if (!top && nested) return {false, true};

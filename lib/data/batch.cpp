@@ -41,7 +41,7 @@ Sample process_sample(const RawSample& raw, int64_t max_length) {
   return out;
 }
 
-Sample empty_sample(int64_t hidden_size) {
+Sample empty_sample(int64_t hidden_size, int64_t aux_width) {
   FSDP_CHECK(hidden_size > 0, "empty_sample needs the hidden size",
              "this is a bug in fsdp-train: please report it with the command line and log");
   Sample s;
@@ -50,7 +50,7 @@ Sample empty_sample(int64_t hidden_size) {
   s.input_ids = at::zeros({1}, i64);
   s.loss_mask = at::zeros({1}, i64);
   s.attention_mask = at::zeros({1}, i64);
-  s.aux_hidden = at::zeros({1, 3 * hidden_size}, bf16);
+  s.aux_hidden = at::zeros({1, aux_width > 0 ? aux_width : 3 * hidden_size}, bf16);
   s.target_hidden = at::zeros({1, hidden_size}, bf16);
   return s;
 }
@@ -59,10 +59,10 @@ Batch collate(const std::vector<Sample>& samples, bool pin_memory) {
   FSDP_CHECK(!samples.empty(), "collate: no samples",
              "this is a bug in fsdp-train: please report it with the command line and log");
   const int64_t b = static_cast<int64_t>(samples.size());
-  const int64_t h = samples[0].target_hidden.size(1);
+  const int64_t h = samples[0].target_hidden.size(1), w = samples[0].aux_hidden.size(1);
   int64_t s = 0;
   for (const auto& x : samples) {
-    FSDP_CHECK(x.target_hidden.size(1) == h && x.aux_hidden.size(1) == 3 * h,
+    FSDP_CHECK(x.target_hidden.size(1) == h && x.aux_hidden.size(1) == w,
                str("collate: samples disagree on the hidden size (", h, " vs ",
                    x.target_hidden.size(1), ")"),
                "all feature files of a dataset must come from the same target model");
@@ -76,7 +76,7 @@ Batch collate(const std::vector<Sample>& samples, bool pin_memory) {
   out.input_ids = at::zeros({b, s}, opts(at::kLong));
   out.loss_mask = at::zeros({b, s}, opts(at::kLong));
   out.attention_mask = at::zeros({b, s}, opts(at::kLong));
-  out.aux_hidden = at::zeros({b, s, 3 * h}, opts(at::kBFloat16));
+  out.aux_hidden = at::zeros({b, s, w}, opts(at::kBFloat16));
   out.target_hidden = at::zeros({b, s, h}, opts(at::kBFloat16));
   for (int64_t i = 0; i < b; ++i) {
     const auto& x = samples[i];

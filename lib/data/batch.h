@@ -13,7 +13,7 @@ namespace fsdp::data {
 
 // A sample exactly as stored (after validation and dtype normalisation), S tokens:
 //   input_ids int64 [S], loss_mask int64 [S] (0/1), hidden_state bf16 [S,H] (leading 1 of the
-//   file's [1,S,H] removed), aux_hidden_state bf16 [S,3H].
+//   file's [1,S,H] removed), aux_hidden_state bf16 [S,nH] (n captured layers, 3 by default).
 struct RawSample {
   at::Tensor input_ids;
   at::Tensor loss_mask;
@@ -42,7 +42,8 @@ Sample process_sample(const RawSample& raw, int64_t max_length);
 
 // A sample that contributes nothing to the loss (loss_mask and attention all zero, one token).
 // Stands in for a skipped bad sample so every rank keeps the same batch count and shapes.
-Sample empty_sample(int64_t hidden_size);
+// aux_width: the aux_hidden width n*H of the dataset (0: 3*H).
+Sample empty_sample(int64_t hidden_size, int64_t aux_width = 0);
 
 // A micro-batch, right-padded with zeros to the longest sample (B samples, S = max length):
 //   input_ids int64 [B,S] (already shifted), loss_mask int64 [B,S], attention_mask int64 [B,S],

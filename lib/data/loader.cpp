@@ -108,7 +108,10 @@ Batch DataLoader::build_batch(int64_t epoch, int64_t batch) {
       out.bytes_read += raw.nbytes();
       {
         std::lock_guard<std::mutex> lock(mu_);
-        if (hidden_size_ == 0) hidden_size_ = raw.hidden_size();
+        if (hidden_size_ == 0) {
+          hidden_size_ = raw.hidden_size();
+          aux_width_ = raw.aux_hidden_state.size(1);
+        }
       }
       samples.push_back(process_sample(raw, options_.max_length));
     } catch (const BadSampleError& e) {
@@ -120,23 +123,30 @@ Batch DataLoader::build_batch(int64_t epoch, int64_t batch) {
     }
   }
   if (!bad_rows.empty()) {
-    int64_t h = 0;
-    for (const auto& s : samples)
-      if (s.target_hidden.defined()) h = s.target_hidden.size(1);
+    int64_t h = 0, w = 0;
+    for (const auto& s : samples) {
+      if (s.target_hidden.defined()) {
+        h = s.target_hidden.size(1);
+        w = s.aux_hidden.size(1);
+      }
+    }
     if (h == 0) {
       std::lock_guard<std::mutex> lock(mu_);
       h = hidden_size_;
+      w = aux_width_;
     }
     // A whole batch of bad samples before any good one: find H from the next readable sample.
     for (int64_t i = 0; h == 0 && i < dataset_->size(); ++i) {
       try {
-        h = dataset_->read(i).hidden_size();
+        const RawSample r = dataset_->read(i);
+        h = r.hidden_size();
+        w = r.aux_hidden_state.size(1);
       } catch (const BadSampleError&) {
       }
     }
     FSDP_USAGE_CHECK(h > 0, dataset_->root() + ": every sample is bad",
                      "fix the hidden-state files");
-    for (int64_t k : bad_rows) samples[k] = empty_sample(h);
+    for (int64_t k : bad_rows) samples[k] = empty_sample(h, w);
   }
   Batch collated = collate(samples, options_.pin_memory);
   collated.sample_indices = std::move(out.sample_indices);

@@ -89,6 +89,7 @@ class DataLoader {
   DistributedSampler sampler_;
   LoaderOptions options_;
   int64_t hidden_size_ = 0;  // learned from the first good sample; used for empty rows
+  int64_t aux_width_ = 0;    // its aux_hidden_state width (n captured layers x H)
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

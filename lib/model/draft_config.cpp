@@ -167,6 +167,7 @@ const std::set<std::string>& known_keys() {
                                              "hidden_act",
                                              "pad_token_id",
                                              "target_hidden_size",
+                                             "num_aux_hidden_states",
                                              "eagle_config",
                                              "tie_word_embeddings",
                                              "torch_dtype"};
@@ -215,6 +216,42 @@ void read_rope_parameters(const json& j, DraftConfig& cfg) {
   if (type != "default") {
     cfg.rope_scaling = from_params;
     cfg.rope_scaling_json = scaling.dump();
+  }
+}
+
+// n, the captured layers fc reads (DraftConfig::num_aux_hidden_states), as vLLM decides it; the
+// id lists and an explicit count must agree (SGLang reads 3 regardless: docs/serving.md).
+void read_num_aux_hidden_states(const json& j, DraftConfig& cfg) {
+  const std::string& src = cfg.source;
+  auto ids_length = [&](const json& o, const char* where) -> int64_t {
+    if (!o.is_object() || !present(o, "eagle_aux_hidden_state_layer_ids")) return 0;
+    const json& ids = o.at("eagle_aux_hidden_state_layer_ids");
+    if (!ids.is_array()) {
+      bad_key(src, where, "must be a list of layer ids",
+              "write e.g. \"eagle_aux_hidden_state_layer_ids\": [1, 13, 24]");
+    }
+    return static_cast<int64_t>(ids.size());
+  };
+  const int64_t nested =
+      present(j, "eagle_config") ? ids_length(j.at("eagle_config"), "eagle_config") : 0;
+  const int64_t top = ids_length(j, "eagle_aux_hidden_state_layer_ids");
+  const int64_t from_ids = nested > 0 ? nested : top;
+  if (present(j, "num_aux_hidden_states")) {
+    cfg.num_aux_hidden_states = get_int(j, "num_aux_hidden_states", src);
+    cfg.num_aux_hidden_states_given = true;
+    if (cfg.num_aux_hidden_states < 1 || cfg.num_aux_hidden_states > 64) {
+      bad_key(src, "num_aux_hidden_states",
+              str("is ", cfg.num_aux_hidden_states, ", not in [1, 64]"),
+              "give the number of captured target layers fc reads, e.g. 3");
+    }
+    if (from_ids > 0 && from_ids != cfg.num_aux_hidden_states) {
+      bad_key(src, "num_aux_hidden_states",
+              str("is ", cfg.num_aux_hidden_states, " but eagle_aux_hidden_state_layer_ids names ",
+                  from_ids, " layers"),
+              "make the count and the id list agree (or drop num_aux_hidden_states)");
+    }
+  } else if (from_ids > 0) {
+    cfg.num_aux_hidden_states = from_ids;
   }
 }
 
@@ -285,6 +322,7 @@ DraftConfig parse_draft_config(const std::string& json_text, const std::string& 
     cfg.target_hidden_size = get_int(j, "target_hidden_size", source);
   }
   if (present(j, "eagle_config")) cfg.eagle_config_json = j.at("eagle_config").dump();
+  read_num_aux_hidden_states(j, cfg);
   if (present(j, "tie_word_embeddings")) {
     const json& t = j.at("tie_word_embeddings");
     if (!t.is_boolean()) {
@@ -451,6 +489,9 @@ std::string DraftConfig::to_json() const {
   j["hidden_act"] = hidden_act;
   if (pad_token_id) j["pad_token_id"] = *pad_token_id;
   if (target_hidden_size) j["target_hidden_size"] = *target_hidden_size;
+  // vLLM sizes fc from this key (else from the id list, else 3): written whenever n is not 3.
+  if (num_aux_hidden_states_given || num_aux_hidden_states != 3)
+    j["num_aux_hidden_states"] = num_aux_hidden_states;
   j["tie_word_embeddings"] = false;
   j["torch_dtype"] = torch_dtype;
   if (!eagle_config_json.empty()) j["eagle_config"] = ordered_json::parse(eagle_config_json);

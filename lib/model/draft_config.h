@@ -50,7 +50,11 @@ struct DraftConfig {
   RopeScaling rope_scaling;  // type kDefault when the key is null or absent
   std::string hidden_act = "silu";
   std::optional<int64_t> pad_token_id;
-  std::optional<int64_t> target_hidden_size;  // fc input is 3 * this (default H)
+  std::optional<int64_t> target_hidden_size;  // Ht: fc input is n * this (default H)
+  // n, the captured target layers fc reads: num_aux_hidden_states (vLLM's key) when given, else
+  // the length of eagle_config's (or the top-level) eagle_aux_hidden_state_layer_ids, else 3.
+  int64_t num_aux_hidden_states = 3;
+  bool num_aux_hidden_states_given = false;  // the key was in the file (written back then)
   bool tie_word_embeddings = false;           // forced false (a warning is logged if true)
   std::string torch_dtype = "bfloat16";
   // JSON text of values carried through untouched: eagle_config (empty = absent), the
@@ -65,9 +69,8 @@ struct DraftConfig {
     return head_dim ? *head_dim : hidden_size / num_attention_heads;
   }
   int64_t draft_vocab() const { return draft_vocab_size ? *draft_vocab_size : vocab_size; }
-  int64_t fc_in_features() const {
-    return 3 * (target_hidden_size ? *target_hidden_size : hidden_size);
-  }
+  int64_t target_hidden() const { return target_hidden_size ? *target_hidden_size : hidden_size; }
+  int64_t fc_in_features() const { return num_aux_hidden_states * target_hidden(); }
   int64_t q_out_features() const { return num_attention_heads * head_dim_value(); }
   int64_t kv_out_features() const { return num_key_value_heads * head_dim_value(); }
 

@@ -233,11 +233,11 @@ at::Tensor Eagle3DraftImpl::embed(const at::Tensor& input_ids) {
 }
 
 at::Tensor Eagle3DraftImpl::project_aux(const at::Tensor& aux_hidden) {
-  FSDP_CHECK(
-      aux_hidden.size(-1) == cfg_.fc_in_features(),
-      fsdp::str("aux_hidden has last dim ", aux_hidden.size(-1), ", the fc layer of ", cfg_.source,
-                " expects ", cfg_.fc_in_features(), " (3 x target hidden size)"),
-      "the hidden states must come from the target this draft config describes");
+  FSDP_CHECK(aux_hidden.size(-1) == cfg_.fc_in_features(),
+             fsdp::str("aux_hidden has last dim ", aux_hidden.size(-1), ", the fc layer of ",
+                       cfg_.source, " expects ", cfg_.fc_in_features(), " (",
+                       cfg_.num_aux_hidden_states, " x target hidden size)"),
+             "the hidden states must come from the target this draft config describes");
   return run_unit(hooks_, "fc", [&] { return fc(aux_hidden.to(fc->weight.scalar_type())); });
 }
 

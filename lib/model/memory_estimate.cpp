@@ -55,14 +55,14 @@ long double step_activation_bytes_per_token(const DraftConfig& c, const MemoryPl
 MemoryEstimate estimate_training_memory(const DraftConfig& c, const MemoryPlan& p) {
   const LD b = static_cast<LD>(p.compute_bytes);
   const LD H = c.hidden_size, Vd = c.draft_vocab(), V = c.vocab_size;
-  const LD Ht = c.fc_in_features() / 3;
+  const LD Ht = c.target_hidden();
   const LD shards = static_cast<LD>(std::max<int64_t>(p.shard_ranks, 1));
   const LD trainable = trainable_parameter_count(c);
   MemoryEstimate e;
   e.state = p.state_on_host ? 0 : 16 * trainable / shards;
   // A gathered unit: its compute-dtype parameters and gradient. The whole model stays gathered
   // from forward to backward without per-unit resharding.
-  const LD largest_unit = std::max({H * 3 * Ht, layer_parameters(c), Vd * H});
+  const LD largest_unit = std::max({H * c.num_aux_hidden_states * Ht, layer_parameters(c), Vd * H});
   e.compute = p.whole_compute_copy ? 2 * b * trainable : 2 * b * largest_unit;
   // Frozen: the embedding (a compute-dtype shard, gathered whole while it is used) and the
   // target's bf16 LM head, full [V, Ht] for the argmax and its [Vd, Ht] draft rows.

@@ -173,13 +173,29 @@ void Trainer::Impl::resolve_serving_export() {
   aux_layers = model::resolve_aux_layers(draft_cfg.to_json(), cfg.model.aux_layer_convention, L,
                                          cfg.model.draft_model_config);
   export_rope = model::parse_rope_override(cfg.checkpoint.export_rope_scaling, cfg.data.max_length);
+  const int64_t n_aux = draft_cfg.num_aux_hidden_states;
+  if (n_aux != 3) {
+    // The engines' defaults capture three layers, and SGLang builds fc for three: checked now,
+    // not when the first export fails its check after hours of training.
+    FSDP_USAGE_CHECK(aux_layers.has_value(),
+                     fsdp::str(cfg.model.draft_model_config, ": fc reads ", n_aux,
+                               " target layers but the config names none"),
+                     "list them in eagle_config.eagle_aux_hidden_state_layer_ids (the layers the "
+                     "features were dumped with)");
+    FSDP_USAGE_CHECK(cfg.checkpoint.export_for == model::ExportTarget::kVllm ||
+                         cfg.checkpoint.export_for == model::ExportTarget::kSpecForge,
+                     fsdp::str("a draft over ", n_aux, " target layers cannot be exported for ",
+                               model::export_target_name(cfg.checkpoint.export_for),
+                               ": SGLang's LlamaForCausalLMEagle3 always builds fc for 3"),
+                     "add --export-for vllm (vLLM reads num_aux_hidden_states)");
+  }
   if (aux_layers) {
     const size_t n = aux_layers->hidden_state_index.size();
-    FSDP_USAGE_CHECK(n == 3,
-                     fsdp::str(aux_layers->origin, ": ", n,
-                               " target layers, but the draft's fc reads 3 (fc input 3 x "
-                               "target_hidden_size)"),
-                     "give three layer ids, the ones the features were dumped with");
+    FSDP_USAGE_CHECK(
+        static_cast<int64_t>(n) == draft_cfg.num_aux_hidden_states,
+        fsdp::str(aux_layers->origin, ": ", n, " target layers, but the draft's fc reads ",
+                  draft_cfg.num_aux_hidden_states, " (num_aux_hidden_states)"),
+        "give as many layer ids as the features hold, the ones they were dumped with");
     // What each engine will read from the export, checked here rather than found at serving.
     const std::string exported = export_config_json();
     const auto v = model::vllm_reads(exported), g = model::sglang_reads(exported, false);
@@ -216,6 +232,7 @@ std::string Trainer::Impl::export_config_json() const {
 void Trainer::Impl::open_data() {
   data::DatasetOptions dso;
   dso.vocab_size = draft_cfg.vocab_size;
+  dso.num_aux_layers = draft_cfg.num_aux_hidden_states;
   dso.hidden_size =
       draft_cfg.target_hidden_size ? *draft_cfg.target_hidden_size : draft_cfg.hidden_size;
   if (!cfg.data.train_hidden_states_path.empty()) {

@@ -52,8 +52,9 @@ void Trainer::Impl::check_same_architecture(const std::string& saved_config,
   cmp(shape_diff, "head_dim", saved.head_dim_value(), now.head_dim_value());
   cmp(shape_diff, "vocab_size", saved.vocab_size, now.vocab_size);
   cmp(shape_diff, "draft_vocab_size", saved.draft_vocab(), now.draft_vocab());
-  cmp(shape_diff, "target hidden size (fc input / 3)", saved.fc_in_features() / 3,
-      now.fc_in_features() / 3);
+  cmp(shape_diff, "target hidden size", saved.target_hidden(), now.target_hidden());
+  cmp(shape_diff, "captured target layers (num_aux_hidden_states)", saved.num_aux_hidden_states,
+      now.num_aux_hidden_states);
   cmp(other_diff, "rms_norm_eps", saved.rms_norm_eps, now.rms_norm_eps);
   cmp(other_diff, "rope_theta", saved.rope_theta, now.rope_theta);
   cmp(other_diff, "rope_scaling", saved.rope_scaling_json, now.rope_scaling_json);

@@ -65,6 +65,14 @@ def write_deepspec(out, layer_ids):
               indent=2, sort_keys=True)
 write_deepspec(os.path.join(w, "deepspec"), [1, 5, 8])
 write_deepspec(os.path.join(w, "deepspec_other"), [1, 5, 9])
+# Five captured layers, as DeepSpec's EAGLE3 recipes capture: the three layers plus two more
+# (the last layer and the first again: any values do for training).
+three = [dict(s) for s in samples]
+for s in samples:
+    a = s["aux_hidden_state"]
+    s["aux_hidden_state"] = torch.cat([a, s["hidden_state"], a[..., :H]], dim=-1)
+write_deepspec(os.path.join(w, "deepspec5"), [1, 3, 5, 7, 9])
+samples = three
 
 # speculators: the stored last layer is BEFORE the target's final norm. Take each sample's
 # hidden_state as that pre-norm state; the reference .ckpt tree holds norm(hidden_state) computed
@@ -85,6 +93,8 @@ eps = cfg["rms_norm_eps"]
 draft = json.load(open(os.path.join(data, "draft_config.json")))
 draft["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [1, 5, 8]}
 json.dump(draft, open(os.path.join(w, "draft_config.json"), "w"), indent=1)
+draft5 = dict(draft, eagle_config={"eagle_aux_hidden_state_layer_ids": [1, 3, 5, 7, 9]})
+json.dump(draft5, open(os.path.join(w, "draft_config5.json"), "w"), indent=1)
 
 pre = os.path.join(w, "speculators", "preprocessed")
 os.makedirs(os.path.join(pre, "hidden_states"))
@@ -169,6 +179,38 @@ train_on fp8 "$W/native_fp8"
 expect_usage_error "deepspec layers" "$BIN" --target-model-path "$W/target" --draft-model-config "$W/draft_config.json" \
   --train-hidden-states-path "$W/deepspec_other" --output-dir "$W/x" --device cpu --max-steps 1
 grep -q "layer outputs \[1, 5, 9\]" <<<"$out" || { echo "$out" | tail -3; fail "layer mismatch not named"; }
+
+# A five-layer DeepSpec cache trains a draft whose fc reads five layers (fc input 5H); 1 and 2
+# ranks agree (micro-batch 1: samples of different lengths are normalised per micro-batch, so
+# only then are the micro-batches the same at both rank counts); the export is for vLLM (SGLang builds fc for three) and passes check-export.
+# Without --export-for vllm, start-up refuses; the three-layer draft refuses the five-layer cache.
+for np in 1 2; do
+  run_np $np --target-model-path "$W/target" --draft-model-config "$W/draft_config5.json" \
+    --train-hidden-states-path "$W/deepspec5" --cache-dir "$W/cache" --output-dir "$W/five_np$np" \
+    --max-length 64 --ttt-length 3 --learning-rate 1e-3 --log-steps 1 --device cpu --threads 1 \
+    --mixed-precision fp32 --export-dtype fp32 --draft-global-batch-size 4 --draft-micro-batch-size 1 \
+    --num-epochs 1 --max-steps 4 --save-interval 0 --export-for vllm >"$W/five_np$np.log" 2>&1 ||
+    { tail -20 "$W/five_np$np.log"; fail "five-layer training at $np rank(s)"; }
+done
+compare_exports "$(latest_ckpt "$W/five_np1")" "$(latest_ckpt "$W/five_np2")" 1e-5 || fail "five layers: 1 vs 2 ranks"
+"$PY" - "$(latest_ckpt "$W/five_np1")" <<'PYEOF' || fail "five-layer export"
+import json, sys
+from safetensors import safe_open
+d = sys.argv[1]
+cfg = json.load(open(d + "/config.json"))
+assert cfg["num_aux_hidden_states"] == 5, cfg
+with safe_open(d + "/model.safetensors", "pt") as f:
+    assert list(f.get_slice("fc.weight").get_shape()) == [64, 320], f.get_slice("fc.weight").get_shape()
+print("five-layer export: fc.weight [64, 320], num_aux_hidden_states 5")
+PYEOF
+"$BIN" check-export "$(latest_ckpt "$W/five_np1")" --for vllm --target-model-path "$W/target" >"$W/five_check.log" 2>&1 ||
+  { cat "$W/five_check.log"; fail "check-export of the five-layer draft"; }
+expect_usage_error "five layers for sglang" "$BIN" --target-model-path "$W/target" --draft-model-config "$W/draft_config5.json" \
+  --train-hidden-states-path "$W/deepspec5" --output-dir "$W/z" --device cpu --max-steps 1
+grep -q -- "--export-for vllm" <<<"$out" || { echo "$out" | tail -3; fail "no --export-for hint"; }
+expect_usage_error "five-layer cache, three-layer draft" "$BIN" --target-model-path "$W/target" \
+  --draft-model-config "$W/draft_config.json" --train-hidden-states-path "$W/deepspec5" --output-dir "$W/z" --device cpu --max-steps 1
+grep -q "holds 5 captured layers" <<<"$out" || { echo "$out" | tail -3; fail "layer count not named"; }
 
 # vocab-map: the mapping training builds, from tokens only, read by torch.load(weights_only=True).
 "$BIN" vocab-map --features "$W/deepspec" --draft-vocab-size 256 --target-model-path "$W/target" \

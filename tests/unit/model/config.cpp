@@ -255,3 +255,35 @@ TEST_CASE("transformers v5 rope_parameters is read, and must agree with rope_the
   CHECK_THROWS_WITH(parse_draft_config(j.dump(), "both.json"), Catch::Contains("rope_parameters"));
   CHECK(error_for("rope_parameters", "[1]").find("rope_parameters") != std::string::npos);
 }
+
+TEST_CASE("captured target layers: fc reads n x Ht, as vLLM counts them", "[model][config]") {
+  // DeepSpec's recipe: five layers.
+  const DraftConfig five = load_draft_config(config_path("qwen3-8B-eagle3-5aux.json"));
+  CHECK(five.num_aux_hidden_states == 5);
+  CHECK(five.fc_in_features() == 5 * 4096);
+  // Written back for vLLM, which sizes fc from it.
+  CHECK(nlohmann::json::parse(five.to_json()).at("num_aux_hidden_states") == 5);
+  // Default 3, and not written then (the config stays as SpecForge writes it).
+  const DraftConfig three = parse_draft_config(kTiny, "t.json");
+  CHECK(three.num_aux_hidden_states == 3);
+  CHECK(three.fc_in_features() == 3 * 64);
+  CHECK_FALSE(nlohmann::json::parse(three.to_json()).contains("num_aux_hidden_states"));
+  // The explicit count, the top-level list, and their disagreement.
+  auto j = nlohmann::json::parse(kTiny);
+  j["num_aux_hidden_states"] = 2;
+  CHECK(parse_draft_config(j.dump(), "t.json").fc_in_features() == 2 * 64);
+  j["eagle_config"] = {{"eagle_aux_hidden_state_layer_ids", {1, 5, 9, 12}}};
+  try {
+    parse_draft_config(j.dump(), "t.json");
+    FAIL("a count that disagrees with the ids was accepted");
+  } catch (const fsdp::UsageError& e) {
+    CHECK(std::string(e.what()).find("num_aux_hidden_states") != std::string::npos);
+    CHECK(std::string(e.what()).find("names 4 layers") != std::string::npos);
+  }
+  j.erase("num_aux_hidden_states");
+  CHECK(parse_draft_config(j.dump(), "t.json").num_aux_hidden_states == 4);
+  j.erase("eagle_config");
+  j["eagle_aux_hidden_state_layer_ids"] = {2, 6};
+  CHECK(parse_draft_config(j.dump(), "t.json").num_aux_hidden_states == 2);
+  CHECK(error_for("num_aux_hidden_states", "0").find("not in [1, 64]") != std::string::npos);
+}
