@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <filesystem>
 
+#include "data/dataset_parts.h"
 #include "data/formats.h"
 #include "data/native_format.h"
 
@@ -41,12 +42,10 @@ std::vector<std::string> list_ckpt_files(const std::string& dir) {
 
 namespace {
 
-class CkptDataset final : public FeatureDataset {
+class CkptDataset final : public FileListDataset {
  public:
-  CkptDataset(std::string root, std::vector<std::string> files, DatasetOptions options)
-      : root_(std::move(root)), files_(std::move(files)), options_(options) {}
+  using FileListDataset::FileListDataset;
   std::string format() const override { return "ckpt"; }
-  int64_t size() const override { return static_cast<int64_t>(files_.size()); }
   RawSample read(int64_t i) const override {
     uint64_t n = 0;
     RawSample s = read_ckpt_sample(open_file(i), options_, &n);
@@ -63,29 +62,6 @@ class CkptDataset final : public FeatureDataset {
     bytes_read_ += n;
     return s;
   }
-  std::string source(int64_t i) const override { return files_.at(i); }
-  std::string source_key(int64_t i) const override {
-    return fs::relative(files_.at(i), root_).string();
-  }
-  uint64_t source_bytes(int64_t i) const override {
-    std::error_code ec;
-    const auto n = fs::file_size(files_.at(i), ec);
-    return ec ? 0 : n;
-  }
-  const std::string& root() const override { return root_; }
-
- private:
-  // The file of sample i, counted as opened.
-  const std::string& open_file(int64_t i) const {
-    FSDP_CHECK(i >= 0 && i < size(), str("sample index ", i, " out of range [0, ", size(), ")"),
-               "this is a bug in fsdp-train: please report it with the command line and log");
-    ++files_opened_;
-    return files_[i];
-  }
-
-  std::string root_;
-  std::vector<std::string> files_;
-  DatasetOptions options_;
 };
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 
+#include "data/dataset_parts.h"
 #include "data/formats.h"
 
 namespace fsdp::data {
@@ -376,18 +377,8 @@ class DeepSpecDataset final : public FeatureDataset {
   // Small LRU of open shards: a descriptor per shard of a multi-TB cache would exceed the
   // open-file limit, and samples are mostly read in runs from one shard.
   std::shared_ptr<ShardFile> shard(uint32_t k, const std::string& where) const {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (auto it = open_.begin(); it != open_.end(); ++it) {
-      if (it->first == k) {
-        open_.splice(open_.begin(), open_, it);
-        return open_.front().second;
-      }
-    }
-    auto f = std::make_shared<ShardFile>(shards_[k], where);
-    ++files_opened_;
-    open_.emplace_front(k, f);
-    if (open_.size() > 8) open_.pop_back();
-    return f;
+    return open_.get(
+        k, [&] { return std::make_shared<ShardFile>(shards_[k], where); }, files_opened_);
   }
 
   std::string root_;
@@ -397,8 +388,7 @@ class DeepSpecDataset final : public FeatureDataset {
   std::vector<int64_t> layer_ids_;
   std::vector<std::string> shards_;
   std::vector<Record> records_;
-  mutable std::mutex mu_;
-  mutable std::list<std::pair<uint32_t, std::shared_ptr<ShardFile>>> open_;
+  OpenShardCache<uint32_t, ShardFile> open_;
 };
 
 }  // namespace

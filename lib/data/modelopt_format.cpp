@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/torch_archive_load.h"
+#include "data/dataset_parts.h"
 #include "data/formats.h"
 
 namespace fsdp::data {
@@ -135,23 +136,10 @@ PtContents load_pt(const std::string& path, bool with_hidden, uint64_t* bytes_re
   return out;
 }
 
-class ModeloptDataset final : public FeatureDataset {
+class ModeloptDataset final : public FileListDataset {
  public:
-  ModeloptDataset(std::string root, std::vector<std::string> files, DatasetOptions options)
-      : root_(std::move(root)), files_(std::move(files)), options_(options) {}
-
+  using FileListDataset::FileListDataset;
   std::string format() const override { return "modelopt"; }
-  int64_t size() const override { return static_cast<int64_t>(files_.size()); }
-  const std::string& root() const override { return root_; }
-  std::string source(int64_t i) const override { return files_.at(i); }
-  std::string source_key(int64_t i) const override {
-    return fs::path(files_.at(i)).filename().string();
-  }
-  uint64_t source_bytes(int64_t i) const override {
-    std::error_code ec;
-    const auto n = fs::file_size(files_.at(i), ec);
-    return ec ? 0 : n;
-  }
 
   RawSample read(int64_t i) const override {
     uint64_t n = 0;
@@ -178,18 +166,6 @@ class ModeloptDataset final : public FeatureDataset {
                                         DatasetOptions{options_.vocab_size, 0, false, 1});
     return {v.input_ids, v.loss_mask};
   }
-
- private:
-  const std::string& open_file(int64_t i) const {
-    FSDP_CHECK(i >= 0 && i < size(), str("sample index ", i, " out of range [0, ", size(), ")"),
-               "this is a bug in fsdp-train: please report it with the command line and log");
-    ++files_opened_;
-    return files_[i];
-  }
-
-  std::string root_;
-  std::vector<std::string> files_;
-  DatasetOptions options_;
 };
 
 // The *.pt files directly in `dir` (not below it: ModelOpt writes a flat directory, and its

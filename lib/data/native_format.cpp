@@ -18,6 +18,7 @@
 #include "core/fs_util.h"
 #include "core/log.h"
 #include "core/timer.h"
+#include "data/dataset_parts.h"
 #include "data/fp8.h"
 
 namespace fsdp::data {
@@ -188,18 +189,8 @@ class NativeDataset final : public FeatureDataset {
   // Small LRU of mapped shards: mapping is cheap, but keeping every shard of a multi-TB dataset
   // mapped would make resident memory look huge as pages are touched.
   std::shared_ptr<SafetensorsFile> shard(int64_t k) const {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (auto it = open_.begin(); it != open_.end(); ++it) {
-      if (it->first == k) {
-        open_.splice(open_.begin(), open_, it);
-        return open_.front().second;
-      }
-    }
-    auto f = SafetensorsFile::open(shards_[k]);
-    ++files_opened_;
-    open_.emplace_front(k, f);
-    if (open_.size() > 8) open_.pop_back();
-    return f;
+    return open_.get(
+        k, [&] { return SafetensorsFile::open(shards_[k]); }, files_opened_);
   }
 
   std::string root_;
@@ -210,8 +201,7 @@ class NativeDataset final : public FeatureDataset {
   std::vector<int64_t> captured_;
   std::vector<std::string> shards_;
   std::vector<Entry> entries_;
-  mutable std::mutex mu_;
-  mutable std::list<std::pair<int64_t, std::shared_ptr<SafetensorsFile>>> open_;
+  OpenShardCache<int64_t, SafetensorsFile> open_;
 };
 
 // A shard's .done marker matches the plan and the file on disk: same sources with the same sizes,
