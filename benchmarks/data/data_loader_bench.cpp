@@ -156,8 +156,10 @@ std::vector<char> sample_bytes(int64_t s, int64_t hidden, at::Generator& gen) {
 double write_features(const Flags& f, const fs::path& dir, const fs::path& gz_dir) {
   const double per_token = 8.0 * static_cast<double>(f.hidden) + 16.0;
   const double avg_len = 0.5 * static_cast<double>(f.min_len + f.max_len);
-  const int64_t n = std::max<int64_t>(
-      2 * f.batch, static_cast<int64_t>(f.size_mb * kMiB / (per_token * avg_len)));
+  // Whole batches, so that one epoch reads every file and MB/s can count all bytes on disk.
+  const int64_t n =
+      f.batch * std::max<int64_t>(
+                    2, static_cast<int64_t>(f.size_mb * kMiB / (per_token * avg_len)) / f.batch);
   auto gen = at::make_generator<at::CPUGeneratorImpl>(0);
   double gz_seconds = 0;
   for (int64_t i = 0; i < n; ++i) {
@@ -302,8 +304,9 @@ struct FormatRun {
   std::string name;
   fs::path dir;
   FileSet files;
-  double raw_seconds = 0, raw_again_seconds = 0, resident_after_drop = 0;
-  LoaderResult loader[2];  // 1 and 2 threads
+  double raw_again_seconds = 0, resident_after_drop = 0;
+  double raw_seconds[2] = {0, 0};  // the raw read just before each loader run
+  LoaderResult loader[2];          // 1 and 2 threads
 };
 
 std::string format_label(const std::string& fmt) {
@@ -344,11 +347,15 @@ void disk_speed_part(const Flags& f, const fs::path& root) {
     r.name = format_label(fmt);
     r.dir = root / fmt;
     r.files = list_files(r.dir);
-    if (f.cold) drop_from_page_cache(r.files);
-    r.resident_after_drop = resident_share(r.files);
-    r.raw_seconds = raw_read_seconds(r.files);
-    r.raw_again_seconds = raw_read_seconds(r.files);  // now from the page cache
-    for (int t = 0; t < 2; ++t) r.loader[t] = run_loader(r.dir.string(), r.files, t + 1, f);
+    // Raw read and loader run back to back, so that load from other jobs on a shared disk
+    // moves both alike.
+    for (int t = 0; t < 2; ++t) {
+      if (f.cold) drop_from_page_cache(r.files);
+      if (t == 0) r.resident_after_drop = resident_share(r.files);
+      r.raw_seconds[t] = raw_read_seconds(r.files);
+      if (t == 0) r.raw_again_seconds = raw_read_seconds(r.files);  // now from the page cache
+      r.loader[t] = run_loader(r.dir.string(), r.files, t + 1, f);
+    }
     runs.push_back(r);
   }
   if (runs.empty()) return;
@@ -356,25 +363,25 @@ void disk_speed_part(const Flags& f, const fs::path& root) {
   std::printf("\n%s page cache%s\n", f.cold ? "COLD" : "WARM",
               f.cold ? ": before every timed read the files were dropped with "
                        "posix_fadvise(POSIX_FADV_DONTNEED)\n after syncfs (fdatasync and again "
-                       "for any file still cached); raw = that cold read"
+                       "for any file still cached)"
                      : " (files just written or read)");
-  std::printf("%-12s %7s %9s %7s %7s %9s %9s | %3s %9s %9s %7s %7s\n", "format", "files", "disk MB",
-              "vs 1st", "cached", "raw MB/s", "again", "thr", "MB/s", "samples/s", "ld/raw",
+  std::printf("%-12s %7s %9s %7s %7s %9s | %3s %9s %9s %9s %7s %7s\n", "format", "files", "disk MB",
+              "vs 1st", "cached", "again", "thr", "raw MB/s", "MB/s", "samples/s", "ld/raw",
               "wait");
   const double ref_bytes = static_cast<double>(runs.front().files.bytes);
   for (const auto& r : runs) {
     const double mb = static_cast<double>(r.files.bytes) / kMiB;
-    const double raw = mb / r.raw_seconds;
     for (int t = 0; t < 2; ++t) {
+      const double raw = mb / r.raw_seconds[t];
       const double ld = mb / r.loader[t].seconds;
       if (t == 0)
-        std::printf("%-12s %7zu %9.1f %6.2fx %6.1f%% %9.0f %9.0f", r.name.c_str(),
-                    r.files.paths.size(), mb, static_cast<double>(r.files.bytes) / ref_bytes,
-                    100.0 * r.resident_after_drop, raw, mb / r.raw_again_seconds);
+        std::printf("%-12s %7zu %9.1f %6.2fx %6.1f%% %9.0f", r.name.c_str(), r.files.paths.size(),
+                    mb, static_cast<double>(r.files.bytes) / ref_bytes,
+                    100.0 * r.resident_after_drop, mb / r.raw_again_seconds);
       else
-        std::printf("%-12s %7s %9s %7s %7s %9s %9s", "", "", "", "", "", "", "");
-      std::printf(" | %3d %9.0f %9.1f %6.2fx %6.0f%%\n", t + 1, ld, r.loader[t].samples_per_s,
-                  ld / raw, 100.0 * r.loader[t].wait_share);
+        std::printf("%-12s %7s %9s %7s %7s %9s", "", "", "", "", "", "");
+      std::printf(" | %3d %9.0f %9.0f %9.1f %6.2fx %6.0f%%\n", t + 1, raw, ld,
+                  r.loader[t].samples_per_s, ld / raw, 100.0 * r.loader[t].wait_share);
     }
   }
   const FormatRun* bf16 = nullptr;
@@ -388,10 +395,11 @@ void disk_speed_part(const Flags& f, const fs::path& root) {
                 static_cast<double>(fp8->files.bytes) / static_cast<double>(bf16->files.bytes));
   std::printf(
       "(vs 1st: bytes on disk against the first format; cached: share of the files' pages in\n"
-      " the page cache before the raw read (mincore); raw: one reader, files in path order,\n"
-      " 1 MiB read()s; again: the same read repeated at once (page cache); MB/s: the format's\n"
-      " bytes on disk / one epoch (shuffled order) from open_feature_dataset to the last batch,\n"
-      " no training step; ld/raw: loader MB/s / raw MB/s; wait: consumer time in next())\n");
+      " the page cache before the first raw read (mincore); again: MB/s of a raw read repeated\n"
+      " at once (page cache); raw: one reader, files in path order, 1 MiB read()s, just before\n"
+      " the loader run of its row; MB/s: the format's bytes on disk / one epoch (shuffled order)\n"
+      " from open_feature_dataset to the last batch, no training step; ld/raw: loader MB/s /\n"
+      " raw MB/s; wait: consumer time in next())\n");
 }
 
 // First-batch latency on a dataset of many tiny .ckpt files: opening must list, not read.
@@ -448,6 +456,7 @@ void many_files_part(const Flags& f, const fs::path& root) {
 
 int main(int argc, char** argv) {
   const Flags f = parse(argc, argv);
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // progress lines in order with convert's log
   const fs::path root(f.dir);
   fsdp::remove_tree(root.string());
   fs::create_directories(root);

@@ -28,4 +28,8 @@ Fp8Rows quantize_fp8_rows(const at::Tensor& x, int64_t groups);
 at::Tensor dequantize_fp8_rows(const at::Tensor& q, const at::Tensor& scale,
                                const std::string& where, const std::string& key);
 
+// The same with tensor operations (fp32 conversion, multiply, bf16 cast), unchecked: the
+// reference the one-pass loop of dequantize_fp8_rows is tested against, bit for bit.
+at::Tensor dequantize_fp8_rows_reference(const at::Tensor& q, const at::Tensor& scale);
+
 }  // namespace fsdp::data

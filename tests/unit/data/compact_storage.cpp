@@ -133,6 +133,15 @@ TEST_CASE("fp8: quantisation error stays within E4M3's bound, per row and layer"
   CHECK(q.scale.sizes() == at::IntArrayRef({64, 3}));
   const at::Tensor back = dequantize_fp8_rows(q.q, q.scale, "t", "aux_hidden_state");
   CHECK(back.scalar_type() == at::kBFloat16);
+  // The one-pass loop equals the tensor-op reference bit for bit, on every fp8 byte value too.
+  CHECK(at::equal(back, dequantize_fp8_rows_reference(q.q, q.scale)));
+  const at::Tensor all_bytes = at::arange(256, at::kByte).view({4, 64});
+  const at::Tensor all = all_bytes.view(at::kFloat8_e4m3fn);
+  const at::Tensor sc = at::tensor({1.0f, 0.5f, 3.0f, 1e-3f, 7.0f, 0.25f, 1e4f, 2.0f}).view({4, 2});
+  const at::Tensor fast = dequantize_fp8_rows(all, sc, "t", "k");
+  const at::Tensor ref = dequantize_fp8_rows_reference(all, sc);
+  CHECK(at::equal(fast.isnan(), ref.isnan()));
+  CHECK(at::equal(at::nan_to_num(fast), at::nan_to_num(ref)));
   const at::Tensor xf = x.to(at::kFloat), bf = back.to(at::kFloat);
   // |x - x'| <= 2^-4 |x| (3 mantissa bits, round to nearest) + scale * 2^-10 (subnormal step / 2),
   // then bf16 rounding of the result (2^-8 relative).
