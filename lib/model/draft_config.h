@@ -55,7 +55,7 @@ struct DraftConfig {
   // the length of eagle_config's (or the top-level) eagle_aux_hidden_state_layer_ids, else 3.
   int64_t num_aux_hidden_states = 3;
   bool num_aux_hidden_states_given = false;  // the key was in the file (written back then)
-  bool tie_word_embeddings = false;           // forced false (a warning is logged if true)
+  bool tie_word_embeddings = false;          // forced false (a warning is logged if true)
   std::string torch_dtype = "bfloat16";
   // JSON text of values carried through untouched: eagle_config (empty = absent), the
   // original rope_scaling object (so unknown sub-keys survive), and every unknown key.
