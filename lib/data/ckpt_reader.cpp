@@ -229,6 +229,11 @@ std::vector<at::Tensor> load_ckpt_tensors(const std::string& path, int count,
 
 }  // namespace
 
+TokenSample validate_tokens_only(at::Tensor input_ids, at::Tensor loss_mask,
+                                 const std::string& where, const DatasetOptions& options) {
+  return validate_tokens(input_ids, loss_mask, where, options);
+}
+
 RawSample read_ckpt_sample(const std::string& path, const DatasetOptions& options,
                            uint64_t* bytes_read) {
   const std::vector<at::Tensor> t = load_ckpt_tensors(path, 4, bytes_read);

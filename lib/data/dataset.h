@@ -125,6 +125,11 @@ RawSample read_ckpt_sample(const std::string& path, const DatasetOptions& option
 TokenSample read_ckpt_tokens(const std::string& path, const DatasetOptions& options = {},
                              uint64_t* bytes_read = nullptr);
 
+// The token half of validate_sample (ids and mask: dtypes, shapes, lengths, 0/1 mask, id range),
+// for the readers' tokens-only paths.
+TokenSample validate_tokens_only(at::Tensor input_ids, at::Tensor loss_mask,
+                                 const std::string& where, const DatasetOptions& options);
+
 // Validates and normalises the four tensors of a sample already in memory (shared by the
 // .ckpt and native readers and by convert). `where` names the input in errors.
 RawSample validate_sample(at::Tensor input_ids, at::Tensor loss_mask, at::Tensor hidden_state,

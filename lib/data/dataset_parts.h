@@ -1,6 +1,6 @@
 // Parts shared by the feature readers (dataset.h): the dataset whose sample i is file i (SpecForge
 // .ckpt trees, ModelOpt dumps), and the small cache of open shard files (native shards, DeepSpec
-// shards). Test-independent, header-only.
+// shards). Header-only.
 #pragma once
 
 #include <atomic>

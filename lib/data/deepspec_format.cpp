@@ -172,11 +172,7 @@ class DeepSpecDataset final : public FeatureDataset {
     const int64_t s = r.seq_len;
     at::Tensor ids = read_tensor(*file, r.input_ids, {s}, at::kInt, where);
     at::Tensor mask = read_tensor(*file, r.loss_mask, {s}, at::kByte, where);
-    // Placeholder hidden states of width 1 let validate_sample check the tokens alone.
-    RawSample v = validate_sample(ids, mask, at::zeros({s, 1}, at::kBFloat16),
-                                  at::zeros({s, 1}, at::kBFloat16), where,
-                                  DatasetOptions{options_.vocab_size, 0, false, 1});
-    return {v.input_ids, v.loss_mask};
+    return validate_tokens_only(ids, mask, where, options_);
   }
 
  private:

@@ -159,12 +159,7 @@ class ModeloptDataset final : public FileListDataset {
     uint64_t n = 0;
     const PtContents c = load_pt(open_file(i), false, &n);
     bytes_read_ += n;
-    // Placeholder hidden states of width 1 let validate_sample check the tokens alone.
-    const int64_t s = c.input_ids.numel();
-    const RawSample v = validate_sample(c.input_ids, c.loss_mask, at::zeros({s, 1}, at::kBFloat16),
-                                        at::zeros({s, 1}, at::kBFloat16), files_[i],
-                                        DatasetOptions{options_.vocab_size, 0, false, 1});
-    return {v.input_ids, v.loss_mask};
+    return validate_tokens_only(c.input_ids, c.loss_mask, files_[i], options_);
   }
 };
 

@@ -147,10 +147,7 @@ class NativeDataset final : public FeatureDataset {
     const at::Tensor ids = read_tensor(*file, i, "input_ids", where);
     const at::Tensor mask = read_tensor(*file, i, "loss_mask", where);
     bytes_read_ += ids.nbytes() + mask.nbytes();
-    RawSample s = validate_sample(ids, mask, at::zeros({entries_[i].length, 1}, at::kBFloat16),
-                                  at::zeros({entries_[i].length, 1}, at::kBFloat16), where,
-                                  DatasetOptions{options_.vocab_size, 0, false, 1});
-    return {s.input_ids, s.loss_mask};
+    return validate_tokens_only(ids, mask, where, options_);
   }
 
  private:

@@ -207,11 +207,7 @@ class SpeculatorsDataset final : public FeatureDataset {
     const auto file = open_file(i);
     const auto [ids, mask] = checked_tokens(i, *file, &bytes);
     bytes_read_ += bytes;
-    const int64_t s = ids.size(0);
-    RawSample r = validate_sample(ids, mask, at::zeros({s, 1}, at::kBFloat16),
-                                  at::zeros({s, 1}, at::kBFloat16), path_of(i),
-                                  DatasetOptions{options_.vocab_size, 0, false, 1});
-    return {r.input_ids, r.loss_mask};
+    return validate_tokens_only(ids, mask, path_of(i), options_);
   }
 
  private:
