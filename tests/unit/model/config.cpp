@@ -287,3 +287,17 @@ TEST_CASE("captured target layers: fc reads n x Ht, as vLLM counts them", "[mode
   CHECK(parse_draft_config(j.dump(), "t.json").num_aux_hidden_states == 2);
   CHECK(error_for("num_aux_hidden_states", "0").find("not in [1, 64]") != std::string::npos);
 }
+
+TEST_CASE("keys that change the model and are not implemented are refused by name",
+          "[model][config]") {
+  CHECK(error_for("fc_norm", "true").find("fc_norm") != std::string::npos);
+  CHECK(error_for("norm_output", "true").find("does not train yet") != std::string::npos);
+  CHECK(error_for("norm_before_fc", "true").find("norm_before_fc") != std::string::npos);
+  CHECK(error_for("eagle_config", R"({"norm_before_fc": true})")
+            .find("eagle_config.norm_before_fc") != std::string::npos);
+  CHECK(error_for("eagle_config", R"({"use_aux_hidden_state": false})")
+            .find("use_aux_hidden_state") != std::string::npos);
+  // False (or absent) is plain EAGLE3: accepted and carried through.
+  CHECK(error_for("fc_norm", "false").empty());
+  CHECK(error_for("eagle_config", R"({"eagle_aux_hidden_state_layer_ids": [1, 2, 3]})").empty());
+}
