@@ -243,17 +243,21 @@ void Trainer::Impl::open_data() {
   }
   // Dumps that keep the target's last layer before its final norm (speculators) get that norm
   // applied in the loader, so the target head sees what a SpecForge dump holds.
+  std::optional<std::pair<checkpoint::FinalNormSpec, at::Tensor>> norm;  // read once, if needed
   for (auto* ds : {&train_ds, &eval_ds}) {
     if (!*ds || !(*ds)->hidden_state_prenorm()) continue;
-    const checkpoint::FinalNormSpec norm =
-        checkpoint::resolve_final_norm(cfg.model.target_model_path);
-    const at::Tensor weight =
-        checkpoint::read_model_tensors(cfg.model.target_model_path, {norm.key}).at(norm.key);
+    if (!norm) {
+      const checkpoint::FinalNormSpec spec =
+          checkpoint::resolve_final_norm(cfg.model.target_model_path);
+      norm.emplace(
+          spec,
+          checkpoint::read_model_tensors(cfg.model.target_model_path, {spec.key}).at(spec.key));
+    }
     FSDP_LOG0(kInfo) << (*ds)->root() << ": " << (*ds)->format()
                      << " features hold the last hidden state before the target's final norm; "
                         "applying "
-                     << norm.key << " (eps " << norm.eps << ") when reading";
-    *ds = data::with_final_norm(*ds, weight, norm.eps);
+                     << norm->first.key << " (eps " << norm->first.eps << ") when reading";
+    *ds = data::with_final_norm(*ds, norm->second, norm->first.eps);
   }
   // A dump that records its layers (DeepSpec's manifest) must hold the layers the draft reads.
   for (const auto& [ds, flag] : {std::pair{train_ds, "--train-hidden-states-path"},
