@@ -60,6 +60,14 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$want" ]; then
 else
   say "venv up to date: $FSDP_VENV"
 fi
+# SpecForge's own modeling code for the parity test (tests/e2e/specforge_modeling.sh): only its
+# draft model module is imported, so its dependency pins (sglang, another transformers) are not
+# installed.
+if ! "$FSDP_VENV/bin/python" -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("specforge") is None)'; then
+  say "installing specforge 0.2.0 (modeling code for the parity test) without its dependencies"
+  "$FSDP_VENV/bin/python" -m pip install -q --no-deps specforge==0.2.0 ||
+    fail "pip install --no-deps specforge==0.2.0" "check network access to PyPI"
+fi
 TORCH_PREFIX="$("$FSDP_VENV/bin/python" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')" ||
   fail "import torch" "delete $FSDP_VENV and rerun launch/setup.sh"
 

@@ -53,6 +53,8 @@ struct Tensor {
 // Config-derived shapes. `ok` false when a required key is missing (shapes are then not checked).
 struct Dims {
   int64_t H = 0, I = 0, nh = 0, nkv = 0, d = 0, Ht = 0, V = 0, Vd = 0, n = 3;
+  int64_t L = 1;                                 // decoder layers
+  bool fc_norm = false, norm_before_fc = false;  // the variants that add tensors
   bool ok = false;
 };
 
@@ -180,21 +182,33 @@ struct Expected {
   std::vector<int64_t> shape;
 };
 
+// Every tensor of the draft the config describes (docs/model.md "Draft variants"): the first
+// layer under its canonical name midlayer.* (layers.0.* is read as that), later layers of a
+// multi-layer draft as layers.<k>.* with an H-wide q/k/v input and no hidden_norm (vLLM's
+// layout), fc's norms when fc_norm or norm_before_fc is set.
 std::vector<Expected> expected_weights(const Dims& d) {
-  const std::string a = "midlayer.self_attn.", m = "midlayer.mlp.";
-  return {{"fc.weight", {d.H, d.n * d.Ht}},
-          {"midlayer.hidden_norm.weight", {d.H}},
-          {"midlayer.input_layernorm.weight", {d.H}},
-          {a + "q_proj.weight", {d.nh * d.d, 2 * d.H}},
-          {a + "k_proj.weight", {d.nkv * d.d, 2 * d.H}},
-          {a + "v_proj.weight", {d.nkv * d.d, 2 * d.H}},
-          {a + "o_proj.weight", {d.H, d.nh * d.d}},
-          {"midlayer.post_attention_layernorm.weight", {d.H}},
-          {m + "gate_proj.weight", {d.I, d.H}},
-          {m + "up_proj.weight", {d.I, d.H}},
-          {m + "down_proj.weight", {d.H, d.I}},
-          {"norm.weight", {d.H}},
-          {"lm_head.weight", {d.Vd, d.H}}};
+  std::vector<Expected> out;
+  if (d.norm_before_fc) out.push_back({"input_norm.weight", {d.n * d.Ht}});
+  if (d.fc_norm)
+    for (int64_t j = 0; j < d.n; ++j) out.push_back({str("fc_norm.", j, ".weight"), {d.Ht}});
+  out.push_back({"fc.weight", {d.H, d.n * d.Ht}});
+  for (int64_t k = 0; k < std::max<int64_t>(d.L, 1); ++k) {
+    const std::string l = k == 0 ? std::string("midlayer.") : str("layers.", k, ".");
+    const int64_t in = k == 0 ? 2 * d.H : d.H;
+    if (k == 0) out.push_back({l + "hidden_norm.weight", {d.H}});
+    out.push_back({l + "input_layernorm.weight", {d.H}});
+    out.push_back({l + "self_attn.q_proj.weight", {d.nh * d.d, in}});
+    out.push_back({l + "self_attn.k_proj.weight", {d.nkv * d.d, in}});
+    out.push_back({l + "self_attn.v_proj.weight", {d.nkv * d.d, in}});
+    out.push_back({l + "self_attn.o_proj.weight", {d.H, d.nh * d.d}});
+    out.push_back({l + "post_attention_layernorm.weight", {d.H}});
+    out.push_back({l + "mlp.gate_proj.weight", {d.I, d.H}});
+    out.push_back({l + "mlp.up_proj.weight", {d.I, d.H}});
+    out.push_back({l + "mlp.down_proj.weight", {d.H, d.I}});
+  }
+  out.push_back({"norm.weight", {d.H}});
+  out.push_back({"lm_head.weight", {d.Vd, d.H}});
+  return out;
 }
 
 bool is_float_dtype(const std::string& s) {
@@ -224,7 +238,7 @@ void check_name(const Tensor& t, const std::string& canon, const export_check::E
 }
 
 void check_weights(const std::map<std::string, Tensor>& by_canon, const Dims& d,
-                   const export_check::Engines& e, int64_t draft_layers, Report& r) {
+                   const export_check::Engines& e, Report& r) {
   for (const auto& ex : expected_weights(d)) {
     auto it = by_canon.find(ex.name);
     if (it == by_canon.end()) {
@@ -281,15 +295,17 @@ void check_weights(const std::map<std::string, Tensor>& by_canon, const Dims& d,
                        std::any_of(expected.begin(), expected.end(),
                                    [&](const Expected& x) { return x.name == canon; });
     if (known) continue;
-    // rotary_emb buffers: vLLM drops them; input_norm / fc_norm: vLLM's norm_before_fc and
-    // fc_norm variants (not checked here).
-    const bool variant = t.name.find("rotary_emb.") != std::string::npos ||
-                         canon.rfind("input_norm.", 0) == 0 || canon.rfind("fc_norm.", 0) == 0;
-    if (e.vllm && draft_layers == 1 && !variant) {
-      r.error(t.name, "not a tensor of the EAGLE3 draft: vLLM 0.32 refuses to load unknown names",
-              "drop the tensor, or check its spelling against docs/reference.md §3");
+    // rotary_emb buffers: vLLM drops them; input_norm without norm_before_fc: vLLM drops it.
+    const bool dropped =
+        t.name.find("rotary_emb.") != std::string::npos || canon.rfind("input_norm.", 0) == 0;
+    if (e.vllm && !dropped) {
+      r.error(t.name,
+              "not a tensor of the draft config.json describes: vLLM 0.32 refuses to load "
+              "unknown names",
+              "drop the tensor, or check its spelling and config.json (num_hidden_layers, "
+              "fc_norm; docs/model.md 'Draft variants')");
     } else {
-      r.warn(t.name, "not a tensor of the one-layer EAGLE3 draft this check knows (not checked)",
+      r.warn(t.name, "not a tensor of the draft config.json describes (not checked)",
              "drop it unless your engine expects it");
     }
   }
@@ -439,6 +455,9 @@ Dims config_dims(const json& cfg, Report& r) {
   d.Ht = export_check::positive_int(cfg, "target_hidden_size", r).value_or(d.H);
   d.Vd = export_check::positive_int(cfg, "draft_vocab_size", r).value_or(d.V);
   d.n = export_check::config_aux_count(cfg);
+  d.L = export_check::positive_int(cfg, "num_hidden_layers", r).value_or(1);
+  d.fc_norm = export_check::config_flag(cfg, "fc_norm");
+  d.norm_before_fc = export_check::config_flag(cfg, "norm_before_fc");
   return d;
 }
 
@@ -465,12 +484,8 @@ std::vector<ExportFinding> check_export(const std::string& dir, const ExportChec
       r.error(name, "the same tensor as '" + it->second.name + "' under another spelling",
               "keep one of the two");
   }
-  int64_t draft_layers = 1;
-  if (cfg) {
-    if (const auto l = export_check::positive_int(*cfg, "num_hidden_layers", r)) draft_layers = *l;
-  }
   if (!tensors.empty()) {
-    check_weights(by_canon, d, e, draft_layers, r);
+    check_weights(by_canon, d, e, r);
     check_mapping(by_canon, d, e, r);
   }
   if (cfg) {
@@ -484,7 +499,7 @@ std::vector<ExportFinding> check_export(const std::string& dir, const ExportChec
     if (head != by_canon.end() && !head->second.info->shape.empty())
       head_rows = head->second.info->shape[0];
     export_check::check_aux(text, *cfg, e, options.target_num_layers, fc_layers, r);
-    export_check::check_config_fields(*cfg, e, head_rows, draft_layers, r);
+    export_check::check_config_fields(*cfg, e, head_rows, r);
   }
   return r.out;
 }

@@ -164,6 +164,8 @@ void check_rope(const json& cfg, Report& r) {
 
 Engines engines_for(const json& cfg, const ExportCheckOptions& o) {
   if (o.engines_from_config) {
+    // The variants only vLLM serves (docs/serving.md): the config is written for vLLM.
+    if (!vllm_only_variants(cfg).empty()) return {true, false};
     // num_aux_hidden_states other than 3 is vLLM's key for a draft SGLang cannot build (its fc
     // reads 3 layers): the config is written for vLLM.
     if (cfg.contains("num_aux_hidden_states") &&
@@ -239,6 +241,24 @@ int64_t config_aux_count(const json& cfg) {
   if (has_ids(cfg)) return static_cast<int64_t>(cfg.at(kAuxKey).size());
   if (nested_ids(cfg)) return static_cast<int64_t>(cfg.at("eagle_config").at(kAuxKey).size());
   return 3;
+}
+
+bool config_flag(const json& cfg, const std::string& key) {
+  auto is_true = [](const json& v) { return v.is_boolean() && v.get<bool>(); };
+  if (key == "norm_before_fc" && cfg.contains("eagle_config") &&
+      cfg.at("eagle_config").is_object() && cfg.at("eagle_config").contains(key))
+    return is_true(cfg.at("eagle_config").at(key));
+  return cfg.contains(key) && is_true(cfg.at(key));
+}
+
+std::string vllm_only_variants(const json& cfg) {
+  std::string out;
+  if (cfg.contains("num_hidden_layers") && cfg.at("num_hidden_layers").is_number_integer() &&
+      cfg.at("num_hidden_layers").get<int64_t>() > 1)
+    out = str("num_hidden_layers ", cfg.at("num_hidden_layers").get<int64_t>());
+  for (const char* key : {"fc_norm", "norm_before_fc", "norm_output", "norm_before_residual"})
+    if (config_flag(cfg, key)) out += (out.empty() ? "" : ", ") + std::string(key);
+  return out;
 }
 
 void check_aux(const std::string& text, const json& cfg, const Engines& e, int64_t L,
@@ -349,7 +369,7 @@ void check_aux(const std::string& text, const json& cfg, const Engines& e, int64
 }
 
 void check_config_fields(const json& cfg, const Engines& e, std::optional<int64_t> lm_head_rows,
-                         int64_t draft_layers, Report& r) {
+                         Report& r) {
   // vLLM 0.32's registry maps these to its llama_eagle3 model; SGLang's llama_eagle3.py has
   // EntryClass = [LlamaForCausalLMEagle3].
   static const std::set<std::string> vllm_names = {
@@ -424,10 +444,12 @@ void check_config_fields(const json& cfg, const Engines& e, std::optional<int64_
            "absent: transformers' AutoConfig, which the engines use, "
            "needs it to read the file",
            "write \"model_type\": \"llama\"");
-  if (draft_layers != 1)
-    r.warn("config.json:num_hidden_layers",
-           str(draft_layers, " decoder layers: only the first (midlayer) is checked"),
-           "check the other layers' tensors yourself");
+  // SGLang's LlamaForCausalLMEagle3 builds one layer with fc over 3 captured layers and neither
+  // fc_norm, norm_before_fc nor norm_output: it would serve another model than the one trained.
+  const std::string variants = vllm_only_variants(cfg);
+  if (e.sglang && !variants.empty())
+    r.error("config.json", str("a draft variant SGLang does not build (", variants, ")"),
+            "serve it with vLLM (check with --for vllm); docs/serving.md 'Draft variants'");
 }
 
 }  // namespace fsdp::checkpoint::export_check

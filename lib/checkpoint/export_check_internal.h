@@ -50,12 +50,19 @@ std::optional<nlohmann::json> read_json(const std::filesystem::path& path,
 std::optional<int64_t> positive_int(const nlohmann::json& cfg, const std::string& key, Report& r);
 // The number of aux layers the config names (top-level ids, else eagle_config's, else 3).
 int64_t config_aux_count(const nlohmann::json& cfg);
+// A draft-variant flag (fc_norm, norm_before_fc, norm_output, norm_before_residual) as vLLM 0.32
+// reads it: norm_before_fc from eagle_config first, then the top level; the others at the top
+// level. Anything but true is false.
+bool config_flag(const nlohmann::json& cfg, const std::string& key);
+// The variants of docs/model.md "Draft variants" that only vLLM serves (num_hidden_layers > 1 or
+// a variant flag): their names, comma-separated, empty for a plain EAGLE3 draft.
+std::string vllm_only_variants(const nlohmann::json& cfg);
 
 // Aux ids as each engine reads them; `fc_layers` is fc.weight's input / target_hidden_size.
 void check_aux(const std::string& config_text, const nlohmann::json& cfg, const Engines& e,
                int64_t target_layers, std::optional<int64_t> fc_layers, Report& r);
 // architectures, draft_vocab_size, tie_word_embeddings, RoPE in both schemas, torch_dtype.
 void check_config_fields(const nlohmann::json& cfg, const Engines& e,
-                         std::optional<int64_t> lm_head_rows, int64_t draft_layers, Report& r);
+                         std::optional<int64_t> lm_head_rows, Report& r);
 
 }  // namespace fsdp::checkpoint::export_check

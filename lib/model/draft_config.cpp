@@ -2,6 +2,7 @@
 // torch headers so it compiles in a second; never accepts a value the model would misinterpret.
 #include "model/draft_config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <fstream>
@@ -170,7 +171,11 @@ const std::set<std::string>& known_keys() {
                                              "num_aux_hidden_states",
                                              "eagle_config",
                                              "tie_word_embeddings",
-                                             "torch_dtype"};
+                                             "torch_dtype",
+                                             "fc_norm",
+                                             "norm_before_fc",
+                                             "norm_output",
+                                             "norm_before_residual"};
   return keys;
 }
 
@@ -255,6 +260,41 @@ void read_num_aux_hidden_states(const json& j, DraftConfig& cfg) {
   }
 }
 
+// The draft-variant flags: a boolean (or null = false) at the top level and/or in eagle_config.
+// vLLM reads fc_norm, norm_output and norm_before_residual at the top level and norm_before_fc in
+// eagle_config first; speculators' converter reads eagle_config. A file where the two places
+// disagree has no single meaning and is refused.
+void read_variant_flags(const json& j, DraftConfig& cfg) {
+  const std::string& src = cfg.source;
+  const json* eagle = present(j, "eagle_config") && j.at("eagle_config").is_object()
+                          ? &j.at("eagle_config")
+                          : nullptr;
+  auto as_flag = [&](const json& v, const std::string& where) -> bool {
+    if (v.is_null()) return false;
+    if (!v.is_boolean())
+      bad_key(src, where, str("must be true or false, got ", v.dump()),
+              str("write \"", where, "\": true or false"));
+    return v.get<bool>();
+  };
+  for (auto [key, field] : {std::pair<const char*, bool*>{"fc_norm", &cfg.fc_norm},
+                            {"norm_before_fc", &cfg.norm_before_fc},
+                            {"norm_output", &cfg.norm_output},
+                            {"norm_before_residual", &cfg.norm_before_residual}}) {
+    const bool top = j.contains(key), nested = eagle && eagle->contains(key);
+    if (!top && !nested) continue;
+    const bool t = top && as_flag(j.at(key), key);
+    const bool n = nested && as_flag(eagle->at(key), str("eagle_config.", key));
+    if (top && nested && t != n) {
+      bad_key(src, key,
+              str("is ", t ? "true" : "false", " but eagle_config.", key, " is ",
+                  n ? "true" : "false", "; engines read one or the other"),
+              "give the key once, or the same value in both places");
+    }
+    *field = top ? t : n;
+    cfg.variant_keys_given.emplace_back(key);
+  }
+}
+
 }  // namespace
 
 std::string rope_type_name(RopeType t) {
@@ -323,6 +363,7 @@ DraftConfig parse_draft_config(const std::string& json_text, const std::string& 
   }
   if (present(j, "eagle_config")) cfg.eagle_config_json = j.at("eagle_config").dump();
   read_num_aux_hidden_states(j, cfg);
+  read_variant_flags(j, cfg);
   if (present(j, "tie_word_embeddings")) {
     const json& t = j.at("tie_word_embeddings");
     if (!t.is_boolean()) {
@@ -414,9 +455,15 @@ void DraftConfig::validate() const {
   positive("num_key_value_heads", num_key_value_heads);
   positive("vocab_size", vocab_size);
   positive("max_position_embeddings", max_position_embeddings);
-  if (num_hidden_layers != 1) {
-    bad_key(source, "num_hidden_layers", str("is ", num_hidden_layers, "; only 1 is supported"),
-            "EAGLE3 drafts have one decoder layer: set \"num_hidden_layers\": 1");
+  if (num_hidden_layers < 1 || num_hidden_layers > 64) {
+    bad_key(source, "num_hidden_layers", str("is ", num_hidden_layers, ", not in [1, 64]"),
+            "EAGLE3 drafts have one decoder layer (\"num_hidden_layers\": 1) or a few");
+  }
+  if (fc_norm && norm_before_fc) {
+    bad_key(source, "norm_before_fc",
+            "and fc_norm are both true: one RMSNorm over all captured layers and one per layer "
+            "are alternatives (speculators refuses the pair too)",
+            "keep fc_norm (EAGLE3.1) or norm_before_fc, not both");
   }
   if (num_attention_heads % num_key_value_heads != 0) {
     bad_key(source, "num_key_value_heads",
@@ -463,25 +510,17 @@ void DraftConfig::validate() const {
               str("write \"", key, "\": false"));
   }
   // Keys that change the model and are not implemented here: trained as plain EAGLE3 they would
-  // be exported as they are, and an engine would build (and look for weights of) norms that were
-  // never trained. Refused by name until implemented.
-  const std::pair<const char*, const char*> unimplemented[] = {
-      {"fc_norm", "EAGLE3.1's per-layer RMSNorms before fc"},
-      {"norm_output", "EAGLE3.1's normed output fed to the next step"},
-      {"norm_before_fc", "an RMSNorm over the concatenated target layers before fc"}};
+  // be exported as they are, and an engine would build (and look for weights of) parts that were
+  // never trained. Refused by name (docs/model.md lists which keys are which).
   const json eagle = eagle_config_json.empty() ? json::object() : json::parse(eagle_config_json);
-  for (const auto& [key, what] : unimplemented) {
-    for (const bool nested : {false, true}) {
-      std::string value;
-      if (!nested && extra_json.count(key)) value = extra_json.at(key);
-      if (nested && eagle.is_object() && eagle.contains(key)) value = eagle.at(key).dump();
-      if (value.empty() || value == "false" || value == "0" || value == "null") continue;
-      bad_key(source, nested ? str("eagle_config.", key) : std::string(key),
-              str("is ", value, " (", what, "), which fsdp-train does not train yet"),
-              str("train a plain EAGLE3 draft (\"", key,
-                  "\": false), or use a trainer that implements it; docs/model.md lists the "
-                  "keys that change the model"));
-    }
+  {
+    const auto it = extra_json.find("logit_scale");
+    if (it != extra_json.end() && it->second != "1" && it->second != "1.0" && it->second != "null")
+      bad_key(source, "logit_scale",
+              str("is ", it->second,
+                  " (vLLM scales the draft's logits by it), which fsdp-train "
+                  "does not train"),
+              "remove the key (or write 1.0)");
   }
   if (eagle.is_object() && eagle.contains("use_aux_hidden_state") &&
       eagle.at("use_aux_hidden_state") == false) {
@@ -496,6 +535,16 @@ void DraftConfig::validate() const {
             "copy rope_scaling from the target model's config.json");
   }
   check_fits_in_memory(*this, host_memory_bytes());
+}
+
+std::string DraftConfig::vllm_only_variants() const {
+  std::string out = num_hidden_layers > 1 ? str("num_hidden_layers ", num_hidden_layers) : "";
+  for (auto [key, on] : {std::pair<const char*, bool>{"fc_norm", fc_norm},
+                         {"norm_before_fc", norm_before_fc},
+                         {"norm_output", norm_output},
+                         {"norm_before_residual", norm_before_residual}})
+    if (on) out += (out.empty() ? "" : ", ") + std::string(key);
+  return out;
 }
 
 std::string DraftConfig::to_json() const {
@@ -522,6 +571,14 @@ std::string DraftConfig::to_json() const {
     j["num_aux_hidden_states"] = num_aux_hidden_states;
   j["tie_word_embeddings"] = false;
   j["torch_dtype"] = torch_dtype;
+  for (auto [key, value] : {std::pair<const char*, bool>{"fc_norm", fc_norm},
+                            {"norm_before_fc", norm_before_fc},
+                            {"norm_output", norm_output},
+                            {"norm_before_residual", norm_before_residual}}) {
+    const bool given = std::find(variant_keys_given.begin(), variant_keys_given.end(), key) !=
+                       variant_keys_given.end();
+    if (value || given) j[key] = value;
+  }
   if (!eagle_config_json.empty()) j["eagle_config"] = ordered_json::parse(eagle_config_json);
   for (const auto& [k, v] : extra_json) j[k] = ordered_json::parse(v);
   return j.dump(2) + "\n";
@@ -530,14 +587,16 @@ std::string DraftConfig::to_json() const {
 ParamCounts count_parameters(const DraftConfig& c) {
   const int64_t H = c.hidden_size, I = c.intermediate_size;
   ParamCounts p;
-  p.trainable = H * c.fc_in_features()  // fc
-                + 2 * H                 // hidden_norm, input_layernorm
-                + (c.q_out_features() + 2 * c.kv_out_features()) * 2 * H  // q, k, v
-                + H * c.q_out_features()                                  // o_proj
-                + H                     // post_attention_layernorm
-                + 3 * H * I             // gate, up, down
-                + H                     // norm
-                + c.draft_vocab() * H;  // lm_head
+  const int64_t qkv = c.q_out_features() + 2 * c.kv_out_features();
+  // Every layer: q/k/v/o, input_layernorm, post_attention_layernorm, the MLP; the first one
+  // reads [embedding, hidden] (2H) and has hidden_norm, the others read H.
+  const int64_t layer_rest = H * c.q_out_features() + 2 * H + 3 * H * I;
+  p.trainable = H * c.fc_in_features()                                        // fc
+                + ((c.fc_norm || c.norm_before_fc) ? c.fc_in_features() : 0)  // fc's norms
+                + qkv * 2 * H + H + layer_rest                                // first layer
+                + (c.num_hidden_layers - 1) * (qkv * H + layer_rest)          // the others
+                + H                                                           // norm
+                + c.draft_vocab() * H;                                        // lm_head
   p.frozen_embedding = c.vocab_size * H;
   p.buffers = c.draft_vocab() + c.vocab_size;
   return p;

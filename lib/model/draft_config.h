@@ -41,7 +41,7 @@ struct DraftConfig {
   int64_t num_attention_heads = 0;          // nh (required)
   int64_t num_key_value_heads = 0;          // nkv (default nh)
   std::optional<int64_t> head_dim;          // d; absent means H / nh
-  int64_t num_hidden_layers = 1;            // only 1 is supported
+  int64_t num_hidden_layers = 1;            // L decoder layers (docs/model.md "Draft variants")
   int64_t vocab_size = 0;                   // V (required)
   std::optional<int64_t> draft_vocab_size;  // Vd; absent or null means V
   double rms_norm_eps = 1e-6;
@@ -56,6 +56,19 @@ struct DraftConfig {
   int64_t num_aux_hidden_states = 3;
   bool num_aux_hidden_states_given = false;  // the key was in the file (written back then)
   bool tie_word_embeddings = false;          // forced false (a warning is logged if true)
+  // Draft variants (docs/model.md "Draft variants"), read from the top level or eagle_config (a
+  // disagreement between the two is an error) and written back at the top level, where vLLM
+  // reads them. fc_norm (EAGLE3.1): one RMSNorm per captured layer before fc. norm_before_fc:
+  // one RMSNorm over the concatenated captured layers before fc (exclusive with fc_norm).
+  // norm_output (EAGLE3.1, vLLM's and speculators' meaning): the final norm's output, not the
+  // layer output, feeds the next TTT step. norm_before_residual: the first layer's residual is
+  // the normed hidden state.
+  bool fc_norm = false;
+  bool norm_before_fc = false;
+  bool norm_output = false;
+  bool norm_before_residual = false;
+  // The variant keys present in the file (written back even when false).
+  std::vector<std::string> variant_keys_given;
   std::string torch_dtype = "bfloat16";
   // JSON text of values carried through untouched: eagle_config (empty = absent), the
   // original rope_scaling object (so unknown sub-keys survive), and every unknown key.
@@ -74,6 +87,10 @@ struct DraftConfig {
   int64_t q_out_features() const { return num_attention_heads * head_dim_value(); }
   int64_t kv_out_features() const { return num_key_value_heads * head_dim_value(); }
 
+  // The variants set (docs/model.md "Draft variants") that only vLLM serves as trained: "" for a
+  // plain EAGLE3 draft, else e.g. "num_hidden_layers 2, fc_norm, norm_output".
+  std::string vllm_only_variants() const;
+
   // Throws fsdp::UsageError naming the key and `source` for anything the model cannot run.
   void validate() const;
   // Pretty-printed JSON for config.json in checkpoints: every known key, eagle_config and the
@@ -91,7 +108,7 @@ DraftConfig parse_draft_config(const std::string& json_text,
 // Parameter counts implied by a config (closed form, no module needed): used for logging,
 // MFU and the reference's headline numbers (docs/reference.md §9).
 struct ParamCounts {
-  int64_t trainable = 0;         // fc, midlayer.*, norm, lm_head
+  int64_t trainable = 0;         // fc (and its norms), the decoder layers, norm, lm_head
   int64_t frozen_embedding = 0;  // embed_tokens [V,H]
   int64_t buffers = 0;           // d2t [Vd] + t2d [V] elements
 };

@@ -24,7 +24,7 @@ torch::nn::Linear linear(int64_t in, int64_t out) {
 // What a checkpointed decoder-layer call needs besides its tensor inputs; held by the autograd
 // node (as a capsule in its saved data) until backward has recomputed the layer.
 struct LayerCall : torch::CustomClassHolder {
-  Eagle3DecoderLayer layer{nullptr};
+  std::shared_ptr<DraftLayer> layer;
   at::Tensor cos, sin, attention_mask;
   AttentionImpl impl = AttentionImpl::kEfficient;
   int64_t past = 0;  // cached steps before this one
@@ -137,11 +137,10 @@ at::Tensor Eagle3MLPImpl::forward(const at::Tensor& x) {
   return down_proj(at::silu(gate_proj(x)) * up_proj(x));
 }
 
-Eagle3AttentionImpl::Eagle3AttentionImpl(const DraftConfig& cfg)
+Eagle3AttentionImpl::Eagle3AttentionImpl(const DraftConfig& cfg, int64_t in)
     : num_heads(cfg.num_attention_heads),
       num_kv_heads(cfg.num_key_value_heads),
       head_dim(cfg.head_dim_value()) {
-  const int64_t in = 2 * cfg.hidden_size;
   q_proj = register_module("q_proj", linear(in, cfg.q_out_features()));
   k_proj = register_module("k_proj", linear(in, cfg.kv_out_features()));
   v_proj = register_module("v_proj", linear(in, cfg.kv_out_features()));
@@ -164,11 +163,12 @@ at::Tensor Eagle3AttentionImpl::forward(const at::Tensor& x, const at::Tensor& c
   return o_proj(attn.transpose(1, 2).reshape({B, S, num_heads * head_dim}));
 }
 
-Eagle3DecoderLayerImpl::Eagle3DecoderLayerImpl(const DraftConfig& cfg) {
+Eagle3DecoderLayerImpl::Eagle3DecoderLayerImpl(const DraftConfig& cfg)
+    : norm_before_residual(cfg.norm_before_residual) {
   const int64_t H = cfg.hidden_size;
   hidden_norm = register_module("hidden_norm", RMSNorm(H, cfg.rms_norm_eps));
   input_layernorm = register_module("input_layernorm", RMSNorm(H, cfg.rms_norm_eps));
-  self_attn = register_module("self_attn", Eagle3Attention(cfg));
+  self_attn = register_module("self_attn", Eagle3Attention(cfg, 2 * H));
   post_attention_layernorm =
       register_module("post_attention_layernorm", RMSNorm(H, cfg.rms_norm_eps));
   mlp = register_module("mlp", Eagle3MLP(H, cfg.intermediate_size));
@@ -178,8 +178,27 @@ at::Tensor Eagle3DecoderLayerImpl::forward(const at::Tensor& e, const at::Tensor
                                            const at::Tensor& cos, const at::Tensor& sin,
                                            KVCache& cache, const at::Tensor& attention_mask,
                                            AttentionImpl impl) {
-  at::Tensor x = at::cat({input_layernorm(e), hidden_norm(h)}, -1);  // embedding first
-  at::Tensor h1 = h + self_attn(x, cos, sin, cache, attention_mask, impl);
+  at::Tensor hn = hidden_norm(h);
+  at::Tensor x = at::cat({input_layernorm(e), hn}, -1);  // embedding first
+  at::Tensor h1 =
+      (norm_before_residual ? hn : h) + self_attn(x, cos, sin, cache, attention_mask, impl);
+  return h1 + mlp(post_attention_layernorm(h1));
+}
+
+Eagle3LaterLayerImpl::Eagle3LaterLayerImpl(const DraftConfig& cfg) {
+  const int64_t H = cfg.hidden_size;
+  input_layernorm = register_module("input_layernorm", RMSNorm(H, cfg.rms_norm_eps));
+  self_attn = register_module("self_attn", Eagle3Attention(cfg, H));
+  post_attention_layernorm =
+      register_module("post_attention_layernorm", RMSNorm(H, cfg.rms_norm_eps));
+  mlp = register_module("mlp", Eagle3MLP(H, cfg.intermediate_size));
+}
+
+at::Tensor Eagle3LaterLayerImpl::forward(const at::Tensor& /*e*/, const at::Tensor& h,
+                                         const at::Tensor& cos, const at::Tensor& sin,
+                                         KVCache& cache, const at::Tensor& attention_mask,
+                                         AttentionImpl impl) {
+  at::Tensor h1 = h + self_attn(input_layernorm(h), cos, sin, cache, attention_mask, impl);
   return h1 + mlp(post_attention_layernorm(h1));
 }
 
@@ -188,8 +207,29 @@ Eagle3DraftImpl::Eagle3DraftImpl(const DraftConfig& cfg) : cfg_(cfg) {
   const int64_t H = cfg.hidden_size, V = cfg.vocab_size, Vd = cfg.draft_vocab();
   embed_tokens = register_module("embed_tokens", torch::nn::Embedding(V, H));
   embed_tokens->weight.set_requires_grad(false);
+  if (cfg.norm_before_fc) {
+    input_norm = register_module("input_norm", RMSNorm(cfg.fc_in_features(), cfg.rms_norm_eps));
+  }
+  if (cfg.fc_norm) {
+    fc_norm = register_module("fc_norm", torch::nn::ModuleList());
+    for (int64_t j = 0; j < cfg.num_aux_hidden_states; ++j) {
+      fc_norm->push_back(RMSNorm(cfg.target_hidden(), cfg.rms_norm_eps));
+    }
+  }
   fc = register_module("fc", linear(cfg.fc_in_features(), H));
-  midlayer = register_module("midlayer", Eagle3DecoderLayer(cfg));
+  midlayer = Eagle3DecoderLayer(cfg);
+  layers_.push_back(midlayer.ptr());
+  if (cfg.num_hidden_layers == 1) {
+    register_module("midlayer", midlayer);  // SpecForge's name
+  } else {
+    layers = register_module("layers", torch::nn::ModuleList());
+    layers->push_back(midlayer);
+    for (int64_t k = 1; k < cfg.num_hidden_layers; ++k) {
+      Eagle3LaterLayer later(cfg);
+      layers->push_back(later);
+      layers_.push_back(later.ptr());
+    }
+  }
   norm = register_module("norm", RMSNorm(H, cfg.rms_norm_eps));
   lm_head = register_module("lm_head", linear(H, Vd));
   // Identity mapping of the first Vd ids until the real mapping is set.
@@ -232,47 +272,87 @@ at::Tensor Eagle3DraftImpl::embed(const at::Tensor& input_ids) {
   });
 }
 
+std::string Eagle3DraftImpl::layer_unit(int64_t k) const {
+  return cfg_.num_hidden_layers == 1 ? std::string("midlayer") : fsdp::str("layers.", k);
+}
+
+std::vector<std::string> Eagle3DraftImpl::unit_names() const {
+  std::vector<std::string> out{"embed_tokens"};
+  if (cfg_.norm_before_fc) out.emplace_back("input_norm");
+  if (cfg_.fc_norm) out.emplace_back("fc_norm");
+  out.emplace_back("fc");
+  for (int64_t k = 0; k < cfg_.num_hidden_layers; ++k) out.push_back(layer_unit(k));
+  out.emplace_back("norm");
+  out.emplace_back("lm_head");
+  return out;
+}
+
 at::Tensor Eagle3DraftImpl::project_aux(const at::Tensor& aux_hidden) {
   FSDP_CHECK(aux_hidden.size(-1) == cfg_.fc_in_features(),
              fsdp::str("aux_hidden has last dim ", aux_hidden.size(-1), ", the fc layer of ",
                        cfg_.source, " expects ", cfg_.fc_in_features(), " (",
                        cfg_.num_aux_hidden_states, " x target hidden size)"),
              "the hidden states must come from the target this draft config describes");
-  return run_unit(hooks_, "fc", [&] { return fc(aux_hidden.to(fc->weight.scalar_type())); });
+  at::Tensor x = aux_hidden.to(fc->weight.scalar_type());
+  if (cfg_.norm_before_fc) x = run_unit(hooks_, "input_norm", [&] { return input_norm(x); });
+  if (cfg_.fc_norm) {
+    // One norm per captured layer, over its Ht columns (vLLM's and speculators' chunking).
+    x = run_unit(hooks_, "fc_norm", [&] {
+      std::vector<at::Tensor> parts = x.chunk(cfg_.num_aux_hidden_states, -1);
+      for (size_t j = 0; j < parts.size(); ++j)
+        parts[j] = fc_norm[j]->as<RMSNormImpl>()->forward(parts[j]);
+      return at::cat(parts, -1);
+    });
+  }
+  return run_unit(hooks_, "fc", [&] { return fc(x); });
 }
 
 at::Tensor Eagle3DraftImpl::decode(const at::Tensor& e, const at::Tensor& h, int64_t step,
-                                   KVCache& cache, const at::Tensor& attention_mask,
+                                   DraftCache& cache, const at::Tensor& attention_mask,
                                    AttentionImpl impl) {
-  FSDP_CHECK(cache.steps() == step,
-             fsdp::str("decode step ", step, " with ", cache.steps(), " cached steps"),
-             "run steps 0, 1, ... in order with one KVCache per micro-batch");
+  if (cache.layers.empty()) cache.layers.resize(layers_.size());
+  FSDP_CHECK(cache.layers.size() == layers_.size() && cache.steps() == step,
+             fsdp::str("decode step ", step, " with ", cache.steps(), " cached steps of ",
+                       cache.layers.size(), " layers (the draft has ", layers_.size(), ")"),
+             "run steps 0, 1, ... in order with one DraftCache per micro-batch");
   auto [cos, sin] = rope_.slice(step, e.size(1), e.scalar_type(), e.device());
-  if (!checkpoint_layer_ || !at::GradMode::is_enabled()) {
-    return run_unit(hooks_, "midlayer",
-                    [&] { return midlayer(e, h, cos, sin, cache, attention_mask, impl); });
+  at::Tensor x = h;
+  for (size_t k = 0; k < layers_.size(); ++k) {
+    DraftLayer& layer = *layers_[k];
+    KVCache& kv = cache.layers[k];
+    if (!checkpoint_layer_ || !at::GradMode::is_enabled()) {
+      x = run_unit(hooks_, layer_unit(static_cast<int64_t>(k)),
+                   [&] { return layer.forward(e, x, cos, sin, kv, attention_mask, impl); });
+      continue;
+    }
+    x = run_unit(hooks_, layer_unit(static_cast<int64_t>(k)), [&] {
+      auto call = c10::make_intrusive<LayerCall>();
+      call->layer = layers_[k];
+      call->cos = cos;
+      call->sin = sin;
+      call->attention_mask = attention_mask;
+      call->impl = impl;
+      call->past = step;
+      std::vector<at::Tensor> inputs{e, x};
+      inputs.insert(inputs.end(), kv.keys.begin(), kv.keys.end());
+      inputs.insert(inputs.end(), kv.values.begin(), kv.values.end());
+      for (const at::Tensor& p : layer.parameters(/*recurse=*/true)) inputs.push_back(p);
+      torch::autograd::variable_list r = CheckpointedLayer::apply(at::TensorList(inputs), call);
+      kv.keys.push_back(r[1]);
+      kv.values.push_back(r[2]);
+      return r[0];
+    });
   }
-  return run_unit(hooks_, "midlayer", [&] {
-    auto call = c10::make_intrusive<LayerCall>();
-    call->layer = midlayer;
-    call->cos = cos;
-    call->sin = sin;
-    call->attention_mask = attention_mask;
-    call->impl = impl;
-    call->past = step;
-    std::vector<at::Tensor> inputs{e, h};
-    inputs.insert(inputs.end(), cache.keys.begin(), cache.keys.end());
-    inputs.insert(inputs.end(), cache.values.begin(), cache.values.end());
-    for (const at::Tensor& p : midlayer->parameters(/*recurse=*/true)) inputs.push_back(p);
-    torch::autograd::variable_list r = CheckpointedLayer::apply(at::TensorList(inputs), call);
-    cache.keys.push_back(r[1]);
-    cache.values.push_back(r[2]);
-    return r[0];
-  });
+  return x;
 }
 
-at::Tensor Eagle3DraftImpl::logits(const at::Tensor& out) {
-  at::Tensor n = run_unit(hooks_, "norm", [&] { return norm(out); });
+at::Tensor Eagle3DraftImpl::step_output(const at::Tensor& out) {
+  if (!cfg_.norm_output) return out;
+  return run_unit(hooks_, "norm", [&] { return norm(out); });
+}
+
+at::Tensor Eagle3DraftImpl::logits(const at::Tensor& x) {
+  at::Tensor n = cfg_.norm_output ? x : run_unit(hooks_, "norm", [&] { return norm(x); });
   return run_unit(hooks_, "lm_head", [&] { return lm_head(n); });
 }
 

@@ -1,9 +1,12 @@
 // The EAGLE3 draft model (docs/reference.md §3): LlamaForCausalLMEagle3 with one decoder layer, as
-// a LibTorch module tree whose state-dict names match SpecForge exactly. Knows nothing about
-// distribution: it only announces its top-level units through fsdp::UnitHooks.
+// a LibTorch module tree whose state-dict names match SpecForge exactly, and its variants
+// (docs/model.md "Draft variants"): EAGLE3.1's fc_norm and norm_output, norm_before_fc,
+// norm_before_residual and drafts of several decoder layers. Knows nothing about distribution:
+// it only announces its units through fsdp::UnitHooks.
 #pragma once
 
 #include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/pimpl.h>
@@ -48,18 +51,27 @@ class Eagle3MLPImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Eagle3MLP);
 
-// Keys and values of every TTT step so far (index = step), each [B, nkv, S, d], rotated.
+// One decoder layer's keys and values of every TTT step so far (index = step), each
+// [B, nkv, S, d], rotated.
 struct KVCache {
   std::vector<at::Tensor> keys;
   std::vector<at::Tensor> values;
   int64_t steps() const { return static_cast<int64_t>(keys.size()); }
 };
 
-// q/k/v/o projections over the 2H input; the step's keys/values are appended to the cache.
+// The caches of all decoder layers of one unroll (index = layer); created empty, sized by the
+// first decode().
+struct DraftCache {
+  std::vector<KVCache> layers;
+  int64_t steps() const { return layers.empty() ? 0 : layers[0].steps(); }
+};
+
+// q/k/v/o projections over an `in`-wide input (2H for the first layer, H for later ones); the
+// step's keys/values are appended to the cache.
 class Eagle3AttentionImpl : public torch::nn::Module {
  public:
-  explicit Eagle3AttentionImpl(const DraftConfig& cfg);
-  // x [B, S, 2H]; cos/sin [S, d] for positions t + step; returns [B, S, H].
+  Eagle3AttentionImpl(const DraftConfig& cfg, int64_t in);
+  // x [B, S, in]; cos/sin [S, d] for positions t + step; returns [B, S, H].
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                      KVCache& cache, const at::Tensor& attention_mask, AttentionImpl impl);
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
@@ -67,31 +79,62 @@ class Eagle3AttentionImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Eagle3Attention);
 
-// The single decoder layer (docs/reference.md §3.1 steps 1-4).
-class Eagle3DecoderLayerImpl : public torch::nn::Module {
+// A decoder layer of the draft, as the unroll and activation checkpointing call it: e token
+// embeddings [B, S, H] (read by the first layer only), h the layer input [B, S, H]; returns the
+// layer output [B, S, H] and appends this step's keys/values to `cache`.
+class DraftLayer : public torch::nn::Module {
+ public:
+  virtual at::Tensor forward(const at::Tensor& e, const at::Tensor& h, const at::Tensor& cos,
+                             const at::Tensor& sin, KVCache& cache,
+                             const at::Tensor& attention_mask, AttentionImpl impl) = 0;
+};
+
+// The first (for SpecForge's one-layer draft, the only) decoder layer (docs/reference.md §3.1
+// steps 1-4): attention over [input_layernorm(e), hidden_norm(h)]. With norm_before_residual the
+// residual is hidden_norm(h) instead of h (vLLM's and speculators' variant).
+class Eagle3DecoderLayerImpl : public DraftLayer {
  public:
   explicit Eagle3DecoderLayerImpl(const DraftConfig& cfg);
-  // e token embeddings [B, S, H], h running hidden [B, S, H]; returns out [B, S, H].
   at::Tensor forward(const at::Tensor& e, const at::Tensor& h, const at::Tensor& cos,
                      const at::Tensor& sin, KVCache& cache, const at::Tensor& attention_mask,
-                     AttentionImpl impl);
+                     AttentionImpl impl) override;
   RMSNorm hidden_norm{nullptr}, input_layernorm{nullptr};
   Eagle3Attention self_attn{nullptr};
   RMSNorm post_attention_layernorm{nullptr};
   Eagle3MLP mlp{nullptr};
+  bool norm_before_residual = false;
 };
 TORCH_MODULE(Eagle3DecoderLayer);
 
-// State dict: embed_tokens.weight (frozen), fc.weight, midlayer.*, norm.weight, lm_head.weight,
-// buffers d2t (int64 [Vd]) and t2d (bool [V]). Parameters are created in fp32 with PyTorch's
-// default Linear init; call ->to(dtype) for the compute dtype.
+// A later layer of a multi-layer draft: a plain pre-norm Llama layer, as vLLM's and speculators'
+// EAGLE3 drafts build layers 1..L-1: x = h + attn(input_layernorm(h)) over an H-wide input,
+// out = x + mlp(post_attention_layernorm(x)). `e` is not read.
+class Eagle3LaterLayerImpl : public DraftLayer {
+ public:
+  explicit Eagle3LaterLayerImpl(const DraftConfig& cfg);
+  at::Tensor forward(const at::Tensor& e, const at::Tensor& h, const at::Tensor& cos,
+                     const at::Tensor& sin, KVCache& cache, const at::Tensor& attention_mask,
+                     AttentionImpl impl) override;
+  RMSNorm input_layernorm{nullptr};
+  Eagle3Attention self_attn{nullptr};
+  RMSNorm post_attention_layernorm{nullptr};
+  Eagle3MLP mlp{nullptr};
+};
+TORCH_MODULE(Eagle3LaterLayer);
+
+// State dict: embed_tokens.weight (frozen), fc.weight, midlayer.* (one layer) or layers.<k>.*
+// (L > 1 layers: vLLM's and speculators' names), norm.weight, lm_head.weight, buffers d2t (int64
+// [Vd]) and t2d (bool [V]); with fc_norm fc_norm.<j>.weight, with norm_before_fc
+// input_norm.weight (vLLM's names). Parameters are created in fp32 with PyTorch's default Linear
+// init; call ->to(dtype) for the compute dtype.
 //
-// Top-level units announced through the hooks (child names): embed_tokens, fc, midlayer, norm,
-// lm_head. fc runs once per micro-batch; embed_tokens, midlayer, norm and lm_head once per TTT
-// step. The midlayer's unit output is `out`; the step's keys/values go to the KVCache as side
+// Units announced through the hooks (unit_names()): embed_tokens, [input_norm | fc_norm], fc,
+// each decoder layer (midlayer, or layers.0 .. layers.L-1), norm, lm_head. The fc norms and fc
+// run once per micro-batch; embed_tokens, the layers, norm and lm_head once per TTT step. A
+// layer's unit output is its `out`; the step's keys/values go to the layer's KVCache as side
 // outputs whose backward always runs after out's gradient has arrived (step i's attention
 // consumes them after out_i is produced), so a pre-backward hook on `out` precedes every use of
-// the midlayer parameters in backward.
+// the layer's parameters in backward.
 class Eagle3DraftImpl : public torch::nn::Module {
  public:
   explicit Eagle3DraftImpl(const DraftConfig& cfg);
@@ -105,12 +148,24 @@ class Eagle3DraftImpl : public torch::nn::Module {
   // Sets d2t [Vd] int64 and t2d [V] bool (docs/reference.md §2); shapes checked.
   void set_vocab_mapping(const at::Tensor& d2t, const at::Tensor& t2d);
 
+  // The units the sharding engine should make, in forward order (EngineOptions::units).
+  std::vector<std::string> unit_names() const;
+  int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
+  // The module of decoder layer k (0 = midlayer).
+  DraftLayer& layer(int64_t k) { return *layers_.at(static_cast<size_t>(k)); }
+
   // The pieces of one TTT unroll, each wrapped in its unit (see ttt_loss.h for the unroll).
   at::Tensor embed(const at::Tensor& input_ids);         // [B,S] -> [B,S,H]
-  at::Tensor project_aux(const at::Tensor& aux_hidden);  // [B,S,3Ht] -> [B,S,H]
-  at::Tensor decode(const at::Tensor& e, const at::Tensor& h, int64_t step, KVCache& cache,
-                    const at::Tensor& attention_mask, AttentionImpl impl);  // -> out [B,S,H]
-  at::Tensor logits(const at::Tensor& out);  // norm + lm_head -> [B,S,Vd]
+  at::Tensor project_aux(const at::Tensor& aux_hidden);  // [B,S,n*Ht] -> [B,S,H] (fc norms, fc)
+  // All decoder layers, each with its cache in `cache`: -> the last layer's out [B,S,H].
+  at::Tensor decode(const at::Tensor& e, const at::Tensor& h, int64_t step, DraftCache& cache,
+                    const at::Tensor& attention_mask, AttentionImpl impl);
+  // What a step hands on, from the last layer's out: norm(out) with norm_output (the normed
+  // state feeds both the LM head and the next step), else out itself.
+  at::Tensor step_output(const at::Tensor& out);
+  // Logits [.., Vd] from step_output rows: lm_head(norm(x)), or lm_head(x) with norm_output
+  // (x is normed already).
+  at::Tensor logits(const at::Tensor& x);
 
   // Activation checkpointing of the decoder layer: when on (and grad mode is enabled), each
   // decode() keeps only its inputs (e, h, the cache) and its outputs; backward recomputes the
@@ -131,14 +186,19 @@ class Eagle3DraftImpl : public torch::nn::Module {
   std::vector<std::pair<std::string, at::Tensor>> export_tensors() const;
 
   torch::nn::Embedding embed_tokens{nullptr};
+  RMSNorm input_norm{nullptr};             // norm_before_fc only
+  torch::nn::ModuleList fc_norm{nullptr};  // fc_norm only: n RMSNorms over Ht
   torch::nn::Linear fc{nullptr};
-  Eagle3DecoderLayer midlayer{nullptr};
+  Eagle3DecoderLayer midlayer{nullptr};   // the first layer, whatever its registered name
+  torch::nn::ModuleList layers{nullptr};  // L > 1 only: midlayer, then the later layers
   RMSNorm norm{nullptr};
   torch::nn::Linear lm_head{nullptr};
   at::Tensor d2t, t2d;
 
  private:
   void restore_mapping_dtypes();
+  std::string layer_unit(int64_t k) const;
+  std::vector<std::shared_ptr<DraftLayer>> layers_;
   DraftConfig cfg_;
   RotaryEmbedding rope_;
   fsdp::UnitHooks* hooks_ = nullptr;

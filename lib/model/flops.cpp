@@ -30,7 +30,11 @@ StepFlops count_step_flops(const DraftConfig& cfg, int64_t batch, int64_t seq, i
   const double S = static_cast<double>(seq);
 
   const double fc = 2 * N * static_cast<double>(cfg.fc_in_features()) * H;
-  const double layer = 2 * N * (2 * H * (q_out + 2 * kv_out) + q_out * H + 3 * H * I);
+  // The first decoder layer reads [embedding, hidden] (2H); later layers of a multi-layer draft
+  // read H. Every layer attends over the same pairs.
+  const double layers = static_cast<double>(cfg.num_hidden_layers);
+  const double layer = 2 * N * (2 * H * (q_out + 2 * kv_out) + q_out * H + 3 * H * I) +
+                       (layers - 1) * 2 * N * (H * (q_out + 2 * kv_out) + q_out * H + 3 * H * I);
   const auto head = [&](int64_t i) {
     return 2 * static_cast<double>(head_rows[static_cast<size_t>(i)]) * H * Vd;
   };
@@ -40,7 +44,7 @@ StepFlops count_step_flops(const DraftConfig& cfg, int64_t batch, int64_t seq, i
   StepFlops f;
   for (int64_t i = 0; i < ttt_length; ++i) {
     const double pairs = causal_pairs + N * static_cast<double>(i);
-    const double attn = 4 * heads_dim * pairs;
+    const double attn = 4 * heads_dim * pairs * layers;
     f.attention += attn;
     f.forward += layer + head(i) + attn;
     f.backward += 2 * (layer + head(i) + attn);

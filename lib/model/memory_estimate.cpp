@@ -26,18 +26,20 @@ LD layer_parameters(const DraftConfig& c) {
 // hidden-state and post-attention RMSNorms, the concatenated input of q/k/v, the rotated
 // queries and keys and the values (the KV cache of later steps), the attention output and its
 // fp32 log-sum-exp, the o_proj input, and the MLP's gate, SiLU, up and product tensors.
-LD layer_bytes_per_token(const DraftConfig& c, LD b) {
+// A later layer of a multi-layer draft (docs/model.md "Draft variants") has no embedding input:
+// no normed embedding, and its q/k/v input is H wide instead of 2H.
+LD layer_bytes_per_token(const DraftConfig& c, LD b, bool first = true) {
   const LD H = c.hidden_size, I = c.intermediate_size;
   const LD q = c.q_out_features(), kv = c.kv_out_features(), nh = c.num_attention_heads;
-  return b * H + 2 * (4 + b) * H + 2 * b * H + b * (q + 2 * kv) + b * q + 4 * nh + b * q +
-         4 * b * I;
+  const LD all =
+      b * H + 2 * (4 + b) * H + 2 * b * H + b * (q + 2 * kv) + b * q + 4 * nh + b * q + 4 * b * I;
+  return first ? all : all - 2 * b * H;
 }
 
 }  // namespace
 
 long double trainable_parameter_count(const DraftConfig& c) {
-  const LD H = c.hidden_size;
-  return H * c.fc_in_features() + layer_parameters(c) + H + static_cast<LD>(c.draft_vocab()) * H;
+  return static_cast<LD>(count_parameters(c).trainable);
 }
 
 long double step_activation_bytes_per_token(const DraftConfig& c, const MemoryPlan& p) {
@@ -46,9 +48,12 @@ long double step_activation_bytes_per_token(const DraftConfig& c, const MemoryPl
   // Final norm and lm_head on every row; the loss keeps the compute-dtype logits when it is
   // recomputed in backward (with activation checkpointing), else fp32 log_softmax and target p.
   const LD head = (4 + b) * H + (p.activation_checkpointing ? b * Vd : 8 * Vd);
-  // Checkpointed: only the layer's inputs (embedding, hidden state) and its K/V cache entries.
-  const LD layer =
-      p.activation_checkpointing ? 2 * b * H + 2 * b * kv : layer_bytes_per_token(c, b);
+  // Checkpointed: only each layer's inputs (the first: embedding and hidden state) and its K/V
+  // cache entries.
+  const LD later = static_cast<LD>(c.num_hidden_layers - 1);
+  const LD layer = p.activation_checkpointing
+                       ? 2 * b * H + 2 * b * kv + later * (b * H + 2 * b * kv)
+                       : layer_bytes_per_token(c, b) + later * layer_bytes_per_token(c, b, false);
   return layer + head;
 }
 

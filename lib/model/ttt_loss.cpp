@@ -41,16 +41,16 @@ void check_batch(const Eagle3DraftImpl& model, const at::Tensor& input_ids,
   FSDP_CHECK(T >= 1, fsdp::str("ttt_length must be >= 1, got ", T), "use --ttt-length 7 (default)");
 }
 
-// Runs the T-step unroll and hands each step's output hidden state (before norm/lm_head) to
-// `on_step`.
+// Runs the T-step unroll and hands each step's output (Eagle3DraftImpl::step_output: the last
+// layer's out, normed with norm_output) to `on_step`; it is also the next step's hidden state.
 void unroll(Eagle3DraftImpl& model, const at::Tensor& input_ids, const at::Tensor& attention_mask,
             const at::Tensor& aux_hidden, int64_t T, AttentionImpl impl,
             const std::function<void(int64_t, const at::Tensor&)>& on_step) {
   at::Tensor h = model.project_aux(aux_hidden);  // step-0 hidden, computed once
-  KVCache cache;
+  DraftCache cache;
   for (int64_t i = 0; i < T; ++i) {
     at::Tensor e = model.embed(shift_left(input_ids, i));
-    at::Tensor out = model.decode(e, h, i, cache, attention_mask, impl);
+    at::Tensor out = model.step_output(model.decode(e, h, i, cache, attention_mask, impl));
     on_step(i, out);
     h = out;
   }

@@ -189,6 +189,27 @@ void Trainer::Impl::resolve_serving_export() {
                                ": SGLang's LlamaForCausalLMEagle3 always builds fc for 3"),
                      "add --export-for vllm (vLLM reads num_aux_hidden_states)");
   }
+  const std::string variants = draft_cfg.vllm_only_variants();
+  if (!variants.empty()) {
+    // SGLang builds none of these (one layer, fc over 3 layers, no fc norms, the pre-norm state
+    // fed forward); SpecForge reads fc_norm as vLLM does but norm_output otherwise.
+    const bool specforge_ok = variants == "fc_norm";
+    FSDP_USAGE_CHECK(
+        cfg.checkpoint.export_for == model::ExportTarget::kVllm ||
+            (specforge_ok && cfg.checkpoint.export_for == model::ExportTarget::kSpecForge),
+        fsdp::str(cfg.model.draft_model_config, " is a draft variant (", variants,
+                  ") that only vLLM serves as trained; exports for ",
+                  model::export_target_name(cfg.checkpoint.export_for),
+                  " would be served as another model"),
+        "add --export-for vllm (docs/model.md 'Draft variants')");
+    if (rank == 0)
+      FSDP_LOG0(kInfo) << "draft variant: " << variants << " (docs/model.md 'Draft variants')"
+                       << (draft_cfg.norm_output
+                               ? "; norm_output: the normed output feeds the next step, as vLLM "
+                                 "and speculators read the key (SpecForge 0.2.0 reads it "
+                                 "otherwise)"
+                               : "");
+  }
   if (aux_layers) {
     const size_t n = aux_layers->hidden_state_index.size();
     FSDP_USAGE_CHECK(
@@ -371,6 +392,7 @@ void Trainer::Impl::build_model() {
   draft->to(device);
 
   shard::EngineOptions eo = engine_options(cfg, device);
+  eo.units = draft->unit_names();  // one unit per decoder layer of a multi-layer draft
   if (cfg.shard.reshard_between_uses && eo.strategy != shard::Strategy::kFullShard &&
       eo.strategy != shard::Strategy::kHybridShard) {
     FSDP_LOG0(kWarn) << "--reshard-between-uses has no effect with --sharding-strategy "

@@ -55,6 +55,12 @@ void Trainer::Impl::check_same_architecture(const std::string& saved_config,
   cmp(shape_diff, "target hidden size", saved.target_hidden(), now.target_hidden());
   cmp(shape_diff, "captured target layers (num_aux_hidden_states)", saved.num_aux_hidden_states,
       now.num_aux_hidden_states);
+  cmp(shape_diff, "decoder layers (num_hidden_layers)", saved.num_hidden_layers,
+      now.num_hidden_layers);
+  cmp(shape_diff, "fc_norm", saved.fc_norm, now.fc_norm);
+  cmp(shape_diff, "norm_before_fc", saved.norm_before_fc, now.norm_before_fc);
+  cmp(other_diff, "norm_output", saved.norm_output, now.norm_output);
+  cmp(other_diff, "norm_before_residual", saved.norm_before_residual, now.norm_before_residual);
   cmp(other_diff, "rms_norm_eps", saved.rms_norm_eps, now.rms_norm_eps);
   cmp(other_diff, "rope_theta", saved.rope_theta, now.rope_theta);
   cmp(other_diff, "rope_scaling", saved.rope_scaling_json, now.rope_scaling_json);
@@ -214,6 +220,8 @@ void Trainer::Impl::report_changed_settings(const std::string& saved_json) const
                                       "weight_decay",
                                       "ttt_length",
                                       "max_length",
+                                      "noise_std",
+                                      "noise_type",
                                       "loss_normalization",
                                       "mixed_precision",
                                       "reduce_dtype",

@@ -3,7 +3,9 @@
 #   bash tests/serving/vllm_acceptance.sh BUILD_DIR SOURCE_DIR
 # Requires (a) identical greedy fp32 outputs with and without speculation, (b) the engine's mean
 # acceptance length above FLOOR, (c) fsdp-train's engine-faithful eval/accept_len on the very
-# sequences vLLM generated within 2% of the engine's. Data, target and the baseline generation are
+# sequences vLLM generated within 2% of the engine's; for the plain EAGLE3 draft and for a draft
+# variant (EAGLE3.1's fc_norm and norm_output with two decoder layers, docs/model.md "Draft
+# variants"): (c) holds only if vLLM computes the variant as fsdp-train trained it. Data, target and the baseline generation are
 # cached under ~/.cache/fsdp-train/serving/<key> (key: the pipeline's sources); training, export
 # and speculative serving run every time.
 set -euo pipefail
@@ -28,29 +30,43 @@ stage() { echo "[serving] $(( $(date +%s) - t0 ))s: $*"; }
 
 build_serving_cache "$C" "$W"
 
-stage "fsdp-train: training the draft"
-"$BIN" --target-model-path "$C/target" --draft-model-config "$C/draft-config.json" \
-  --train-hidden-states-path "$C/feat-train" --output-dir "$W/run" --cache-dir "$W/cache" \
-  --num-epochs 6 --draft-global-batch-size 4 --draft-micro-batch-size 4 --learning-rate 2e-3 \
-  --warmup-ratio 0.05 --max-length 256 --ttt-length $K --export-dtype fp32 --save-interval 0 \
-  --log-steps 10 >"$W/train.log" 2>&1 || { tail -30 "$W/train.log"; fail "training"; }
-CK="$(ls -d "$W/run"/epoch_* | sort -V | tail -n 1)"
-"$BIN" check-export "$CK" --for vllm --target-model-path "$C/target" >"$W/check.log" 2>&1 ||
-  { cat "$W/check.log"; fail "check-export on the trained draft"; }
+# The variant's draft config: the serving draft's with EAGLE3.1's keys and a second layer.
+"$PY" - "$C/draft-config.json" "$W/variant-config.json" <<'PYEOF'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c.update({"fc_norm": True, "norm_output": True, "num_hidden_layers": 2})
+json.dump(c, open(sys.argv[2], "w"), indent=1)
+PYEOF
 
-stage "vLLM with the draft (EAGLE3, k=$K)"
-"$VPY" "$PIPE" generate --target "$C/target" --prompts "$C/prompts.json" --sets eval \
-  --max-tokens $MAX_TOKENS --draft "$CK" --k $K --out "$W/spec.json" >"$W/spec.log" 2>&1 ||
-  { tail -30 "$W/spec.log"; fail "speculative generation"; }
+# serve_and_check NAME DRAFT_CONFIG EXTRA_FLAGS...: train, export, serve with vLLM, evaluate
+# with fsdp-train on the sequences vLLM generated, and check (a)-(d).
+serve_and_check() {
+  local name="$1" dcfg="$2"; shift 2
+  local R="$W/$name"
+  mkdir -p "$R"
+  stage "$name: fsdp-train training the draft"
+  "$BIN" --target-model-path "$C/target" --draft-model-config "$dcfg" \
+    --train-hidden-states-path "$C/feat-train" --output-dir "$R/run" --cache-dir "$W/cache" \
+    --num-epochs 6 --draft-global-batch-size 4 --draft-micro-batch-size 4 --learning-rate 2e-3 \
+    --warmup-ratio 0.05 --max-length 256 --ttt-length $K --export-dtype fp32 --save-interval 0 \
+    --log-steps 10 "$@" >"$R/train.log" 2>&1 || { tail -30 "$R/train.log"; fail "$name: training"; }
+  CK="$(ls -d "$R/run"/epoch_* | sort -V | tail -n 1)"
+  "$BIN" check-export "$CK" --for vllm --target-model-path "$C/target" >"$R/check.log" 2>&1 ||
+    { cat "$R/check.log"; fail "$name: check-export on the trained draft"; }
 
-stage "fsdp-train: engine-faithful accept_len on the same sequences"
-"$BIN" --init-checkpoint "$CK" --eval-only --target-model-path "$C/target" \
-  --draft-model-config "$CK/config.json" --eval-hidden-states-path "$C/feat-eval" \
-  --cache-dir "$W/cache" --max-length 512 --ttt-length $K --mixed-precision fp32 \
-  --draft-global-batch-size 1 --draft-micro-batch-size 1 --output-dir "$W/eval" \
-  >"$W/eval.log" 2>&1 || { tail -30 "$W/eval.log"; fail "eval-only"; }
+  stage "$name: vLLM with the draft (EAGLE3, k=$K)"
+  "$VPY" "$PIPE" generate --target "$C/target" --prompts "$C/prompts.json" --sets eval \
+    --max-tokens $MAX_TOKENS --draft "$CK" --k $K --out "$R/spec.json" >"$R/spec.log" 2>&1 ||
+    { tail -30 "$R/spec.log"; fail "$name: speculative generation"; }
 
-"$PY" - "$C/base.json" "$W/spec.json" "$W/eval/metrics.jsonl" "$FLOOR" "$W/spec.log" "$CK/aux_layers.json" <<'PYEOF' || fail "serving checks"
+  stage "$name: fsdp-train engine-faithful accept_len on the same sequences"
+  "$BIN" --init-checkpoint "$CK" --eval-only --target-model-path "$C/target" \
+    --draft-model-config "$CK/config.json" --eval-hidden-states-path "$C/feat-eval" \
+    --cache-dir "$W/cache" --max-length 512 --ttt-length $K --mixed-precision fp32 \
+    --draft-global-batch-size 1 --draft-micro-batch-size 1 --output-dir "$R/eval" "$@" \
+    >"$R/eval.log" 2>&1 || { tail -30 "$R/eval.log"; fail "$name: eval-only"; }
+
+  "$PY" - "$C/base.json" "$R/spec.json" "$R/eval/metrics.jsonl" "$FLOOR" "$R/spec.log" "$CK/aux_layers.json" "$name" <<'PYEOF' || fail "$name: serving checks"
 import json, re, sys
 # The layers vLLM captured, as its own code computed them from our config.json (its log line),
 # are the ones the features hold.
@@ -70,11 +86,15 @@ assert engine is not None and engine > floor, f"(b) engine acceptance {engine} <
 ev = [json.loads(l) for l in open(sys.argv[3]) if "eval/accept_len" in l][-1]
 ours = ev["eval/accept_len"]
 rel = abs(ours - engine) / engine
-print(json.dumps({"identical_outputs": f"{same}/{len(base)}", "engine_accept_len": round(engine, 4),
+print(json.dumps({"draft": sys.argv[7], "identical_outputs": f"{same}/{len(base)}", "engine_accept_len": round(engine, 4),
                   "engine_drafts": s["num_drafts"], "engine_per_position": s["acceptance_rate_per_position"],
                   "fsdp_train_accept_len": round(ours, 4), "relative_difference": round(rel, 4),
                   "fsdp_train_other": {k: round(v, 4) for k, v in ev.items()
                                        if k.startswith("eval/") and ("accept" in k or "acc_len" in k)}}))
 assert rel <= 0.02, f"(c) fsdp-train accept_len {ours} vs engine {engine}: {rel:.2%} apart"
 PYEOF
+}
+
+serve_and_check eagle3 "$C/draft-config.json"
+serve_and_check eagle31-2layer "$W/variant-config.json" --export-for vllm
 stage "done"

@@ -591,7 +591,7 @@ TEST_CASE("loss rows: the recomputing loss node is bit-identical to the plain co
     f.model->zero_grad();
     RowTarget rt = f.head.compute_rows(f.target_hidden, rows.rows);
     at::Tensor h = f.model->project_aux(f.aux), want;
-    KVCache cache;
+    DraftCache cache;
     std::vector<double> want_ploss;
     for (int64_t i = 0; i < T; ++i) {
       at::Tensor e = f.model->embed(shift_left(f.ids, i));
