@@ -16,6 +16,7 @@
 #include "commands.h"
 #include "core/error.h"
 #include "model/aux_layers.h"
+#include "model/draft_model.h"
 #include "shard/engine.h"
 
 namespace fsdp::app {
@@ -91,7 +92,10 @@ int run_export(const ExportFlags& f) {
   std::ifstream cfg(saved.config_path);
   std::stringstream config_json;
   config_json << cfg.rdbuf();
-  const auto weights = shard::consolidate_state(state_dir, /*include_frozen=*/false);
+  // A LoRA run's state holds the frozen base and the adapters: merged as the run's own export.
+  const auto lora = checkpoint::read_lora_record(f.checkpoint);
+  auto weights = shard::consolidate_state(state_dir, /*include_frozen=*/lora.has_value());
+  if (lora) model::merge_lora(weights, lora->scale());
   // Only the tensors of the export (the trainable ones) leave; the frozen embedding does not.
   std::map<std::string, at::Tensor> exported;
   int64_t params = 0;

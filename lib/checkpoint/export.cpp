@@ -5,6 +5,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "checkpoint/checkpoint_dir.h"
 #include "checkpoint/export_check.h"
@@ -78,6 +80,61 @@ DraftExport read_draft_export(const std::string& dir) {
     }
   }
   return out;
+}
+
+std::string lora_record_json(const LoraRecord& r) {
+  nlohmann::ordered_json j;
+  j["rank"] = r.rank;
+  j["alpha"] = r.alpha;
+  j["targets"] = r.targets;
+  j["base"] = r.base;
+  return j.dump(2) + "\n";
+}
+
+std::optional<LoraRecord> read_lora_record(const std::string& dir) {
+  const std::string path = join_path(dir, "lora.json");
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) return std::nullopt;
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  LoraRecord r;
+  try {
+    const nlohmann::json j = nlohmann::json::parse(text.str());
+    r.rank = j.at("rank").get<int64_t>();
+    r.alpha = j.at("alpha").get<double>();
+    r.targets = j.at("targets").get<std::vector<std::string>>();
+    r.base = j.value("base", std::string());
+  } catch (const std::exception& e) {
+    FSDP_USAGE_CHECK(false, "'" + path + "' is not a LoRA record: " + e.what(),
+                     "the checkpoint is damaged; use another one");
+  }
+  FSDP_USAGE_CHECK(r.rank >= 1 && r.alpha > 0, "'" + path + "': rank and alpha must be positive",
+                   "the checkpoint is damaged; use another one");
+  return r;
+}
+
+void write_peft_adapter(const std::string& dir, const std::map<std::string, at::Tensor>& adapters,
+                        const LoraRecord& r, c10::ScalarType dtype) {
+  ensure_directory(dir);
+  NamedTensors tensors;
+  for (const auto& [name, t] : adapters)
+    tensors.emplace_back("base_model.model." + name,
+                         t.detach().to(at::kCPU).to(dtype).contiguous());
+  write_safetensors(join_path(dir, "adapter_model.safetensors"), tensors, {{"format", "pt"}});
+  nlohmann::ordered_json c;
+  c["peft_type"] = "LORA";
+  c["base_model_name_or_path"] = r.base;
+  c["r"] = r.rank;
+  c["lora_alpha"] = r.alpha;
+  c["target_modules"] = r.targets;
+  c["lora_dropout"] = 0.0;
+  c["bias"] = "none";
+  c["fan_in_fan_out"] = false;
+  c["use_rslora"] = false;
+  c["inference_mode"] = true;
+  c["task_type"] = nullptr;
+  write_file_durably(join_path(dir, "adapter_config.json"), c.dump(2) + "\n");
 }
 
 }  // namespace fsdp::checkpoint

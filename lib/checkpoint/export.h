@@ -7,8 +7,10 @@
 #include <ATen/core/Tensor.h>
 
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace fsdp::checkpoint {
 
@@ -33,5 +35,25 @@ DraftExport read_draft_export(const std::string& dir);
 // Only d2t and t2d of an export (what its lm_head rows mean), without reading the weights.
 // Undefined tensors when the file has none; throws UsageError like read_draft_export.
 std::pair<at::Tensor, at::Tensor> read_export_mapping(const std::string& dir);
+
+// How a LoRA run adapted its base (docs/model.md "LoRA"), kept as <checkpoint>/lora.json so
+// `fsdp-train export` can merge the adapters of the training state again.
+struct LoraRecord {
+  int64_t rank = 0;
+  double alpha = 0.0;
+  std::vector<std::string> targets;
+  std::string base;  // the --init-checkpoint directory
+  double scale() const { return alpha / static_cast<double>(rank); }
+};
+std::string lora_record_json(const LoraRecord& r);
+// Reads <dir>/lora.json; nullopt when the checkpoint is not a LoRA run. Throws UsageError
+// naming the file when it is malformed.
+std::optional<LoraRecord> read_lora_record(const std::string& dir);
+
+// Writes the adapters alone in PEFT's layout: <dir>/adapter_model.safetensors with tensors
+// "base_model.model.<module>.lora_{A,B}.weight" (`adapters` holds "<module>.lora_{A,B}.weight")
+// and <dir>/adapter_config.json (peft_type LORA, r, lora_alpha, target_modules, ...).
+void write_peft_adapter(const std::string& dir, const std::map<std::string, at::Tensor>& adapters,
+                        const LoraRecord& r, c10::ScalarType dtype);
 
 }  // namespace fsdp::checkpoint

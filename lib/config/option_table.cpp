@@ -56,6 +56,10 @@ struct EnumNames<model::ExportTarget> {
   static constexpr const char* names[] = {"engines", "vllm", "sglang", "specforge"};
 };
 template <>
+struct EnumNames<NoiseType> {
+  static constexpr const char* names[] = {"uniform", "gaussian"};
+};
+template <>
 struct EnumNames<LrScheduler> {
   static constexpr const char* names[] = {"cosine", "linear", "constant"};
 };
@@ -233,6 +237,41 @@ OptionSpec report_to_row() {
     OptionValue v;
     v.list = c.metrics.report_to;
     v.text = c.metrics.report_to.empty() ? "none" : one_of(c.metrics.report_to);
+    return v;
+  };
+  return s;
+}
+
+// --lora-targets: a comma list of the draft's projections (model::lora_target_names()).
+OptionSpec lora_targets_row() {
+  OptionSpec s;
+  s.name = "lora-targets";
+  s.kind = OptionKind::kList;
+  s.group = "Model";
+  s.help =
+      "projections of every decoder layer that get a LoRA adapter with --lora-rank, any of: "
+      "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj";
+  s.choices = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+  s.set = [choices = s.choices](TrainConfig& c, const OptionValue& v, const std::string& src) {
+    std::vector<std::string> out;
+    for (const auto& raw : v.list.empty() ? std::vector<std::string>{v.text} : v.list) {
+      for (const auto& part : detail::split_list(raw)) {
+        const std::string it = detail::to_lower(part);
+        FSDP_USAGE_CHECK(std::find(choices.begin(), choices.end(), it) != choices.end(),
+                         str(src, ": '", it, "' is not a projection of the draft"),
+                         "list any of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, "
+                         "down_proj");
+        if (std::find(out.begin(), out.end(), it) == out.end()) out.push_back(it);
+      }
+    }
+    FSDP_USAGE_CHECK(!out.empty(), str(src, ": no projection given"),
+                     "list at least one, e.g. q_proj,v_proj");
+    c.model.lora_targets = out;
+  };
+  s.get = [](const TrainConfig& c) {
+    OptionValue v;
+    v.list = c.model.lora_targets;
+    v.text = one_of(c.model.lora_targets);
     return v;
   };
   return s;
@@ -460,6 +499,17 @@ void add_model_rows(std::vector<OptionSpec>& t) {
                                "exported draft directory (config.json + model.safetensors) to "
                                "start from instead of random initialisation",
                                FIELD(model.init_checkpoint)));
+  t.push_back(row<int64_t>(
+      "lora-rank", K::kInt, md,
+      "LoRA adaptation of the --init-checkpoint draft: adapters of this rank on --lora-targets, "
+      "every other weight frozen; checkpoints export the merged draft",
+      FIELD(model.lora_rank)));
+  t.back().bounds = whole(0, 4096, " (0: no LoRA, full fine-tuning)");
+  t.push_back(row<double>("lora-alpha", K::kFloat, md,
+                          "LoRA alpha: the adapters are scaled by alpha / rank",
+                          FIELD(model.lora_alpha)));
+  t.back().bounds = at_least(0, true, "give a positive alpha, e.g. 16 or 2 x the rank");
+  t.push_back(lora_targets_row());
   t.push_back(row<int64_t>("ttt-length", K::kInt, md, "test-time-training unroll steps T",
                            FIELD(model.ttt_length)));
   t.back().bounds = whole(1, 64, "", "EAGLE3 uses 7; give 1 to 64");
@@ -508,6 +558,22 @@ void add_data_rows(std::vector<OptionSpec>& t) {
                            "trainer (0: 1 on the CPU, 4 on a GPU)",
                            FIELD(data.loader_threads)));
   t.back().bounds = whole(0, 64, " (0: 1 on the CPU, 4 on a GPU)");
+  t.push_back(row<double>(
+      "noise-std", K::kFloat, da,
+      "noise added to the aux hidden states (the fc input) of training samples, never to "
+      "evaluation or the target hidden state, as speculators' --noise-std (0.05 there); 0: off. "
+      "The noise of a sample depends only on --seed, the epoch and the sample (docs/usage.md)",
+      FIELD(data.noise_std)));
+  t.back().bounds = at_least(0, false,
+                             "give --noise-std 0 (off) or a small positive value, e.g. 0.05 "
+                             "(speculators' default); at most 100",
+                             100);
+  t.push_back(row<NoiseType>(
+      "noise-type", K::kEnum, da,
+      "distribution of --noise-std's noise: uniform, U(-std, std) as speculators' "
+      "AddUniformNoise (standard deviation std/sqrt(3)), or gaussian, N(0, std^2); no effect "
+      "with --noise-std 0",
+      FIELD(data.noise_type)));
 }
 
 // Epochs, batch sizes, step counts, seed and loss normalisation.
@@ -646,6 +712,10 @@ void add_checkpoint_rows(std::vector<OptionSpec>& t) {
       "serving engines the exported config.json is written for: engines (one config vLLM and "
       "SGLang both read right), vllm, sglang, or specforge (SpecForge's own layout)",
       FIELD(checkpoint.export_for)));
+  t.push_back(row<bool>("export-lora-adapters", K::kBool, ck,
+                        "with --lora-rank: also write the adapters alone in PEFT's layout "
+                        "(<checkpoint>/adapter: adapter_config.json, adapter_model.safetensors)",
+                        FIELD(checkpoint.export_lora_adapters)));
   t.push_back(row<std::string>(
       "export-rope-scaling", K::kString, ck,
       "RoPE scaling written into exports (both rope_scaling and rope_parameters), e.g. "

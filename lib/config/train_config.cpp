@@ -58,6 +58,16 @@ const char* to_string(LrScheduler v) {
   return "?";
 }
 
+const char* to_string(NoiseType v) {
+  switch (v) {
+    case NoiseType::kUniform:
+      return "uniform";
+    case NoiseType::kGaussian:
+      return "gaussian";
+  }
+  return "?";
+}
+
 bool TrainConfig::reports_to(const std::string& sink) const {
   return std::find(metrics.report_to.begin(), metrics.report_to.end(), sink) !=
          metrics.report_to.end();

@@ -33,12 +33,16 @@ enum class AccuracyAggregation { kPooled, kPerBatch };
 // --resume: kNone starts fresh, kAuto takes the newest complete checkpoint in --output-dir
 // (fresh start when there is none), kPath resumes from resume_path and fails if it is missing.
 enum class ResumeMode { kNone, kAuto, kPath };
+// --noise-type (data/noise.h): kUniform is U(-std, std) as speculators' AddUniformNoise,
+// kGaussian is N(0, std^2).
+enum class NoiseType { kUniform, kGaussian };
 
 const char* to_string(ShardingStrategy v);
 const char* to_string(Precision v);
 const char* to_string(LossNormalization v);
 const char* to_string(DeviceKind v);
 const char* to_string(LrScheduler v);
+const char* to_string(NoiseType v);
 
 // Where the model comes from.
 struct ModelConfig {
@@ -50,6 +54,12 @@ struct ModelConfig {
   std::string init_checkpoint;     // exported draft directory to start from; empty: random init
   int64_t ttt_length = 7;
   bool activation_checkpointing = false;
+  // LoRA adaptation of the --init-checkpoint draft (docs/model.md "LoRA"): rank 0 = off (full
+  // fine-tuning); the adapters' scale is alpha / rank.
+  int64_t lora_rank = 0;
+  double lora_alpha = 16.0;
+  std::vector<std::string> lora_targets = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
+                                           "gate_proj", "up_proj", "down_proj"};
   // What the draft config's eagle_config.eagle_aux_hidden_state_layer_ids mean (the features'
   // producer's convention; model/aux_layers.h). SpecForge's: id i = output of layer i.
   model::AuxIdConvention aux_layer_convention = model::AuxIdConvention::kLayerOutput;
@@ -68,6 +78,9 @@ struct DataConfig {
   int64_t max_length = 2048;
   bool skip_bad_samples = false;
   int64_t loader_threads = 0;  // reader threads per rank; 0: 1 on the CPU, 4 on a GPU
+  // Noise on the aux hidden states of training samples (never evaluation); 0: off.
+  double noise_std = 0;
+  NoiseType noise_type = NoiseType::kUniform;
 };
 
 // Optimizer and learning-rate schedule.
@@ -130,6 +143,8 @@ struct CheckpointConfig {
   // Which engines config.json is written for (docs/serving.md): by default one config that
   // vLLM and SGLang both read right.
   model::ExportTarget export_for = model::ExportTarget::kEngines;
+  // With LoRA: also write the adapters alone in PEFT's layout (<checkpoint>/adapter/).
+  bool export_lora_adapters = false;
   std::string export_rope_scaling;  // RoPE scaling injected into exports; "": none
   ResumeMode resume = ResumeMode::kNone;
   std::string resume_path;  // when resume == kPath

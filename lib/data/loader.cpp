@@ -32,6 +32,7 @@ void LoaderOptions::validate() const {
                    str("loader read retries ", read_retries, " / delay ", retry_delay_s,
                        " must not be negative"),
                    "this is a bug in fsdp-train: please report it with the command line and log");
+  noise.validate();
 }
 
 DataLoader::DataLoader(std::shared_ptr<FeatureDataset> dataset, DistributedSampler sampler,
@@ -114,6 +115,10 @@ Batch DataLoader::build_batch(int64_t epoch, int64_t batch) {
         }
       }
       samples.push_back(process_sample(raw, options_.max_length));
+      // Here the sample's identity (epoch, dataset index) is known and the work stays off the
+      // trainer's thread; stand-ins for bad samples below get no noise.
+      samples.back().aux_hidden =
+          add_aux_noise(samples.back().aux_hidden, options_.noise, epoch, idx);
     } catch (const BadSampleError& e) {
       if (!options_.skip_bad_samples) throw;
       std::lock_guard<std::mutex> lock(mu_);

@@ -17,6 +17,7 @@
 
 #include "data/batch.h"
 #include "data/dataset.h"
+#include "data/noise.h"
 #include "data/sampler.h"
 
 namespace fsdp::data {
@@ -32,6 +33,9 @@ struct LoaderOptions {
   // filesystems have transient failures, and a multi-day run should not end on one.
   int read_retries = 3;
   double retry_delay_s = 1.0;
+  // Noise added to each good sample's aux hidden state (data/noise.h); off by default, and the
+  // trainer turns it on for the training loader only, never for evaluation.
+  NoiseOptions noise;
   void validate() const;  // throws UsageError naming the option
 };
 

@@ -10,6 +10,7 @@
 #include <torch/custom_class.h>
 #include <torch/nn/init.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
@@ -127,10 +128,35 @@ at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
   return rms_norm_composite(x, weight, eps);
 }
 
+DraftLinearImpl::DraftLinearImpl(int64_t in, int64_t out) {
+  // torch::nn::Linear's own initialisation (Kaiming uniform, a = sqrt(5)), so a draft draws the
+  // same initial weights as before LoRA existed.
+  weight = register_parameter("weight", linear(in, out)->weight.detach().clone());
+}
+
+at::Tensor DraftLinearImpl::forward(const at::Tensor& x) {
+  at::Tensor y = at::linear(x, weight);
+  if (!has_lora()) return y;
+  return y + lora_B(lora_A(x)) * lora_scale;
+}
+
+void DraftLinearImpl::add_lora(int64_t rank, double scale) {
+  FSDP_CHECK(!has_lora(), "a LoRA adapter was added twice", "call enable_lora once");
+  lora_A = register_module("lora_A", linear(weight.size(1), rank));
+  lora_B = register_module("lora_B", linear(rank, weight.size(0)));
+  {
+    at::NoGradGuard guard;
+    lora_B->weight.zero_();
+  }
+  lora_A->to(weight.scalar_type());
+  lora_B->to(weight.scalar_type());
+  lora_scale = scale;
+}
+
 Eagle3MLPImpl::Eagle3MLPImpl(int64_t hidden, int64_t intermediate) {
-  gate_proj = register_module("gate_proj", linear(hidden, intermediate));
-  up_proj = register_module("up_proj", linear(hidden, intermediate));
-  down_proj = register_module("down_proj", linear(intermediate, hidden));
+  gate_proj = register_module("gate_proj", DraftLinear(hidden, intermediate));
+  up_proj = register_module("up_proj", DraftLinear(hidden, intermediate));
+  down_proj = register_module("down_proj", DraftLinear(intermediate, hidden));
 }
 
 at::Tensor Eagle3MLPImpl::forward(const at::Tensor& x) {
@@ -141,10 +167,10 @@ Eagle3AttentionImpl::Eagle3AttentionImpl(const DraftConfig& cfg, int64_t in)
     : num_heads(cfg.num_attention_heads),
       num_kv_heads(cfg.num_key_value_heads),
       head_dim(cfg.head_dim_value()) {
-  q_proj = register_module("q_proj", linear(in, cfg.q_out_features()));
-  k_proj = register_module("k_proj", linear(in, cfg.kv_out_features()));
-  v_proj = register_module("v_proj", linear(in, cfg.kv_out_features()));
-  o_proj = register_module("o_proj", linear(cfg.q_out_features(), cfg.hidden_size));
+  q_proj = register_module("q_proj", DraftLinear(in, cfg.q_out_features()));
+  k_proj = register_module("k_proj", DraftLinear(in, cfg.kv_out_features()));
+  v_proj = register_module("v_proj", DraftLinear(in, cfg.kv_out_features()));
+  o_proj = register_module("o_proj", DraftLinear(cfg.q_out_features(), cfg.hidden_size));
 }
 
 at::Tensor Eagle3AttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos,
@@ -376,10 +402,84 @@ void Eagle3DraftImpl::restore_mapping_dtypes() {
   if (t2d.scalar_type() != at::kBool) t2d.set_data(t2d.to(at::kBool));
 }
 
+const std::vector<std::string>& lora_target_names() {
+  static const std::vector<std::string> names = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
+                                                 "gate_proj", "up_proj", "down_proj"};
+  return names;
+}
+
+void Eagle3DraftImpl::enable_lora(int64_t rank, double alpha,
+                                  const std::vector<std::string>& targets) {
+  FSDP_USAGE_CHECK(rank >= 1, fsdp::str("LoRA rank must be >= 1, got ", rank),
+                   "use --lora-rank 8, 16 or 32");
+  FSDP_USAGE_CHECK(std::isfinite(alpha) && alpha > 0,
+                   fsdp::str("LoRA alpha must be positive, got ", alpha),
+                   "use e.g. --lora-alpha 16");
+  FSDP_CHECK(lora_rank_ == 0, "LoRA enabled twice", "call enable_lora once");
+  FSDP_USAGE_CHECK(!targets.empty(), "no LoRA targets given",
+                   "list them with --lora-targets, e.g. q_proj,k_proj,v_proj,o_proj");
+  const auto& known = lora_target_names();
+  for (const auto& t : targets) {
+    std::string all;
+    for (const auto& k : known) all += (all.empty() ? "" : ",") + k;
+    FSDP_USAGE_CHECK(std::find(known.begin(), known.end(), t) != known.end(),
+                     fsdp::str("unknown LoRA target '", t, "'"),
+                     fsdp::str("--lora-targets takes names from: ", all));
+  }
+  const double scale = alpha / static_cast<double>(rank);
+  auto want = [&](const char* name) {
+    return std::find(targets.begin(), targets.end(), name) != targets.end();
+  };
+  for (const auto& layer : layers_) {
+    for (const auto& child : layer->named_modules("", /*include_self=*/false)) {
+      auto* lin = child.value()->as<DraftLinearImpl>();
+      if (!lin) continue;
+      const std::string& path = child.key();  // self_attn.q_proj, mlp.down_proj, ...
+      const std::string leaf = path.substr(path.rfind('.') + 1);
+      if (want(leaf.c_str())) lin->add_lora(rank, scale);
+    }
+  }
+  for (auto& p : named_parameters(true)) {
+    const bool adapter = p.key().find(".lora_A.") != std::string::npos ||
+                         p.key().find(".lora_B.") != std::string::npos;
+    p.value().set_requires_grad(adapter);
+  }
+  lora_rank_ = rank;
+}
+
+int64_t merge_lora(std::map<std::string, at::Tensor>& state, double scale) {
+  const std::string a_suffix = ".lora_A.weight", b_suffix = ".lora_B.weight";
+  std::vector<std::string> prefixes;
+  for (const auto& [name, t] : state) {
+    if (name.size() > a_suffix.size() &&
+        name.compare(name.size() - a_suffix.size(), a_suffix.size(), a_suffix) == 0)
+      prefixes.push_back(name.substr(0, name.size() - a_suffix.size()));
+  }
+  for (const auto& p : prefixes) {
+    FSDP_CHECK(
+        state.count(p + b_suffix) && state.count(p + ".weight"),
+        fsdp::str("LoRA adapter ", p, a_suffix, " without ", p, b_suffix, " or ", p, ".weight"),
+        "merge a complete state (base weights and both adapter matrices)");
+    at::Tensor& w = state.at(p + ".weight");
+    const at::Tensor a = state.at(p + a_suffix).to(at::kDouble);
+    const at::Tensor b = state.at(p + b_suffix).to(at::kDouble);
+    FSDP_CHECK(
+        a.dim() == 2 && b.dim() == 2 && b.size(1) == a.size(0) && w.size(0) == b.size(0) &&
+            w.size(1) == a.size(1),
+        fsdp::str("LoRA shapes of ", p, ": A ", a.sizes(), ", B ", b.sizes(), ", W ", w.sizes()),
+        "merge adapters trained for this draft");
+    w = (w.to(at::kDouble) + scale * at::matmul(b, a)).to(w.scalar_type());
+    state.erase(p + a_suffix);
+    state.erase(p + b_suffix);
+  }
+  return static_cast<int64_t>(prefixes.size());
+}
+
 std::vector<at::Tensor> Eagle3DraftImpl::trainable_parameters() const {
   std::vector<at::Tensor> out;
   for (const auto& p : named_parameters(true)) {
-    if (p.key().rfind("embed_tokens.", 0) != 0) out.push_back(p.value());
+    if (p.key().rfind("embed_tokens.", 0) != 0 && p.value().requires_grad())
+      out.push_back(p.value());
   }
   return out;
 }

@@ -11,6 +11,7 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/pimpl.h>
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -42,12 +43,31 @@ class RMSNormImpl : public torch::nn::Module {
 };
 TORCH_MODULE(RMSNorm);
 
+// A bias-free linear layer y = x W^T with `weight` [out, in] (initialised as torch::nn::Linear,
+// drawing the same random numbers), and an optional LoRA adapter (docs/model.md "LoRA"):
+// y = x W^T + scale * (x A^T) B^T with A = lora_A.weight [r, in], B = lora_B.weight [out, r]
+// (PEFT's names and order of operations).
+class DraftLinearImpl : public torch::nn::Module {
+ public:
+  DraftLinearImpl(int64_t in, int64_t out);
+  at::Tensor forward(const at::Tensor& x);
+  // Adds the adapter: A Kaiming-uniform (a = sqrt(5), PEFT's default), B zeros, so the adapted
+  // layer starts equal to the base. The base weight is not frozen here (Eagle3DraftImpl::
+  // enable_lora freezes everything but the adapters).
+  void add_lora(int64_t rank, double scale);
+  bool has_lora() const { return !lora_A.is_empty(); }
+  at::Tensor weight;
+  torch::nn::Linear lora_A{nullptr}, lora_B{nullptr};
+  double lora_scale = 0.0;
+};
+TORCH_MODULE(DraftLinear);
+
 // down(silu(gate(x)) * up(x)), no biases.
 class Eagle3MLPImpl : public torch::nn::Module {
  public:
   Eagle3MLPImpl(int64_t hidden, int64_t intermediate);
   at::Tensor forward(const at::Tensor& x);
-  torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+  DraftLinear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
 };
 TORCH_MODULE(Eagle3MLP);
 
@@ -74,7 +94,7 @@ class Eagle3AttentionImpl : public torch::nn::Module {
   // x [B, S, in]; cos/sin [S, d] for positions t + step; returns [B, S, H].
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                      KVCache& cache, const at::Tensor& attention_mask, AttentionImpl impl);
-  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  DraftLinear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
   int64_t num_heads, num_kv_heads, head_dim;
 };
 TORCH_MODULE(Eagle3Attention);
@@ -180,7 +200,16 @@ class Eagle3DraftImpl : public torch::nn::Module {
   void to(torch::Dtype dtype, bool non_blocking = false) override;
   void to(torch::Device device, bool non_blocking = false) override;
 
-  // Trainable parameters (everything except embed_tokens), in registration order.
+  // LoRA adaptation (docs/model.md "LoRA"): adds an adapter of `rank` with scale alpha / rank to
+  // every projection of every decoder layer whose name is in `targets` (q_proj, k_proj, v_proj,
+  // o_proj, gate_proj, up_proj, down_proj) and freezes every other parameter. Call before the
+  // sharding engine is built (it splits units by requires_grad). Throws UsageError naming an
+  // unknown target.
+  void enable_lora(int64_t rank, double alpha, const std::vector<std::string>& targets);
+  bool lora_enabled() const { return lora_rank_ > 0; }
+
+  // Trainable parameters (those requiring a gradient: everything except embed_tokens, or the
+  // LoRA adapters alone), in registration order.
   std::vector<at::Tensor> trainable_parameters() const;
   // Export tensors of docs/reference.md §7 (no embed_tokens): name -> tensor, in state-dict order.
   std::vector<std::pair<std::string, at::Tensor>> export_tensors() const;
@@ -199,11 +228,25 @@ class Eagle3DraftImpl : public torch::nn::Module {
   void restore_mapping_dtypes();
   std::string layer_unit(int64_t k) const;
   std::vector<std::shared_ptr<DraftLayer>> layers_;
+  int64_t lora_rank_ = 0;
   DraftConfig cfg_;
   RotaryEmbedding rope_;
   fsdp::UnitHooks* hooks_ = nullptr;
   bool checkpoint_layer_ = false;
 };
 TORCH_MODULE(Eagle3Draft);
+
+}  // namespace fsdp::model
+
+namespace fsdp::model {
+
+// The LoRA target names enable_lora accepts, in PEFT's usual order.
+const std::vector<std::string>& lora_target_names();
+
+// Folds LoRA adapters into their base weights in `state` (a full state dict by parameter name):
+// for every "<p>.lora_A.weight" with "<p>.lora_B.weight", "<p>.weight" becomes
+// W + scale * B A (computed in float64, stored in W's dtype) and the adapter tensors are removed.
+// Returns the number of weights merged. Throws when an adapter lacks its pair or base.
+int64_t merge_lora(std::map<std::string, at::Tensor>& state, double scale);
 
 }  // namespace fsdp::model

@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -111,7 +112,10 @@ class ShardEngine final : public UnitHooks {
   // include_frozen false, which gathers and copies nothing of them: an export without the frozen
   // embedding). Collective over the shard group; with rank0_only, ranks other than world rank 0
   // get an empty map.
-  std::map<std::string, at::Tensor> full_state(bool rank0_only, bool include_frozen = true);
+  // skip_frozen_units: units whose frozen parameters are left out even with include_frozen
+  // (a LoRA export needs the frozen base weights but not the frozen embedding).
+  std::map<std::string, at::Tensor> full_state(bool rank0_only, bool include_frozen = true,
+                                               const std::set<std::string>& skip_frozen_units = {});
   // Copies full tensors into this rank's shards (any dtype/device; fp32 masters). Every
   // parameter must be present with its shape unless allow_missing (then it keeps its value).
   void load_full_state(const std::map<std::string, at::Tensor>& tensors,

@@ -30,14 +30,16 @@
 
 namespace fsdp::shard {
 
-std::map<std::string, at::Tensor> ShardEngine::full_state(bool rank0_only, bool include_frozen) {
+std::map<std::string, at::Tensor> ShardEngine::full_state(
+    bool rank0_only, bool include_frozen, const std::set<std::string>& skip_frozen_units) {
   finish_backward();
   c10::NoGradGuard no_grad;
   std::map<std::string, at::Tensor> out;
   comm::Communicator* sc = groups_.shard.get();
   const bool keep = !rank0_only || (shard_rank() == 0 && replicate_rank() == 0);
   for (FlatParam* f : flat_params()) {
-    if (!include_frozen && !f->trainable()) continue;  // the same choice on every rank
+    if (!f->trainable() && (!include_frozen || skip_frozen_units.count(f->layout().unit)))
+      continue;  // the same choice on every rank
     const FlatLayout& l = f->layout();
     // Gather in fp32 on the communicator's device, then slice per parameter on the host.
     const c10::Device dev =

@@ -73,6 +73,16 @@ optim::LrDecay to_decay(config::LrScheduler s) {
   unknown("learning-rate scheduler", static_cast<int>(s));
 }
 
+data::NoiseType to_noise(config::NoiseType t) {
+  switch (t) {
+    case config::NoiseType::kUniform:
+      return data::NoiseType::kUniform;
+    case config::NoiseType::kGaussian:
+      return data::NoiseType::kGaussian;
+  }
+  unknown("noise type", static_cast<int>(t));
+}
+
 shard::EngineOptions engine_options(const config::TrainConfig& cfg, c10::Device device) {
   shard::EngineOptions eo;
   eo.strategy = to_engine(cfg.shard.strategy);
@@ -99,6 +109,14 @@ data::LoaderOptions loader_options(const config::TrainConfig& cfg, c10::Device d
   lo.prefetch_threads = static_cast<int>(cfg.data.loader_threads > 0 ? cfg.data.loader_threads
                                                                      : (device.is_cpu() ? 1 : 4));
   return lo;
+}
+
+data::NoiseOptions noise_options(const config::TrainConfig& cfg) {
+  data::NoiseOptions o;
+  o.std = cfg.data.noise_std;
+  o.type = to_noise(cfg.data.noise_type);
+  o.seed = static_cast<uint64_t>(cfg.loop.seed);
+  return o;
 }
 
 model::LossOptions loss_options(const config::TrainConfig& cfg, int64_t accumulation) {

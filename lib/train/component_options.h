@@ -30,12 +30,17 @@ shard::EngineOptions::StepScalars to_engine(config::StepScalars s);
 c10::ScalarType to_dtype(config::Precision p);  // --mixed-precision, --reduce-dtype, ...
 model::LossNormalization to_loss(config::LossNormalization n);
 optim::LrDecay to_decay(config::LrScheduler s);
+data::NoiseType to_noise(config::NoiseType t);
 
 // The engine's options on `device` (validated by the engine, not here).
 shard::EngineOptions engine_options(const config::TrainConfig& cfg, c10::Device device);
 
-// The loader's options: --loader-threads 0 means one reader on the CPU and four on a GPU.
+// The loader's options: --loader-threads 0 means one reader on the CPU and four on a GPU. Noise
+// stays off: evaluation loaders use these as they are, the training loader adds noise_options.
 data::LoaderOptions loader_options(const config::TrainConfig& cfg, c10::Device device);
+
+// The aux hidden-state noise of the training loader: --noise-std, --noise-type, keyed by --seed.
+data::NoiseOptions noise_options(const config::TrainConfig& cfg);
 
 // The loss of one micro-batch, divided by `accumulation` (1 for evaluation).
 model::LossOptions loss_options(const config::TrainConfig& cfg, int64_t accumulation);

@@ -459,7 +459,17 @@ void TrainLoop::keep_best(int64_t epoch) {
 
 RunResult Trainer::Impl::train() {
   install_stop_handlers();
-  auto loader = make_loader(train_ds, /*shuffle=*/true);
+  auto loader = make_loader(train_ds, /*training=*/true);
+  if (cfg.data.noise_std > 0) {
+    FSDP_LOG0(kInfo) << "noise augmentation: " << config::to_string(cfg.data.noise_type)
+                     << (cfg.data.noise_type == config::NoiseType::kUniform ? " U(-s, s)"
+                                                                            : " N(0, s^2)")
+                     << ", s = " << cfg.data.noise_std
+                     << ", on the aux hidden states of training samples";
+  } else if (cfg.data.noise_type != config::NoiseType::kUniform) {
+    FSDP_LOG0(kWarn) << "--noise-type " << config::to_string(cfg.data.noise_type)
+                     << " has no effect with --noise-std 0 (no noise is added)";
+  }
   const int64_t per_epoch = loader->batches_per_epoch();
   const int64_t steps_per_epoch = check_epoch(per_epoch);
   total_steps =
@@ -544,11 +554,17 @@ void Trainer::Impl::warn_resumed_schedule(int64_t per_epoch, int64_t steps_per_e
 void Trainer::Impl::log_run_start(int64_t per_epoch) const {
   config::write_run_config(cfg);  // checked: a full disk is an error naming the file
   const auto counts = model::count_parameters(draft_cfg);
-  FSDP_LOG0(kInfo) << "draft: " << counts.trainable << " trainable parameters (+"
-                   << counts.frozen_embedding << " frozen embedding); " << train_ds->size()
-                   << " training samples (" << train_ds->format() << "), " << per_epoch
-                   << " micro-batches per rank per epoch, accumulation " << plan.accumulation_steps
-                   << ", " << total_steps << " optimizer steps (warmup " << warmup << ")";
+  int64_t trained = 0;  // the LoRA adapters alone with --lora-rank
+  for (const auto& p : draft->trainable_parameters()) trained += p.numel();
+  FSDP_LOG0(kInfo) << "draft: " << trained << " trainable parameters (+" << counts.frozen_embedding
+                   << " frozen embedding"
+                   << (draft->lora_enabled()
+                           ? fsdp::str(", ", counts.trainable, " frozen base weights")
+                           : std::string())
+                   << "); " << train_ds->size() << " training samples (" << train_ds->format()
+                   << "), " << per_epoch << " micro-batches per rank per epoch, accumulation "
+                   << plan.accumulation_steps << ", " << total_steps << " optimizer steps (warmup "
+                   << warmup << ")";
   // What the sharding costs each rank before any activation: the first thing to know when a
   // larger model or more ranks is planned.
   const auto mem = engine->memory();

@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
 #include <thread>
@@ -170,8 +171,33 @@ void Trainer::Impl::resolve_serving_export() {
   // The parsed config carries eagle_config and any top-level id list through to_json(): no second
   // read of the file.
   const int64_t L = model::target_num_layers(cfg.model.target_model_path);
-  aux_layers = model::resolve_aux_layers(draft_cfg.to_json(), cfg.model.aux_layer_convention, L,
-                                         cfg.model.draft_model_config);
+  // A checkpoint's own config.json (e.g. --init-checkpoint DIR --draft-model-config
+  // DIR/config.json): an export for vLLM mirrors the hidden-state indices into eagle_config, so
+  // its ids are in vLLM's convention whatever --aux-layer-convention says. The checkpoint's
+  // aux_layers.json records those indices: when both id lists equal them, that is what they mean.
+  model::AuxIdConvention convention = cfg.model.aux_layer_convention;
+  {
+    const std::string record = checkpoint::join_path(
+        std::filesystem::path(cfg.model.draft_model_config).parent_path().string(),
+        "aux_layers.json");
+    std::error_code ec;
+    if (std::filesystem::is_regular_file(record, ec)) {
+      try {
+        std::ifstream in(record);
+        const auto rec = nlohmann::json::parse(in);
+        const auto cfg_json = nlohmann::json::parse(draft_cfg.to_json());
+        const auto hs = rec.at("hidden_state_index");
+        const char* key = "eagle_aux_hidden_state_layer_ids";
+        if (cfg_json.contains(key) && cfg_json.at(key) == hs && cfg_json.contains("eagle_config") &&
+            cfg_json.at("eagle_config").value(key, nlohmann::json()) == hs)
+          convention = model::AuxIdConvention::kHiddenStateIndex;
+      } catch (const std::exception&) {
+        // Not a record this version wrote: the flag's convention applies.
+      }
+    }
+  }
+  aux_layers =
+      model::resolve_aux_layers(draft_cfg.to_json(), convention, L, cfg.model.draft_model_config);
   export_rope = model::parse_rope_override(cfg.checkpoint.export_rope_scaling, cfg.data.max_length);
   const int64_t n_aux = draft_cfg.num_aux_hidden_states;
   if (n_aux != 3) {
@@ -389,6 +415,26 @@ void Trainer::Impl::build_model() {
   draft->load_embedding(emb);
   draft->set_vocab_mapping(mapping.d2t, mapping.t2d);
   draft->set_checkpoint_layer(cfg.model.activation_checkpointing);
+  if (cfg.model.lora_rank > 0) {
+    // Before the engine exists: it puts the frozen base into its frozen buffers (no masters, no
+    // optimizer state) and only the adapters into the trainable ones.
+    FSDP_USAGE_CHECK(have_init_export,
+                     "--lora-rank adapts an existing draft, and no --init-checkpoint is given",
+                     "give --init-checkpoint BASE (an exported draft), or drop --lora-rank to "
+                     "train the whole draft");
+    draft->enable_lora(cfg.model.lora_rank, cfg.model.lora_alpha, cfg.model.lora_targets);
+    int64_t adapters = 0, frozen = 0;
+    for (const auto& p : draft->named_parameters())
+      (p.value().requires_grad() ? adapters : frozen) += p.value().numel();
+    std::string targets;
+    for (const auto& t : cfg.model.lora_targets) targets += (targets.empty() ? "" : ",") + t;
+    FSDP_LOG0(kInfo) << "LoRA: rank " << cfg.model.lora_rank << ", alpha " << cfg.model.lora_alpha
+                     << " (scale "
+                     << cfg.model.lora_alpha / static_cast<double>(cfg.model.lora_rank) << ") on "
+                     << targets << " of " << draft->num_layers() << " layer(s): " << adapters
+                     << " adapter parameters trained, " << frozen << " frozen (the base of "
+                     << cfg.model.init_checkpoint << "); checkpoints export the merged draft";
+  }
   draft->to(device);
 
   shard::EngineOptions eo = engine_options(cfg, device);
@@ -411,6 +457,20 @@ void Trainer::Impl::choose_vocab_mapping() {
   const int64_t V = draft_cfg.vocab_size, Vd = draft_cfg.draft_vocab();
   // Vocabulary mapping: from the checkpoint a resume loads, else the initial checkpoint (each
   // defines what its lm_head rows mean), else a mapping file, the cache, or the features.
+  if (cfg.model.lora_rank > 0) {
+    // The adapted draft keeps its base's lm_head rows, which mean the base's d2t/t2d: another
+    // mapping would make them mean other tokens.
+    FSDP_USAGE_CHECK(cfg.model.vocab_mapping_path.empty(),
+                     "--vocab-mapping-path with --lora-rank: LoRA keeps the base draft's lm_head, "
+                     "whose rows are the tokens of the base's own d2t/t2d",
+                     "drop --vocab-mapping-path (the base's mapping is used), or fine-tune the "
+                     "whole draft without --lora-rank");
+    FSDP_USAGE_CHECK(!have_init_export || (init_export.d2t.defined() && init_export.t2d.defined()),
+                     "--lora-rank: the --init-checkpoint " + cfg.model.init_checkpoint +
+                         " has no d2t/t2d, so its lm_head rows mean unknown tokens",
+                     "adapt an export that carries its vocabulary mapping (fsdp-train and "
+                     "SpecForge exports do)");
+  }
   std::pair<at::Tensor, at::Tensor> resumed_mapping;
   if (!resume_candidates.empty()) {
     resumed_mapping = checkpoint::read_export_mapping(resume_candidates.front().path);
@@ -504,7 +564,10 @@ void Trainer::Impl::load_init_weights() {
   std::map<std::string, at::Tensor> weights(init_export.weights.begin(), init_export.weights.end());
   for (const auto& item : draft->named_parameters()) {
     const std::string& name = item.key();
-    if (name == "embed_tokens.weight") continue;
+    // LoRA adapters start fresh (B = 0: the adapted draft starts as the base).
+    if (name == "embed_tokens.weight" || name.find(".lora_A.") != std::string::npos ||
+        name.find(".lora_B.") != std::string::npos)
+      continue;
     FSDP_USAGE_CHECK(
         weights.count(name),
         fsdp::str("--init-checkpoint ", cfg.model.init_checkpoint, " lacks tensor '", name, "'"),
@@ -518,10 +581,11 @@ void Trainer::Impl::load_init_weights() {
 }
 
 std::unique_ptr<data::DataLoader> Trainer::Impl::make_loader(
-    std::shared_ptr<data::FeatureDataset> ds, bool shuffle) const {
+    std::shared_ptr<data::FeatureDataset> ds, bool training) const {
   data::DistributedSampler sampler(ds->size(), rank, world, plan.micro_batch,
-                                   static_cast<uint64_t>(cfg.loop.seed), shuffle);
+                                   static_cast<uint64_t>(cfg.loop.seed), /*shuffle=*/training);
   data::LoaderOptions lo = loader_options(cfg, device);
+  if (training) lo.noise = noise_options(cfg);
   lo.validate();
   return std::make_unique<data::DataLoader>(ds, sampler, lo);
 }
@@ -539,7 +603,7 @@ std::vector<std::pair<std::string, double>> Trainer::Impl::evaluate(
     const std::string& prefix, const std::function<void()>& before_failure) {
   auto ds = eval_ds ? eval_ds : train_ds;
   check_eval_size(*ds);
-  auto loader = make_loader(ds, /*shuffle=*/false);
+  auto loader = make_loader(ds, /*training=*/false);
   loader->start({0, 0});
   StepMetrics m(cfg.model.ttt_length, metrics_device(), cfg.metrics.accuracy_aggregation);
   at::NoGradGuard no_grad;

@@ -102,9 +102,30 @@ std::string Trainer::Impl::save(int64_t epoch_for_name) {
   control->barrier();
   // The export leaves out the frozen embedding (docs/reference.md §7): it is neither gathered nor
   // copied (for the llama3-8B draft 2.1 GB of fp32 on the device and on rank 0's host per save).
-  auto full = engine->full_state(/*rank0_only=*/true, /*include_frozen=*/false);
+  // A LoRA run exports the merged draft (docs/model.md "LoRA"): its frozen base weights are
+  // gathered too (the embedding still is not), and the adapters folded into them.
+  const bool lora = draft->lora_enabled();
+  auto full = lora ? engine->full_state(/*rank0_only=*/true, /*include_frozen=*/true,
+                                        /*skip_frozen_units=*/{"embed_tokens"})
+                   : engine->full_state(/*rank0_only=*/true, /*include_frozen=*/false);
   if (rank == 0) {
     attempt([&] {
+      if (lora) {
+        checkpoint::LoraRecord rec{cfg.model.lora_rank, cfg.model.lora_alpha,
+                                   cfg.model.lora_targets, cfg.model.init_checkpoint};
+        if (cfg.checkpoint.export_lora_adapters) {
+          std::map<std::string, at::Tensor> adapters;
+          for (const auto& [name, t] : full)
+            if (name.find(".lora_A.") != std::string::npos ||
+                name.find(".lora_B.") != std::string::npos)
+              adapters.emplace(name, t);
+          checkpoint::write_peft_adapter(checkpoint::join_path(writer.temp_dir(), "adapter"),
+                                         adapters, rec, to_dtype(cfg.checkpoint.export_dtype));
+        }
+        model::merge_lora(full, rec.scale());
+        fsdp::write_file_durably(checkpoint::join_path(writer.temp_dir(), "lora.json"),
+                                 checkpoint::lora_record_json(rec));
+      }
       checkpoint::write_draft_export(writer.temp_dir(), export_config_json(), full, mapping.d2t,
                                      mapping.t2d, to_dtype(cfg.checkpoint.export_dtype));
       if (aux_layers) {

@@ -79,8 +79,10 @@ struct Trainer::Impl {
   // The target's "embedding" and "lm_head", checked against the draft config.
   std::map<std::string, at::Tensor> read_target_tensors() const;
   void load_init_weights();
+  // `training`: the training loader, shuffled and with the aux noise of --noise-std; otherwise
+  // an evaluation loader in dataset order without noise.
   std::unique_ptr<data::DataLoader> make_loader(std::shared_ptr<data::FeatureDataset> ds,
-                                                bool shuffle) const;
+                                                bool training) const;
   // Evaluates the current weights on the evaluation set (the training set without one). When
   // reading a micro-batch fails on any rank, the ranks agree on it before its collectives, run
   // before_failure (the loop saves the last completed step there), and the failing rank

@@ -82,6 +82,24 @@ TEST_CASE("loader options: readers per device", "[train]") {
   CHECK(loader_options(cfg, c10::Device(c10::kCPU)).prefetch_threads == 3);
 }
 
+TEST_CASE("noise options: the training loader's only, never the evaluation loader's", "[train]") {
+  config::TrainConfig cfg;
+  CHECK_FALSE(noise_options(cfg).enabled());  // off by default
+  cfg.data.noise_std = 0.05;
+  cfg.data.noise_type = config::NoiseType::kGaussian;
+  cfg.loop.seed = 7;
+  const data::NoiseOptions n = noise_options(cfg);
+  CHECK(n.enabled());
+  CHECK(n.std == 0.05);
+  CHECK(n.type == data::NoiseType::kGaussian);
+  CHECK(n.seed == 7);
+  // loader_options is what evaluation loaders use as it is: noise stays off there.
+  CHECK_FALSE(loader_options(cfg, c10::Device(c10::kCPU)).noise.enabled());
+  CHECK(to_noise(config::NoiseType::kUniform) == data::NoiseType::kUniform);
+  CHECK(to_noise(config::NoiseType::kGaussian) == data::NoiseType::kGaussian);
+  CHECK_THROWS_AS(to_noise(static_cast<config::NoiseType>(99)), fsdp::Error);
+}
+
 TEST_CASE("loss options", "[train]") {
   config::TrainConfig cfg;
   cfg.model.ttt_length = 5;

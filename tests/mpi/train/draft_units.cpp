@@ -1,0 +1,131 @@
+// A multi-layer draft under the sharding engine (docs/model.md "Draft variants"): every decoder
+// layer (and fc's norms) is its own unit with its own flat buffer; the all-gather traffic of a
+// training step equals each unit's uses as the model announced them (gather once per forward of
+// a micro-batch, plus the re-gather before backward), so a layer used at every TTT step is not
+// gathered T times, and prefetching changes nothing of that. (1 vs 2 ranks reaching the same
+// weights with a multi-layer draft: tests/e2e/draft_variants.sh.)
+#include <catch2/catch.hpp>
+
+#include <map>
+#include <string>
+
+#include "model/draft_model.h"
+#include "model/ttt_loss.h"
+#include "mpi/shard/groups.h"
+#include "shard/engine.h"
+
+using namespace fsdp;
+using namespace fsdp::testing;
+
+namespace {
+
+model::DraftConfig three_layers() {
+  model::DraftConfig c;
+  c.hidden_size = 16;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = 4;
+  c.intermediate_size = 24;
+  c.vocab_size = 40;
+  c.draft_vocab_size = 20;
+  c.rms_norm_eps = 1e-5;
+  c.max_position_embeddings = 32;
+  c.target_hidden_size = 12;
+  c.num_hidden_layers = 3;
+  c.fc_norm = true;
+  c.validate();
+  return c;
+}
+
+// Forwards to the engine and counts each unit's forward uses.
+struct Counting : UnitHooks {
+  UnitHooks* inner = nullptr;
+  std::map<std::string, int64_t> uses;
+  void pre_forward(const std::string& unit) override {
+    ++uses[unit];
+    inner->pre_forward(unit);
+  }
+  void post_forward(const std::string& unit, const at::Tensor& out) override {
+    inner->post_forward(unit, out);
+  }
+};
+
+struct Batch {
+  at::Tensor ids, mask, aux;
+  model::TargetDistribution target;
+};
+
+Batch batch(const model::DraftConfig& c, int64_t seed) {
+  torch::manual_seed(seed);
+  Batch b;
+  b.ids = torch::randint(0, c.vocab_size, {2, 8}, torch::kLong);
+  b.mask = torch::ones({2, 8}, torch::kLong);
+  b.mask[1].narrow(0, 6, 2).zero_();
+  b.aux = torch::randn({2, 8, c.fc_in_features()});
+  b.target.target_p = torch::rand({2, 8 + 3, c.draft_vocab()});
+  b.target.target_p /= b.target.target_p.sum(-1, true);
+  b.target.position_mask = b.mask.clone();
+  return b;
+}
+
+// Two micro-batches of this rank and one optimizer step; returns the unit uses.
+std::map<std::string, int64_t> step(model::Eagle3Draft& m, shard::ShardEngine& e, int rank,
+                                    Counting& counting) {
+  model::LossOptions opt;
+  opt.ttt_length = 3;
+  opt.accumulation_steps = 2;
+  for (int a = 0; a < 2; ++a) {
+    Batch b = batch(m->config(), 100 + 10 * a + rank);
+    model::ttt_step(*m, b.target, b.ids, b.mask, b.mask, b.aux, opt).loss.backward();
+  }
+  e.step(1e-2, 1.0);
+  return counting.uses;
+}
+
+}  // namespace
+
+TEST_CASE("multi-layer draft: one unit per layer, gathers follow the uses, same weights",
+          "[mpi][shard]") {
+  const auto& t = comm::topology();
+  const int w = t.world_size;
+  auto world = world_comm();
+  for (bool prefetch : {false, true}) {
+    for (bool between_uses : {false, true}) {
+      INFO("prefetch " << prefetch << " reshard between uses " << between_uses);
+      torch::manual_seed(7);
+      model::Eagle3Draft m(three_layers());
+      shard::EngineOptions eo;
+      eo.strategy = shard::Strategy::kFullShard;
+      eo.units = m->unit_names();
+      eo.prefetch = prefetch;
+      eo.reshard_between_uses = between_uses;
+      eo.adamw.weight_decay = 0.0;
+      eo.mixed_precision.param_dtype = torch::kFloat;  // 4 bytes per gathered element
+      shard::ShardEngine e(*m, {world, nullptr}, eo);
+      std::vector<std::string> units;
+      for (const auto* l : e.layouts()) units.push_back(l->unit + (l->trainable ? "" : "/frozen"));
+      CHECK(units == std::vector<std::string>{"embed_tokens/frozen", "fc_norm", "fc", "layers.0",
+                                              "layers.1", "layers.2", "norm", "lm_head"});
+      Counting counting;
+      counting.inner = &e;
+      m->set_unit_hooks(&counting);
+      world->stats().reset();
+      const auto uses = step(m, e, t.world_rank, counting);
+      m->set_unit_hooks(nullptr);
+      // Per micro-batch, each layer runs at every TTT step.
+      for (const char* layer : {"layers.0", "layers.1", "layers.2"}) CHECK(uses.at(layer) == 2 * 3);
+      if (w > 1) {
+        uint64_t bytes = 0;
+        for (const auto* l : e.layouts()) {
+          const int64_t per_mb = uses.at(l->unit) / 2;
+          const int64_t bwd = l->trainable ? 1 : 0;  // the frozen embedding has no backward
+          // The engine's first micro-batch gathers at every use; later ones keep a unit gathered
+          // through its forward uses unless asked to reshard between them.
+          const int64_t gathers = between_uses ? 2 * (per_mb + bwd) : per_mb + bwd + (1 + bwd);
+          bytes += static_cast<uint64_t>(gathers * l->padded_numel * 4);
+        }
+        CHECK(world->stats().get(comm::OpType::kAllGather).bytes == bytes);
+      }
+    }
+  }
+}

@@ -1,0 +1,158 @@
+// LoRA adaptation of a draft (docs/model.md "LoRA"): adapters on the chosen projections of every
+// layer, everything else frozen, the adapted draft starting equal to its base, and the merged
+// weights (what a checkpoint exports) computing the adapted draft's logits.
+#include <catch2/catch.hpp>
+
+#include <torch/torch.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "model/draft_model.h"
+#include "model/ttt_loss.h"
+
+using namespace fsdp::model;
+
+namespace {
+
+DraftConfig config(int64_t layers) {
+  DraftConfig c;
+  c.hidden_size = 16;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = 4;
+  c.intermediate_size = 24;
+  c.vocab_size = 40;
+  c.draft_vocab_size = 20;
+  c.rms_norm_eps = 1e-5;
+  c.max_position_embeddings = 16;
+  c.num_hidden_layers = layers;
+  c.fc_norm = layers > 1;
+  c.validate();
+  return c;
+}
+
+struct Inputs {
+  at::Tensor ids, mask, aux;
+};
+
+Inputs inputs(const DraftConfig& c, at::ScalarType dtype) {
+  torch::manual_seed(3);
+  return {torch::randint(0, c.vocab_size, {2, 6}, torch::kLong),
+          torch::tensor({1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0}, torch::kLong).view({2, 6}),
+          torch::randn({2, 6, c.fc_in_features()}).to(dtype)};
+}
+
+std::map<std::string, at::Tensor> state(const Eagle3Draft& m) {
+  std::map<std::string, at::Tensor> s;
+  for (const auto& p : m->named_parameters()) s[p.key()] = p.value().detach().clone();
+  return s;
+}
+
+double rel(const at::Tensor& a, const at::Tensor& b) {
+  return ((a.to(at::kDouble) - b.to(at::kDouble)).norm() / b.to(at::kDouble).norm()).item<double>();
+}
+
+}  // namespace
+
+TEST_CASE("LoRA: adapters on the targets of every layer, everything else frozen", "[model][lora]") {
+  Eagle3Draft m(config(2));
+  m->enable_lora(4, 8.0, {"q_proj", "v_proj", "down_proj"});
+  CHECK(m->lora_enabled());
+  std::vector<std::string> trained;
+  for (const auto& p : m->named_parameters())
+    if (p.value().requires_grad()) trained.push_back(p.key());
+  CHECK(trained ==
+        std::vector<std::string>{
+            "layers.0.self_attn.q_proj.lora_A.weight", "layers.0.self_attn.q_proj.lora_B.weight",
+            "layers.0.self_attn.v_proj.lora_A.weight", "layers.0.self_attn.v_proj.lora_B.weight",
+            "layers.0.mlp.down_proj.lora_A.weight", "layers.0.mlp.down_proj.lora_B.weight",
+            "layers.1.self_attn.q_proj.lora_A.weight", "layers.1.self_attn.q_proj.lora_B.weight",
+            "layers.1.self_attn.v_proj.lora_A.weight", "layers.1.self_attn.v_proj.lora_B.weight",
+            "layers.1.mlp.down_proj.lora_A.weight", "layers.1.mlp.down_proj.lora_B.weight"});
+  auto params = m->named_parameters();
+  CHECK(params["layers.0.self_attn.q_proj.lora_A.weight"].sizes() == at::IntArrayRef({4, 32}));
+  CHECK(params["layers.1.self_attn.q_proj.lora_A.weight"].sizes() == at::IntArrayRef({4, 16}));
+  CHECK(params["layers.0.mlp.down_proj.lora_B.weight"].sizes() == at::IntArrayRef({16, 4}));
+  CHECK(m->trainable_parameters().size() == trained.size());
+  // Unknown targets and bad values are refused by name.
+  Eagle3Draft other(config(1));
+  CHECK_THROWS_WITH(other->enable_lora(4, 8.0, {"qkv_proj"}), Catch::Contains("qkv_proj"));
+  CHECK_THROWS_AS(other->enable_lora(0, 8.0, {"q_proj"}), fsdp::UsageError);
+  CHECK_THROWS_AS(other->enable_lora(4, 0.0, {"q_proj"}), fsdp::UsageError);
+}
+
+TEST_CASE("LoRA: the adapted draft starts as its base; gradients reach the adapters only",
+          "[model][lora]") {
+  const DraftConfig c = config(1);
+  torch::manual_seed(1);
+  Eagle3Draft base(c);
+  torch::manual_seed(1);
+  Eagle3Draft m(c);
+  m->enable_lora(4, 8.0, lora_target_names());
+  const Inputs in = inputs(c, at::kFloat);
+  const auto a = ttt_logits(*base, in.ids, in.mask, in.aux, 3, AttentionImpl::kEfficient);
+  const auto b = ttt_logits(*m, in.ids, in.mask, in.aux, 3, AttentionImpl::kEfficient);
+  for (size_t i = 0; i < a.size(); ++i) CHECK(torch::equal(a[i], b[i]));  // B starts at zero
+  TargetDistribution target;
+  target.target_p = torch::rand({2, 9, c.draft_vocab()});
+  target.target_p /= target.target_p.sum(-1, true);
+  target.position_mask = in.mask.clone();
+  LossOptions opt;
+  opt.ttt_length = 3;
+  ttt_step(*m, target, in.ids, in.mask, in.mask, in.aux, opt).loss.backward();
+  for (const auto& p : m->named_parameters()) {
+    INFO(p.key());
+    const bool adapter = p.key().find(".lora_") != std::string::npos;
+    CHECK(p.value().grad().defined() == adapter);
+    // B starts at zero, so A's first gradient is zero too; B's is not.
+    if (p.key().find(".lora_B.") != std::string::npos)
+      CHECK(p.value().grad().abs().max().item<float>() > 0);
+  }
+}
+
+TEST_CASE("LoRA: the merged weights compute the adapted draft (float32 1e-6, float64 1e-12)",
+          "[model][lora]") {
+  for (int64_t layers : {1, 2}) {
+    for (auto dtype : {at::kFloat, at::kDouble}) {
+      INFO(layers << " layer(s), " << (dtype == at::kFloat ? "float32" : "float64"));
+      const DraftConfig c = config(layers);
+      torch::manual_seed(2);
+      Eagle3Draft m(c);
+      m->enable_lora(4, 8.0, lora_target_names());
+      m->to(dtype);
+      {
+        torch::NoGradGuard g;  // adapters as training would leave them: B no longer zero
+        for (const auto& p : m->named_parameters())
+          if (p.key().find(".lora_") != std::string::npos) p.value().uniform_(-0.3, 0.3);
+      }
+      const Inputs in = inputs(c, dtype);
+      const auto adapted = ttt_logits(*m, in.ids, in.mask, in.aux, 3, AttentionImpl::kEfficient);
+      auto merged = state(m);
+      const size_t before = merged.size();
+      CHECK(merge_lora(merged, 2.0) == 7 * layers);
+      CHECK(merged.size() == before - 14 * static_cast<size_t>(layers));
+      Eagle3Draft plain(c);
+      plain->to(dtype);
+      {
+        torch::NoGradGuard g;
+        for (auto& p : plain->named_parameters()) p.value().copy_(merged.at(p.key()));
+      }
+      const auto got = ttt_logits(*plain, in.ids, in.mask, in.aux, 3, AttentionImpl::kEfficient);
+      for (size_t i = 0; i < got.size(); ++i) {
+        INFO("step " << i);
+        CHECK(rel(got[i], adapted[i]) < (dtype == at::kFloat ? 1e-6 : 1e-12));
+      }
+      // And they differ from the base: the adapters are not a no-op.
+      CHECK(rel(merged.at(c.num_hidden_layers == 1 ? "midlayer.self_attn.q_proj.weight"
+                                                   : "layers.1.self_attn.q_proj.weight"),
+                state(m).at(c.num_hidden_layers == 1 ? "midlayer.self_attn.q_proj.weight"
+                                                     : "layers.1.self_attn.q_proj.weight")) > 1e-3);
+    }
+  }
+  std::map<std::string, at::Tensor> broken{{"x.lora_A.weight", torch::zeros({2, 3})},
+                                           {"x.weight", torch::zeros({4, 3})}};
+  CHECK_THROWS_WITH(merge_lora(broken, 1.0), Catch::Contains("x.lora_B.weight"));
+}
