@@ -442,3 +442,19 @@ TEST_CASE("variants: config keys, both places, conflicts, round trip", "[model][
   CHECK(f.to_json().find("\"norm_output\": false") != std::string::npos);
   CHECK(parse("").to_json().find("norm_output") == std::string::npos);
 }
+
+TEST_CASE("variants: the shipped variant configs load", "[model][variants]") {
+  const std::string dir = std::string(FSDP_SOURCE_DIR) + "/configs/models/";
+  const DraftConfig q = load_draft_config(dir + "qwen3-30B-A3B-eagle3.1.json");
+  CHECK(q.fc_norm);
+  CHECK(q.norm_output);
+  CHECK(q.fc_in_features() == 3 * 2048);
+  const DraftConfig two = load_draft_config(dir + "llama3-8B-eagle3-2layer.json");
+  CHECK(two.num_hidden_layers == 2);
+  // The second layer: q/k/v over H, o, the MLP and its two norms.
+  const DraftConfig one = load_draft_config(dir + "llama3-8B-eagle3.json");
+  CHECK(count_parameters(two).trainable - count_parameters(one).trainable ==
+        (4096 + 2 * 1024) * 4096 + 4096 * 4096 + 3 * 4096 * 14336 + 2 * 4096);
+  const DraftConfig five = load_draft_config(dir + "qwen3-8B-eagle3-5aux.json");
+  CHECK(five.num_aux_hidden_states == 5);
+}
