@@ -4,7 +4,7 @@
 #   launch/multinode.sh --hostfile FILE --nproc-per-node N [--nnodes K] -- <fsdp-train flags>
 # K defaults to the number of nodes in the hostfile. fsdp-train's launcher passes to every rank,
 # by name (mpirun -x VAR: no value on the command line), every set variable whose name starts
-# with FSDP_, NCCL_ or WANDB_, plus OMP_NUM_THREADS and LD_LIBRARY_PATH. Environment that matters:
+# with FSDP_, NCCL_, WANDB_ or MLFLOW_, plus OMP_NUM_THREADS and LD_LIBRARY_PATH. Environment that matters:
 #   NCCL_SOCKET_IFNAME   network interface NCCL bootstraps on (e.g. eth0, ib0, ^lo,docker)
 #   NCCL_IB_HCA, NCCL_IB_DISABLE, NCCL_DEBUG=INFO   InfiniBand selection and diagnostics
 #   OMP_NUM_THREADS      CPU threads per rank (default: the node's cores divided by its ranks)

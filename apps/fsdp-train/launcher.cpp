@@ -180,9 +180,9 @@ std::vector<std::string> forwarded_variables() {
     if (name == "FSDP_LAUNCHED" || name == "FSDP_MPIRUN" || name == train::kRestartAttemptVar ||
         name == train::kLaunchIdVar)
       continue;
-    if (starts("FSDP_") || starts("NCCL_") || starts("WANDB_") || name == "OMP_NUM_THREADS" ||
-        name == "LD_LIBRARY_PATH" || name == "HF_HOME" || name == "HF_HUB_CACHE" ||
-        name == "TRANSFORMERS_CACHE")
+    if (starts("FSDP_") || starts("NCCL_") || starts("WANDB_") || starts("MLFLOW_") ||
+        name == "OMP_NUM_THREADS" || name == "LD_LIBRARY_PATH" || name == "HF_HOME" ||
+        name == "HF_HUB_CACHE" || name == "TRANSFORMERS_CACHE")
       names.push_back(name);
   }
   std::sort(names.begin(), names.end());

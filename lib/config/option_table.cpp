@@ -198,16 +198,16 @@ OptionSpec row(std::string name, OptionKind kind, std::string group, std::string
     return c.expr;                \
   }
 
-// --report-to: several of tensorboard, wandb; "jsonl" (always on) and "none" are accepted.
+// --report-to: several of tensorboard, wandb, mlflow; "jsonl" (always on) and "none" are accepted.
 OptionSpec report_to_row() {
   OptionSpec s;
   s.name = "report-to";
   s.kind = OptionKind::kList;
   s.group = "Logging and metrics";
   s.help =
-      "extra metric sinks, any of: tensorboard, wandb (metrics.jsonl is always written; 'jsonl' "
-      "and 'none' are accepted)";
-  s.choices = {"jsonl", "tensorboard", "wandb", "none"};
+      "extra metric sinks, any of: tensorboard, wandb, mlflow (metrics.jsonl is always written; "
+      "'jsonl' and 'none' are accepted)";
+  s.choices = {"jsonl", "tensorboard", "wandb", "mlflow", "none"};
   s.set = [](TrainConfig& c, const OptionValue& v, const std::string& src) {
     std::vector<std::string> items;
     for (const auto& raw : v.list.empty() ? std::vector<std::string>{v.text} : v.list) {
@@ -216,15 +216,15 @@ OptionSpec report_to_row() {
     std::vector<std::string> out;
     bool none = false;
     for (const auto& it : items) {
-      FSDP_USAGE_CHECK(it == "jsonl" || it == "tensorboard" || it == "wandb" || it == "none",
-                       str(src, ": '", it, "' is not one of jsonl, tensorboard, wandb, none"),
-                       it == "swanlab" || it == "mlflow"
-                           ? "SpecForge's SwanLab and MLflow trackers are not supported: use "
-                             "wandb and/or tensorboard"
-                           : "list any of tensorboard and wandb, or none");
+      const bool sink = it == "tensorboard" || it == "wandb" || it == "mlflow";
+      FSDP_USAGE_CHECK(
+          sink || it == "jsonl" || it == "none",
+          str(src, ": '", it, "' is not one of jsonl, tensorboard, wandb, mlflow, none"),
+          it == "swanlab" ? "SpecForge's SwanLab tracker is not supported: use wandb, "
+                            "mlflow and/or tensorboard"
+                          : "list any of tensorboard, wandb and mlflow, or none");
       if (it == "none") none = true;
-      if ((it == "tensorboard" || it == "wandb") &&
-          std::find(out.begin(), out.end(), it) == out.end()) {
+      if (sink && std::find(out.begin(), out.end(), it) == out.end()) {
         out.push_back(it);
       }
     }
@@ -616,6 +616,17 @@ void add_training_rows(std::vector<OptionSpec>& t) {
       "loss-normalization", K::kEnum, tr,
       "batch: divide by B*S, padding included (SpecForge); tokens: by the valid tokens",
       FIELD(loop.loss_normalization)));
+  t.push_back(row<std::string>(
+      "loss-fn", K::kString, tr,
+      "the objective per loss token: soft_ce (SpecForge's soft cross-entropy), kl_div, rkl, jsd, "
+      "tv, nla, ce (hard labels), lk_hybrid, or a JSON object of weights such as "
+      "'{\"kl_div\": 0.5, \"tv\": 0.5}' (speculators' names)",
+      FIELD(loop.loss_fn)));
+  t.push_back(row<double>("ttt-step-loss-decay", K::kFloat, tr,
+                          "weight of TTT step i is this to the power i (SpecForge 0.8; "
+                          "speculators 1.0)",
+                          FIELD(loop.ttt_step_loss_decay)));
+  t.back().bounds = at_least(0, true, "give a decay in (0, 1], e.g. 0.8", 1.0);
   t.push_back(row<bool>("eval-only", K::kBool, tr,
                         "evaluate the initial or resumed weights, print the metrics and exit",
                         FIELD(loop.eval_only)));
@@ -769,6 +780,18 @@ void add_logging_rows(std::vector<OptionSpec>& t) {
                                FIELD(metrics.wandb_key)));
   t.back().cli_only = true;
   t.back().secret = true;
+  t.push_back(row<std::string>(
+      "mlflow-tracking-uri", K::kString, lg,
+      "MLflow tracking server or store (default: MLFLOW_TRACKING_URI, else a file store in "
+      "<output-dir>/mlruns); credentials go in MLFLOW_TRACKING_TOKEN or _USERNAME/_PASSWORD",
+      FIELD(metrics.mlflow_tracking_uri)));
+  t.push_back(
+      row<std::string>("mlflow-experiment-name", K::kString, lg,
+                       "MLflow experiment (default: MLFLOW_EXPERIMENT_NAME, else fsdp-train)",
+                       FIELD(metrics.mlflow_experiment_name)));
+  t.push_back(row<std::string>("mlflow-run-name", K::kString, lg,
+                               "MLflow run name (default: MLFLOW_RUN_NAME, else MLflow picks one)",
+                               FIELD(metrics.mlflow_run_name)));
   t.push_back(row<std::optional<double>>(
       "mfu-peak-tflops", K::kOptFloat, lg,
       "peak TFLOP/s per device for MFU; default: known GPUs (H100/H200 989, A100 312), n/a on CPU",
@@ -1079,9 +1102,9 @@ UnknownFlagAdvice advise_unknown_flag(const std::string& arg) {
   std::string name =
       arg.substr(2, arg.find('=') == std::string::npos ? std::string::npos : arg.find('=') - 2);
   const auto starts = [&](const char* p) { return name.rfind(p, 0) == 0; };
-  if (starts("swanlab") || starts("mlflow")) {
-    return {str("--", name, ": SpecForge's SwanLab and MLflow trackers are not supported"),
-            "use --report-to wandb and/or tensorboard (metrics.jsonl is always written)"};
+  if (starts("swanlab")) {
+    return {str("--", name, ": SpecForge's SwanLab tracker is not supported"),
+            "use --report-to wandb, mlflow and/or tensorboard (metrics.jsonl is always written)"};
   }
   if (starts("sglang-") || starts("target-batch-size") || starts("target-micro-batch-size")) {
     return {str("--", name,

@@ -104,7 +104,7 @@ const OptionSpec& option(const std::string& name);
 std::string closest_option(const std::string& name);
 
 // What to tell a user who typed a flag the table does not have: SpecForge flags of features
-// fsdp-train does not offer (SwanLab/MLflow trackers, the SGLang online target backend) get the
+// fsdp-train does not offer (the SwanLab tracker, the SGLang online target backend) get the
 // reason; others a "did you mean". `arg` is the word as typed ("--foo", "--foo=1").
 struct UnknownFlagAdvice {
   std::string message;

@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "core/error.h"
+#include "model/ttt_loss.h"
 
 namespace fsdp::config {
 
@@ -141,7 +142,8 @@ void validate(const TrainConfig& cfg, int world_size, const ValidateOptions& opt
   for (const OptionSpec& spec : option_table()) {
     if (spec.alias_of.empty() && !spec.cli_only) spec.check_value(cfg);
   }
-  if (train) batch_plan(cfg, world_size);  // an evaluation only needs a micro-batch
+  if (train) batch_plan(cfg, world_size);    // an evaluation only needs a micro-batch
+  model::parse_loss_spec(cfg.loop.loss_fn);  // a bad --loss-fn fails before anything is loaded
   if (cfg.loop.max_steps && cfg.loop.total_steps) {
     FSDP_USAGE_CHECK(
         *cfg.loop.max_steps <= *cfg.loop.total_steps,

@@ -107,6 +107,10 @@ struct LoopConfig {
   std::optional<int64_t> max_steps;    // stop after this optimizer step; schedule unchanged
   int64_t seed = 0;
   LossNormalization loss_normalization = LossNormalization::kBatch;
+  // The objective (model::parse_loss_spec: a name or a JSON object of weights) and the weight
+  // decay per TTT step (step i weighs decay^i; SpecForge's 0.8).
+  std::string loss_fn = "soft_ce";
+  double ttt_step_loss_decay = 0.8;
   bool eval_only = false;
 };
 
@@ -157,14 +161,19 @@ struct EvalConfig {
 
 struct MetricsConfig {
   int64_t log_steps = 50;
-  // Extra sinks: any of "tensorboard", "wandb"; metrics.jsonl is always written. "none" and
-  // "jsonl" are accepted on input and normalised away.
+  // Extra sinks: any of "tensorboard", "wandb", "mlflow"; metrics.jsonl is always written.
+  // "none" and "jsonl" are accepted on input and normalised away.
   std::vector<std::string> report_to;
   std::string tensorboard_dir;  // empty: <output-dir>/tensorboard
   std::string wandb_project;
   std::string wandb_name;
   // Never saved, printed or logged: passed to the W&B side process through its environment.
   std::string wandb_key;
+  // Empty: MLFLOW_TRACKING_URI / MLFLOW_EXPERIMENT_NAME / MLFLOW_RUN_NAME, else a file store in
+  // <output-dir>/mlruns, experiment "fsdp-train", a name MLflow picks.
+  std::string mlflow_tracking_uri;
+  std::string mlflow_experiment_name;
+  std::string mlflow_run_name;
   std::optional<double> mfu_peak_tflops;  // unset: known GPU table, n/a on CPU
   AccuracyAggregation accuracy_aggregation = AccuracyAggregation::kPooled;
 };

@@ -34,9 +34,9 @@ std::vector<Variable> build_table() {
        0,
        {"tty", "lines"}},
       {"FSDP_PYTHON", T::kPath, "the build's Python",
-       "the Python that runs the W&B bridge of --report-to wandb (needs the wandb package); "
-       "default: the Python the build was configured with (the setup venv) when that file "
-       "exists, else python3 on PATH"},
+       "the Python that runs the W&B and MLflow bridges of --report-to wandb / mlflow (needs "
+       "the wandb / mlflow package); default: the Python the build was configured with (the "
+       "setup venv) when that file exists, else python3 on PATH"},
       {"OMP_NUM_THREADS", T::kInteger, "unset",
        "with --threads 0 (the default) a whole number from 1 to 4096 here sets the CPU threads "
        "per rank; unset or anything else: the node's cores divided by its ranks",
@@ -49,6 +49,19 @@ std::vector<Variable> build_table() {
        "reads it itself)"},
       {"WANDB_API_KEY", T::kText, "unset",
        "the W&B API key, passed only to the W&B bridge process (prefer it to --wandb-key)"},
+      {"MLFLOW_TRACKING_URI", T::kText, "unset",
+       "--report-to mlflow: the tracking server or store when --mlflow-tracking-uri is not "
+       "given; unset: a file store in <output-dir>/mlruns"},
+      {"MLFLOW_EXPERIMENT_NAME", T::kText, "unset",
+       "--report-to mlflow: the experiment when --mlflow-experiment-name is not given; unset: "
+       "fsdp-train"},
+      {"MLFLOW_RUN_NAME", T::kText, "unset",
+       "--report-to mlflow: the run name when --mlflow-run-name is not given (fsdp-train's; "
+       "MLflow itself has no such variable); unset: MLflow picks one"},
+      {"MLFLOW_RUN_ID", T::kText, "unset",
+       "an MLflow run to log to; set, it replaces the run id a resumed run would continue "
+       "(MLflow reads it itself, like its credentials MLFLOW_TRACKING_TOKEN, "
+       "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD)"},
       {"HF_HUB_CACHE", T::kPath, "unset",
        "Hugging Face hub cache searched for a repository id given as --target-model-path"},
       {"HF_HOME", T::kPath, "unset", "its hub/ directory is searched after HF_HUB_CACHE"},

@@ -1,6 +1,7 @@
 // MetricsLogger fan-out and the factory that builds rank 0's sinks from --report-to (sinks.h).
 // Other ranks get an empty logger: metrics are averaged over ranks before they reach here.
 #include <cstdlib>
+#include <filesystem>
 
 #include "core/env.h"
 #include "core/error.h"
@@ -28,6 +29,43 @@ std::string MetricsLogger::wandb_run_id() const {
   return "";
 }
 
+std::string MetricsLogger::mlflow_run_id() const {
+  for (const auto& s : sinks_) {
+    if (const auto* m = dynamic_cast<const MlflowSink*>(s.get())) return m->run_id();
+  }
+  return "";
+}
+
+namespace {
+
+// --report-to mlflow: the flags first, then MLflow's environment variables (as SpecForge does),
+// then a file store in the output dir (SpecForge: ./mlruns) and the experiment "fsdp-train".
+MlflowOptions mlflow_options(const config::MetricsConfig& cfg, const SinkContext& ctx) {
+  MlflowOptions m;
+  m.tracking_uri = cfg.mlflow_tracking_uri;
+  if (m.tracking_uri.empty()) m.tracking_uri = env::text("MLFLOW_TRACKING_URI").value_or("");
+  if (m.tracking_uri.empty()) {
+    // Absolute: "file://out/mlruns" would name a host "out".
+    m.tracking_uri = "file://" + (std::filesystem::absolute(ctx.output_dir) / "mlruns").string();
+  }
+  m.experiment_name = cfg.mlflow_experiment_name;
+  if (m.experiment_name.empty()) {
+    m.experiment_name = env::text("MLFLOW_EXPERIMENT_NAME").value_or("fsdp-train");
+  }
+  m.run_name = cfg.mlflow_run_name;
+  if (m.run_name.empty()) m.run_name = env::text("MLFLOW_RUN_NAME").value_or("");
+  m.config_json = ctx.config_json;
+  m.tags = {{"mlflow.source.name", "fsdp-train"}, {"fsdp-train.output_dir", ctx.output_dir}};
+  if (ctx.resumed_step > 0) {
+    m.tags.emplace_back("fsdp-train.resumed_from_step", std::to_string(ctx.resumed_step));
+  }
+  // MLFLOW_RUN_ID in the environment is the user's explicit choice: MLflow reads it itself.
+  if (!env::is_set("MLFLOW_RUN_ID")) m.resume_run_id = ctx.mlflow_run_id;
+  return m;
+}
+
+}  // namespace
+
 std::unique_ptr<MetricsLogger> make_logger(const config::MetricsConfig& cfg,
                                            const SinkContext& ctx) {
   auto logger = std::make_unique<MetricsLogger>();
@@ -51,6 +89,8 @@ std::unique_ptr<MetricsLogger> make_logger(const config::MetricsConfig& cfg,
       // WANDB_RUN_ID in the environment is the user's explicit choice: W&B reads it itself.
       if (!env::is_set("WANDB_RUN_ID")) w.resume_run_id = ctx.wandb_run_id;
       logger->add(std::make_unique<WandbSink>(w));
+    } else if (sink == "mlflow") {
+      logger->add(std::make_unique<MlflowSink>(mlflow_options(cfg, ctx)));
     }
   }
   return logger;

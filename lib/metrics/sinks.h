@@ -1,7 +1,7 @@
 // Metric sinks behind one interface: the rank-0 console progress line, metrics.jsonl (always),
-// TensorBoard event files written natively, and W&B through the official Python SDK in a side
-// process. Sinks only record what they are given; averaging over ranks happens before. They never
-// write secrets (the W&B key goes to the side process's environment only).
+// TensorBoard event files written natively, and W&B and MLflow through their official Python
+// SDKs in side processes. Sinks only record what they are given; averaging over ranks happens
+// before. They never write secrets (the W&B key goes to the side process's environment only).
 #pragma once
 
 #include <cstdint>
@@ -14,6 +14,10 @@
 #include "config/train_config.h"
 
 namespace fsdp::metrics {
+
+namespace detail {
+class BridgeProcess;  // bridge_process.h
+}
 
 // Ordered (name, value) pairs: "train/ploss_0", "train/acc_0", "train/lr", "perf/tokens_per_s".
 using Scalars = std::vector<std::pair<std::string, double>>;
@@ -131,11 +135,49 @@ class WandbSink : public MetricsSink {
   const std::string& run_id() const { return run_id_; }
 
  private:
-  void send(const std::string& line);
-  int pid_ = -1;
-  int fd_ = -1;
+  std::unique_ptr<detail::BridgeProcess> bridge_;
   std::string run_dir_;
   std::string run_id_;
+};
+
+struct MlflowOptions {
+  std::string python;           // as WandbOptions::python
+  std::string tracking_uri;     // --mlflow-tracking-uri, else MLFLOW_TRACKING_URI, else
+                                // <output dir>/mlruns (a local file store)
+  std::string experiment_name;  // --mlflow-experiment-name, else MLFLOW_EXPERIMENT_NAME, else
+                                // "fsdp-train"
+  std::string run_name;         // --mlflow-run-name, else MLFLOW_RUN_NAME; empty: MLflow picks
+  std::string config_json;      // the effective configuration (no secrets), logged as params
+  // Tags of the run (set again on a resume, so they hold the latest values).
+  std::vector<std::pair<std::string, std::string>> tags;
+  // Continue this MLflow run (a resumed training run); empty: a new run, or the one
+  // MLFLOW_RUN_ID in the environment names (MLflow reads it itself).
+  std::string resume_run_id;
+};
+
+// Starts `python -c <bridge>` (lib/metrics/mlflow_bridge.py, embedded at build time) with the
+// official mlflow package (mlflow-skinny is enough) and pipes JSON lines to it like WandbSink:
+// mlflow.log_metrics(step=) per log(), the configuration as params (values cut to MLflow's
+// length limit), the tags, mlflow.end_run() on close(). Credentials (MLFLOW_TRACKING_TOKEN, ...)
+// stay in the environment, which the side process inherits. Throws fsdp::Error when the
+// interpreter cannot start, mlflow is not importable or the run cannot be opened.
+class MlflowSink : public MetricsSink {
+ public:
+  explicit MlflowSink(const MlflowOptions& options);
+  ~MlflowSink() override;
+  void log(int64_t step, const Scalars& scalars) override;
+  void close() override;
+  // The MLflow run id (recorded in checkpoints, so that a resumed run continues the same run).
+  const std::string& run_id() const { return run_id_; }
+  // The tracking URI and experiment id the run lives in (tests, the start-up line).
+  const std::string& tracking_uri() const { return tracking_uri_; }
+  const std::string& experiment_id() const { return experiment_id_; }
+
+ private:
+  std::unique_ptr<detail::BridgeProcess> bridge_;
+  std::string run_id_;
+  std::string tracking_uri_;
+  std::string experiment_id_;
 };
 
 // Fans out to several sinks; the loop talks to this one.
@@ -149,6 +191,8 @@ class MetricsLogger : public MetricsSink {
   size_t size() const { return sinks_.size(); }
   // The id of the W&B run being logged to; empty without a W&B sink.
   std::string wandb_run_id() const;
+  // The id of the MLflow run being logged to; empty without an MLflow sink.
+  std::string mlflow_run_id() const;
 
  private:
   std::vector<std::unique_ptr<MetricsSink>> sinks_;
@@ -157,23 +201,26 @@ class MetricsLogger : public MetricsSink {
 struct SinkContext {
   int rank = 0;  // only rank 0 gets sinks; other ranks get an empty logger
   int64_t total_steps = 0;
-  std::string output_dir;     // metrics.jsonl, tensorboard/, wandb/ live here
-  std::string config_json;    // effective configuration for W&B
+  std::string output_dir;     // metrics.jsonl, tensorboard/, wandb/ (mlruns/) live here
+  std::string config_json;    // effective configuration for W&B and MLflow
   std::string wandb_run_id;   // the W&B run of the checkpoint resumed from (continued when set)
+  std::string mlflow_run_id;  // the MLflow run of the checkpoint resumed from (the same)
   int64_t resumed_step = -1;  // metrics.jsonl: records after this step move aside (-1: none)
   // The TensorBoard file's session start (-1: none). A --tensorboard-dir may be shared by other
   // runs, so a fresh start does not purge it; a resume or a restart does.
   int64_t tensorboard_resumed_step = -1;
 };
 
-// The sinks --report-to asks for: console + metrics.jsonl always, plus tensorboard and wandb.
+// The sinks --report-to asks for: console + metrics.jsonl always, plus tensorboard, wandb and
+// mlflow.
 std::unique_ptr<MetricsLogger> make_logger(const config::MetricsConfig& cfg,
                                            const SinkContext& ctx);
 
-// The bridge script's text (embedded from lib/metrics/wandb_bridge.py).
+// The bridge scripts' texts (embedded from lib/metrics/wandb_bridge.py and mlflow_bridge.py).
 const std::string& wandb_bridge_script();
+const std::string& mlflow_bridge_script();
 // The Python the build was configured with (CMake's FSDP_PYTHON: the setup venv, which has
-// wandb); empty when none was found.
+// wandb and mlflow); empty when none was found.
 const std::string& build_python();
 
 }  // namespace fsdp::metrics

@@ -8,6 +8,9 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -194,7 +197,16 @@ StepOutput step_on_rows(Eagle3DraftImpl& model, const RowsTarget& target, const 
         const at::ScalarType acc = WeightedSoftCrossEntropy::wide(logits);
         at::Tensor pm = target.position.index_select(0, take).to(acc);
         at::Tensor sum;
-        if (options.recompute_loss) {
+        if (!options.loss_terms.empty()) {
+          at::Tensor p = target.target_p.index_select(0, take).to(acc);
+          at::Tensor z = logits.to(acc), per_row;
+          for (const auto& [term, weight] : options.loss_terms) {
+            if (weight == 0) continue;
+            at::Tensor v = row_loss(term, z, p) * weight;
+            per_row = per_row.defined() ? per_row + v : v;
+          }
+          sum = (pm * per_row).sum();
+        } else if (options.recompute_loss) {
           sum = WeightedSoftCrossEntropy::apply(logits, target.target_p, take, pm);
         } else {
           at::Tensor p = target.target_p.index_select(0, take).to(acc);
@@ -267,6 +279,105 @@ StepOutput step_on_rows(Eagle3DraftImpl& model, const RowsTarget& target, const 
 }
 
 }  // namespace
+
+const char* loss_term_name(LossTerm t) {
+  switch (t) {
+    case LossTerm::kSoftCE:
+      return "soft_ce";
+    case LossTerm::kKL:
+      return "kl_div";
+    case LossTerm::kReverseKL:
+      return "rkl";
+    case LossTerm::kJSD:
+      return "jsd";
+    case LossTerm::kTV:
+      return "tv";
+    case LossTerm::kNLA:
+      return "nla";
+    case LossTerm::kHardCE:
+      return "ce";
+    case LossTerm::kLKHybrid:
+      return "lk_hybrid";
+  }
+  return "?";
+}
+
+std::vector<std::pair<LossTerm, double>> parse_loss_spec(const std::string& spec) {
+  static const LossTerm all[] = {LossTerm::kSoftCE, LossTerm::kKL,      LossTerm::kReverseKL,
+                                 LossTerm::kJSD,    LossTerm::kTV,      LossTerm::kNLA,
+                                 LossTerm::kHardCE, LossTerm::kLKHybrid};
+  std::string names;
+  for (LossTerm t : all) names += (names.empty() ? "" : ", ") + std::string(loss_term_name(t));
+  auto by_name = [&](const std::string& n) -> LossTerm {
+    for (LossTerm t : all)
+      if (n == loss_term_name(t)) return t;
+    FSDP_USAGE_CHECK(false, fsdp::str("--loss-fn: unknown objective '", n, "'"),
+                     fsdp::str("use one of ", names,
+                               ", or a JSON object of weights such as "
+                               "'{\"kl_div\": 0.5, \"tv\": 0.5}'"));
+    return LossTerm::kSoftCE;
+  };
+  std::vector<std::pair<LossTerm, double>> out;
+  if (spec.empty() || spec.front() != '{') {
+    out.emplace_back(by_name(spec), 1.0);
+    return out;
+  }
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(spec);
+  } catch (const std::exception& e) {
+    FSDP_USAGE_CHECK(false, fsdp::str("--loss-fn '", spec, "' is not valid JSON: ", e.what()),
+                     "write e.g. '{\"kl_div\": 0.5, \"tv\": 0.5}'");
+  }
+  double total = 0;
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    FSDP_USAGE_CHECK(it.value().is_number() && std::isfinite(it.value().get<double>()) &&
+                         it.value().get<double>() >= 0,
+                     fsdp::str("--loss-fn: the weight of '", it.key(), "' is ", it.value().dump()),
+                     "give each objective a finite weight >= 0");
+    out.emplace_back(by_name(it.key()), it.value().get<double>());
+    total += out.back().second;
+  }
+  FSDP_USAGE_CHECK(total > 0, fsdp::str("--loss-fn '", spec, "' gives no objective a weight"),
+                   "give at least one objective a positive weight");
+  return out;
+}
+
+at::Tensor row_loss(LossTerm term, const at::Tensor& z, const at::Tensor& p) {
+  const at::Tensor logq = z.log_softmax(-1);
+  // log p of a softmax that underflowed to 0 stays finite (p = 0 rows of p log p drop out).
+  auto logp = [&] { return p.clamp_min(std::numeric_limits<float>::min()).log(); };
+  auto overlap = [&] { return at::minimum(p, logq.exp()).sum(-1); };
+  auto kl = [&] { return (at::xlogy(p, p) - p * logq).sum(-1); };
+  switch (term) {
+    case LossTerm::kSoftCE:
+      return -(p * logq).sum(-1);
+    case LossTerm::kKL:
+      return kl();
+    case LossTerm::kReverseKL: {
+      const at::Tensor q = logq.exp();
+      return (q * (logq - logp())).sum(-1);
+    }
+    case LossTerm::kJSD: {
+      const at::Tensor q = logq.exp();
+      const at::Tensor m = (p + q) * 0.5;
+      return 0.5 * ((at::xlogy(p, p) - at::xlogy(p, m)).sum(-1) +
+                    (at::xlogy(q, q) - at::xlogy(q, m)).sum(-1));
+    }
+    case LossTerm::kTV:
+      return 1.0 - overlap();
+    case LossTerm::kNLA:
+      return -overlap().clamp_min(1e-5).log();
+    case LossTerm::kHardCE:
+      return -logq.gather(-1, p.argmax(-1, /*keepdim=*/true)).squeeze(-1);
+    case LossTerm::kLKHybrid: {
+      const at::Tensor a = overlap();
+      const at::Tensor w = (-3.0 * a.detach()).exp();
+      return w * kl() + (1.0 - w) * (1.0 - a);
+    }
+  }
+  return at::Tensor();
+}
 
 at::Tensor shift_left(const at::Tensor& x, int64_t n) {
   if (n == 0) return x;

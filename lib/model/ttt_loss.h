@@ -6,6 +6,10 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "model/draft_model.h"
 #include "model/target_head.h"
 #include "model/ttt_attention.h"
@@ -18,10 +22,33 @@ enum class LossNormalization {
   kValidTokens,  // 1/max(sum position_mask_i, 1): per valid token
 };
 
+// Per-row objectives between the target distribution p (target_p over the draft vocabulary) and
+// the draft's q = softmax(z) (docs/model.md "Loss functions"); names as speculators' --loss-fn.
+enum class LossTerm {
+  kSoftCE,     // soft_ce: -sum p log q (SpecForge's, the default)
+  kKL,         // kl_div: sum p (log p - log q) (soft_ce minus p's entropy: same gradients)
+  kReverseKL,  // rkl: sum q (log q - log p)
+  kJSD,        // jsd: (KL(p||m) + KL(q||m)) / 2, m = (p + q) / 2
+  kTV,         // tv: 1 - sum min(p, q) (total variation; 1 - the acceptance rate)
+  kNLA,        // nla: -log max(sum min(p, q), 1e-5) (negative log acceptance)
+  kHardCE,     // ce: -log q[argmax p] (speculators' "ce": hard labels)
+  kLKHybrid,   // lk_hybrid: w KL + (1 - w)(1 - a), w = exp(-3 a) with a = sum min(p, q) detached
+};
+const char* loss_term_name(LossTerm t);
+// "soft_ce", "kl_div", ... or a JSON object of weights ('{"kl_div": 0.5, "tv": 0.5}'). Throws
+// UsageError naming the spec (unknown names, negative or non-finite weights, all weights 0).
+std::vector<std::pair<LossTerm, double>> parse_loss_spec(const std::string& spec);
+// The per-row values [N] of one objective, in z's precision (z: logits in fp32 or fp64 [N, Vd],
+// p: [N, Vd] in the same dtype, each row summing to 1).
+at::Tensor row_loss(LossTerm term, const at::Tensor& z, const at::Tensor& p);
+
 struct LossOptions {
   int64_t ttt_length = 7;          // T
   int64_t accumulation_steps = 1;  // loss is divided by this
   double step_decay = 0.8;         // weight of step i is step_decay^i
+  // The objective: a weighted sum of per-row terms; empty means soft_ce alone (the fused,
+  // recomputing soft cross-entropy path).
+  std::vector<std::pair<LossTerm, double>> loss_terms;
   LossNormalization normalization = LossNormalization::kBatchTokens;
   AttentionImpl attention = AttentionImpl::kEfficient;
   TargetImpl target = TargetImpl::kTiled;

@@ -125,6 +125,11 @@ model::LossOptions loss_options(const config::TrainConfig& cfg, int64_t accumula
   lo.accumulation_steps = accumulation;
   lo.recompute_loss = cfg.model.activation_checkpointing;
   lo.normalization = to_loss(cfg.loop.loss_normalization);
+  lo.step_decay = cfg.loop.ttt_step_loss_decay;
+  // soft_ce alone keeps the fused (and, with activation checkpointing, recomputing) path.
+  const auto terms = model::parse_loss_spec(cfg.loop.loss_fn);
+  if (!(terms.size() == 1 && terms[0].first == model::LossTerm::kSoftCE && terms[0].second == 1.0))
+    lo.loss_terms = terms;
   return lo;
 }
 
@@ -153,6 +158,7 @@ metrics::SinkContext sink_context(const config::TrainConfig& cfg, int rank, int6
   sc.output_dir = cfg.checkpoint.output_dir;
   sc.config_json = config_json;
   sc.wandb_run_id = state.wandb_run_id;  // from the checkpoint resumed from, if any
+  sc.mlflow_run_id = state.mlflow_run_id;
   // Also a fresh start (step 0): records of an earlier attempt that saved nothing move aside.
   sc.resumed_step = state.step;
   sc.tensorboard_resumed_step = state.step > 0 || restarted ? state.step : -1;

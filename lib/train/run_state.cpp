@@ -29,6 +29,7 @@ void save_run_state(const std::string& dir, const RunState& s) {
   j["skipped_steps"] = s.skipped_steps;
   if (!s.launch_id.empty()) j["launch_id"] = s.launch_id;
   if (!s.wandb_run_id.empty()) j["wandb_run_id"] = s.wandb_run_id;
+  if (!s.mlflow_run_id.empty()) j["mlflow_run_id"] = s.mlflow_run_id;
   if (!s.epoch_metric_sums.empty()) j["epoch_metric_sums"] = s.epoch_metric_sums;
   j["config"] = s.config_json.empty() ? nlohmann::json::object()
                                       : nlohmann::json::parse(s.config_json, nullptr, false);
@@ -71,6 +72,7 @@ RunState load_run_state(const std::string& dir, bool restore_rng) {
     s.skipped_steps = j.value("skipped_steps", int64_t{0});
     s.launch_id = j.value("launch_id", std::string());
     s.wandb_run_id = j.value("wandb_run_id", std::string());
+    s.mlflow_run_id = j.value("mlflow_run_id", std::string());
     if (j.contains("epoch_metric_sums") && j["epoch_metric_sums"].is_array()) {
       s.epoch_metric_sums = j["epoch_metric_sums"].get<std::vector<double>>();
     }

@@ -24,6 +24,7 @@ struct RunState {
   std::string config_json;    // effective configuration of the run that saved it
   std::string launch_id;      // the launcher's id of the launch that saved it (may be empty)
   std::string wandb_run_id;   // the W&B run it logged to (a resumed run continues it)
+  std::string mlflow_run_id;  // the MLflow run it logged to (the same)
   // The epoch's metric sums so far, all ranks together (StepMetrics::global_sums): a resume in
   // the middle of an epoch reports the same epoch metrics as an uninterrupted run.
   std::vector<double> epoch_metric_sums;

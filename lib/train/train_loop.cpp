@@ -145,6 +145,7 @@ TrainLoop::TrainLoop(Trainer::Impl& t, data::DataLoader& loader, int64_t per_epo
                                                        t.state, launch_attempt().attempt > 0));
   // Kept when this part of the run has no W&B sink: a later resume with W&B continues the run.
   if (const std::string id = t_.logger->wandb_run_id(); !id.empty()) t_.state.wandb_run_id = id;
+  if (const std::string id = t_.logger->mlflow_run_id(); !id.empty()) t_.state.mlflow_run_id = id;
   // A resume inside an epoch: the epoch's metrics so far (rank 0 holds them; report() sums ranks).
   if (t.rank == 0 && t.state.position > 0) epoch_metrics_.add_sums(t.state.epoch_metric_sums);
   // Just resumed: that step is saved already (a stop before the next step saves nothing again).

@@ -54,14 +54,14 @@ hf="$(mktemp)"; echo "localhost slots=4" >"$hf"
 plan="$("$BIN" --nproc-per-node 2 --nnodes 2 --hostfile "$hf" --launch-dry-run comm-bench)"
 grep -q -- "--hostfile $hf" <<<"$plan" || fail "hostfile not passed: $plan"
 grep -q -- "-np 4" <<<"$plan" || fail "nnodes x nproc not applied: $plan"
-# Ranks on other nodes get NCCL's, W&B's, Hugging Face's and our variables and the thread count
+# Ranks on other nodes get NCCL's, W&B's, MLflow's, Hugging Face's and our variables and the thread count
 # by name only.
-plan="$(NCCL_IB_HCA=mlx5 WANDB_API_KEY=secret-value OMP_NUM_THREADS=3 FSDP_PROGRESS=lines \
+plan="$(NCCL_IB_HCA=mlx5 WANDB_API_KEY=secret-value MLFLOW_TRACKING_TOKEN=secret-token OMP_NUM_THREADS=3 FSDP_PROGRESS=lines \
   HF_HOME=/models/hf "$BIN" --nproc-per-node 2 --nnodes 2 --hostfile "$hf" --launch-dry-run comm-bench)"
-for v in NCCL_IB_HCA WANDB_API_KEY OMP_NUM_THREADS FSDP_PROGRESS HF_HOME; do
+for v in NCCL_IB_HCA WANDB_API_KEY MLFLOW_TRACKING_TOKEN OMP_NUM_THREADS FSDP_PROGRESS HF_HOME; do
   grep -q -- "-x $v " <<<"$plan" || fail "$v not passed to the ranks: $plan"
 done
-grep -q "secret-value" <<<"$plan" && fail "a variable's value on the mpirun command line: $plan"
+grep -q "secret-value\|secret-token" <<<"$plan" && fail "a variable's value on the mpirun command line: $plan"
 # A stop signal at any moment of the launcher's start-up is handled: never the default action
 # (143/130), always the clean stop (exit 0: the ranks save and exit 0, or nothing was started
 # yet), and no process of the job is left (the tag travels to mpirun and, as an FSDP_ variable,

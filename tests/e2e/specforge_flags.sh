@@ -97,7 +97,7 @@ expect_refusal() {
 }
 expect_refusal "nothing to split" --tp-size 2
 expect_refusal "sequence parallelism" --attention-backend usp
-expect_refusal "SwanLab and MLflow trackers are not supported" --report-to none --swanlab-project p
+expect_refusal "SwanLab tracker is not supported" --report-to none --swanlab-project p
 expect_refusal "online target model" --sglang-mem-fraction-static 0.5
 expect_refusal "did you mean --learning-rate?" --learnin-rate 1e-4
 expect_refusal "disagree" --log-interval 5 --log-steps 7

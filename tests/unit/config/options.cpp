@@ -139,6 +139,14 @@ TEST_CASE("resume takes auto, none or a path; booleans take =false", "[config]")
   CHECK(resolve_args({"--report-to", "none"}).metrics.report_to.empty());
   CHECK(resolve_args({"--report-to", "jsonl,tensorboard"}).metrics.report_to ==
         std::vector<std::string>{"tensorboard"});
+  // Several trackers at once, duplicates dropped; MLflow's flags land in the metrics section.
+  const TrainConfig m = resolve_args({"--report-to", "wandb,tensorboard,MLflow,mlflow",
+                                      "--mlflow-tracking-uri", "file:///tmp/mlruns",
+                                      "--mlflow-experiment-name", "e", "--mlflow-run-name", "r"});
+  CHECK(m.metrics.report_to == std::vector<std::string>{"wandb", "tensorboard", "mlflow"});
+  CHECK(m.metrics.mlflow_tracking_uri == "file:///tmp/mlruns");
+  CHECK(m.metrics.mlflow_experiment_name == "e");
+  CHECK(m.metrics.mlflow_run_name == "r");
 }
 
 TEST_CASE("secret and command-line-only options never reach saved configs", "[config]") {
