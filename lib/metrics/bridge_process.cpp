@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "core/env.h"
@@ -175,6 +176,15 @@ int BridgeProcess::close(double timeout_s) {
     pid_ = -1;
   }
   return code;
+}
+
+std::string scalars_line(int64_t step, const std::vector<std::pair<std::string, double>>& scalars) {
+  nlohmann::json j;
+  j["step"] = step;
+  nlohmann::json s = nlohmann::json::object();
+  for (const auto& [k, v] : scalars) s[k] = v;
+  j["scalars"] = s;
+  return j.dump() + "\n";
 }
 
 }  // namespace fsdp::metrics::detail

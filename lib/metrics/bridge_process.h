@@ -4,7 +4,9 @@
 // lib/metrics.
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace fsdp::metrics::detail {
@@ -52,5 +54,9 @@ std::vector<std::string> current_environment();
 // The interpreter of a bridge: `explicit_python` when given, else $FSDP_PYTHON, else the build's
 // Python (the setup venv) when that file exists, else python3.
 std::string choose_python(const std::string& explicit_python);
+
+// One logged step as a bridge reads it: {"step": N, "scalars": {...}} and a newline; NaN and Inf
+// become null, which the bridges drop.
+std::string scalars_line(int64_t step, const std::vector<std::pair<std::string, double>>& scalars);
 
 }  // namespace fsdp::metrics::detail

@@ -65,12 +65,7 @@ MlflowSink::~MlflowSink() {
 
 void MlflowSink::log(int64_t step, const Scalars& scalars) {
   if (!bridge_) return;
-  nlohmann::json j;
-  j["step"] = step;
-  nlohmann::json s = nlohmann::json::object();
-  for (const auto& [k, v] : scalars) s[k] = v;  // NaN/Inf become null; the bridge drops them
-  j["scalars"] = s;
-  bridge_->send(j.dump() + "\n", "MLflow");
+  bridge_->send(detail::scalars_line(step, scalars), "MLflow");
 }
 
 void MlflowSink::close() {

@@ -69,12 +69,7 @@ WandbSink::~WandbSink() {
 
 void WandbSink::log(int64_t step, const Scalars& scalars) {
   if (!bridge_) return;
-  nlohmann::json j;
-  j["step"] = step;
-  nlohmann::json s = nlohmann::json::object();
-  for (const auto& [k, v] : scalars) s[k] = v;  // NaN/Inf become null; the bridge drops them
-  j["scalars"] = s;
-  bridge_->send(j.dump() + "\n", "W&B");
+  bridge_->send(detail::scalars_line(step, scalars), "W&B");
 }
 
 void WandbSink::flush() {}

@@ -13,6 +13,7 @@
 #include "model/ttt_loss.h"
 #include "mpi/shard/groups.h"
 #include "shard/engine.h"
+#include "support/small_draft.h"
 
 using namespace fsdp;
 using namespace fsdp::testing;
@@ -20,15 +21,7 @@ using namespace fsdp::testing;
 namespace {
 
 model::DraftConfig three_layers() {
-  model::DraftConfig c;
-  c.hidden_size = 16;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.head_dim = 4;
-  c.intermediate_size = 24;
-  c.vocab_size = 40;
-  c.draft_vocab_size = 20;
-  c.rms_norm_eps = 1e-5;
+  model::DraftConfig c = small_draft();
   c.max_position_embeddings = 32;
   c.target_hidden_size = 12;
   c.num_hidden_layers = 3;

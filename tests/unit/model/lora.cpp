@@ -12,22 +12,14 @@
 #include "core/error.h"
 #include "model/draft_model.h"
 #include "model/ttt_loss.h"
+#include "support/small_draft.h"
 
 using namespace fsdp::model;
 
 namespace {
 
 DraftConfig config(int64_t layers) {
-  DraftConfig c;
-  c.hidden_size = 16;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.head_dim = 4;
-  c.intermediate_size = 24;
-  c.vocab_size = 40;
-  c.draft_vocab_size = 20;
-  c.rms_norm_eps = 1e-5;
-  c.max_position_embeddings = 16;
+  DraftConfig c = fsdp::testing::small_draft();
   c.num_hidden_layers = layers;
   c.fc_norm = layers > 1;
   c.validate();

@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "model/draft_model.h"
 #include "model/ttt_loss.h"
+#include "support/small_draft.h"
 
 using namespace fsdp::model;
 
@@ -22,16 +23,7 @@ namespace {
 
 DraftConfig variant_config(int64_t layers, bool fc_norm, bool norm_before_fc, bool norm_output,
                            bool norm_before_residual, int64_t n_aux) {
-  DraftConfig c;
-  c.hidden_size = 16;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.head_dim = 4;
-  c.intermediate_size = 24;
-  c.vocab_size = 40;
-  c.draft_vocab_size = 20;
-  c.rms_norm_eps = 1e-5;
-  c.max_position_embeddings = 16;
+  DraftConfig c = fsdp::testing::small_draft();
   c.rope_theta = 10000.0;
   c.target_hidden_size = 12;
   c.num_aux_hidden_states = n_aux;
