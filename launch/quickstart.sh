@@ -47,7 +47,7 @@ echo "[quickstart] held-out accuracy of the trained draft (acc_i: step i of the 
   --eval-hidden-states-path "$DATA/eval_hidden_states" --cache-dir "$DATA/cache" \
   --max-length 128 --draft-micro-batch-size 2 --draft-global-batch-size 2 --device cpu \
   2>"$OUT/eval.log" |
-  tr ' ' '\n' | grep -E '^eval/(acc_|accept_len)' | while IFS='=' read -r k v; do
+  tr ' ' '\n' | grep -E '^eval/(acc_[0-9]+|accept_len)=' | while IFS='=' read -r k v; do
     if [ "$k" = eval/accept_len ]; then
       awk -v v="$v" 'BEGIN { printf "  %-12s %.2f    (greedy chain drafting simulated on the unroll: tokens per target step, 1 to 8)\n", "accept_len", v }'
     else
