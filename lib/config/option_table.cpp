@@ -627,6 +627,18 @@ void add_training_rows(std::vector<OptionSpec>& t) {
                           "speculators 1.0)",
                           FIELD(loop.ttt_step_loss_decay)));
   t.back().bounds = at_least(0, true, "give a decay in (0, 1], e.g. 0.8", 1.0);
+  t.push_back(row<std::string>(
+      "lk-loss-type", K::kString, tr,
+      "SpecForge's LK objective instead of the step's loss: lambda (kl_scale * exp(-kl_decay * "
+      "acceptance) weighs the loss against 1 - acceptance) or alpha (-log acceptance); empty: none",
+      FIELD(loop.lk_loss_type)));
+  t.push_back(row<double>("kl-scale", K::kFloat, tr, "LK lambda: scale of the loss's weight",
+                          FIELD(loop.kl_scale)));
+  t.back().bounds = at_least(0, false, "give a scale >= 0, e.g. 1.0");
+  t.push_back(row<double>("kl-decay", K::kFloat, tr,
+                          "LK lambda: decay of the loss's weight with the acceptance rate",
+                          FIELD(loop.kl_decay)));
+  t.back().bounds = at_least(0, false, "give a decay >= 0, e.g. 1.0");
   t.push_back(row<bool>("eval-only", K::kBool, tr,
                         "evaluate the initial or resumed weights, print the metrics and exit",
                         FIELD(loop.eval_only)));

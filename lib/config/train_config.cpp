@@ -144,6 +144,10 @@ void validate(const TrainConfig& cfg, int world_size, const ValidateOptions& opt
   }
   if (train) batch_plan(cfg, world_size);    // an evaluation only needs a micro-batch
   model::parse_loss_spec(cfg.loop.loss_fn);  // a bad --loss-fn fails before anything is loaded
+  const std::string& lk = cfg.loop.lk_loss_type;
+  FSDP_USAGE_CHECK(lk.empty() || lk == "none" || lk == "lambda" || lk == "alpha",
+                   str("--lk-loss-type '", lk, "' is not one of lambda, alpha"),
+                   "use --lk-loss-type lambda or alpha, or leave it empty for none");
   if (cfg.loop.max_steps && cfg.loop.total_steps) {
     FSDP_USAGE_CHECK(
         *cfg.loop.max_steps <= *cfg.loop.total_steps,

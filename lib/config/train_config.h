@@ -111,6 +111,10 @@ struct LoopConfig {
   // decay per TTT step (step i weighs decay^i; SpecForge's 0.8).
   std::string loss_fn = "soft_ce";
   double ttt_step_loss_decay = 0.8;
+  // SpecForge's LK objective: "" (none), "lambda" or "alpha", with its kl_scale and kl_decay.
+  std::string lk_loss_type;
+  double kl_scale = 1.0;
+  double kl_decay = 1.0;
   bool eval_only = false;
 };
 

@@ -75,6 +75,22 @@ at::Tensor TargetHead::tiled_argmax(const at::Tensor& hidden, int64_t vocab_tile
   return best_idx.view(sizes);
 }
 
+at::Tensor TargetHead::tiled_logsumexp(const at::Tensor& hidden, int64_t vocab_tile) const {
+  at::NoGradGuard guard;
+  const int64_t V = weight_.size(0);
+  at::Tensor x = hidden.to(weight_.scalar_type()).reshape({-1, hidden.size(-1)});
+  const int64_t tile = vocab_tile > 0 ? std::min(vocab_tile, V) : auto_vocab_tile(x.size(0), V);
+  at::Tensor lse;
+  for (int64_t v0 = 0; v0 < V; v0 += tile) {
+    const int64_t n = std::min(tile, V - v0);
+    at::Tensor part = at::matmul(x, weight_.narrow(0, v0, n).t()).to(at::kFloat).logsumexp(-1);
+    lse = lse.defined() ? at::logaddexp(lse, part) : part;
+  }
+  auto sizes = hidden.sizes().vec();
+  sizes.pop_back();
+  return lse.view(sizes);
+}
+
 std::pair<at::Tensor, at::Tensor> TargetHead::draft_logits_and_ids(const at::Tensor& hidden,
                                                                    TargetImpl impl,
                                                                    int64_t vocab_tile) const {
@@ -122,7 +138,7 @@ void TargetHead::check_hidden(const at::Tensor& target_hidden) const {
 }
 
 RowTarget TargetHead::compute_rows(const at::Tensor& target_hidden, const at::Tensor& rows,
-                                   TargetImpl impl, int64_t vocab_tile) const {
+                                   TargetImpl impl, int64_t vocab_tile, bool want_mass) const {
   check_hidden(target_hidden);
   FSDP_CHECK(rows.dim() == 1 && rows.scalar_type() == at::kLong,
              fsdp::str("rows must be int64 [N], got ", rows.scalar_type(), " ", rows.sizes()),
@@ -133,6 +149,10 @@ RowTarget TargetHead::compute_rows(const at::Tensor& target_hidden, const at::Te
   auto [draft_logits, ids] = draft_logits_and_ids(x, impl, vocab_tile);
   out.target_ids = ids;
   out.target_p = draft_logits.to(at::kFloat).softmax(-1);
+  if (want_mass) {
+    out.draft_mass =
+        (draft_logits.to(at::kFloat).logsumexp(-1) - tiled_logsumexp(x, vocab_tile)).exp();
+  }
   out.in_draft = t2d_.index({out.target_ids}).to(at::kLong);
   out.target_best = out.target_p.argmax(-1);
   return out;

@@ -15,6 +15,10 @@ struct TargetDistribution {
   at::Tensor target_p;       // fp32 [B, S + T, Vd]: rows S..S+T-1 are 1/Vd (step i: i..i+S-1)
   at::Tensor position_mask;  // int64 [B, S]: loss_mask * t2d[argmax_V target_logits] (step 0)
   at::Tensor target_ids;     // int64 [B, S]: argmax over the full target vocabulary
+  // fp32 [B, S] (optional): the draft vocabulary's share of the full-vocabulary softmax; the
+  // target's own probabilities of the draft tokens are target_p * draft_mass (SpecForge's
+  // target_p_on_draft, which its LK losses use). Undefined: taken as 1.
+  at::Tensor draft_mass;
 };
 
 // The same distribution on selected rows only (see LossRows in ttt_loss.h): row j is the
@@ -24,6 +28,7 @@ struct RowTarget {
   at::Tensor target_ids;   // int64 [N]: argmax over the full target vocabulary
   at::Tensor in_draft;     // int64 [N]: t2d[target_ids] (position_mask where loss_mask is 1)
   at::Tensor target_best;  // int64 [N]: argmax of target_p (the draft-vocab id acc compares to)
+  at::Tensor draft_mass;   // fp32 [N], with want_mass only (see TargetDistribution)
 };
 
 class TargetHead {
@@ -46,8 +51,13 @@ class TargetHead {
                              int64_t vocab_tile = 0) const;
 
   // Only the rows `rows` (int64 [N], flat b*S + t) of target_hidden [B, S, H].
+  // want_mass: also the draft vocabulary's probability mass (one more pass of exp over the
+  // vocabulary tiles; SpecForge's LK losses need it).
   RowTarget compute_rows(const at::Tensor& target_hidden, const at::Tensor& rows,
-                         TargetImpl impl = TargetImpl::kTiled, int64_t vocab_tile = 0) const;
+                         TargetImpl impl = TargetImpl::kTiled, int64_t vocab_tile = 0,
+                         bool want_mass = false) const;
+  // fp32 [...]: log-sum-exp of hidden @ weight^T over the full vocabulary, in tiles.
+  at::Tensor tiled_logsumexp(const at::Tensor& hidden, int64_t vocab_tile = 0) const;
 
   // Dense reference (tests, benchmarks): full [B, S, V] logits, softmax over t2d columns.
   TargetDistribution compute_dense(const at::Tensor& target_hidden, const at::Tensor& loss_mask,

@@ -104,6 +104,7 @@ struct WeightedSoftCrossEntropy : torch::autograd::Function<WeightedSoftCrossEnt
 // position_mask0 at those rows, and the full-vocabulary argmax at LossRows::pre, pre_ids [R].
 struct RowsTarget {
   at::Tensor target_p, target_ids, position, pre_ids;
+  at::Tensor draft_mass;  // fp32 [N] or undefined (1)
 };
 
 // Rows per chunk of the expected-acceptance sum: at most 16 Mi elements of [rows, Vd] at once.
@@ -216,6 +217,23 @@ StepOutput step_on_rows(Eagle3DraftImpl& model, const RowsTarget& target, const 
         at::Tensor ploss_i = options.normalization == LossNormalization::kBatchTokens
                                  ? sum / static_cast<double>(B * S)
                                  : sum / pm_sum.clamp_min(1.0);
+        if (options.lk != LossOptions::LK::kNone) {
+          // SpecForge's LK: the acceptance against the target's own probabilities of the draft
+          // tokens (not renormalised), averaged over the step's position rows.
+          at::Tensor p_on = target.target_p.index_select(0, take).to(acc);
+          if (target.draft_mass.defined())
+            p_on = p_on * target.draft_mass.index_select(0, take).to(acc).unsqueeze(-1);
+          const at::Tensor a = at::minimum(p_on, logits.to(acc).softmax(-1)).sum(-1);
+          const at::Tensor den = pm_sum.clamp_min(1e-8);
+          if (options.lk == LossOptions::LK::kAlpha) {
+            const at::Tensor loga = at::where(a > 0, a.clamp_min(1e-30).log(), at::zeros_like(a));
+            ploss_i = -(pm * loga).sum() / den;
+          } else {
+            const at::Tensor mean_a = (pm * a).sum() / den;
+            const at::Tensor w = options.kl_scale * (-options.kl_decay * mean_a.detach()).exp();
+            ploss_i = w * ploss_i + (1.0 - w) * (1.0 - mean_a);
+          }
+        }
         const double w = std::pow(options.step_decay, static_cast<double>(i));
         total = total.defined() ? total + w * ploss_i : w * ploss_i;
         if (i == 0) {
@@ -524,6 +542,8 @@ StepOutput ttt_step(Eagle3DraftImpl& model, const TargetDistribution& target,
     at::NoGradGuard guard;
     t.target_p = target.target_p.narrow(1, 0, S).reshape({B * S, Vd}).index_select(0, rows.rows);
     t.position = target.position_mask.reshape({B * S}).index_select(0, rows.rows);
+    if (target.draft_mass.defined())
+      t.draft_mass = target.draft_mass.reshape({B * S}).index_select(0, rows.rows);
     at::Tensor ids = target.target_ids;
     if (!ids.defined()) {
       // The target id of argmax p where the position mask is set; none (-1) elsewhere.
@@ -559,13 +579,14 @@ StepOutput ttt_step(Eagle3DraftImpl& model, const TargetHead& head, const LossRo
              fsdp::str("target_hidden must be [B, S, H] matching input_ids ", input_ids.sizes(),
                        ", got ", target_hidden.sizes()),
              "every batch tensor is padded to the same [B, S]");
-  RowTarget rt = head.compute_rows(target_hidden, rows.rows, options.target, options.vocab_tile);
+  RowTarget rt = head.compute_rows(target_hidden, rows.rows, options.target, options.vocab_tile,
+                                   /*want_mass=*/options.lk != LossOptions::LK::kNone);
   at::Tensor pre_ids = at::empty({0}, rt.target_ids.options());
   if (rows.pre.numel() > 0) {
     pre_ids =
         head.compute_rows(target_hidden, rows.pre, options.target, options.vocab_tile).target_ids;
   }
-  RowsTarget t{rt.target_p, rt.target_ids, rt.in_draft, pre_ids};
+  RowsTarget t{rt.target_p, rt.target_ids, rt.in_draft, pre_ids, rt.draft_mass};
   return step_on_rows(model, t, rows, input_ids, attention_mask, aux_hidden, options);
 }
 

@@ -49,6 +49,12 @@ struct LossOptions {
   // The objective: a weighted sum of per-row terms; empty means soft_ce alone (the fused,
   // recomputing soft cross-entropy path).
   std::vector<std::pair<LossTerm, double>> loss_terms;
+  // SpecForge's LK objectives (docs/model.md "Loss functions"), replacing the step's loss:
+  // alpha: -mean_t log a_t; lambda: w ploss_i + (1 - w)(1 - mean_t a_t), w = kl_scale *
+  // exp(-kl_decay * mean_t a_t) held constant in the gradient; a_t = sum_v min(p_on_draft, q),
+  // means over the step's position rows of the micro-batch.
+  enum class LK { kNone, kAlpha, kLambda } lk = LK::kNone;
+  double kl_scale = 1.0, kl_decay = 1.0;
   LossNormalization normalization = LossNormalization::kBatchTokens;
   AttentionImpl attention = AttentionImpl::kEfficient;
   TargetImpl target = TargetImpl::kTiled;

@@ -126,6 +126,11 @@ model::LossOptions loss_options(const config::TrainConfig& cfg, int64_t accumula
   lo.recompute_loss = cfg.model.activation_checkpointing;
   lo.normalization = to_loss(cfg.loop.loss_normalization);
   lo.step_decay = cfg.loop.ttt_step_loss_decay;
+  lo.lk = cfg.loop.lk_loss_type == "lambda"  ? model::LossOptions::LK::kLambda
+          : cfg.loop.lk_loss_type == "alpha" ? model::LossOptions::LK::kAlpha
+                                             : model::LossOptions::LK::kNone;
+  lo.kl_scale = cfg.loop.kl_scale;
+  lo.kl_decay = cfg.loop.kl_decay;
   // soft_ce alone keeps the fused (and, with activation checkpointing, recomputing) path.
   const auto terms = model::parse_loss_spec(cfg.loop.loss_fn);
   if (!(terms.size() == 1 && terms[0].first == model::LossTerm::kSoftCE && terms[0].second == 1.0))

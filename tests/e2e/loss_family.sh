@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # --loss-fn and --ttt-step-loss-decay end to end (docs/model.md "Loss functions"): a weighted mix
 # trains at 1 and 2 ranks to the same fp32 weights, differs from the default objective, logs
-# acceptance_rate_i as every objective does; a bad spec is refused before anything loads.
+# acceptance_rate_i as every objective does; SpecForge's LK lambda trains equal at 1 and 2 ranks; bad
+# specs are refused before anything loads.
 set -uo pipefail
 source "$(dirname "$0")/lib/common.sh"
 DATA=$(toy_data fixed --num-samples 128 --min-len 32 --max-len 32 --samples-per-dir 32 --seed 1)
@@ -18,6 +19,15 @@ grep -q '"train/acceptance_rate_0"' "$W/np2/metrics.jsonl" || fail "no acceptanc
 if compare_exports "$(latest_ckpt "$W/np1")" "$(latest_ckpt "$W/default")" 1e-3 >/dev/null; then
   fail "the loss mix trained the same weights as the default objective"
 fi
+# SpecForge's LK lambda: its means are per micro-batch (nonlinear in the batch's rows), so 1 and
+# 2 ranks agree with micro-batch 1, which makes the same micro-batches on both.
+for np in 1 2; do
+  run_np $np $(train_args "$DATA" "$W/lk$np") $COMMON --draft-micro-batch-size 1 --lk-loss-type lambda --kl-scale 1.0 \
+    --kl-decay 1.0 >"$W/lk$np.log" 2>&1 || { tail -20 "$W/lk$np.log"; fail "LK lambda at $np rank(s)"; }
+done
+compare_exports "$(latest_ckpt "$W/lk1")" "$(latest_ckpt "$W/lk2")" 1e-5 || fail "1 vs 2 ranks with LK lambda"
+expect_usage_error "unknown LK type" "$BIN" $(train_args "$DATA" "$W/badlk") --lk-loss-type beta --max-steps 1
+grep -q -- "--lk-loss-type" <<<"$out" || { echo "$out"; fail "the refusal does not name --lk-loss-type"; }
 expect_usage_error "unknown objective" "$BIN" $(train_args "$DATA" "$W/bad") --loss-fn kl --max-steps 1
 grep -q "kl_div" <<<"$out" || { echo "$out"; fail "the refusal does not list the objectives"; }
 echo PASS

@@ -197,3 +197,109 @@ TEST_CASE("loss family: the spec parser", "[model][loss]") {
   }
   CHECK_THROWS_WITH(parse_loss_spec("kl"), Catch::Contains("kl_div"));
 }
+
+TEST_CASE("LK losses (SpecForge's lambda and alpha): values from the definition, gradients",
+          "[model][loss]") {
+  DraftConfig c;
+  c.hidden_size = 8;
+  c.num_attention_heads = 2;
+  c.num_key_value_heads = 1;
+  c.head_dim = 4;
+  c.intermediate_size = 12;
+  c.vocab_size = 20;
+  c.draft_vocab_size = 10;
+  c.max_position_embeddings = 16;
+  c.validate();
+  torch::manual_seed(8);
+  Eagle3Draft m(c);
+  m->to(torch::kDouble);
+  const int64_t B = 2, S = 5, T = 3;
+  at::Tensor ids = torch::randint(0, 20, {B, S}, torch::kLong);
+  at::Tensor mask = torch::ones({B, S}, torch::kLong);
+  at::Tensor aux = torch::randn({B, S, 24}, torch::kDouble);
+  TargetDistribution target;
+  target.target_p = torch::rand({B, S + T, 10}, torch::kDouble);
+  target.target_p /= target.target_p.sum(-1, true);
+  target.position_mask = torch::tensor({1, 1, 0, 1, 1, 0, 1, 1, 1, 1}, torch::kLong).view({B, S});
+  target.draft_mass = torch::rand({B, S}, torch::kDouble) * 0.5 + 0.5;
+  for (auto lk : {LossOptions::LK::kLambda, LossOptions::LK::kAlpha}) {
+    INFO((lk == LossOptions::LK::kLambda ? "lambda" : "alpha"));
+    LossOptions o;
+    o.ttt_length = T;
+    o.lk = lk;
+    o.kl_scale = 0.7;
+    o.kl_decay = 1.3;
+    // The definition on the dense logits: step i pairs draft position u with target u + i.
+    double want = 0;
+    {
+      torch::NoGradGuard g;
+      const auto logits = ttt_logits(*m, ids, mask, aux, T, AttentionImpl::kDense);
+      for (int64_t i = 0; i < T; ++i) {
+        double ce = 0, sum_m = 0, sum_a = 0, sum_loga = 0;
+        for (int64_t b = 0; b < B; ++b) {
+          for (int64_t u = 0; u + i < S; ++u) {
+            const double w = target.position_mask[b][u + i].item<double>();
+            const at::Tensor p = target.target_p[b][u + i];
+            const at::Tensor q = logits[static_cast<size_t>(i)][b][u].softmax(-1);
+            const double a = at::minimum(p * target.draft_mass[b][u + i], q).sum().item<double>();
+            ce += w * -(p * q.log()).sum().item<double>();
+            sum_m += w;
+            sum_a += w * a;
+            sum_loga += w * std::log(a);
+          }
+        }
+        const double ploss = ce / (B * S), mean_a = sum_a / std::max(sum_m, 1e-8);
+        double loss_i;
+        if (lk == LossOptions::LK::kAlpha) {
+          loss_i = -sum_loga / std::max(sum_m, 1e-8);
+        } else {
+          const double wkl = 0.7 * std::exp(-1.3 * mean_a);
+          loss_i = wkl * ploss + (1 - wkl) * (1 - mean_a);
+        }
+        want += std::pow(0.8, static_cast<double>(i)) * loss_i;
+      }
+    }
+    m->zero_grad();
+    StepOutput r = ttt_step(*m, target, ids, mask, mask, aux, o);
+    CHECK(r.loss.item<double>() == Approx(want).epsilon(1e-12));
+    r.loss.backward();
+    // Gradients: finite differences see lambda's weight move, which the objective holds constant
+    // (SpecForge detaches it); alpha has no such term and is checked directly.
+    if (lk != LossOptions::LK::kAlpha) continue;
+    for (const auto& named : m->named_parameters()) {
+      at::Tensor p = named.value();
+      if (!p.requires_grad()) continue;
+      at::Tensor flat = p.data().view(-1), grad = p.grad().view(-1);
+      torch::NoGradGuard g;
+      const double orig = flat[0].item<double>(), h = 1e-6;
+      flat[0] = orig + h;
+      const double up = ttt_step(*m, target, ids, mask, mask, aux, o).loss.item<double>();
+      flat[0] = orig - h;
+      const double down = ttt_step(*m, target, ids, mask, mask, aux, o).loss.item<double>();
+      flat[0] = orig;
+      INFO(named.key());
+      CHECK(grad[0].item<double>() == Approx((up - down) / (2 * h)).margin(1e-7));
+    }
+  }
+}
+
+TEST_CASE("LK: the target head's draft-vocabulary mass equals the full softmax's",
+          "[model][loss]") {
+  torch::manual_seed(12);
+  const int64_t V = 300, H = 8;
+  at::Tensor w = torch::randn({V, H});
+  at::Tensor t2d = torch::zeros({V}, torch::kBool);
+  t2d.index_put_({torch::randperm(V).narrow(0, 0, 40)}, true);
+  TargetHead head(w, t2d);
+  at::Tensor hidden = torch::randn({2, 6, H}) * 2;
+  at::Tensor rows = torch::arange(12, torch::kLong);
+  for (int64_t tile : {int64_t{0}, int64_t{64}}) {
+    INFO("tile " << tile);
+    const RowTarget rt = head.compute_rows(hidden, rows, TargetImpl::kTiled, tile, true);
+    const at::Tensor full =
+        at::matmul(hidden.reshape({12, H}).to(at::kDouble), w.to(at::kDouble).t()).softmax(-1);
+    const at::Tensor want = full.index({at::indexing::Slice(), t2d}).sum(-1);
+    CHECK((rt.draft_mass.to(at::kDouble) - want).abs().max().item<double>() < 1e-5);
+    CHECK_FALSE(head.compute_rows(hidden, rows, TargetImpl::kTiled, tile).draft_mass.defined());
+  }
+}
