@@ -67,6 +67,21 @@ double reference(LossTerm t, const std::vector<double>& z, const std::vector<dou
   return NAN;
 }
 
+// H 8, 2 heads of 4 over 1 KV head, I 12, V 20, Vd 10: small enough for finite differences.
+DraftConfig tiny_config() {
+  DraftConfig c;
+  c.hidden_size = 8;
+  c.num_attention_heads = 2;
+  c.num_key_value_heads = 1;
+  c.head_dim = 4;
+  c.intermediate_size = 12;
+  c.vocab_size = 20;
+  c.draft_vocab_size = 10;
+  c.max_position_embeddings = 16;
+  c.validate();
+  return c;
+}
+
 std::vector<double> vec(const at::Tensor& t) {
   at::Tensor c = t.contiguous();
   return {c.data_ptr<double>(), c.data_ptr<double>() + c.numel()};
@@ -106,16 +121,7 @@ TEST_CASE("loss family: every term equals its definition, gradients match finite
 
 TEST_CASE("loss family: the step with a mix, through the model (finite differences)",
           "[model][loss]") {
-  DraftConfig c;
-  c.hidden_size = 8;
-  c.num_attention_heads = 2;
-  c.num_key_value_heads = 1;
-  c.head_dim = 4;
-  c.intermediate_size = 12;
-  c.vocab_size = 20;
-  c.draft_vocab_size = 10;
-  c.max_position_embeddings = 16;
-  c.validate();
+  const DraftConfig c = tiny_config();
   torch::manual_seed(6);
   Eagle3Draft m(c);
   m->to(torch::kDouble);
@@ -200,16 +206,7 @@ TEST_CASE("loss family: the spec parser", "[model][loss]") {
 
 TEST_CASE("LK losses (SpecForge's lambda and alpha): values from the definition, gradients",
           "[model][loss]") {
-  DraftConfig c;
-  c.hidden_size = 8;
-  c.num_attention_heads = 2;
-  c.num_key_value_heads = 1;
-  c.head_dim = 4;
-  c.intermediate_size = 12;
-  c.vocab_size = 20;
-  c.draft_vocab_size = 10;
-  c.max_position_embeddings = 16;
-  c.validate();
+  const DraftConfig c = tiny_config();
   torch::manual_seed(8);
   Eagle3Draft m(c);
   m->to(torch::kDouble);
