@@ -45,16 +45,9 @@ std::optional<model::AuxLayers> checkpoint_aux_layers(const ExportFlags& f,
                    "--aux-layer-convention '" + f.aux_convention +
                        "' is not one of layer-output, hidden-state-index",
                    "use the convention the draft config's ids were written in");
-  std::ifstream in(record);
-  if (in) {
-    std::stringstream text;
-    text << in.rdbuf();
+  if (const auto hs = model::read_aux_layers_record(f.checkpoint)) {
     // The record holds the ids as hidden_states indices under the top-level (vLLM) key's name.
-    const auto ids = nlohmann::json::parse(text.str(), nullptr, false);
-    FSDP_USAGE_CHECK(ids.is_object() && ids.contains("hidden_state_index") &&
-                         ids.at("hidden_state_index").is_array(),
-                     record + " is not an aux-layer record", "use another checkpoint");
-    nlohmann::json as_config = {{"eagle_aux_hidden_state_layer_ids", ids.at("hidden_state_index")}};
+    nlohmann::json as_config = {{"eagle_aux_hidden_state_layer_ids", *hs}};
     return model::resolve_aux_layers(as_config.dump(), *convention, 0, record);
   }
   const int64_t L = f.target_model_path.empty() ? 0 : model::target_num_layers(f.target_model_path);

@@ -166,6 +166,22 @@ std::string aux_layers_record(const AuxLayers& aux) {
   return j.dump(2) + "\n";
 }
 
+std::optional<std::vector<int64_t>> read_aux_layers_record(const std::string& dir) {
+  const std::string path = dir + "/aux_layers.json";
+  std::ifstream in(path);
+  if (!in) return std::nullopt;
+  const json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
+  FSDP_USAGE_CHECK(
+      j.is_object() && j.contains("hidden_state_index") && j.at("hidden_state_index").is_array(),
+      path + " is not an aux-layer record", "use another checkpoint");
+  try {
+    return j.at("hidden_state_index").get<std::vector<int64_t>>();
+  } catch (const json::exception&) {
+    FSDP_USAGE_CHECK(false, path + " is not an aux-layer record", "use another checkpoint");
+  }
+  return std::nullopt;
+}
+
 std::optional<std::vector<int64_t>> vllm_reads(const std::string& config_json) {
   const json cfg = parse_object(config_json, "config.json");
   auto ids = id_list(cfg, "config.json");

@@ -58,6 +58,9 @@ int64_t target_num_layers(const std::string& model_dir);
 // The record a checkpoint keeps of its features' layers (aux_layers.json): hidden_states
 // indices, each engine's ids and where they came from.
 std::string aux_layers_record(const AuxLayers& aux);
+// The hidden_states indices of `dir`/aux_layers.json (what aux_layers_record wrote); nullopt
+// when the file is absent. Throws UsageError naming the file when it is not such a record.
+std::optional<std::vector<int64_t>> read_aux_layers_record(const std::string& dir);
 
 // What the engines read from a draft config.json (mirrors their loaders; docs/serving.md):
 // vLLM 0.32: top-level eagle_aux_hidden_state_layer_ids, else eagle_config's, as hidden_states

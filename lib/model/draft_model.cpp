@@ -402,6 +402,10 @@ void Eagle3DraftImpl::restore_mapping_dtypes() {
   if (t2d.scalar_type() != at::kBool) t2d.set_data(t2d.to(at::kBool));
 }
 
+bool is_lora_tensor(const std::string& name) {
+  return name.find(".lora_A.") != std::string::npos || name.find(".lora_B.") != std::string::npos;
+}
+
 const std::vector<std::string>& lora_target_names() {
   static const std::vector<std::string> names = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
                                                  "gate_proj", "up_proj", "down_proj"};
@@ -439,11 +443,7 @@ void Eagle3DraftImpl::enable_lora(int64_t rank, double alpha,
       if (want(leaf.c_str())) lin->add_lora(rank, scale);
     }
   }
-  for (auto& p : named_parameters(true)) {
-    const bool adapter = p.key().find(".lora_A.") != std::string::npos ||
-                         p.key().find(".lora_B.") != std::string::npos;
-    p.value().set_requires_grad(adapter);
-  }
+  for (auto& p : named_parameters(true)) p.value().set_requires_grad(is_lora_tensor(p.key()));
   lora_rank_ = rank;
 }
 

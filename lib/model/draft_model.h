@@ -240,6 +240,9 @@ TORCH_MODULE(Eagle3Draft);
 
 namespace fsdp::model {
 
+// Whether a parameter name is a LoRA adapter's ("<module>.lora_A.weight" / ".lora_B.weight").
+bool is_lora_tensor(const std::string& name);
+
 // The LoRA target names enable_lora accepts, in PEFT's usual order.
 const std::vector<std::string>& lora_target_names();
 

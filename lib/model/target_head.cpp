@@ -50,14 +50,24 @@ void TargetHead::to(c10::Device device) {
 }
 
 at::Tensor TargetHead::tiled_argmax(const at::Tensor& hidden, int64_t vocab_tile) const {
+  return tiled_argmax_lse(hidden, vocab_tile, /*want_lse=*/false).first;
+}
+
+std::pair<at::Tensor, at::Tensor> TargetHead::tiled_argmax_lse(const at::Tensor& hidden,
+                                                               int64_t vocab_tile,
+                                                               bool want_lse) const {
   at::NoGradGuard guard;
   const int64_t V = weight_.size(0);
   at::Tensor x = hidden.to(weight_.scalar_type()).reshape({-1, hidden.size(-1)});
   const int64_t tile = vocab_tile > 0 ? std::min(vocab_tile, V) : auto_vocab_tile(x.size(0), V);
-  at::Tensor best_val, best_idx;
+  at::Tensor best_val, best_idx, lse;
   for (int64_t v0 = 0; v0 < V; v0 += tile) {
     const int64_t n = std::min(tile, V - v0);
     at::Tensor logits = at::matmul(x, weight_.narrow(0, v0, n).t());  // [rows, n], weight dtype
+    if (want_lse) {
+      at::Tensor part = logits.to(at::kFloat).logsumexp(-1);
+      lse = lse.defined() ? at::logaddexp(lse, part) : part;
+    }
     auto [val, idx] = logits.max(-1);
     idx = idx + v0;
     if (!best_val.defined()) {
@@ -72,36 +82,21 @@ at::Tensor TargetHead::tiled_argmax(const at::Tensor& hidden, int64_t vocab_tile
   }
   auto sizes = hidden.sizes().vec();
   sizes.pop_back();
-  return best_idx.view(sizes);
+  return {best_idx.view(sizes), want_lse ? lse.view(sizes) : at::Tensor()};
 }
 
-at::Tensor TargetHead::tiled_logsumexp(const at::Tensor& hidden, int64_t vocab_tile) const {
-  at::NoGradGuard guard;
-  const int64_t V = weight_.size(0);
-  at::Tensor x = hidden.to(weight_.scalar_type()).reshape({-1, hidden.size(-1)});
-  const int64_t tile = vocab_tile > 0 ? std::min(vocab_tile, V) : auto_vocab_tile(x.size(0), V);
-  at::Tensor lse;
-  for (int64_t v0 = 0; v0 < V; v0 += tile) {
-    const int64_t n = std::min(tile, V - v0);
-    at::Tensor part = at::matmul(x, weight_.narrow(0, v0, n).t()).to(at::kFloat).logsumexp(-1);
-    lse = lse.defined() ? at::logaddexp(lse, part) : part;
-  }
-  auto sizes = hidden.sizes().vec();
-  sizes.pop_back();
-  return lse.view(sizes);
-}
-
-std::pair<at::Tensor, at::Tensor> TargetHead::draft_logits_and_ids(const at::Tensor& hidden,
-                                                                   TargetImpl impl,
-                                                                   int64_t vocab_tile) const {
+TargetHead::DraftLogits TargetHead::draft_logits_and_ids(const at::Tensor& hidden, TargetImpl impl,
+                                                         int64_t vocab_tile, bool want_lse) const {
   at::NoGradGuard guard;
   at::Tensor x = hidden.to(weight_.scalar_type());
   if (impl == TargetImpl::kDense) {
     at::Tensor logits = at::matmul(x, weight_.t());  // [..., V]
-    return {logits.index({at::indexing::Ellipsis, t2d_}), logits.argmax(-1)};
+    return {logits.index({at::indexing::Ellipsis, t2d_}), logits.argmax(-1),
+            want_lse ? logits.to(at::kFloat).logsumexp(-1) : at::Tensor()};
   }
-  // [..., Vd] in the weight dtype; the full-vocab argmax in tiles.
-  return {at::matmul(x, draft_weight_.t()), tiled_argmax(x, vocab_tile)};
+  // [..., Vd] in the weight dtype; the full-vocab argmax (and log-sum-exp) in tiles.
+  auto [ids, lse] = tiled_argmax_lse(x, vocab_tile, want_lse);
+  return {at::matmul(x, draft_weight_.t()), ids, lse};
 }
 
 TargetDistribution TargetHead::compute_with(const at::Tensor& target_hidden,
@@ -109,9 +104,9 @@ TargetDistribution TargetHead::compute_with(const at::Tensor& target_hidden,
                                             TargetImpl impl, int64_t vocab_tile) const {
   at::NoGradGuard guard;
   TargetDistribution out;
-  auto [draft_logits, ids] = draft_logits_and_ids(target_hidden, impl, vocab_tile);
-  out.target_p = pad_uniform(draft_logits.to(at::kFloat).softmax(-1), ttt_length);
-  out.target_ids = ids;
+  const DraftLogits d = draft_logits_and_ids(target_hidden, impl, vocab_tile);
+  out.target_p = pad_uniform(d.logits.to(at::kFloat).softmax(-1), ttt_length);
+  out.target_ids = d.ids;
   out.position_mask = loss_mask.to(at::kLong) * t2d_.index({out.target_ids}).to(at::kLong);
   return out;
 }
@@ -146,13 +141,10 @@ RowTarget TargetHead::compute_rows(const at::Tensor& target_hidden, const at::Te
   at::NoGradGuard guard;
   at::Tensor x = target_hidden.reshape({-1, weight_.size(1)}).index_select(0, rows);  // [N, H]
   RowTarget out;
-  auto [draft_logits, ids] = draft_logits_and_ids(x, impl, vocab_tile);
-  out.target_ids = ids;
-  out.target_p = draft_logits.to(at::kFloat).softmax(-1);
-  if (want_mass) {
-    out.draft_mass =
-        (draft_logits.to(at::kFloat).logsumexp(-1) - tiled_logsumexp(x, vocab_tile)).exp();
-  }
+  const DraftLogits d = draft_logits_and_ids(x, impl, vocab_tile, want_mass);
+  out.target_ids = d.ids;
+  out.target_p = d.logits.to(at::kFloat).softmax(-1);
+  if (want_mass) out.draft_mass = (d.logits.to(at::kFloat).logsumexp(-1) - d.lse).exp();
   out.in_draft = t2d_.index({out.target_ids}).to(at::kLong);
   out.target_best = out.target_p.argmax(-1);
   return out;

@@ -56,8 +56,6 @@ class TargetHead {
   RowTarget compute_rows(const at::Tensor& target_hidden, const at::Tensor& rows,
                          TargetImpl impl = TargetImpl::kTiled, int64_t vocab_tile = 0,
                          bool want_mass = false) const;
-  // fp32 [...]: log-sum-exp of hidden @ weight^T over the full vocabulary, in tiles.
-  at::Tensor tiled_logsumexp(const at::Tensor& hidden, int64_t vocab_tile = 0) const;
 
   // Dense reference (tests, benchmarks): full [B, S, V] logits, softmax over t2d columns.
   TargetDistribution compute_dense(const at::Tensor& target_hidden, const at::Tensor& loss_mask,
@@ -80,9 +78,17 @@ class TargetHead {
 
  private:
   void check_hidden(const at::Tensor& target_hidden) const;
-  // Draft-vocab logits [..., Vd] (weight dtype) and full-vocab argmax [...] of hidden [..., H].
-  std::pair<at::Tensor, at::Tensor> draft_logits_and_ids(const at::Tensor& hidden, TargetImpl impl,
-                                                         int64_t vocab_tile) const;
+  // Full-vocab argmax [...] and, with want_lse, the fp32 full-vocab log-sum-exp [...] of
+  // hidden @ weight^T, in one pass over the vocabulary tiles.
+  std::pair<at::Tensor, at::Tensor> tiled_argmax_lse(const at::Tensor& hidden, int64_t vocab_tile,
+                                                     bool want_lse) const;
+  struct DraftLogits {
+    at::Tensor logits;  // [..., Vd] in the weight dtype
+    at::Tensor ids;     // [...] full-vocab argmax
+    at::Tensor lse;     // [...] fp32 full-vocab log-sum-exp (want_lse only)
+  };
+  DraftLogits draft_logits_and_ids(const at::Tensor& hidden, TargetImpl impl, int64_t vocab_tile,
+                                   bool want_lse = false) const;
   TargetDistribution compute_with(const at::Tensor& target_hidden, const at::Tensor& loss_mask,
                                   int64_t ttt_length, TargetImpl impl, int64_t vocab_tile) const;
 

@@ -176,25 +176,17 @@ void Trainer::Impl::resolve_serving_export() {
   // its ids are in vLLM's convention whatever --aux-layer-convention says. The checkpoint's
   // aux_layers.json records those indices: when both id lists equal them, that is what they mean.
   model::AuxIdConvention convention = cfg.model.aux_layer_convention;
-  {
-    const std::string record = checkpoint::join_path(
-        std::filesystem::path(cfg.model.draft_model_config).parent_path().string(),
-        "aux_layers.json");
-    std::error_code ec;
-    if (std::filesystem::is_regular_file(record, ec)) {
-      try {
-        std::ifstream in(record);
-        const auto rec = nlohmann::json::parse(in);
-        const auto cfg_json = nlohmann::json::parse(draft_cfg.to_json());
-        const auto hs = rec.at("hidden_state_index");
-        const char* key = "eagle_aux_hidden_state_layer_ids";
-        if (cfg_json.contains(key) && cfg_json.at(key) == hs && cfg_json.contains("eagle_config") &&
-            cfg_json.at("eagle_config").value(key, nlohmann::json()) == hs)
-          convention = model::AuxIdConvention::kHiddenStateIndex;
-      } catch (const std::exception&) {
-        // Not a record this version wrote: the flag's convention applies.
-      }
-    }
+  try {
+    const auto hs = model::read_aux_layers_record(
+        std::filesystem::path(cfg.model.draft_model_config).parent_path().string());
+    const auto cfg_json = nlohmann::json::parse(draft_cfg.to_json());
+    const char* key = "eagle_aux_hidden_state_layer_ids";
+    if (hs && cfg_json.contains(key) && cfg_json.at(key) == *hs &&
+        cfg_json.contains("eagle_config") &&
+        cfg_json.at("eagle_config").value(key, nlohmann::json()) == nlohmann::json(*hs))
+      convention = model::AuxIdConvention::kHiddenStateIndex;
+  } catch (const std::exception&) {
+    // Not a record this version wrote: the flag's convention applies.
   }
   aux_layers =
       model::resolve_aux_layers(draft_cfg.to_json(), convention, L, cfg.model.draft_model_config);
@@ -565,9 +557,7 @@ void Trainer::Impl::load_init_weights() {
   for (const auto& item : draft->named_parameters()) {
     const std::string& name = item.key();
     // LoRA adapters start fresh (B = 0: the adapted draft starts as the base).
-    if (name == "embed_tokens.weight" || name.find(".lora_A.") != std::string::npos ||
-        name.find(".lora_B.") != std::string::npos)
-      continue;
+    if (name == "embed_tokens.weight" || model::is_lora_tensor(name)) continue;
     FSDP_USAGE_CHECK(
         weights.count(name),
         fsdp::str("--init-checkpoint ", cfg.model.init_checkpoint, " lacks tensor '", name, "'"),

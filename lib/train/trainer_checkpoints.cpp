@@ -116,9 +116,7 @@ std::string Trainer::Impl::save(int64_t epoch_for_name) {
         if (cfg.checkpoint.export_lora_adapters) {
           std::map<std::string, at::Tensor> adapters;
           for (const auto& [name, t] : full)
-            if (name.find(".lora_A.") != std::string::npos ||
-                name.find(".lora_B.") != std::string::npos)
-              adapters.emplace(name, t);
+            if (model::is_lora_tensor(name)) adapters.emplace(name, t);
           checkpoint::write_peft_adapter(checkpoint::join_path(writer.temp_dir(), "adapter"),
                                          adapters, rec, to_dtype(cfg.checkpoint.export_dtype));
         }
