@@ -12,13 +12,12 @@ BUILD="${1:-$REPO/build}"
 BIN="$BUILD/fsdp-train"
 PY="${FSDP_VENV:-$HOME/.cache/fsdp-train/venv}/bin/python"
 VPY="${FSDP_VLLM_VENV:-$HOME/.cache/fsdp-train/vllm-venv}/bin/python"
-for f in "$BIN" "$PY" "$VPY"; do
-  [ -x "$f" ] || { echo "error: $f missing"; echo "---> HINT: run launch/setup.sh and launch/setup-serving.sh"; exit 2; }
-done
 SRC="$REPO"
 PIPE="$REPO/benchmarks/serving/pipeline.py"
 NUM_TRAIN=48 NUM_EVAL=12 MAX_TOKENS=64
 source "$REPO/benchmarks/serving/cache.sh"
+require_serving_tools
+stage() { echo "[bench] $*"; }  # build_serving_cache reports with it
 C="$(serving_cache_dir)"
 OUT="${OUT:-$BUILD/lora_bench}"
 EPOCHS="${EPOCHS:-3}" RANKS="${RANKS:-16 64}"

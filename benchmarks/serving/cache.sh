@@ -1,9 +1,19 @@
-# Sourced by tests/serving/vllm_acceptance.sh and benchmarks/serving/run.sh: the cached inputs of a
+# Sourced by tests/serving/vllm_acceptance.sh and the benchmarks on its data (benchmarks/serving,
+# benchmarks/lora, benchmarks/objectives): the cached inputs of a
 # serving run (docs/serving.md), built once per cache directory and reused.
 #   serving_cache_dir            -> prints ~/.cache/fsdp-train/serving/<key of the pipeline's sources>
 #   build_serving_cache C LOGDIR -> C/target, C/prompts.json, C/base.json (vLLM, no speculation),
 #                                   C/feat-train (+ C/draft-config.json), C/feat-eval
 # Needs PY, VPY, PIPE, SRC, NUM_TRAIN, NUM_EVAL, MAX_TOKENS and a `stage MESSAGE` function.
+
+# require_serving_tools: exits 2 with a hint unless BIN, PY and VPY are executables (the benchmark
+# scripts' first check).
+require_serving_tools() {
+  local f
+  for f in "$BIN" "$PY" "$VPY"; do
+    [ -x "$f" ] || { echo "error: $f missing"; echo "---> HINT: run launch/setup.sh and launch/setup-serving.sh"; exit 2; }
+  done
+}
 
 serving_cache_dir() {
   local key

@@ -17,11 +17,9 @@ PIPE="$REPO/benchmarks/serving/pipeline.py"
 # prompts, generation and features are reused.
 NUM_TRAIN="${NUM_TRAIN:-48}" NUM_EVAL="${NUM_EVAL:-12}" EPOCHS="${EPOCHS:-6}" K="${K:-3}"
 MAX_TOKENS="${MAX_TOKENS:-64}"
-for f in "$BIN" "$PY" "$VPY"; do
-  [ -x "$f" ] || { echo "error: $f missing"; echo "---> HINT: run launch/setup.sh and launch/setup-serving.sh"; exit 2; }
-done
 SRC="$REPO"
 source "$REPO/benchmarks/serving/cache.sh"
+require_serving_tools
 C="$(serving_cache_dir)"
 [ "$NUM_TRAIN $NUM_EVAL $MAX_TOKENS" = "48 12 64" ] || C="$C-$NUM_TRAIN-$NUM_EVAL-$MAX_TOKENS"
 OUT="${OUT:-$BUILD/serving_bench}"
