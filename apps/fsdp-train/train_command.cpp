@@ -44,7 +44,7 @@ TrainCommand add_train(CLI::App& root) {
   TrainCommand t;
   t.requested = [binding]() {
     auto v = binding->values();
-    return !v.given.empty() || !v.config_file.empty();
+    return !v.given.empty() || !v.config_file.empty() || !v.overrides.empty();
   };
   t.run = [binding]() { return run_training(binding->values()); };
   return t;

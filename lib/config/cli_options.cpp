@@ -72,7 +72,9 @@ void add_train_options(CLI::App& app, TrainOptionsBinding* binding) {
         opt = app.add_option(spec.flag(), st.strings.emplace_back(), desc)->expected(0, 1);
         break;
       default:
-        opt = app.add_option(spec.flag(), st.strings.emplace_back(), desc);
+        // SpecForge's `specforge train -c run.yaml` spelling too.
+        opt = app.add_option(spec.name == "config" ? "-c," + spec.flag() : spec.flag(),
+                             st.strings.emplace_back(), desc);
         break;
     }
     opt->group(spec.group);
@@ -82,6 +84,12 @@ void add_train_options(CLI::App& app, TrainOptionsBinding* binding) {
     if (!tn.empty()) opt->type_name(tn);
     binding->options_.emplace_back(&spec, opt);
   }
+  // Words without a flag: SpecForge's dotted overrides after the file (section.key=value).
+  binding->overrides_ =
+      app.add_option("overrides", st.lists.emplace_back(),
+                     "SpecForge's typed-config overrides after -c/--config FILE, e.g. "
+                     "training.learning_rate=5e-5 (docs/migration-from-specforge.md)")
+          ->group("Configuration file");
 }
 
 CommandLineValues TrainOptionsBinding::values() const {
@@ -115,6 +123,16 @@ CommandLineValues TrainOptionsBinding::values() const {
       continue;
     }
     out.given[spec->name] = v;
+  }
+  if (overrides_ != nullptr) {
+    for (const auto& word : overrides_->results()) {
+      // A stray word that is no override gets the same advice as an unknown flag.
+      if (word.find('=') == std::string::npos || word.rfind("-", 0) == 0) {
+        const UnknownFlagAdvice advice = advise_unknown_flag(word);
+        FSDP_USAGE_CHECK(false, advice.message, advice.hint);
+      }
+      out.overrides.push_back(word);
+    }
   }
   return out;
 }

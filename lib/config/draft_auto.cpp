@@ -96,6 +96,43 @@ std::string draft_config_from_target(const std::string& target_config_text,
   return draft.dump(2) + "\n";
 }
 
+std::string draft_config_from_target_fields(const std::string& target_config_text,
+                                            const std::string& source) {
+  json target = json::parse(target_config_text, nullptr, /*allow_exceptions=*/false);
+  FSDP_USAGE_CHECK(target.is_object(), source + ": not a JSON object",
+                   "point --target-model-path at a Hugging Face model directory");
+  // specforge train reads the text model's config whenever there is one.
+  if (target.contains("text_config") && target["text_config"].is_object())
+    target = target["text_config"];
+  json draft = json::object();
+  for (const char* key : {"vocab_size",          "hidden_size",        "num_attention_heads",
+                          "num_key_value_heads", "intermediate_size",  "max_position_embeddings",
+                          "rms_norm_eps",        "hidden_act",         "initializer_range",
+                          "attention_bias",      "attention_dropout",  "head_dim",
+                          "rope_theta",          "rope_scaling",       "rope_parameters",
+                          "bos_token_id",        "eos_token_id",       "pad_token_id",
+                          "sliding_window",      "use_sliding_window", "max_window_layers"}) {
+    if (target.contains(key) && !target[key].is_null()) draft[key] = target[key];
+  }
+  if (target.contains("padded_vocab_size") && target["padded_vocab_size"].is_number_integer())
+    draft["vocab_size"] = target["padded_vocab_size"];
+  FSDP_USAGE_CHECK(draft.contains("hidden_size") && draft.contains("vocab_size"),
+                   source + ": has no hidden_size and vocab_size (nor a text_config with them)",
+                   "give --draft-model-config, e.g. a copy of configs/models/llama3-8B-eagle3.json "
+                   "with the target's sizes");
+  draft["architectures"] = json::array({"LlamaForCausalLMEagle3"});
+  draft["model_type"] = "llama";
+  draft["num_hidden_layers"] = 1;
+  draft["tie_word_embeddings"] = false;
+  draft["use_cache"] = true;
+  if (!draft.contains("pad_token_id")) draft["pad_token_id"] = 0;
+  int64_t draft_vocab = 32000;
+  if (draft["vocab_size"].is_number_integer())
+    draft_vocab = std::min<int64_t>(draft_vocab, draft["vocab_size"].get<int64_t>());
+  draft["draft_vocab_size"] = draft_vocab;
+  return draft.dump(2) + "\n";
+}
+
 std::string generate_missing_draft_config(TrainConfig* cfg) {
   if (!cfg->model.draft_model_config.empty() || cfg->model.target_model_path.empty()) return "";
   // A checkpoint to continue or start from brings the draft config it was trained with.
@@ -121,7 +158,9 @@ std::string generate_missing_draft_config(TrainConfig* cfg) {
   if (!in.good()) return "";  // validate() says that a draft config is needed
   std::stringstream text;
   text << in.rdbuf();
-  const std::string draft = draft_config_from_target(text.str(), target_json);
+  const bool fields = cfg->model.auto_draft_config == AutoDraftConfig::kTarget;
+  const std::string draft = fields ? draft_config_from_target_fields(text.str(), target_json)
+                                   : draft_config_from_target(text.str(), target_json);
 
   fs::path target = fs::path(cfg->model.target_model_path).lexically_normal();
   if (target.filename().empty()) target = target.parent_path();
@@ -160,8 +199,9 @@ std::string generate_missing_draft_config(TrainConfig* cfg) {
                    "make --cache-dir writable, or give --draft-model-config");
   cfg->model.draft_model_config = path.string();
   return str("no --draft-model-config: made ", path.string(), " from ", target_json,
-             " (SpecForge's llama3-8B-eagle3 template with the target's sizes); pass it as "
-             "--draft-model-config to change it");
+             fields ? " (specforge train's: the target's architecture fields, RoPE included)"
+                    : " (SpecForge's llama3-8B-eagle3 template with the target's sizes)",
+             "; pass it as --draft-model-config to change it");
 }
 
 }  // namespace fsdp::config

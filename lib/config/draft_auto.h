@@ -22,6 +22,15 @@ struct TrainConfig;
 std::string draft_config_from_target(const std::string& target_config_text,
                                      const std::string& source);
 
+// The draft config `specforge train` makes (--auto-draft-config target): the target's (or its
+// text_config's) vocab (padded_vocab_size first), hidden, head, MLP, position, norm, activation,
+// initializer_range, attention_bias/dropout, head_dim, RoPE (rope_theta, rope_scaling,
+// rope_parameters), token-id and sliding-window fields copied as they are, over no template;
+// LlamaForCausalLMEagle3, one layer, pad_token_id 0 when absent, draft_vocab_size 32000 or the
+// vocabulary when that is smaller.
+std::string draft_config_from_target_fields(const std::string& target_config_text,
+                                            const std::string& source);
+
 // The template above, as embedded in the binary (a test keeps it equal to the file).
 const std::string& draft_config_template();
 

@@ -60,6 +60,14 @@ struct EnumNames<NoiseType> {
   static constexpr const char* names[] = {"uniform", "gaussian"};
 };
 template <>
+struct EnumNames<DraftInit> {
+  static constexpr const char* names[] = {"normal", "kaiming-uniform"};
+};
+template <>
+struct EnumNames<AutoDraftConfig> {
+  static constexpr const char* names[] = {"template", "target"};
+};
+template <>
 struct EnumNames<LrScheduler> {
   static constexpr const char* names[] = {"cosine", "linear", "constant"};
 };
@@ -495,6 +503,19 @@ void add_model_rows(std::vector<OptionSpec>& t) {
                                "ready vocab mapping (torch.save dict {d2t, t2d}); default: "
                                "built from the training features and cached in --cache-dir",
                                FIELD(model.vocab_mapping_path)));
+  t.push_back(row<DraftInit>(
+      "draft-init", K::kEnum, md,
+      "initialisation of a draft trained from scratch: normal is N(0, the draft config's "
+      "initializer_range, else 0.02) for every projection, fc and lm_head with norms at 1, as "
+      "SpecForge's drafts (Hugging Face's post_init); kaiming-uniform is torch.nn.Linear's "
+      "default",
+      FIELD(model.draft_init)));
+  t.push_back(row<AutoDraftConfig>(
+      "auto-draft-config", K::kEnum, md,
+      "without --draft-model-config, how the draft config is made from the target: template is "
+      "SpecForge's offline script (its llama3-8B-eagle3 template with the target's sizes), "
+      "target is specforge train's (the target's architecture fields copied, RoPE included)",
+      FIELD(model.auto_draft_config)));
   t.push_back(row<std::string>("init-checkpoint", K::kPath, md,
                                "exported draft directory (config.json + model.safetensors) to "
                                "start from instead of random initialisation",
@@ -786,6 +807,13 @@ void add_logging_rows(std::vector<OptionSpec>& t) {
                                FIELD(metrics.wandb_project)));
   t.push_back(
       row<std::string>("wandb-name", K::kString, lg, "W&B run name", FIELD(metrics.wandb_name)));
+  t.push_back(row<bool>("wandb-offline", K::kBool, lg,
+                        "run W&B offline (WANDB_MODE=offline for the W&B side process; sync "
+                        "later with wandb sync)",
+                        FIELD(metrics.wandb_offline)));
+  t.push_back(row<std::string>("wandb-dir", K::kPath, lg,
+                               "directory W&B writes its run files under (default: --output-dir)",
+                               FIELD(metrics.wandb_dir)));
   t.push_back(row<std::string>("wandb-key", K::kString, lg,
                                "W&B API key (prefer the WANDB_API_KEY environment variable); "
                                "never printed, logged or saved",

@@ -115,7 +115,10 @@ UnknownFlagAdvice advise_unknown_flag(const std::string& arg);
 // Values the user typed, by option name, in command-line order of precedence.
 struct CommandLineValues {
   std::map<std::string, OptionValue> given;  // only options present on the command line
-  std::string config_file;                   // --config
+  std::string config_file;                   // --config (or -c)
+  // SpecForge's dotted overrides after the file ("training.learning_rate=5e-5"): only with a
+  // file in SpecForge's typed schema (specforge_schema.h).
+  std::vector<std::string> overrides;
 };
 
 // Owns the CLI11 options that add_train_options created; read it after app.parse().
@@ -126,7 +129,8 @@ class TrainOptionsBinding {
  private:
   friend void add_train_options(CLI::App& app, TrainOptionsBinding* binding);
   std::vector<std::pair<const OptionSpec*, CLI::Option*>> options_;
-  std::shared_ptr<void> storage_;  // what CLI11 writes into; lives as long as the binding
+  CLI::Option* overrides_ = nullptr;  // positional section.key=value words
+  std::shared_ptr<void> storage_;     // what CLI11 writes into; lives as long as the binding
 };
 
 // Adds every option of the table to `app` (root or subcommand), grouped as in the docs. Options
@@ -155,6 +159,20 @@ std::vector<std::string> apply_yaml_file(const std::string& path, TrainConfig* c
 // Same for YAML text (tests); `source_name` stands in for the file name in messages.
 std::vector<std::string> apply_yaml_text(const std::string& text, const std::string& source_name,
                                          TrainConfig* cfg);
+
+// A --config file of either kind: fsdp-train's flat run file, or SpecForge's typed schema
+// (sections model, data, training, ...; specforge_schema.h), which also takes `overrides`.
+struct ConfigFileLoad {
+  std::vector<std::string> set_options;  // option names the file or its overrides set
+  std::vector<std::string> report;       // start-up lines (typed schema: the recorded keys)
+  bool specforge_schema = false;
+};
+// `world_size` (0: unknown) is checked against a typed file's deployment.trainer.
+ConfigFileLoad load_config_file(const std::string& path, const std::vector<std::string>& overrides,
+                                TrainConfig* cfg, int world_size = 0);
+ConfigFileLoad load_config_text(const std::string& text, const std::string& source_name,
+                                const std::vector<std::string>& overrides, TrainConfig* cfg,
+                                int world_size = 0);
 
 // The effective configuration (every non-secret, non-cli-only option) as YAML that --config
 // accepts back, and as a JSON object text (for checkpoints and run metadata).

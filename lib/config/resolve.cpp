@@ -60,9 +60,9 @@ void check_alias_agrees(const OptionSpec& alias, const OptionValue& value,
 // global batch, one optimizer step takes micro x ranks x accumulation samples.
 void derive_specforge_global_batch(const CommandLineValues& cli,
                                    const std::vector<std::string>& explicit_names, int world_size,
-                                   TrainConfig* cfg) {
-  const bool specforge_batch =
-      cli.given.count("batch-size") > 0 || cli.given.count("draft-accumulation-steps") > 0;
+                                   bool per_rank_batch, TrainConfig* cfg) {
+  const bool specforge_batch = per_rank_batch || cli.given.count("batch-size") > 0 ||
+                               cli.given.count("draft-accumulation-steps") > 0;
   const bool global_set = std::find(explicit_names.begin(), explicit_names.end(),
                                     "draft-global-batch-size") != explicit_names.end();
   if (!specforge_batch || global_set || world_size <= 0) return;
@@ -75,9 +75,26 @@ void derive_specforge_global_batch(const CommandLineValues& cli,
 TrainConfig resolve(const CommandLineValues& cli, const ResolveOptions& options) {
   TrainConfig cfg;
   std::vector<std::string> explicit_names;
+  bool per_rank_batch = false;
   if (!cli.config_file.empty()) {
-    explicit_names = apply_yaml_file(cli.config_file, &cfg);
+    ConfigFileLoad file =
+        load_config_file(cli.config_file, cli.overrides, &cfg, options.world_size);
+    explicit_names = std::move(file.set_options);
+    per_rank_batch = file.specforge_schema;
     cfg.config_file = cli.config_file;
+    for (const auto& line : file.report) {
+      if (options.report) {
+        options.report->push_back(line);
+      } else {
+        FSDP_LOG0(kInfo) << line;
+      }
+    }
+  } else {
+    FSDP_USAGE_CHECK(cli.overrides.empty(),
+                     str("'", cli.overrides.empty() ? "" : cli.overrides.front(),
+                         "': section.key=value overrides need --config FILE (SpecForge's typed "
+                         "schema) before them"),
+                     "give -c run.yaml first, or use flags (--learning-rate 5e-5)");
   }
   // Our own names first, then the SpecForge aliases (which may add to what they set).
   for (const bool aliases : {false, true}) {
@@ -102,7 +119,7 @@ TrainConfig resolve(const CommandLineValues& cli, const ResolveOptions& options)
     }
   }
   if (cfg.deepspeed_config.empty()) {
-    derive_specforge_global_batch(cli, explicit_names, options.world_size, &cfg);
+    derive_specforge_global_batch(cli, explicit_names, options.world_size, per_rank_batch, &cfg);
     return cfg;
   }
 
@@ -135,7 +152,7 @@ TrainConfig resolve(const CommandLineValues& cli, const ResolveOptions& options)
   // A global batch from the ds_config (train_batch_size) counts as given.
   std::vector<std::string> given = explicit_names;
   for (const auto& [name, value] : tr.settings) given.push_back(name);
-  derive_specforge_global_batch(cli, given, options.world_size, &cfg);
+  derive_specforge_global_batch(cli, given, options.world_size, per_rank_batch, &cfg);
   if (options.report) {
     options.report->insert(options.report->end(), tr.report.begin(), tr.report.end());
   } else {

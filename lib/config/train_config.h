@@ -36,6 +36,15 @@ enum class ResumeMode { kNone, kAuto, kPath };
 // --noise-type (data/noise.h): kUniform is U(-std, std) as speculators' AddUniformNoise,
 // kGaussian is N(0, std^2).
 enum class NoiseType { kUniform, kGaussian };
+// --draft-init: how a draft trained from scratch is initialised. kNormal: N(0,
+// initializer_range) for every projection, fc and lm_head, norms 1 (Hugging Face's post_init,
+// which SpecForge's drafts run); kKaimingUniform: torch.nn.Linear's own default.
+enum class DraftInit { kNormal, kKaimingUniform };
+// --auto-draft-config: how a draft config is made from the target when none is given
+// (config/draft_auto.h). kTemplate: SpecForge's offline script (the llama3-8B-eagle3 template
+// with the target's sizes); kTarget: `specforge train` (the target's architecture fields copied,
+// RoPE included).
+enum class AutoDraftConfig { kTemplate, kTarget };
 
 const char* to_string(ShardingStrategy v);
 const char* to_string(Precision v);
@@ -63,6 +72,8 @@ struct ModelConfig {
   // What the draft config's eagle_config.eagle_aux_hidden_state_layer_ids mean (the features'
   // producer's convention; model/aux_layers.h). SpecForge's: id i = output of layer i.
   model::AuxIdConvention aux_layer_convention = model::AuxIdConvention::kLayerOutput;
+  DraftInit draft_init = DraftInit::kNormal;
+  AutoDraftConfig auto_draft_config = AutoDraftConfig::kTemplate;
 };
 
 // Precomputed hidden states and their processing.
@@ -171,6 +182,8 @@ struct MetricsConfig {
   std::string tensorboard_dir;  // empty: <output-dir>/tensorboard
   std::string wandb_project;
   std::string wandb_name;
+  bool wandb_offline = false;  // WANDB_MODE=offline for the side process
+  std::string wandb_dir;       // empty: the output directory
   // Never saved, printed or logged: passed to the W&B side process through its environment.
   std::string wandb_key;
   // Empty: MLFLOW_TRACKING_URI / MLFLOW_EXPERIMENT_NAME / MLFLOW_RUN_NAME, else a file store in

@@ -83,7 +83,8 @@ std::unique_ptr<MetricsLogger> make_logger(const config::MetricsConfig& cfg,
       WandbOptions w;
       w.project = cfg.wandb_project;
       w.name = cfg.wandb_name;
-      w.dir = ctx.output_dir;
+      w.dir = cfg.wandb_dir.empty() ? ctx.output_dir : cfg.wandb_dir;
+      w.offline = cfg.wandb_offline;
       w.config_json = ctx.config_json;
       w.api_key = cfg.wandb_key;
       // WANDB_RUN_ID in the environment is the user's explicit choice: W&B reads it itself.

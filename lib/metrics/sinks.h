@@ -113,6 +113,7 @@ struct WandbOptions {
   std::string dir;          // where W&B writes its run directory (the output dir)
   std::string config_json;  // the effective configuration (no secrets) for wandb.init(config=)
   std::string api_key;      // --wandb-key: put in the side process's environment only
+  bool offline = false;     // --wandb-offline: WANDB_MODE=offline in the side process
   // Continue this W&B run (a resumed training run); empty: a new run (W&B picks the id, or
   // takes WANDB_RUN_ID from the environment).
   std::string resume_run_id;

@@ -17,9 +17,11 @@ std::vector<std::string> bridge_environment(const WandbOptions& options) {
   std::vector<std::string> env_strings;
   for (auto& e : detail::current_environment()) {
     if (!options.api_key.empty() && e.rfind("WANDB_API_KEY=", 0) == 0) continue;
+    if (options.offline && e.rfind("WANDB_MODE=", 0) == 0) continue;
     env_strings.push_back(std::move(e));
   }
   if (!options.api_key.empty()) env_strings.push_back("WANDB_API_KEY=" + options.api_key);
+  if (options.offline) env_strings.push_back("WANDB_MODE=offline");
   env_strings.push_back("PYTHONUNBUFFERED=1");
   return env_strings;
 }

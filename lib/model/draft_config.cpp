@@ -351,6 +351,9 @@ DraftConfig parse_draft_config(const std::string& json_text, const std::string& 
     cfg.max_position_embeddings = get_int(j, "max_position_embeddings", source);
   }
   if (present(j, "rope_theta")) cfg.rope_theta = get_double(j, "rope_theta", source);
+  if (present(j, "initializer_range")) {
+    cfg.initializer_range = get_double(j, "initializer_range", source);
+  }
   if (present(j, "rope_scaling")) {
     cfg.rope_scaling = parse_rope_scaling(j.at("rope_scaling"), cfg);
     cfg.rope_scaling_json = j.at("rope_scaling").dump();
@@ -495,6 +498,8 @@ void DraftConfig::validate() const {
   if (target_hidden_size) positive("target_hidden_size", *target_hidden_size);
   if (!(rms_norm_eps > 0)) bad_key(source, "rms_norm_eps", "must be > 0", "use e.g. 1e-05");
   if (!(rope_theta > 0)) bad_key(source, "rope_theta", "must be > 0", "use e.g. 10000");
+  if (!(initializer_range > 0) || !std::isfinite(initializer_range))
+    bad_key(source, "initializer_range", "must be a positive number", "use e.g. 0.02");
   if (hidden_act != "silu") {
     bad_key(source, "hidden_act", str("is '", hidden_act, "'; only 'silu' is supported"),
             "set \"hidden_act\": \"silu\"");

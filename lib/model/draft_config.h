@@ -47,6 +47,8 @@ struct DraftConfig {
   double rms_norm_eps = 1e-6;
   int64_t max_position_embeddings = 2048;
   double rope_theta = 10000.0;
+  // Standard deviation of the normal initialisation (--draft-init normal); exported as given.
+  double initializer_range = 0.02;
   RopeScaling rope_scaling;  // type kDefault when the key is null or absent
   std::string hidden_act = "silu";
   std::optional<int64_t> pad_token_id;

@@ -265,6 +265,16 @@ Eagle3DraftImpl::Eagle3DraftImpl(const DraftConfig& cfg) : cfg_(cfg) {
   rope_ = RotaryEmbedding(cfg_, cfg.max_position_embeddings + 8);
 }
 
+void Eagle3DraftImpl::normal_init(double std) {
+  FSDP_CHECK(std > 0 && std::isfinite(std), fsdp::str("initialisation std ", std, " is invalid"),
+             "set initializer_range in the draft config to a positive number (0.02)");
+  at::NoGradGuard guard;
+  for (auto& p : named_parameters()) {
+    if (p.value().dim() != 2 || p.key() == "embed_tokens.weight") continue;
+    p.value().normal_(0.0, std);
+  }
+}
+
 void Eagle3DraftImpl::load_embedding(const at::Tensor& weight) {
   FSDP_CHECK(
       weight.dim() == 2 && weight.size(0) == cfg_.vocab_size && weight.size(1) == cfg_.hidden_size,

@@ -163,6 +163,10 @@ class Eagle3DraftImpl : public torch::nn::Module {
   void set_unit_hooks(fsdp::UnitHooks* hooks) { hooks_ = hooks; }
   fsdp::UnitHooks* unit_hooks() const { return hooks_; }
 
+  // Hugging Face's post_init for this draft (what SpecForge's drafts start from): every matrix
+  // but the (frozen) embedding drawn from N(0, std), in named_parameters() order; norms stay 1.
+  // The constructor's initialisation is torch.nn.Linear's default (Kaiming uniform).
+  void normal_init(double std);
   // Copies the target embedding [V, H] into embed_tokens (dtype converted); stays frozen.
   void load_embedding(const at::Tensor& weight);
   // Sets d2t [Vd] int64 and t2d [V] bool (docs/reference.md §2); shapes checked.

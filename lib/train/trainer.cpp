@@ -404,6 +404,8 @@ void Trainer::Impl::build_model() {
   // Identical initial weights on every rank: same seed before construction.
   torch::manual_seed(static_cast<uint64_t>(cfg.loop.seed));
   draft = model::Eagle3Draft(draft_cfg);
+  if (cfg.model.draft_init == config::DraftInit::kNormal)
+    draft->normal_init(draft_cfg.initializer_range);
   draft->load_embedding(emb);
   draft->set_vocab_mapping(mapping.d2t, mapping.t2d);
   draft->set_checkpoint_layer(cfg.model.activation_checkpointing);

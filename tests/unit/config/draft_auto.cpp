@@ -227,3 +227,51 @@ TEST_CASE("a repository id as --target-model-path is found in the Hugging Face c
       "huggingface-cli download Qwen/Qwen3-4B");
   fsdp::remove_tree(dir.string());
 }
+
+TEST_CASE("specforge train's draft config copies the target's own fields", "[config]") {
+  const json qwen = {{"architectures", {"Qwen3ForCausalLM"}},
+                     {"hidden_size", 4096},
+                     {"intermediate_size", 12288},
+                     {"num_attention_heads", 32},
+                     {"num_key_value_heads", 8},
+                     {"head_dim", 128},
+                     {"max_position_embeddings", 40960},
+                     {"rms_norm_eps", 1e-6},
+                     {"rope_theta", 1000000},
+                     {"rope_scaling", nullptr},
+                     {"initializer_range", 0.02},
+                     {"attention_bias", false},
+                     {"hidden_act", "silu"},
+                     {"vocab_size", 151936},
+                     {"bos_token_id", 151643},
+                     {"eos_token_id", 151645},
+                     {"sliding_window", nullptr},
+                     {"use_sliding_window", false},
+                     {"torch_dtype", "bfloat16"},
+                     {"num_hidden_layers", 36}};
+  const json d = json::parse(draft_config_from_target_fields(qwen.dump(), "t"));
+  CHECK(d["architectures"] == json::array({"LlamaForCausalLMEagle3"}));
+  CHECK(d["model_type"] == "llama");
+  CHECK(d["rope_theta"] == 1000000);  // the template would leave 10000
+  CHECK(d["head_dim"] == 128);
+  CHECK(d["num_key_value_heads"] == 8);
+  CHECK(d["max_position_embeddings"] == 40960);
+  CHECK(d["num_hidden_layers"] == 1);
+  CHECK(d["draft_vocab_size"] == 32000);
+  CHECK(d["pad_token_id"] == 0);
+  CHECK(d["tie_word_embeddings"] == false);
+  CHECK(d["use_sliding_window"] == false);
+  CHECK_FALSE(d.contains("rope_scaling"));          // null in the target: not copied
+  CHECK_FALSE(d.contains("torch_dtype"));           // not an architecture field
+  CHECK_FALSE(d.contains("transformers_version"));  // no template underneath
+  // The text model of a multimodal config, its padded vocabulary, a small vocabulary.
+  const json mm = {
+      {"text_config", {{"hidden_size", 64}, {"vocab_size", 500}, {"padded_vocab_size", 512}}},
+      {"hidden_size", 1}};
+  const json m = json::parse(draft_config_from_target_fields(mm.dump(), "t"));
+  CHECK(m["hidden_size"] == 64);
+  CHECK(m["vocab_size"] == 512);
+  CHECK(m["draft_vocab_size"] == 512);
+  require_usage_error([] { draft_config_from_target_fields(R"({"vocab_size": 5})", "t.json"); },
+                      "t.json");
+}

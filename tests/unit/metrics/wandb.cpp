@@ -138,3 +138,32 @@ TEST_CASE("a Python without wandb fails with a clear message", "[metrics]") {
     CHECK(std::string(e.what()).find("--report-to wandb") != std::string::npos);
   }
 }
+
+TEST_CASE("--wandb-offline runs W&B offline without WANDB_MODE", "[metrics]") {
+  std::string probe;
+  std::string probe_cmd = FSDP_PYTHON;
+  probe_cmd.append(" -c 'import wandb' 2>&1");
+  if (fsdp::metrics::test::run(probe_cmd, &probe) != 0) {
+    WARN("skipped: wandb is not installed in " FSDP_PYTHON " (pip install wandb)");
+    return;
+  }
+  const std::string dir = scratch_dir("wandb_offline");
+  // A user's online setting is overridden for the side process only.
+  ::setenv("WANDB_MODE", "online", 1);
+  ::setenv("WANDB_SILENT", "true", 1);
+  WandbOptions o;
+  o.python = FSDP_PYTHON;
+  o.project = "fsdp-train-test";
+  o.dir = dir;
+  o.offline = true;
+  std::string run_dir;
+  {
+    WandbSink sink(o);
+    run_dir = sink.run_dir();
+    sink.log(1, {{"train/loss", 1.0}});
+    sink.close();
+  }
+  ::setenv("WANDB_MODE", "offline", 1);
+  INFO("run dir " << run_dir);
+  CHECK(run_dir.find(dir + "/wandb/offline-run-") == 0);
+}
