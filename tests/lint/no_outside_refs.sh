@@ -11,7 +11,7 @@ SELF="no_outside_refs.sh"
 
 # Documents that live outside the repository, and citations of them ("spec 3.2"): cite
 # docs/reference.md §N instead. Absolute paths of a machine: say what the path is relative to.
-OUTSIDE='style\.md|design\.md|(^|[^a-z_])shared/|/shared\b|spec/eagle3|eagle3-offline|\bspec (section )?[0-9]'
+OUTSIDE='style\.md|design\.md|(^|[^a-z_])shared/|/shared\b|spec/eagle3|eagle3-offline\.md|\bspec (section )?[0-9]'
 ABSOLUTE='(^|[^A-Za-z0-9_.~$}-])/(work|root|home|Users)/'
 # A reader that may exit before its producer has written everything.
 EARLY_EXIT='\|[[:space:]]*(grep([[:space:]]+-[^[:space:]]+)*[[:space:]]+(-[A-Za-z]*[qm]|--quiet|--max-count)|head\b|sed[[:space:]]+-n[[:space:]]+[0-9]+q)'
@@ -49,12 +49,13 @@ scan() {
 plant="$(mktemp -d)"
 trap 'rm -rf "$plant"' EXIT
 mkdir -p "$plant/docs" "$plant/lib" "$plant/tests/e2e" "$plant/launch"
-echo "fine: see docs/reference.md §3.2, /usr/local/cuda, ~/.cache/fsdp-train" >"$plant/docs/ok.md"
+echo "fine: see docs/reference.md §3.2, /usr/local/cuda, ~/.cache/fsdp-train, qwen3-8b-eagle3-offline.yaml" >"$plant/docs/ok.md"
 echo 'ok="$(ls | grep -c x)"; grep -q x <<<"$ok"' >"$plant/tests/e2e/ok.sh"
 scan "$plant" >/dev/null || { echo "FAIL: the self-check flags a clean tree:"; scan "$plant"; exit 1; }
 n=0
 for planted in "docs/a.md:as ../shared/style.md says" "lib/b.h:// (design.md section 4)" \
   "lib/c.cpp:// the unroll (spec 3.2)" "docs/c2.md:see the /shared design notes" "docs/d.md:data in /work/shared/spec/eagle3-offline.md" \
+  "docs/d2.md:as eagle3-offline.md says" \
   "docs/e.md:run /root/venv/bin/python" "tests/f.cpp:// from /home/me/x" \
   'tests/e2e/g.sh:echo "$out" | grep -q "2 ranks" || fail' 'launch/h.sh:x="$(ls d | head -n 1)"' \
   'tests/e2e/i.sh:"$BIN" --version | grep -Eq "^fsdp" || fail'; do
