@@ -3,11 +3,14 @@
 // Prints ratios measured in the same process; never records numbers anywhere by itself.
 //
 //   bench_model [--seq 512,1024,2048] [--reps 2] [--threads 2] [--hidden 128] [--vocab 32768]
-//               [--draft-vocab 2048] [--parts step,head]
-// "step": the whole training step per variant; "head": the target head alone (tiled vs dense).
+//               [--draft-vocab 2048] [--ttt 7] [--parts step,head,chunk]
+// "step": the whole training step per variant; "head": the target head alone (tiled vs dense);
+// "chunk" (not in the default parts): the step with the draft head unchunked, in chunks of 1024
+// rows, and automatic (LossOptions::head_chunk_rows).
 #include <malloc.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -68,7 +71,7 @@ std::vector<int64_t> parse_list(const std::string& s) {
 int main(int argc, char** argv) {
   std::vector<int64_t> seqs{512, 1024, 2048};
   int reps = 2, threads = 2;
-  int64_t hidden = 128, vocab = 32768, draft_vocab = 2048;
+  int64_t hidden = 128, vocab = 32768, draft_vocab = 2048, ttt = 7;
   std::string parts = "step,head";
   for (int a = 1; a + 1 < argc; a += 2) {
     std::string k = argv[a], v = argv[a + 1];
@@ -84,6 +87,8 @@ int main(int argc, char** argv) {
       vocab = std::stoll(v);
     else if (k == "--draft-vocab")
       draft_vocab = std::stoll(v);
+    else if (k == "--ttt")
+      ttt = std::stoll(v);
     else if (k == "--parts")
       parts = v;
     else {
@@ -99,9 +104,10 @@ int main(int argc, char** argv) {
   cfg.intermediate_size = 2 * hidden;
   cfg.vocab_size = vocab;
   cfg.draft_vocab_size = draft_vocab;
-  cfg.max_position_embeddings = 4096;
+  cfg.max_position_embeddings =
+      std::max<int64_t>(4096, *std::max_element(seqs.begin(), seqs.end()));
   cfg.validate();
-  const int64_t T = 7, B = 1;
+  const int64_t T = ttt, B = 1;
   torch::manual_seed(0);
   Eagle3Draft model(cfg);
   TargetHead head(torch::randn({vocab, hidden}), model->t2d);
@@ -153,6 +159,43 @@ int main(int argc, char** argv) {
       const double rel = std::abs(results[0].loss - results[2].loss) / std::abs(results[2].loss);
       std::printf("# S=%ld loss efficient %.6f dense %.6f (relative difference %.1e)\n", (long)S,
                   results[0].loss, results[2].loss, rel);
+    }
+  }
+  if (parts.find("chunk") != std::string::npos) {
+    std::printf("%6s %-18s %10s %10s %12s %10s %14s\n", "S", "draft head", "step_ms", "time_x",
+                "peak_MiB", "mem_x", "loss");
+    const std::vector<std::pair<const char*, int64_t>> heads{
+        {"unchunked", -1}, {"chunks of 1024", 1024}, {"automatic", 0}};
+    for (int64_t S : seqs) {
+      at::Tensor ids = torch::randint(0, vocab, {B, S}, torch::kLong);
+      at::Tensor mask = torch::ones({B, S}, torch::kLong);
+      at::Tensor aux = torch::randn({B, S, 3 * hidden});
+      at::Tensor target_hidden = torch::randn({B, S, hidden});
+      std::vector<Result> res(heads.size());
+      for (int r = 0; r < reps + 1; ++r) {
+        for (size_t v = 0; v < heads.size(); ++v) {
+          LossOptions opt;
+          opt.ttt_length = T;
+          opt.head_chunk_rows = heads[v].second;
+          model->zero_grad();
+          reset_peak_rss();
+          const double base = read_status_mib("VmRSS");
+          fsdp::Stopwatch watch;
+          StepOutput out = ttt_step(*model, head, ids, mask, mask, aux, target_hidden, opt);
+          out.loss.backward();
+          const double secs = watch.seconds();
+          const double peak = read_status_mib("VmHWM") - base;
+          if (r == 0) continue;
+          res[v].seconds = std::min(res[v].seconds, secs);
+          res[v].peak_mib = std::max(res[v].peak_mib, peak);
+          res[v].loss = out.loss.item<double>();
+        }
+      }
+      for (size_t v = 0; v < heads.size(); ++v) {
+        std::printf("%6ld %-18s %10.1f %10.2f %12.1f %10.2f %14.8f\n", (long)S, heads[v].first,
+                    res[v].seconds * 1e3, res[v].seconds / res[0].seconds, res[v].peak_mib,
+                    res[v].peak_mib / std::max(res[0].peak_mib, 1.0), res[v].loss);
+      }
     }
   }
   if (parts.find("head") != std::string::npos) {

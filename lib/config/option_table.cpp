@@ -540,6 +540,15 @@ void add_model_rows(std::vector<OptionSpec>& t) {
                         "loss (log_softmax recomputed): less memory at long sequences, about one "
                         "more layer forward per TTT step, bit-identical results",
                         FIELD(model.activation_checkpointing)));
+  t.push_back(row<int64_t>(
+      "head-chunk-rows", K::kInt, md,
+      "run each TTT step's draft norm, lm_head and loss over chunks of this many loss rows and "
+      "recompute each chunk's logits in backward instead of keeping them (less memory at long "
+      "sequences, one more lm_head forward per step, results within fp32 rounding); 0: "
+      "automatic, chunks of 2^25 / Vd rows (1048 at Vd 32000) once a step has more than four "
+      "chunks of loss rows; -1: never",
+      FIELD(model.head_chunk_rows)));
+  t.back().bounds = whole(-1, int64_t{1} << 30, " (0: automatic, -1: off)");
 }
 
 // Hidden-state inputs, the raw SpecForge data paths recorded for compatibility, the loader.

@@ -63,6 +63,9 @@ struct ModelConfig {
   std::string init_checkpoint;     // exported draft directory to start from; empty: random init
   int64_t ttt_length = 7;
   bool activation_checkpointing = false;
+  // The chunked draft head and loss (docs/model.md "Chunked head and loss"): loss rows per chunk
+  // of each TTT step's norm, lm_head and loss; 0 automatic (from the rows and Vd), -1 off.
+  int64_t head_chunk_rows = 0;
   // LoRA adaptation of the --init-checkpoint draft (docs/model.md "LoRA"): rank 0 = off (full
   // fine-tuning); the adapters' scale is alpha / rank.
   int64_t lora_rank = 0;

@@ -11,6 +11,7 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/pimpl.h>
 
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -190,6 +191,23 @@ class Eagle3DraftImpl : public torch::nn::Module {
   // Logits [.., Vd] from step_output rows: lm_head(norm(x)), or lm_head(x) with norm_output
   // (x is normed already).
   at::Tensor logits(const at::Tensor& x);
+
+  // The chunked head (docs/model.md "Chunked head and loss"): logits(x) over chunks of
+  // `chunk_rows` rows of x [N, H] (step_output rows), inside one use of the norm and lm_head
+  // units (norm's enclosing lm_head's). Returns fns.values of every chunk joined along dim 1
+  // ([k, N]; undefined without values). With a graph to build, backward recomputes each chunk's
+  // logits from x and the live weights instead of keeping them: the memory held for the head
+  // is x, not [N, Vd] logits; values, x's gradient rows and the norm's and lm_head's weight
+  // gradients (summed over chunks in fp32) equal logits' within rounding.
+  struct HeadFns {
+    // The differentiable values of rows [from, from + n) from their logits z [n, Vd]: [k, n],
+    // the same k for every chunk. Runs in forward and again in backward, so it must hold what
+    // it reads by value.
+    std::function<at::Tensor(const at::Tensor& z, int64_t from)> values;
+    // Forward only, without a graph: anything else read from a chunk's logits (argmax, metrics).
+    std::function<void(const at::Tensor& z, int64_t from)> inspect;
+  };
+  at::Tensor head_rows(const at::Tensor& x, int64_t chunk_rows, const HeadFns& fns);
 
   // Activation checkpointing of the decoder layer: when on (and grad mode is enabled), each
   // decode() keeps only its inputs (e, h, the cache) and its outputs; backward recomputes the

@@ -42,12 +42,21 @@ long double trainable_parameter_count(const DraftConfig& c) {
   return static_cast<LD>(count_parameters(c).trainable);
 }
 
+// Rows per chunk of the draft head for the plan's micro-batch (every token a loss row), 0 if
+// unchunked.
+int64_t plan_head_chunk(const DraftConfig& c, const MemoryPlan& p) {
+  return head_chunk_rows(p.head_chunk_rows, p.micro_batch * p.max_length, c.draft_vocab());
+}
+
 long double step_activation_bytes_per_token(const DraftConfig& c, const MemoryPlan& p) {
   const LD b = static_cast<LD>(p.compute_bytes);
   const LD H = c.hidden_size, Vd = c.draft_vocab(), kv = c.kv_out_features();
   // Final norm and lm_head on every row; the loss keeps the compute-dtype logits when it is
   // recomputed in backward (with activation checkpointing), else fp32 log_softmax and target p.
-  const LD head = (4 + b) * H + (p.activation_checkpointing ? b * Vd : 8 * Vd);
+  // Chunked, the head keeps only its input rows and recomputes the rest in backward.
+  const LD head = plan_head_chunk(c, p) > 0
+                      ? b * H
+                      : (4 + b) * H + (p.activation_checkpointing ? b * Vd : 8 * Vd);
   // Checkpointed: only each layer's inputs (the first: embedding and hidden state) and its K/V
   // cache entries.
   const LD later = static_cast<LD>(c.num_hidden_layers - 1);
@@ -77,10 +86,13 @@ MemoryEstimate estimate_training_memory(const DraftConfig& c, const MemoryPlan& 
   // Per token of the micro-batch, once: its features (bf16 hidden state and the three aux
   // layers, ids and mask), the fc output, and the fp32 target distribution over Vd.
   const LD batch = 2 * Ht + 6 * Ht + 16 + b * H + 4 * Vd;
-  // The largest transient: the fp32 logits of a step's loss, and the gradients of one layer
-  // step's activations in backward (with checkpointing also that step recomputed).
-  const LD transient = 4 * Vd + (p.activation_checkpointing ? 2 : 1) * layer_bytes_per_token(c, b);
-  e.activations = tokens * (T * step_activation_bytes_per_token(c, p) + batch + transient);
+  // The largest transient: the fp32 logits of a step's loss (of one chunk when chunked), and
+  // the gradients of one layer step's activations in backward (with checkpointing also that
+  // step recomputed).
+  const int64_t chunk = plan_head_chunk(c, p);
+  const LD logits = 4 * Vd * (chunk > 0 ? std::min<LD>(static_cast<LD>(chunk), tokens) : tokens);
+  const LD transient = (p.activation_checkpointing ? 2 : 1) * layer_bytes_per_token(c, b);
+  e.activations = tokens * (T * step_activation_bytes_per_token(c, p) + batch + transient) + logits;
   return e;
 }
 
@@ -100,13 +112,16 @@ void check_training_memory(const DraftConfig& c, const MemoryPlan& p, uint64_t m
           c.intermediate_size, ", draft_vocab_size ", c.draft_vocab(), ", vocab_size ",
           c.vocab_size, ") with --max-length ", p.max_length, ", micro-batch ", p.micro_batch,
           ", --ttt-length ", p.ttt_length, ", activation checkpointing ",
-          p.activation_checkpointing ? "on" : "off", " needs at least ", format_gib(e.total()),
-          per_rank, " (model state ", format_gib(e.state), " sharded over ", p.shard_ranks,
-          " rank(s), gathered parameters ", format_gib(e.compute), ", frozen weights ",
-          format_gib(e.frozen), ", activations ", format_gib(e.activations), "), more than the ",
-          format_gib(memory_bytes), " of ", device),
+          p.activation_checkpointing ? "on" : "off", ", draft head ",
+          plan_head_chunk(c, p) > 0 ? str("in chunks of ", plan_head_chunk(c, p), " rows")
+                                    : std::string("unchunked"),
+          " needs at least ", format_gib(e.total()), per_rank, " (model state ",
+          format_gib(e.state), " sharded over ", p.shard_ranks, " rank(s), gathered parameters ",
+          format_gib(e.compute), ", frozen weights ", format_gib(e.frozen), ", activations ",
+          format_gib(e.activations), "), more than the ", format_gib(memory_bytes), " of ", device),
       "lower --max-length or --draft-micro-batch-size (raise --gradient-accumulation-steps to "
-      "keep the batch), turn on --activation-checkpointing, or shard the state over more ranks "
+      "keep the batch), turn on --activation-checkpointing, chunk the draft head "
+      "(--head-chunk-rows 1024), or shard the state over more ranks "
       "(--sharding-strategy full_shard, more GPUs or nodes); docs/troubleshooting.md 'Memory "
       "estimate' has the formula");
 }

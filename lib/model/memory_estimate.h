@@ -4,6 +4,7 @@
 // instead of being killed by the OOM killer minutes later. Torch-free; never allocates tensors.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -11,13 +12,29 @@
 
 namespace fsdp::model {
 
+// The chunked draft head (docs/model.md "Chunked head and loss"): logits of at most this many
+// elements (128 MiB in fp32) per chunk when the chunk size is automatic.
+inline constexpr int64_t kHeadChunkElements = int64_t{1} << 25;
+
+// Rows per chunk of one TTT step's draft norm, lm_head and loss, or 0 for one piece (the
+// unchunked path that keeps the step's logits for backward). `requested` is --head-chunk-rows:
+// -1 off, n >= 1 rows per chunk, 0 automatic: chunks of kHeadChunkElements / vocab rows (1,048
+// at Vd = 32,000) once a step has more than four chunks' worth of rows (4,192 loss rows at Vd =
+// 32,000), so short samples keep the faster unchunked path.
+inline int64_t head_chunk_rows(int64_t requested, int64_t rows, int64_t vocab) {
+  if (requested != 0) return std::max<int64_t>(requested, 0);
+  const int64_t chunk = std::max<int64_t>(1, kHeadChunkElements / std::max<int64_t>(vocab, 1));
+  return rows > 4 * chunk ? chunk : 0;
+}
+
 // What the run decides besides the draft's sizes.
 struct MemoryPlan {
   int64_t max_length = 2048;  // S: tokens per sample (--max-length)
   int64_t micro_batch = 1;    // B: samples per micro-batch (--draft-micro-batch-size)
   int64_t ttt_length = 7;     // T: unroll steps (--ttt-length)
   bool activation_checkpointing = false;
-  int64_t compute_bytes = 2;  // bytes per element of the compute dtype (bf16 2, fp32 4)
+  int64_t head_chunk_rows = 0;  // --head-chunk-rows (head_chunk_rows' `requested`)
+  int64_t compute_bytes = 2;    // bytes per element of the compute dtype (bf16 2, fp32 4)
   // Ranks the trainable state (fp32 master, Adam moments, fp32 gradient) is sharded over: the
   // world for full_shard and shard_grad_op, the node for hybrid_shard, 1 for no_shard.
   int64_t shard_ranks = 1;
@@ -44,7 +61,8 @@ struct MemoryEstimate {
 long double trainable_parameter_count(const DraftConfig& cfg);
 
 // Activation bytes per token of one TTT step that autograd keeps for backward (lm_head, loss
-// and norm on every row, the worst case where every position is a loss row).
+// and norm on every row, the worst case where every position is a loss row; with a chunked head
+// only the head's input rows).
 long double step_activation_bytes_per_token(const DraftConfig& cfg, const MemoryPlan& plan);
 
 MemoryEstimate estimate_training_memory(const DraftConfig& cfg, const MemoryPlan& plan);

@@ -8,14 +8,13 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
-#include <limits>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
 
 #include "core/error.h"
+#include "model/memory_estimate.h"
 
 namespace fsdp::model {
 namespace {
@@ -112,26 +111,64 @@ int64_t accept_rate_chunk(int64_t vocab) {
   return std::max<int64_t>(1, (int64_t{1} << 24) / vocab);
 }
 
-// sum_n pm_n * sum_v min(p_nv, q_nv), q = softmax of the logits in `acc` precision, p =
-// target_p[take]; in row chunks so no more than accept_rate_chunk rows are expanded at once.
-at::Tensor expected_acceptance(const at::Tensor& logits, const at::Tensor& target_p,
-                               const at::Tensor& take, const at::Tensor& pm, at::ScalarType acc) {
+// sum_v min(p_nv, q_nv) per row, q = softmax of the logits in `acc` precision, p = target_p[take].
+at::Tensor acceptance_rows(const at::Tensor& logits, const at::Tensor& target_p,
+                           const at::Tensor& take, at::ScalarType acc) {
+  at::Tensor q = logits.to(acc).softmax(-1);
+  at::Tensor p = target_p.index_select(0, take).to(acc);
+  return at::minimum(p, q).sum(-1);
+}
+
+// sum_n pm_n * row(from, len)_n, summed in chunks of accept_rate_chunk(vocab) rows (row gives
+// acceptance_rows of rows from .. from + len - 1), so no more than that many rows are expanded
+// at once; the chunked head passes its rows computed already, with the same sums.
+template <class RowFn>
+at::Tensor sum_acceptance(int64_t n, int64_t vocab, const at::Tensor& pm, RowFn row) {
   at::Tensor sum = at::zeros({}, pm.options());
-  const int64_t n = logits.size(0),
-                chunk = accept_rate_chunk(std::max<int64_t>(logits.size(-1), 1));
+  const int64_t chunk = accept_rate_chunk(std::max<int64_t>(vocab, 1));
   for (int64_t from = 0; from < n; from += chunk) {
     const int64_t len = std::min(chunk, n - from);
-    at::Tensor q = logits.narrow(0, from, len).to(acc).softmax(-1);
-    at::Tensor p = target_p.index_select(0, take.narrow(0, from, len)).to(acc);
-    sum = sum + (at::minimum(p, q).sum(-1) * pm.narrow(0, from, len)).sum();
+    sum = sum + (row(from, len) * pm.narrow(0, from, len)).sum();
   }
   return sum;
 }
 
+// sum_n pm_n * sum_v min(p_nv, q_nv) over the step's logits.
+at::Tensor expected_acceptance(const at::Tensor& logits, const at::Tensor& target_p,
+                               const at::Tensor& take, const at::Tensor& pm, at::ScalarType acc) {
+  return sum_acceptance(logits.size(0), logits.size(-1), pm, [&](int64_t from, int64_t len) {
+    return acceptance_rows(logits.narrow(0, from, len), target_p, take.narrow(0, from, len), acc);
+  });
+}
+
 // Hits of step i: the draft argmax mapped to a target id through d2t equals the target id.
-at::Tensor d2t_hits(const at::Tensor& logits, const at::Tensor& d2t, const at::Tensor& target_ids) {
-  at::Tensor best = logits.argmax(-1);
+at::Tensor d2t_hits(const at::Tensor& best, const at::Tensor& d2t, const at::Tensor& target_ids) {
   return (best + d2t.index_select(0, best)).eq(target_ids);
+}
+
+// The per-row values of the step's objective from the logits z [n, Vd] of loss rows `take`:
+// row 0 the loss of each row (soft_ce, or the weighted terms), row 1 with LK the acceptance
+// against the target's own probabilities (target_p times draft_mass): [1 or 2, n]. The same
+// operations per row as the unchunked path: chunked values differ only as their logits do.
+at::Tensor objective_rows(const at::Tensor& z, const at::Tensor& target_p,
+                          const at::Tensor& draft_mass, const at::Tensor& take,
+                          const LossOptions& options) {
+  const at::ScalarType acc = WeightedSoftCrossEntropy::wide(z);
+  at::Tensor p = target_p.index_select(0, take).to(acc);
+  at::Tensor zz = z.to(acc), per_row;
+  if (options.loss_terms.empty()) {
+    per_row = -(p * zz.log_softmax(-1)).sum(-1);
+  } else {
+    for (const auto& [term, weight] : options.loss_terms) {
+      if (weight == 0) continue;
+      at::Tensor v = row_loss(term, zz, p) * weight;
+      per_row = per_row.defined() ? per_row + v : v;
+    }
+  }
+  if (options.lk == LossOptions::LK::kNone) return per_row.unsqueeze(0);
+  at::Tensor p_on = p;
+  if (draft_mass.defined()) p_on = p * draft_mass.index_select(0, take).to(acc).unsqueeze(-1);
+  return at::stack({per_row, at::minimum(p_on, zz.softmax(-1)).sum(-1)});
 }
 
 // The engine's drafts over LossRows' nodes (see LossRows::engine_hit): each node's accepted
@@ -188,17 +225,44 @@ StepOutput step_on_rows(Eagle3DraftImpl& model, const RowsTarget& target, const 
   at::Tensor total, pre_hit;
   const int64_t N = rows.rows.numel();
   const at::Tensor d2t = model.d2t.to(at::kLong);
+  const int64_t Vd = model.config().draft_vocab();
+  // Chunked or not, for the whole micro-batch (steps after 0 have at most N rows).
+  const int64_t chunk = head_chunk_rows(options.head_chunk_rows, N, Vd);
   unroll(
       model, input_ids, attention_mask, aux_hidden, T, options.attention,
       [&](int64_t i, const at::Tensor& out) {
         const at::Tensor& take = rows.target[static_cast<size_t>(i)];
         at::Tensor hidden =
             out.reshape({B * S, out.size(-1)}).index_select(0, rows.draft[static_cast<size_t>(i)]);
-        at::Tensor logits = model.logits(hidden);  // [N_i, Vd]
-        const at::ScalarType acc = WeightedSoftCrossEntropy::wide(logits);
+        // Chunked: the head's values per row, the argmax and the acceptance rows read from each
+        // chunk's logits, none of them kept. Unchunked: the step's logits [N_i, Vd].
+        at::Tensor logits, values, best, accept_rows;
+        if (chunk > 0) {
+          std::vector<at::Tensor> best_parts, accept_parts;
+          Eagle3DraftImpl::HeadFns fns;
+          fns.values = [target_p = target.target_p, mass = target.draft_mass, take, options](
+                           const at::Tensor& z, int64_t from) {
+            return objective_rows(z, target_p, mass, take.narrow(0, from, z.size(0)), options);
+          };
+          fns.inspect = [&](const at::Tensor& z, int64_t from) {
+            best_parts.push_back(z.argmax(-1));
+            accept_parts.push_back(acceptance_rows(z, target.target_p,
+                                                   take.narrow(0, from, z.size(0)),
+                                                   WeightedSoftCrossEntropy::wide(z)));
+          };
+          values = model.head_rows(hidden, chunk, fns);
+          best = at::cat(best_parts);
+          accept_rows = at::cat(accept_parts);
+        } else {
+          logits = model.logits(hidden);  // [N_i, Vd]
+        }
+        const at::ScalarType acc =
+            values.defined() ? values.scalar_type() : WeightedSoftCrossEntropy::wide(logits);
         at::Tensor pm = target.position.index_select(0, take).to(acc);
         at::Tensor sum;
-        if (!options.loss_terms.empty()) {
+        if (values.defined()) {
+          sum = (pm * values[0]).sum();
+        } else if (!options.loss_terms.empty()) {
           at::Tensor p = target.target_p.index_select(0, take).to(acc);
           at::Tensor z = logits.to(acc), per_row;
           for (const auto& [term, weight] : options.loss_terms) {
@@ -220,10 +284,15 @@ StepOutput step_on_rows(Eagle3DraftImpl& model, const RowsTarget& target, const 
         if (options.lk != LossOptions::LK::kNone) {
           // SpecForge's LK: the acceptance against the target's own probabilities of the draft
           // tokens (not renormalised), averaged over the step's position rows.
-          at::Tensor p_on = target.target_p.index_select(0, take).to(acc);
-          if (target.draft_mass.defined())
-            p_on = p_on * target.draft_mass.index_select(0, take).to(acc).unsqueeze(-1);
-          const at::Tensor a = at::minimum(p_on, logits.to(acc).softmax(-1)).sum(-1);
+          at::Tensor a;
+          if (values.defined()) {
+            a = values[1];
+          } else {
+            at::Tensor p_on = target.target_p.index_select(0, take).to(acc);
+            if (target.draft_mass.defined())
+              p_on = p_on * target.draft_mass.index_select(0, take).to(acc).unsqueeze(-1);
+            a = at::minimum(p_on, logits.to(acc).softmax(-1)).sum(-1);
+          }
           const at::Tensor den = pm_sum.clamp_min(1e-8);
           if (options.lk == LossOptions::LK::kAlpha) {
             const at::Tensor loga = at::where(a > 0, a.clamp_min(1e-30).log(), at::zeros_like(a));
@@ -240,23 +309,41 @@ StepOutput step_on_rows(Eagle3DraftImpl& model, const RowsTarget& target, const 
           // The engine's first draft of each reply, at the row before it (LossRows::pre): its
           // step-0 logits, in a call of its own so the loss rows' logits keep their bits. Made
           // on every micro-batch, rows or not, so the sharding engine sees the same unit order.
-          at::Tensor pre_logits =
-              model.logits(out.reshape({B * S, out.size(-1)}).index_select(0, rows.pre).detach());
+          const at::Tensor pre =
+              out.reshape({B * S, out.size(-1)}).index_select(0, rows.pre).detach();
+          at::Tensor pre_best;
+          if (chunk > 0) {
+            std::vector<at::Tensor> parts;
+            Eagle3DraftImpl::HeadFns fns;
+            fns.inspect = [&](const at::Tensor& z, int64_t) { parts.push_back(z.argmax(-1)); };
+            model.head_rows(pre, chunk, fns);
+            pre_best = at::cat(parts);
+          } else {
+            at::Tensor pre_logits = model.logits(pre);
+            at::NoGradGuard guard;
+            pre_best = pre_logits.argmax(-1);
+          }
           at::NoGradGuard guard;
-          pre_hit = d2t_hits(pre_logits, d2t, target.pre_ids).to(at::kFloat);
+          pre_hit = d2t_hits(pre_best, d2t, target.pre_ids).to(at::kFloat);
         }
         at::NoGradGuard guard;
         // The cast to fp32 is exact, so the logits' own argmax is the fp32 one.
+        if (!best.defined()) best = logits.argmax(-1);
         at::Tensor hit =
-            d2t_hits(logits, d2t, target.target_ids.index_select(0, take)).to(at::kFloat);
+            d2t_hits(best, d2t, target.target_ids.index_select(0, take)).to(at::kFloat);
         ploss.push_back(ploss_i.detach().to(at::kFloat));
         correct.push_back(hit.sum());
         hits.push_back(at::zeros({N}, hit.options()).index_copy_(0, take, hit));
         accept_rate.push_back(
-            expected_acceptance(logits.detach(), target.target_p, take, pm, acc).to(at::kFloat));
+            (accept_rows.defined()
+                 ? sum_acceptance(
+                       accept_rows.size(0), Vd, pm,
+                       [&](int64_t from, int64_t len) { return accept_rows.narrow(0, from, len); })
+                 : expected_acceptance(logits.detach(), target.target_p, take, pm, acc))
+                .to(at::kFloat));
         loss_tokens.push_back(
             at::scalar_tensor(static_cast<double>(rows.count[static_cast<size_t>(i)]),
-                              at::TensorOptions().dtype(at::kFloat).device(logits.device())));
+                              at::TensorOptions().dtype(at::kFloat).device(hidden.device())));
         position_tokens.push_back(pm_sum.to(at::kFloat));
       });
   res.loss = total / static_cast<double>(options.accumulation_steps);
@@ -297,105 +384,6 @@ StepOutput step_on_rows(Eagle3DraftImpl& model, const RowsTarget& target, const 
 }
 
 }  // namespace
-
-const char* loss_term_name(LossTerm t) {
-  switch (t) {
-    case LossTerm::kSoftCE:
-      return "soft_ce";
-    case LossTerm::kKL:
-      return "kl_div";
-    case LossTerm::kReverseKL:
-      return "rkl";
-    case LossTerm::kJSD:
-      return "jsd";
-    case LossTerm::kTV:
-      return "tv";
-    case LossTerm::kNLA:
-      return "nla";
-    case LossTerm::kHardCE:
-      return "ce";
-    case LossTerm::kLKHybrid:
-      return "lk_hybrid";
-  }
-  return "?";
-}
-
-std::vector<std::pair<LossTerm, double>> parse_loss_spec(const std::string& spec) {
-  static const LossTerm all[] = {LossTerm::kSoftCE, LossTerm::kKL,      LossTerm::kReverseKL,
-                                 LossTerm::kJSD,    LossTerm::kTV,      LossTerm::kNLA,
-                                 LossTerm::kHardCE, LossTerm::kLKHybrid};
-  std::string names;
-  for (LossTerm t : all) names += (names.empty() ? "" : ", ") + std::string(loss_term_name(t));
-  auto by_name = [&](const std::string& n) -> LossTerm {
-    for (LossTerm t : all)
-      if (n == loss_term_name(t)) return t;
-    FSDP_USAGE_CHECK(false, fsdp::str("--loss-fn: unknown objective '", n, "'"),
-                     fsdp::str("use one of ", names,
-                               ", or a JSON object of weights such as "
-                               "'{\"kl_div\": 0.5, \"tv\": 0.5}'"));
-    return LossTerm::kSoftCE;
-  };
-  std::vector<std::pair<LossTerm, double>> out;
-  if (spec.empty() || spec.front() != '{') {
-    out.emplace_back(by_name(spec), 1.0);
-    return out;
-  }
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(spec);
-  } catch (const std::exception& e) {
-    FSDP_USAGE_CHECK(false, fsdp::str("--loss-fn '", spec, "' is not valid JSON: ", e.what()),
-                     "write e.g. '{\"kl_div\": 0.5, \"tv\": 0.5}'");
-  }
-  double total = 0;
-  for (auto it = j.begin(); it != j.end(); ++it) {
-    FSDP_USAGE_CHECK(it.value().is_number() && std::isfinite(it.value().get<double>()) &&
-                         it.value().get<double>() >= 0,
-                     fsdp::str("--loss-fn: the weight of '", it.key(), "' is ", it.value().dump()),
-                     "give each objective a finite weight >= 0");
-    out.emplace_back(by_name(it.key()), it.value().get<double>());
-    total += out.back().second;
-  }
-  FSDP_USAGE_CHECK(total > 0, fsdp::str("--loss-fn '", spec, "' gives no objective a weight"),
-                   "give at least one objective a positive weight");
-  return out;
-}
-
-at::Tensor row_loss(LossTerm term, const at::Tensor& z, const at::Tensor& p) {
-  const at::Tensor logq = z.log_softmax(-1);
-  // log p of a softmax that underflowed to 0 stays finite (p = 0 rows of p log p drop out).
-  auto logp = [&] { return p.clamp_min(std::numeric_limits<float>::min()).log(); };
-  auto overlap = [&] { return at::minimum(p, logq.exp()).sum(-1); };
-  auto kl = [&] { return (at::xlogy(p, p) - p * logq).sum(-1); };
-  switch (term) {
-    case LossTerm::kSoftCE:
-      return -(p * logq).sum(-1);
-    case LossTerm::kKL:
-      return kl();
-    case LossTerm::kReverseKL: {
-      const at::Tensor q = logq.exp();
-      return (q * (logq - logp())).sum(-1);
-    }
-    case LossTerm::kJSD: {
-      const at::Tensor q = logq.exp();
-      const at::Tensor m = (p + q) * 0.5;
-      return 0.5 * ((at::xlogy(p, p) - at::xlogy(p, m)).sum(-1) +
-                    (at::xlogy(q, q) - at::xlogy(q, m)).sum(-1));
-    }
-    case LossTerm::kTV:
-      return 1.0 - overlap();
-    case LossTerm::kNLA:
-      return -overlap().clamp_min(1e-5).log();
-    case LossTerm::kHardCE:
-      return -logq.gather(-1, p.argmax(-1, /*keepdim=*/true)).squeeze(-1);
-    case LossTerm::kLKHybrid: {
-      const at::Tensor a = overlap();
-      const at::Tensor w = (-3.0 * a.detach()).exp();
-      return w * kl() + (1.0 - w) * (1.0 - a);
-    }
-  }
-  return at::Tensor();
-}
 
 at::Tensor shift_left(const at::Tensor& x, int64_t n) {
   if (n == 0) return x;

@@ -64,6 +64,12 @@ struct LossOptions {
   // held, about 2% more step time on the CPU). The trainer turns it on with
   // --activation-checkpointing.
   bool recompute_loss = false;
+  // The chunked head and loss (docs/model.md "Chunked head and loss"): each step's norm,
+  // lm_head, objective, argmax and acceptance run over chunks of this many loss rows and
+  // backward recomputes each chunk's logits, so the step keeps its [N_i, H] input rows instead
+  // of [N_i, Vd] logits (values and gradients equal within fp32 rounding; metrics the same).
+  // 0: automatic (model/memory_estimate.h head_chunk_rows), -1: off. Supersedes recompute_loss.
+  int64_t head_chunk_rows = 0;
   // Check shapes/dtypes of the batch (cheap, no sync). check_padding additionally verifies
   // right padding of attention_mask on the host (one sync on GPU).
   bool check_padding = false;

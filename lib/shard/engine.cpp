@@ -267,8 +267,12 @@ bool ShardEngine::runs_again(const Unit& u) const {
   // Only with a recorded order that this forward has followed so far: every rank then makes
   // the same choice, because all ranks record the same order.
   if (options_.reshard_between_uses || !at::GradMode::is_enabled() || !order_matches_) return false;
-  const size_t pos = current_order_.size() - 1;
-  return pos < used_later_.size() && current_order_[pos] == &u && used_later_[pos];
+  // u's latest use: the last one entered, or an enclosing one when uses nest (the draft's
+  // chunked head runs lm_head's use inside the norm's).
+  for (size_t pos = current_order_.size(); pos-- > 0;) {
+    if (current_order_[pos] == &u) return pos < used_later_.size() && used_later_[pos];
+  }
+  return false;
 }
 
 void ShardEngine::pre_backward(Unit& u) {

@@ -124,6 +124,7 @@ model::LossOptions loss_options(const config::TrainConfig& cfg, int64_t accumula
   lo.ttt_length = cfg.model.ttt_length;
   lo.accumulation_steps = accumulation;
   lo.recompute_loss = cfg.model.activation_checkpointing;
+  lo.head_chunk_rows = cfg.model.head_chunk_rows;
   lo.normalization = to_loss(cfg.loop.loss_normalization);
   lo.step_decay = cfg.loop.ttt_step_loss_decay;
   lo.lk = cfg.loop.lk_loss_type == "lambda"  ? model::LossOptions::LK::kLambda
@@ -184,6 +185,7 @@ model::MemoryPlan memory_plan(const config::TrainConfig& cfg, c10::Device device
   m.micro_batch = micro_batch;
   m.ttt_length = cfg.model.ttt_length;
   m.activation_checkpointing = cfg.model.activation_checkpointing;
+  m.head_chunk_rows = cfg.model.head_chunk_rows;
   m.compute_bytes = cfg.shard.mixed_precision == config::Precision::kBF16 ? 2 : 4;
   m.shard_ranks = s == S::kNoShard ? 1 : s == S::kHybridShard ? node_ranks : world;
   m.whole_compute_copy = s == S::kNoShard || s == S::kShardGradOp;

@@ -2,8 +2,11 @@
 // layer (and fc's norms) is its own unit with its own flat buffer; the all-gather traffic of a
 // training step equals each unit's uses as the model announced them (gather once per forward of
 // a micro-batch, plus the re-gather before backward), so a layer used at every TTT step is not
-// gathered T times, and prefetching changes nothing of that. (1 vs 2 ranks reaching the same
-// weights with a multi-layer draft: tests/e2e/draft_variants.sh.)
+// gathered T times, and prefetching changes nothing of that. The chunked head (lm_head's use
+// inside the norm's, docs/model.md "Chunked head and loss") gathers the same and reaches the same
+// weights. (1 vs 2 ranks reaching the same weights with a multi-layer draft:
+// tests/e2e/draft_variants.sh.)
+#include <algorithm>
 #include <catch2/catch.hpp>
 
 #include <map>
@@ -63,9 +66,10 @@ Batch batch(const model::DraftConfig& c, int64_t seed) {
 
 // Two micro-batches of this rank and one optimizer step; returns the unit uses.
 std::map<std::string, int64_t> step(model::Eagle3Draft& m, shard::ShardEngine& e, int rank,
-                                    Counting& counting) {
+                                    Counting& counting, int64_t head_chunk_rows) {
   model::LossOptions opt;
   opt.ttt_length = 3;
+  opt.head_chunk_rows = head_chunk_rows;
   opt.accumulation_steps = 2;
   for (int a = 0; a < 2; ++a) {
     Batch b = batch(m->config(), 100 + 10 * a + rank);
@@ -84,40 +88,60 @@ TEST_CASE("multi-layer draft: one unit per layer, gathers follow the uses, same 
   auto world = world_comm();
   for (bool prefetch : {false, true}) {
     for (bool between_uses : {false, true}) {
-      INFO("prefetch " << prefetch << " reshard between uses " << between_uses);
-      torch::manual_seed(7);
-      model::Eagle3Draft m(three_layers());
-      shard::EngineOptions eo;
-      eo.strategy = shard::Strategy::kFullShard;
-      eo.units = m->unit_names();
-      eo.prefetch = prefetch;
-      eo.reshard_between_uses = between_uses;
-      eo.adamw.weight_decay = 0.0;
-      eo.mixed_precision.param_dtype = torch::kFloat;  // 4 bytes per gathered element
-      shard::ShardEngine e(*m, {world, nullptr}, eo);
-      std::vector<std::string> units;
-      for (const auto* l : e.layouts()) units.push_back(l->unit + (l->trainable ? "" : "/frozen"));
-      CHECK(units == std::vector<std::string>{"embed_tokens/frozen", "fc_norm", "fc", "layers.0",
-                                              "layers.1", "layers.2", "norm", "lm_head"});
-      Counting counting;
-      counting.inner = &e;
-      m->set_unit_hooks(&counting);
-      world->stats().reset();
-      const auto uses = step(m, e, t.world_rank, counting);
-      m->set_unit_hooks(nullptr);
-      // Per micro-batch, each layer runs at every TTT step.
-      for (const char* layer : {"layers.0", "layers.1", "layers.2"}) CHECK(uses.at(layer) == 2 * 3);
-      if (w > 1) {
-        uint64_t bytes = 0;
-        for (const auto* l : e.layouts()) {
-          const int64_t per_mb = uses.at(l->unit) / 2;
-          const int64_t bwd = l->trainable ? 1 : 0;  // the frozen embedding has no backward
-          // The engine's first micro-batch gathers at every use; later ones keep a unit gathered
-          // through its forward uses unless asked to reshard between them.
-          const int64_t gathers = between_uses ? 2 * (per_mb + bwd) : per_mb + bwd + (1 + bwd);
-          bytes += static_cast<uint64_t>(gathers * l->padded_numel * 4);
+      std::map<std::string, at::Tensor> unchunked;
+      for (int64_t chunk : {int64_t{-1}, int64_t{3}}) {
+        INFO("prefetch " << prefetch << " reshard between uses " << between_uses
+                         << " head chunk rows " << chunk);
+        torch::manual_seed(7);
+        model::Eagle3Draft m(three_layers());
+        shard::EngineOptions eo;
+        eo.strategy = shard::Strategy::kFullShard;
+        eo.units = m->unit_names();
+        eo.prefetch = prefetch;
+        eo.reshard_between_uses = between_uses;
+        eo.adamw.weight_decay = 0.0;
+        eo.mixed_precision.param_dtype = torch::kFloat;  // 4 bytes per gathered element
+        shard::ShardEngine e(*m, {world, nullptr}, eo);
+        std::vector<std::string> units;
+        for (const auto* l : e.layouts())
+          units.push_back(l->unit + (l->trainable ? "" : "/frozen"));
+        CHECK(units == std::vector<std::string>{"embed_tokens/frozen", "fc_norm", "fc", "layers.0",
+                                                "layers.1", "layers.2", "norm", "lm_head"});
+        Counting counting;
+        counting.inner = &e;
+        m->set_unit_hooks(&counting);
+        world->stats().reset();
+        const auto uses = step(m, e, t.world_rank, counting, chunk);
+        m->set_unit_hooks(nullptr);
+        // Per micro-batch, each layer runs at every TTT step.
+        for (const char* layer : {"layers.0", "layers.1", "layers.2"})
+          CHECK(uses.at(layer) == 2 * 3);
+        if (w > 1) {
+          uint64_t bytes = 0;
+          for (const auto* l : e.layouts()) {
+            const int64_t per_mb = uses.at(l->unit) / 2;
+            const int64_t bwd = l->trainable ? 1 : 0;  // the frozen embedding has no backward
+            // The engine's first micro-batch gathers at every use; later ones keep a unit gathered
+            // through its forward uses unless asked to reshard between them.
+            const int64_t gathers = between_uses ? 2 * (per_mb + bwd) : per_mb + bwd + (1 + bwd);
+            bytes += static_cast<uint64_t>(gathers * l->padded_numel * 4);
+          }
+          CHECK(world->stats().get(comm::OpType::kAllGather).bytes == bytes);
         }
-        CHECK(world->stats().get(comm::OpType::kAllGather).bytes == bytes);
+        const auto weights = e.full_state(/*rank0_only=*/false, /*include_frozen=*/false);
+        if (chunk < 0) {
+          unchunked = weights;
+          continue;
+        }
+        // Chunked matrix products round differently (their blocking depends on the row
+        // count): the same weights within 1e-6 in relative L2 (an element whose gradient is
+        // nearly 0 may take a slightly different AdamW step).
+        for (const auto& [name, w] : weights) {
+          INFO(name);
+          const at::Tensor& u = unchunked.at(name);
+          const double scale = std::max(u.norm().item<double>(), 1e-30);
+          CHECK((w - u).norm().item<double>() / scale <= 1e-6);
+        }
       }
     }
   }

@@ -79,6 +79,34 @@ TEST_CASE("checkpointing, sharding and offload lower what they should", "[model]
   CHECK(estimate_training_memory(c, fp32).activations > base.activations);
 }
 
+TEST_CASE("the chunked head keeps one chunk of logits, not the steps'", "[model]") {
+  const DraftConfig c = shipped("llama3-8B-eagle3.json");
+  MemoryPlan p;
+  p.max_length = 32768;
+  p.head_chunk_rows = -1;
+  MemoryPlan chunked = p;
+  chunked.head_chunk_rows = 0;  // automatic: 32768 rows is past four chunks of 1048
+  REQUIRE(head_chunk_rows(0, 32768, c.draft_vocab()) == 1048);
+  const long double H = c.hidden_size, Vd = c.draft_vocab();
+  // Per token and step: the fp32 log_softmax and target p (8 Vd) and the norm's fp32 copy go;
+  // the bf16 input rows stay.
+  CHECK(step_activation_bytes_per_token(c, p) - step_activation_bytes_per_token(c, chunked) ==
+        Approx(8 * Vd + 4 * H));
+  const long double saved =
+      estimate_training_memory(c, p).activations - estimate_training_memory(c, chunked).activations;
+  CHECK(saved == Approx(32768.0L * (7 * (8 * Vd + 4 * H) + 4 * Vd) - 4 * Vd * 1048));
+  // Short samples keep the unchunked head unless asked.
+  MemoryPlan short_run;
+  CHECK(step_activation_bytes_per_token(c, short_run) == step_activation_bytes_per_token(c, [&] {
+          MemoryPlan off = short_run;
+          off.head_chunk_rows = -1;
+          return off;
+        }()));
+  MemoryPlan forced = short_run;
+  forced.head_chunk_rows = 512;
+  CHECK(step_activation_bytes_per_token(c, forced) < step_activation_bytes_per_token(c, short_run));
+}
+
 TEST_CASE("a run that cannot fit is refused with both figures and what to change", "[model]") {
   const DraftConfig c = shipped("llama3-8B-eagle3.json");
   MemoryPlan p;
@@ -91,7 +119,7 @@ TEST_CASE("a run that cannot fit is refused with both figures and what to change
   CHECK_THAT(e, Catch::Contains("16 GiB of the test device"));
   CHECK_THAT(e, Catch::Contains(format_gib(need)));
   for (const char* flag : {"--max-length", "--draft-micro-batch-size", "--activation-checkpointing",
-                           "--sharding-strategy"})
+                           "--head-chunk-rows", "--sharding-strategy"})
     CHECK_THAT(e, Catch::Contains(flag));
   // Enough memory, or unknown memory: no refusal.
   CHECK(refusal(c, p, static_cast<uint64_t>(need) + 1).empty());

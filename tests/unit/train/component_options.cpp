@@ -111,6 +111,10 @@ TEST_CASE("loss options", "[train]") {
   CHECK(lo.recompute_loss);
   CHECK(lo.normalization == model::LossNormalization::kValidTokens);
   CHECK(loss_options(cfg, 1).accumulation_steps == 1);
+  CHECK(lo.head_chunk_rows == 0);  // automatic by default
+  cfg.model.head_chunk_rows = 512;
+  CHECK(loss_options(cfg, 1).head_chunk_rows == 512);
+  CHECK(memory_plan(cfg, c10::Device(c10::kCPU), 1, 1, 1).head_chunk_rows == 512);
 }
 
 TEST_CASE("profiler directory: flag, then environment, then output dir", "[train]") {
