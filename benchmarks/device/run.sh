@@ -192,6 +192,16 @@ for run in fsdp-train fsdp-train-2; do
   "$PY" "$REPO/benchmarks/device/compare.py" "$M/$run-metrics.jsonl" \
     "$M/reference-metrics.jsonl" "$DRAFT" "$SEQ"
 done
+# Where a step's time goes on the GPU (docs/usage.md "Time breakdown": CUDA events, exposed
+# NCCL waits), averaged over the logged windows after the first (warm-up).
+"$PY" - "$M/fsdp-train-2-metrics.jsonl" <<'PYEOF'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if '"perf/forward_share"' in l][1:]
+if rows:
+    phases = ["forward", "backward", "comm", "optimizer", "data", "other"]
+    print("time breakdown per step (ms):", ", ".join(
+        f"{p} {1e3 * sum(r.get(f'perf/{p}_s', 0) for r in rows) / len(rows):.1f}" for p in phases))
+PYEOF
 }
 
 # 4. Activation checkpointing on the same run: tokens/s and peak memory against the plain run.

@@ -59,6 +59,9 @@ class Communicator {
 
   CommStats& stats() { return stats_; }
   const CommStats& stats() const { return stats_; }
+  // Moves the exposed-wait records whose events have completed into stats() (GPU backends
+  // measure them with events; MPI records them in wait() directly). Never blocks.
+  virtual void settle_exposed() {}
 
  protected:
   CommStats stats_;

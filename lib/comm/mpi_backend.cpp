@@ -85,13 +85,17 @@ struct MpiCommunicator::Task {
 
 class MpiCommunicator::MpiWork final : public Work {
  public:
-  explicit MpiWork(std::shared_ptr<std::atomic<int>> waiters) : waiters_(std::move(waiters)) {}
+  MpiWork(std::shared_ptr<std::atomic<int>> waiters, CommStats* stats)
+      : waiters_(std::move(waiters)), stats_(stats) {}
   void wait() override {
     std::unique_lock<std::mutex> lock(mu_);
     if (!done_) {
+      // The calling thread is held up from here: exposed communication of its phase.
+      Stopwatch blocked;
       waiters_->fetch_add(1);
       cv_.wait(lock, [&] { return done_; });
       waiters_->fetch_sub(1);
+      stats_->record_exposed(wait_phase(), blocked.seconds());
     }
     if (error_) std::rethrow_exception(error_);
   }
@@ -111,6 +115,7 @@ class MpiCommunicator::MpiWork final : public Work {
 
  private:
   std::shared_ptr<std::atomic<int>> waiters_;
+  CommStats* stats_;  // the communicator's (it outlives its works)
   std::mutex mu_;
   std::condition_variable cv_;
   bool done_ = false;
@@ -139,7 +144,7 @@ MpiCommunicator::~MpiCommunicator() {
 }
 
 WorkPtr MpiCommunicator::enqueue(std::unique_ptr<Task> task) {
-  auto work = std::make_shared<MpiWork>(waiters_);
+  auto work = std::make_shared<MpiWork>(waiters_, &stats_);
   task->work = work;
   if (task->timeout.count() <= 0) task->timeout = default_timeout();
   {

@@ -13,9 +13,11 @@
 #include <nccl.h>
 #endif
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <list>
 #include <mutex>
 #include <thread>
@@ -86,13 +88,44 @@ ncclRedOp_t nccl_op(ReduceOp op) {
   return ncclSum;
 }
 
+// The waits of one communicator's works, each a pair of events: `waited` on the compute stream
+// at the moment it was made to wait, `done` at the collective's end. Their gap (when positive)
+// is the time the compute stream stood still for the collective: exposed communication,
+// settled into CommStats once both events completed (never by blocking).
+struct ExposedWaits {
+  struct Wait {
+    WaitPhase phase;
+    std::shared_ptr<at::cuda::CUDAEvent> waited, done;
+  };
+  std::mutex mu;
+  std::deque<Wait> waits;
+
+  void settle(CommStats& stats) {
+    std::lock_guard<std::mutex> lock(mu);
+    while (!waits.empty()) {
+      auto& w = waits.front();
+      if (!w.waited->query() || !w.done->query()) break;
+      stats.record_exposed(w.phase, std::max(0.0, w.waited->elapsed_time(*w.done) / 1e3));
+      waits.pop_front();
+    }
+  }
+};
+
 class NcclWork final : public Work {
  public:
-  NcclWork(std::shared_ptr<at::cuda::CUDAEvent> done, int device)
-      : done_(std::move(done)), device_(device) {}
+  NcclWork(std::shared_ptr<at::cuda::CUDAEvent> done, int device,
+           std::shared_ptr<ExposedWaits> exposed)
+      : done_(std::move(done)), device_(device), exposed_(std::move(exposed)) {}
   void wait() override {
     c10::cuda::CUDAGuard guard(device_);
-    done_->block(at::cuda::getCurrentCUDAStream(device_));
+    auto stream = at::cuda::getCurrentCUDAStream(device_);
+    auto waited = std::make_shared<at::cuda::CUDAEvent>(cudaEventDefault);
+    waited->record(stream);
+    {
+      std::lock_guard<std::mutex> lock(exposed_->mu);
+      exposed_->waits.push_back({wait_phase(), waited, done_});
+    }
+    done_->block(stream);
     if (finish_) {
       finish_();
       finish_ = nullptr;
@@ -104,6 +137,7 @@ class NcclWork final : public Work {
  private:
   std::shared_ptr<at::cuda::CUDAEvent> done_;
   int device_;
+  std::shared_ptr<ExposedWaits> exposed_;
 };
 
 class NcclCommunicator final : public Communicator {
@@ -226,6 +260,10 @@ class NcclCommunicator final : public Communicator {
     at::cuda::getCurrentCUDAStream(device_).synchronize();
   }
 
+  void settle_exposed() override {
+    exposed_->settle(stats_);
+  }
+
   void synchronize() override {
     stream_->synchronize();
   }
@@ -262,7 +300,7 @@ class NcclCommunicator final : public Communicator {
                           std::chrono::steady_clock::now() + timeout, timeout});
     }
     cv_.notify_all();
-    return std::make_shared<NcclWork>(done, device_);
+    return std::make_shared<NcclWork>(done, device_, exposed_);
   }
 
   // The watchdog thread's body. A sticky CUDA error (an illegal address in any kernel) makes
@@ -282,6 +320,7 @@ class NcclCommunicator final : public Communicator {
     std::unique_lock<std::mutex> lock(mu_);
     while (true) {
       cv_.wait_for(lock, std::chrono::milliseconds(50));
+      exposed_->settle(stats_);
       while (!pending_.empty()) {
         auto& p = pending_.front();
         if (p.done->query()) {
@@ -329,6 +368,7 @@ class NcclCommunicator final : public Communicator {
   std::mutex mu_;
   std::condition_variable cv_;
   std::list<Pending> pending_;
+  std::shared_ptr<ExposedWaits> exposed_ = std::make_shared<ExposedWaits>();
   bool stop_ = false;
   std::atomic<bool> aborted_{false};
   std::thread watchdog_;

@@ -1,4 +1,5 @@
 // Names and statistics for the communication layer (comm/types.h).
+#include <atomic>
 #include <sstream>
 
 #include "comm/types.h"
@@ -61,9 +62,34 @@ double CommStats::total_seconds() const {
   return t;
 }
 
+namespace {
+// Process-wide, not per thread: on a GPU, autograd runs the backward (and its waits) on its own
+// device thread, not on the thread that called backward().
+std::atomic<int> g_wait_phase{static_cast<int>(WaitPhase::kOther)};
+}  // namespace
+
+void set_wait_phase(WaitPhase phase) {
+  g_wait_phase.store(static_cast<int>(phase), std::memory_order_relaxed);
+}
+
+WaitPhase wait_phase() {
+  return static_cast<WaitPhase>(g_wait_phase.load(std::memory_order_relaxed));
+}
+
+void CommStats::record_exposed(WaitPhase phase, double seconds) {
+  std::lock_guard<std::mutex> lock(mu_);
+  exposed_[static_cast<size_t>(phase)] += seconds;
+}
+
+std::array<double, static_cast<size_t>(WaitPhase::kCount)> CommStats::exposed() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return exposed_;
+}
+
 void CommStats::reset() {
   std::lock_guard<std::mutex> lock(mu_);
   ops_ = {};
+  exposed_ = {};
 }
 
 std::string CommStats::summary() const {

@@ -30,10 +30,22 @@ struct OpStats {
   double seconds = 0.0;
 };
 
+// The phase of the training step the process is in (forward, backward, optimizer, other), so
+// that the time a collective's wait() holds up computation ("exposed" communication) is counted
+// against the phase that waited (train/phase_timer.h). Process-wide; kOther by default.
+enum class WaitPhase { kForward = 0, kBackward, kOptimizer, kOther, kCount };
+void set_wait_phase(WaitPhase phase);  // this thread's phase
+WaitPhase wait_phase();
+
 // Thread-safe accumulation of bytes and time per operation type.
 class CommStats {
  public:
   void record(OpType op, uint64_t bytes, double seconds);
+  // Time computation waited for this communicator's collectives: host time blocked in wait()
+  // (MPI), or on a GPU the gap between the moment the compute stream was made to wait and the
+  // collective's end (NCCL, taken from events once both completed), per phase.
+  void record_exposed(WaitPhase phase, double seconds);
+  std::array<double, static_cast<size_t>(WaitPhase::kCount)> exposed() const;
   OpStats get(OpType op) const;
   uint64_t total_bytes() const;
   double total_seconds() const;
@@ -44,6 +56,7 @@ class CommStats {
  private:
   mutable std::mutex mu_;
   std::array<OpStats, static_cast<size_t>(OpType::kCount)> ops_{};
+  std::array<double, static_cast<size_t>(WaitPhase::kCount)> exposed_{};
 };
 
 }  // namespace fsdp::comm

@@ -7,6 +7,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "core/env.h"
 #include "metrics/meters.h"
@@ -86,6 +89,21 @@ std::string ConsoleSink::format_line(int64_t step, const Scalars& scalars) const
   if (const double* g = find(scalars, "train/grad_norm")) line += " | gnorm " + num(*g, "%.3g");
   if (const double* t = find(scalars, "perf/tokens_per_s")) line += " | " + si(*t) + " tok/s";
   if (const double* m = find(scalars, "perf/mfu")) line += " | MFU " + num(100 * *m, "%.1f%%");
+  // The time breakdown (docs/usage.md "Time breakdown"), when the loop measured one.
+  if (find(scalars, "perf/forward_share")) {
+    std::string parts;
+    for (const auto& [key, label] :
+         std::vector<std::pair<const char*, const char*>>{{"forward", "fwd"},
+                                                          {"backward", "bwd"},
+                                                          {"comm", "comm"},
+                                                          {"optimizer", "opt"},
+                                                          {"data", "data"},
+                                                          {"other", "other"}}) {
+      if (const double* v = find(scalars, std::string("perf/") + key + "_share"))
+        parts += std::string(parts.empty() ? "" : " ") + label + num(100 * *v, " %.0f%%");
+    }
+    line += " | " + parts;
+  }
   if (const double* eta = find(scalars, "perf/eta_s")) {
     line += " | ETA " + format_duration(*eta);
   }

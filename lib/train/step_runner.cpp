@@ -12,6 +12,25 @@
 
 namespace fsdp::train {
 
+namespace {
+// A phase of the timer for the lifetime of the scope (nothing without a timer).
+class PhaseScope {
+ public:
+  PhaseScope(PhaseTimer* timer, PhaseTimer::Phase phase) : timer_(timer), phase_(phase) {
+    if (timer_) timer_->begin(phase_);
+  }
+  ~PhaseScope() {
+    if (timer_) timer_->end(phase_);
+  }
+  PhaseScope(const PhaseScope&) = delete;
+  PhaseScope& operator=(const PhaseScope&) = delete;
+
+ private:
+  PhaseTimer* timer_;
+  PhaseTimer::Phase phase_;
+};
+}  // namespace
+
 std::optional<data::Batch> read_agreed(const std::function<std::optional<data::Batch>()>& read,
                                        const ReadAgreement& agree, const char* what,
                                        const std::function<void(ReadFailure)>& before_failure) {
@@ -65,10 +84,12 @@ void StepRunner::micro_batch(const data::Batch& batch, bool last) {
   // fsdp:: scopes name the phases in --profile traces (free when not profiling).
   auto out = [&] {
     RECORD_USER_SCOPE("fsdp::forward");
+    PhaseScope phase(p_.timer, PhaseTimer::kForward);
     return forward_micro_batch(*p_.draft, *p_.head, rows, batch, p_.device, p_.loss);
   }();
   {
     RECORD_USER_SCOPE("fsdp::backward");
+    PhaseScope phase(p_.timer, PhaseTimer::kBackward);
     out.loss.backward();
   }
   out.loss = at::Tensor();
@@ -83,6 +104,7 @@ std::vector<model::StepOutput> StepRunner::take_outputs() {
 
 shard::StepResult StepRunner::optimizer_step(double lr, double max_grad_norm) {
   RECORD_USER_SCOPE("fsdp::optimizer_step");
+  PhaseScope phase(p_.timer, PhaseTimer::kOptimizer);
   return p_.engine->step(lr, max_grad_norm);
 }
 

@@ -14,6 +14,7 @@
 #include "model/target_head.h"
 #include "model/ttt_loss.h"
 #include "shard/engine.h"
+#include "train/phase_timer.h"
 
 namespace fsdp::train {
 
@@ -61,6 +62,7 @@ class StepRunner {
     model::DraftConfig draft_cfg;     // FLOP counts
     model::LossOptions loss;          // divided by the accumulation steps
     bool accumulate_locally = false;  // --accumulate-locally: reduce at the step's end only
+    PhaseTimer* timer = nullptr;      // times forward, backward and the optimizer step (or none)
   };
   explicit StepRunner(Parts parts) : p_(std::move(parts)) {}
 

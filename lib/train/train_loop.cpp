@@ -33,12 +33,14 @@ namespace fsdp::train {
 
 namespace {
 
-double comm_seconds(const shard::ShardEngine& engine) {
-  double s = 0;
+// The communicators the engine's collectives run on (whose waits are the steps' exposed
+// communication).
+std::vector<comm::Communicator*> engine_communicators(const shard::ShardEngine& engine) {
+  std::vector<comm::Communicator*> out;
   const auto& g = engine.groups();
-  if (g.shard) s += g.shard->stats().total_seconds();
-  if (g.replicate && g.replicate != g.shard) s += g.replicate->stats().total_seconds();
-  return s;
+  if (g.shard) out.push_back(g.shard.get());
+  if (g.replicate && g.replicate != g.shard) out.push_back(g.replicate.get());
+  return out;
 }
 
 const char* failure_text(ReadFailure why) {
@@ -93,6 +95,7 @@ class TrainLoop {
   const int64_t per_epoch_;
   const Cadence cadence_;
   const optim::LrDecay decay_;
+  PhaseTimer timer_;  // before runner_, which points at it
   StepRunner runner_;
   ReadAgreement agreement_;
   RunResult result_;
@@ -103,7 +106,6 @@ class TrainLoop {
   StepHealth health_;
   std::unique_ptr<metrics::StepProfiler> profiler_;
   Stopwatch window_clock_;
-  double window_comm0_ = 0;
   double last_lr_ = 0;
   bool saved_at_step_ = false;      // the newest step is in a checkpoint
   int64_t deferred_eval_step_ = 0;  // an --eval-steps evaluation waiting for the epoch-end save
@@ -131,9 +133,10 @@ TrainLoop::TrainLoop(Trainer::Impl& t, data::DataLoader& loader, int64_t per_epo
       per_epoch_(per_epoch),
       cadence_(cadence),
       decay_(to_decay(t.cfg.optim.lr_scheduler)),
+      timer_(t.device, engine_communicators(*t.engine)),
       runner_(StepRunner::Parts{t.draft.get(), &t.head, t.engine.get(), t.device, t.draft_cfg,
                                 loss_options(t.cfg, t.plan.accumulation_steps),
-                                t.cfg.shard.accumulate_locally}),
+                                t.cfg.shard.accumulate_locally, &timer_}),
       agreement_{t.world, [&t](bool mine) { return t.any_rank(mine); }},
       meter_(metrics::resolve_peak_tflops(t.cfg.metrics.mfu_peak_tflops, t.device)),
       window_(t.cfg.model.ttt_length, t.metrics_device(), t.cfg.metrics.accuracy_aggregation),
@@ -188,7 +191,6 @@ RunResult TrainLoop::run() {
     return result_;
   }
   window_clock_.reset();
-  window_comm0_ = comm_seconds(*t_.engine);
   if (t_.cfg.profile.enabled) {
     // SpecForge's variable for where traces go.
     const auto env_dir = env::text("SGLANG_TORCH_PROFILER_DIR");
@@ -278,11 +280,15 @@ void TrainLoop::log_step(int64_t n, int64_t epoch) {
   int64_t tokens = 0;
   auto scalars = window_.report(*t_.metrics_comm, "train", &tokens);
   const double secs = window_clock_.seconds();
+  // Where the window's time went (docs/usage.md "Time breakdown"): read after the metric
+  // reduction above, which waited for the steps, so device timings are complete.
+  const PhaseTimer::Seconds phases = timer_.take();
   TimeAccumulator shares;
   shares.add("data", loader_.take_data_wait_seconds());
-  const double comm_now = comm_seconds(*t_.engine);
-  shares.add("comm", comm_now - window_comm0_);
-  window_comm0_ = comm_now;
+  shares.add("forward", phases.phase[PhaseTimer::kForward]);
+  shares.add("backward", phases.phase[PhaseTimer::kBackward]);
+  shares.add("optimizer", phases.phase[PhaseTimer::kOptimizer]);
+  shares.add("comm", phases.comm);
   scalars.emplace_back("train/lr", last_lr_);
   health_.flush();
   scalars.emplace_back("train/grad_norm", health_.last_grad_norm());
@@ -292,8 +298,10 @@ void TrainLoop::log_step(int64_t n, int64_t epoch) {
   scalars.emplace_back("perf/eta_s", meter_.eta_seconds(cadence_.stop_at - n));
   scalars.emplace_back("perf/step_time_s",
                        meter_.window_steps() ? secs / meter_.window_steps() : 0.0);
+  const int64_t steps = std::max<int64_t>(meter_.window_steps(), 1);
   for (const auto& [k, v] : metrics::time_shares(shares, secs)) {
     scalars.emplace_back("perf/" + k + "_share", v);
+    scalars.emplace_back("perf/" + k + "_s", v * secs / static_cast<double>(steps));
   }
   const auto mem = metrics::peak_memory(t_.device);
   scalars.emplace_back("mem/host_peak_rss_gib", mem.host_peak_rss_bytes / 1073741824.0);

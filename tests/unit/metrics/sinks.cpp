@@ -85,6 +85,13 @@ TEST_CASE("the progress line carries step/total, loss, acc_0, lr, tokens/s and E
                         {"eval/accept_len", 1.625}};
   CHECK(c.format_line(40, eval) ==
         "eval at step 40 | loss 2.5000 | acc 0.500 0.250 | accept_len 1.62");
+  // The time breakdown closes the line, in a fixed order.
+  const Scalars shares = {{"train/loss", 1.0},           {"perf/other_share", 0.02},
+                          {"perf/data_share", 0.01},     {"perf/forward_share", 0.41},
+                          {"perf/backward_share", 0.47}, {"perf/comm_share", 0.03},
+                          {"perf/optimizer_share", 0.06}};
+  CHECK(c.format_line(2, shares) ==
+        "step 2/1000 (0.2%) | loss 1.0000 | fwd 41% bwd 47% comm 3% opt 6% data 1% other 2%");
 }
 
 TEST_CASE("redirected output gets one line per log call and no live updates", "[metrics]") {
