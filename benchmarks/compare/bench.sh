@@ -8,7 +8,14 @@
 # Env:   FSDP_PYTHON, DATA (default ~/.cache/fsdp-train/realdata/smollm2-135m-chitchat-L512-seed0-
 #        bf16, built by benchmarks/realdata/make_features.py), STEPS (8), GLOBAL_BATCH (4),
 #        MAX_LENGTH (512), RANKS ("1 2"), LR (5e-4), PRECISION (bf16), WORK (scratch dir),
-#        REFERENCE_ONLY=1 (measure only the reference), THREADS (per rank; default cores/ranks).
+#        REFERENCE_ONLY=1 (measure only the reference), THREADS (per rank; default cores/ranks),
+#        DEEPSPEED=1 (also the DeepSpeed reference, benchmarks/reference/deepspeed_train.py, at
+#        each ZeRO stage of ZERO_STAGES, default "3 2", from the same initial export, and with
+#        stage 2 also fsdp-train --sharding-strategy shard_grad_op, its ZeRO-2; needs
+#        benchmarks/reference/setup_deepspeed.sh; its python: DS_PYTHON, default
+#        ~/.cache/fsdp-train/deepspeed-venv/bin/python), LM_HEAD_KEY (lm_head.weight;
+#        model.embed_tokens.weight for a target with tied embeddings, e.g. the SmolLM2 features
+#        of benchmarks/serving in ~/.cache/fsdp-train/serving/<hash>/ linked as train/ eval/).
 #
 # Assumptions about fsdp-train (flags not final when written; adjust here):
 #   - docs/reference.md §8 flag names at the root level, launched as `mpirun -n W fsdp-train ...`;
@@ -42,12 +49,19 @@ if [[ "${REFERENCE_ONLY:-0}" != 1 ]]; then
   [[ -n "$BIN" && -x "$BIN" ]] || die "fsdp-train binary not given or not executable: '$BIN'
   hint: pass build-<you>/apps/fsdp-train/fsdp-train (or set REFERENCE_ONLY=1)"
 fi
+DSPY="${DS_PYTHON:-$HOME/.cache/fsdp-train/deepspeed-venv/bin/python}"
+DS_STAGES=""
+if [[ "${DEEPSPEED:-0}" == 1 ]]; then
+  DS_STAGES="${ZERO_STAGES:-3 2}"
+  [[ -x "$DSPY" ]] && "$DSPY" -c 'import deepspeed' >/dev/null 2>&1 ||
+    die "DEEPSPEED=1 but no deepspeed in $DSPY: run benchmarks/reference/setup_deepspeed.sh"
+fi
 for p in train eval target draft-config.json; do
   [[ -e "$DATA/$p" ]] || die "$DATA/$p missing; run benchmarks/realdata/make_features.py first"
 done
 mkdir -p "$WORK"
-NTRAIN=$(find "$DATA/train" -name '*.ckpt' | wc -l)
-NEVAL=$(find "$DATA/eval" -name '*.ckpt' | wc -l)
+NTRAIN=$(find "$DATA/train/" -name '*.ckpt' | wc -l)   # the trailing / follows a linked folder
+NEVAL=$(find "$DATA/eval/" -name '*.ckpt' | wc -l)
 
 echo "== machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)," \
      "load average $(cut -d' ' -f1-3 /proc/loadavg)"
@@ -55,7 +69,7 @@ echo "== data: $DATA ($NTRAIN train / $NEVAL eval samples), steps $STEPS, global
      "max length $MAXLEN, lr $LR, precision $PREC"
 
 COMMON=(--target-model-path "$DATA/target" --draft-model-config "$DATA/draft-config.json"
-        --train-hidden-states-path "$DATA/train" --draft-global-batch-size "$GB"
+        --lm-head-key "${LM_HEAD_KEY:-lm_head.weight}" --train-hidden-states-path "$DATA/train" --draft-global-batch-size "$GB"
         --draft-micro-batch-size 1 --max-length "$MAXLEN" --ttt-length 7 --total-steps "$STEPS"
         --num-epochs 1000 --seed 0 --learning-rate "$LR" --warmup-ratio 0.015 --max-grad-norm 0.5
         --log-steps 1)
@@ -84,6 +98,20 @@ json.dump(s, open(path, "w"), indent=1)
 EOF
 }
 
+run_fsdp_train() {  # $1 ranks, $2 threads, $3 name in the tables, $4 out dir, then extra flags
+  local W="$1" threads="$2" name="$3" out="$4" export_dir
+  shift 4
+  echo "== $name, $W rank(s), $threads thread(s) each"
+  rm -rf "$out"   # a fresh run (fsdp-train refuses to start fresh over earlier checkpoints)
+  $MPIRUN -n "$W" "$BIN" "${COMMON[@]}" --init-checkpoint "$INIT" --mixed-precision "$PREC" \
+      --reduce-dtype fp32 --threads "$threads" --report-to jsonl --output-dir "$out" \
+      --cache-dir "$WORK/cache" "$@" >"$out.log" 2>&1 || { tail "$out.log"; exit 1; }
+  record "$W" "$name" perf "$("$PY" "$HERE/metrics.py" perf "$out/metrics.jsonl")"
+  export_dir="$(ls -d "$out"/epoch_*_step_* 2>/dev/null | sort -V | tail -1)"
+  [[ -n "$export_dir" ]] || die "fsdp-train wrote no epoch_*_step_* export in $out"
+  record "$W" "$name" eval "$(ref_eval "$export_dir" "$out-eval")"
+}
+
 for W in $RANKS; do
   threads="${THREADS:-$(( $(nproc) / W ))}"; (( threads >= 1 )) || threads=1
   echo "== reference, $W rank(s), $threads thread(s) each"
@@ -94,17 +122,23 @@ for W in $RANKS; do
       --cache-dir "$WORK/cache" >"$out.log" 2>&1 || { tail "$out.log"; exit 1; }
   record "$W" reference perf "$("$PY" "$HERE/metrics.py" perf "$out/metrics.jsonl")"
   record "$W" reference eval "$(ref_eval "$(ls -d "$out"/epoch_*_step_* | sort -V | tail -1)" "$out-eval")"
+  for Z in $DS_STAGES; do
+    echo "== DeepSpeed ZeRO-$Z, $W rank(s), $threads thread(s) each"
+    out="$WORK/ds$Z-w$W"
+    "$DSPY" -m torch.distributed.run --nproc-per-node "$W" --master-port $((29500 + RANDOM % 1000)) \
+        "$REPO/benchmarks/reference/deepspeed_train.py" --zero-stage "$Z" "${COMMON[@]}" \
+        --param-dtype "$PREC" --init-weights "$INIT" --threads "$threads" --output-dir "$out" \
+        --save-final --cache-dir "$WORK/cache" >"$out.log" 2>&1 || { tail -20 "$out.log"; exit 1; }
+    record "$W" "deepspeed-zero$Z" perf "$("$PY" "$HERE/metrics.py" perf "$out/metrics.jsonl")"
+    record "$W" "deepspeed-zero$Z" eval "$(ref_eval "$(ls -d "$out"/epoch_*_step_* | sort -V | tail -1)" "$out-eval")"
+  done
   [[ "${REFERENCE_ONLY:-0}" == 1 ]] && continue
-  echo "== fsdp-train, $W rank(s), $threads thread(s) each"
-  out="$WORK/cpp-w$W"
-  rm -rf "$out"   # a fresh run (fsdp-train refuses to start fresh over earlier checkpoints)
-  $MPIRUN -n "$W" "$BIN" "${COMMON[@]}" --init-checkpoint "$INIT" --mixed-precision "$PREC" \
-      --reduce-dtype fp32 --threads "$threads" --report-to jsonl --output-dir "$out" \
-      --cache-dir "$WORK/cache" >"$out.log" 2>&1 || { tail "$out.log"; exit 1; }
-  record "$W" fsdp-train perf "$("$PY" "$HERE/metrics.py" perf "$out/metrics.jsonl")"
-  export_dir="$(ls -d "$out"/epoch_*_step_* 2>/dev/null | sort -V | tail -1)"
-  [[ -n "$export_dir" ]] || die "fsdp-train wrote no epoch_*_step_* export in $out"
-  record "$W" fsdp-train eval "$(ref_eval "$export_dir" "$out-eval")"
+  run_fsdp_train "$W" "$threads" fsdp-train "$WORK/cpp-w$W"
+  # With DeepSpeed's ZeRO-2 in the run, fsdp-train's own ZeRO-2 as well: the like-for-like row.
+  if [[ " $DS_STAGES " == *" 2 "* ]]; then
+    run_fsdp_train "$W" "$threads" fsdp-train-shard_grad_op "$WORK/cpp-sgo-w$W" \
+        --sharding-strategy shard_grad_op
+  fi
 done
 
 echo

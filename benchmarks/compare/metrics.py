@@ -105,16 +105,26 @@ def eval_summary(path):
     return {k: last[k] for k in sorted(last) if k.startswith("eval/acc_")}
 
 
+def trainers(runs):
+    """The reference and fsdp-train first (always listed), then any others (the DeepSpeed runs)."""
+    extra = sorted({n for w in runs.values() for n in w} - {"reference", "fsdp-train"},
+                   reverse=True)
+    return ["reference", "fsdp-train"] + extra
+
+
 def table(args):
     with open(args.summary) as f:
         s = json.load(f)
+    names_all = trainers(s["runs"])
     print("| ranks | trainer | steps/s | tokens/s | peak RSS/rank (MiB) | tokens/s ratio |")
     print("|---|---|---|---|---|---|")
     for w in sorted(s["runs"], key=int):
         runs = s["runs"][w]
         ref = runs.get("reference", {}).get("perf")
-        for name in ("reference", "fsdp-train"):
+        for name in names_all:
             p = runs.get(name, {}).get("perf")
+            if not p and name not in ("reference", "fsdp-train"):
+                continue
             if not p:
                 print(f"| {w} | {name} | not run | | | |")
                 continue
@@ -122,7 +132,7 @@ def table(args):
             print(f"| {w} | {name} | {p['steps_per_s']:.4f} | {p['tokens_per_s']:.1f} | "
                   f"{p['peak_rss_mib_per_rank']:.0f} | {ratio} |")
     print()
-    names = [(w, n) for w in sorted(s["runs"], key=int) for n in ("reference", "fsdp-train")
+    names = [(w, n) for w in sorted(s["runs"], key=int) for n in names_all
              if s["runs"][w].get(n, {}).get("eval")]
     if names:
         T = len(s["runs"][names[0][0]][names[0][1]]["eval"])

@@ -6,7 +6,8 @@ exist. MFU = model FLOPs per step (the same closed form for both trainers) / tim
 target heads), i.e. what the reference executes; fsdp-train runs the heads only on loss-mask
 rows, so for it the script also prints the MFU of the FLOPs it executed (its own perf/mfu).
 
-compare.py OURS.jsonl REFERENCE.jsonl DRAFT_CONFIG.json SEQ
+compare.py OURS.jsonl REFERENCE.jsonl DRAFT_CONFIG.json SEQ [NAME]   (NAME: the second trainer's,
+                                          default "reference"; run.sh: "deepspeed-z3")
 compare.py --checkpointing PLAIN.jsonl CHECKPOINTED.jsonl   (two fsdp-train runs)"""
 import json
 import sys
@@ -72,6 +73,7 @@ def main():
     ours, ref = rows(sys.argv[1]), rows(sys.argv[2])
     cfg = json.load(open(sys.argv[3]))
     S, T = int(sys.argv[4]), 7
+    other = sys.argv[5] if len(sys.argv) > 5 else "reference"
     flops = step_flops(cfg, 1, S, T)
 
     o = [r for r in ours if "perf/tokens_per_s" in r]
@@ -81,14 +83,14 @@ def main():
     print(f"llama3-8B-eagle3 draft, S={S}, T={T}, micro-batch 1, bf16, 1 GPU")
     print(f"model FLOPs per step: {flops / 1e12:.2f} TFLOP")
     res = {}
-    for name, data in (("fsdp-train", o), ("reference", r)):
+    for name, data in (("fsdp-train", o), (other, r)):
         if not data:
             print(f"{name:12s} no measurements (see its log)")
             continue
         tps = sum(x["perf/tokens_per_s"] for x in data) / len(data)
         mfu = tps / S * flops / PEAK
         mem = max((x.get("mem/device_peak_allocated_gib", 0) for x in data), default=0)
-        if name == "reference":
+        if name == other:
             mem = max((x.get("mem/cuda_peak_allocated_gib", 0) for x in data), default=mem)
         res[name] = (tps, mfu, mem)
         print(f"{name:12s} tokens/s {tps:10.0f}   MFU {100 * mfu:5.1f}%   peak GPU memory {mem:6.1f} GiB")
@@ -97,8 +99,8 @@ def main():
             print(f"{'':12s} MFU of the FLOPs fsdp-train executed (heads on loss rows only): "
                   f"{100 * sum(executed) / len(executed):5.1f}%")
     if len(res) == 2:
-        a, b = res["fsdp-train"], res["reference"]
-        print(f"ratio fsdp-train / reference: tokens/s {a[0] / b[0]:.2f}x, memory "
+        a, b = res["fsdp-train"], res[other]
+        print(f"ratio fsdp-train / {other}: tokens/s {a[0] / b[0]:.2f}x, memory "
               f"{(a[2] / b[2]) if b[2] else float('nan'):.2f}x")
 
 

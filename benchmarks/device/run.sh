@@ -1,24 +1,25 @@
 #!/usr/bin/env bash
 # THE script for the GPU machine (one H200; torch 2.11.0+cu130 in /opt/torch/.venv; CUDA 13.0;
 # CMake + ninja; no internet, no apt). Call it through the device tool from the repo root with
-# carry [".deb", ".gpubin"] (made here by benchmarks/device/fetch_debs.sh, about 6 MB, and
-# benchmarks/device/prebuild.sh, about 9 MB) and timeout_s 590:
+# carry [".deb", ".gpubin", ".whl"] (made here by benchmarks/device/fetch_debs.sh, about 6 MB,
+# benchmarks/device/prebuild.sh, about 9 MB, and benchmarks/reference/setup_deepspeed.sh
+# --wheelhouse .whl/deepspeed, the DeepSpeed reference's wheels) and timeout_s 590:
 #   bash benchmarks/device/run.sh
-# It: 1) unpacks the carried Debian packages (the machine, seen 2026-11-30, has an Open MPI,
-# CLI11 and yaml-cpp 0.8 of its own but no Catch2, and the prebuilt executables need Debian's
-# yaml-cpp 0.7), 2) uses the prebuilt executables when they load there, else builds fsdp-train
-# against the machine's torch, 3) benchmarks the llama3-8B-eagle3 draft at sequence length 2048
-# on synthetic features for fsdp-train (twice: once profiled, once not) and for the PyTorch
-# FSDP2 reference on the same GPU and prints tokens/s, MFU and peak memory for both and their
-# ratio, 4) measures --activation-checkpointing, 5) checks parity with the reference on the GPU
-# in fp32, 6) runs the [cuda]/[nccl] tests, 7) measures --cpu-offload. The benchmarks come
-# before the tests because they are what a session cannot get elsewhere; every stage has a
-# time limit so one hang cannot spend the call, and a failed stage does not stop the later
-# ones. $OUT gets 7 files (the device tool returns at most 8): device.log (everything printed),
-# build.log (configure, build, feature generation), runs.log (every training run's output),
-# metrics.tar.gz (the runs' metrics.jsonl), profile-summary.txt (the operators and CUDA kernels
-# of two profiled fsdp-train steps), trace.json.gz (their timeline, for ui.perfetto.dev) and
-# offload-profile-summary.txt (two profiled --cpu-offload steps).
+# It: 1) unpacks the carried Debian packages (the machine, seen 2026-11-30, has an Open MPI, CLI11
+# and yaml-cpp 0.8 of its own but no Catch2, and the prebuilt executables need Debian's yaml-cpp
+# 0.7), 2) uses the prebuilt executables when they load there, else builds fsdp-train against the
+# machine's torch, 3) benchmarks the llama3-8B-eagle3 draft at sequence length 2048 on synthetic
+# features for fsdp-train (twice: once profiled, once not) and for the PyTorch FSDP2 reference on
+# the same GPU and prints tokens/s, MFU and peak memory for both and their ratio (and the same for
+# DeepSpeed ZeRO-3 when its wheels were carried), 4) measures --activation-checkpointing, 5) checks
+# parity with the reference on the GPU in fp32, 6) runs the [cuda]/[nccl] tests, 7) measures
+# --cpu-offload. The benchmarks come before the tests because they are what a session cannot get
+# elsewhere; every stage has a time limit so one hang cannot spend the call, and a failed stage does
+# not stop the later ones. $OUT gets 7 files (the device tool returns at most 8): device.log
+# (everything printed), build.log (configure, build, feature generation), runs.log (every training
+# run's output), metrics.tar.gz (the runs' metrics.jsonl), profile-summary.txt (the operators and
+# CUDA kernels of two profiled fsdp-train steps), trace.json.gz (their timeline, for
+# ui.perfetto.dev) and offload-profile-summary.txt (two profiled --cpu-offload steps).
 set -uo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 OUT="${OUT:-$REPO/out/device}"
@@ -28,7 +29,8 @@ M=/tmp/fsdp-device-metrics   # the metrics.jsonl files; bundled into $OUT/metric
 rm -rf "$M"; mkdir -p "$M"
 bundle() { tar czf "$OUT/metrics.tar.gz" -C "$M" . 2>/dev/null; }
 # FSDP_DEVICE_SKIP: stages to leave out of a rerun whose numbers are already in hand, any of
-# "benchmark checkpointing parity tests offload" (benchmark: the fsdp-train and reference runs).
+# "benchmark deepspeed checkpointing parity tests offload" (benchmark: the fsdp-train and
+# reference runs; deepspeed: the DeepSpeed ZeRO-3 run inside it).
 skip() { [[ " ${FSDP_DEVICE_SKIP:-} " == *" $1 "* ]]; }
 SAMPLES="${FSDP_DEVICE_SAMPLES:-48}"   # > STEPS: no epoch boundary inside the measured windows
 STEPS="${FSDP_DEVICE_STEPS:-40}"   # dry runs on a CPU machine: FSDP_DEVICE_SEQ=128
@@ -187,11 +189,47 @@ rc=$?
 cp /tmp/fsdp-device-ref/metrics.jsonl "$M/reference-metrics.jsonl" 2>/dev/null
 bundle
 
+# The DeepSpeed reference (benchmarks/reference/deepspeed_train.py): the same step, data, batches
+# and steps under DeepSpeed ZeRO-3, bf16 (fp32 master weights, reduction and accumulation). No
+# internet here: it installs from the wheels that benchmarks/reference/setup_deepspeed.sh
+# --wheelhouse .whl/deepspeed wrote on the development machine (carry ".whl" too), into a venv
+# on top of this torch; without them, or when the install fails, the stage says so and is skipped.
+skip deepspeed || {
+DSPY=""
+if [ -d "$REPO/.whl/deepspeed" ]; then
+  DSPY="$(FSDP_PYTHON="$PY" DS_VENV=/tmp/fsdp-ds-venv timeout 90 \
+    bash "$REPO/benchmarks/reference/setup_deepspeed.sh" --offline "$REPO/.whl/deepspeed" | tail -1)"
+  [ -x "$DSPY" ] || { echo "deepspeed: offline install failed (above): stage skipped"; DSPY=""; }
+else
+  echo "deepspeed: no carried .whl/deepspeed (run benchmarks/reference/setup_deepspeed.sh" \
+    "--wheelhouse .whl/deepspeed here first and carry .whl): stage skipped"
+fi
+if [ -n "$DSPY" ]; then
+  stamp "DeepSpeed ZeRO-3: $STEPS steps, bf16, 1 GPU"
+  rm -rf /tmp/fsdp-device-ds3
+  timeout 150 "$DSPY" -m torch.distributed.run --standalone --nproc-per-node 1 \
+    "$REPO/benchmarks/reference/deepspeed_train.py" --zero-stage 3 --device cuda \
+    --target-model-path "$DATA/target" --draft-model-config "$DRAFT" \
+    --train-hidden-states-path "$DATA/hidden_states" --cache-dir "$DATA/cache-ref" \
+    --output-dir /tmp/fsdp-device-ds3 --max-length "$SEQ" --draft-global-batch-size 1 \
+    --draft-micro-batch-size 1 --num-epochs 4 --total-steps "$STEPS" --log-steps 10 \
+    --param-dtype bf16 --loader-workers 4 >/tmp/fsdp-device-deepspeed.log 2>&1
+  rc=$?
+  { echo "===== deepspeed-z3 (exit code $rc)"; cat /tmp/fsdp-device-deepspeed.log; } >>"$OUT/runs.log"
+  [ $rc -eq 0 ] || { echo "deepspeed: exit code $rc (124: time limit)"; tail -30 /tmp/fsdp-device-deepspeed.log; }
+  cp /tmp/fsdp-device-ds3/metrics.jsonl "$M/deepspeed-z3-metrics.jsonl" 2>/dev/null
+  bundle
+fi
+}
+
 stamp "comparison"
 for run in fsdp-train fsdp-train-2; do
   "$PY" "$REPO/benchmarks/device/compare.py" "$M/$run-metrics.jsonl" \
     "$M/reference-metrics.jsonl" "$DRAFT" "$SEQ"
 done
+[ -s "$M/deepspeed-z3-metrics.jsonl" ] &&
+  "$PY" "$REPO/benchmarks/device/compare.py" "$M/fsdp-train-2-metrics.jsonl" \
+    "$M/deepspeed-z3-metrics.jsonl" "$DRAFT" "$SEQ" deepspeed-z3
 # Where a step's time goes on the GPU (docs/usage.md "Time breakdown": CUDA events, exposed
 # NCCL waits), averaged over the logged windows after the first (warm-up).
 "$PY" - "$M/fsdp-train-2-metrics.jsonl" <<'PYEOF'

@@ -68,6 +68,19 @@ def rotate_half(x):
     return torch.cat((-b, a), dim=-1)
 
 
+class KVCache:
+    """The keys and values of the TTT steps so far, appended to by Attention.forward.
+
+    A plain object rather than a list or tuple on purpose: sharding wrappers that hook every
+    submodule (DeepSpeed ZeRO-3, a per-module FSDP2 wrap) rebuild list and tuple arguments when
+    they walk a module's inputs, so appends made inside the module would land in a copy and later
+    TTT steps would lose the earlier keys. Objects of other types are passed through untouched.
+    """
+
+    def __init__(self):
+        self.keys, self.values = [], []
+
+
 class Attention(nn.Module):
     def __init__(self, c):
         super().__init__()
@@ -78,7 +91,7 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(c.heads * c.head_dim, c.hidden, bias=False)
 
     def forward(self, x, cos, sin, cache, key_valid):
-        """x [B,S,2H]; cos/sin [S,d] for positions t+i; cache: lists of earlier steps' k, v.
+        """x [B,S,2H]; cos/sin [S,d] for positions t+i; cache: a KVCache of earlier steps' k, v.
 
         Step-0 keys are attended causally (and only where key_valid), the keys of steps 1..i at
         the query's own position (the diagonal); one fp32 softmax over both parts.
@@ -90,11 +103,11 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(B, S, c.kv_heads, c.head_dim).transpose(1, 2)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
-        cache[0].append(k)
-        cache[1].append(v)
+        cache.keys.append(k)
+        cache.values.append(v)
         rep = c.heads // c.kv_heads
-        ks = [t.repeat_interleave(rep, dim=1) for t in cache[0]]
-        vs = [t.repeat_interleave(rep, dim=1) for t in cache[1]]
+        ks = [t.repeat_interleave(rep, dim=1) for t in cache.keys]
+        vs = [t.repeat_interleave(rep, dim=1) for t in cache.values]
         scale = 1.0 / math.sqrt(c.head_dim)
         scores0 = upcast(torch.matmul(q, ks[0].transpose(-1, -2))) * scale  # [B,nh,S,S]
         causal = torch.ones(S, S, dtype=torch.bool, device=x.device).tril()
@@ -170,7 +183,7 @@ class Eagle3Draft(nn.Module):
         key_valid = batch["attention_mask"].bool()
         B, S = ids.shape
         h = self.fc(batch["aux"].to(self.fc.weight.dtype))
-        cache = ([], [])
+        cache = KVCache()
         plosses, corrects, denoms = [], [], []
         for i in range(ttt_length):
             cos, sin = self.rope(torch.arange(i, S + i, device=ids.device), h.dtype)

@@ -287,10 +287,11 @@ def main():
     # cast_forward_inputs=False: the model casts aux itself; target_p must stay fp32 (docs/reference.md §4).
     mp = MixedPrecisionPolicy(param_dtype=pdt, reduce_dtype=torch.float32,
                               cast_forward_inputs=False)
-    # One FSDP2 unit for the whole draft. Wrapping the midlayer as its own unit as well changes
-    # the results of TTT steps >= 1 (the midlayer runs once per step with a KV cache kept across
-    # calls): measured on toy data, ploss_1..ploss_6 moved by 6e-4..3e-2 relative while an
-    # unwrapped model, this root-only wrap and fsdp-train agree to 1e-7.
+    # One FSDP2 unit for the whole draft. Wrapping the midlayer as its own unit as well used to
+    # change the results of TTT steps >= 1 (ploss_1..ploss_6 by 6e-4..3e-2 relative on toy data):
+    # the unit's hooks rebuilt the list-based KV cache argument, so the appends made inside it
+    # were lost. With eagle3_model.KVCache that wrap agrees exactly with this one (measured: 0
+    # difference over 3 fp32 steps); the root-only wrap stays, as measured against fsdp-train.
     fully_shard(model, mp_policy=mp)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=args.learning_rate, betas=(0.9, 0.999), eps=1e-8,
