@@ -25,7 +25,6 @@ import math
 import os
 import socket
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -160,21 +159,14 @@ def main():
               f"total steps {total}, param dtype {args.param_dtype}", flush=True)
 
     step, micro_seen, epoch = 0, 0, 0
-    # As train.py: summed over the step's micro-batches and ranks, acc_i token-weighted.
-    acc_stats = torch.zeros(3 * T + 1, dtype=torch.float64, device=ref.device_of(args))
-    run_t0 = t0 = time.perf_counter()
-    steady = {"tokens": 0.0, "seconds": 0.0, "steps": 0}
+    book = ref.StepBook(args, world, accum, total, log)
     while step < total and not args.eval_only:
         for batch in ref.epoch_batches(train_files, epoch, rank, world, args):
             pl, co, de = _forward(engine, head, batch, args)
             # engine.backward divides by gradient_accumulation_steps itself (train.py: / accum).
             loss = sum((0.8 ** i) * pl[i] for i in range(T))
             engine.backward(loss)
-            for i in range(T):
-                acc_stats[i] += float(pl[i].detach())
-                acc_stats[T + i] += float(co[i])
-                acc_stats[2 * T + i] += float(de[i])
-            acc_stats[3 * T] += float(batch["attention_mask"].sum())
+            book.add(pl, co, de, batch)
             micro_seen += 1
             boundary = micro_seen % accum == 0
             if boundary:
@@ -188,47 +180,16 @@ def main():
                 continue
             step += 1
             gn = engine.get_global_grad_norm()
-            dist.all_reduce(acc_stats)
-            dt = time.perf_counter() - t0
-            rss = torch.tensor([ref.peak_rss_mib()], device=ref.device_of(args))
-            rss_all = [torch.zeros(1, device=ref.device_of(args)) for _ in range(world)]
-            dist.all_gather(rss_all, rss)
-            tokens = float(acc_stats[3 * T])
-            rec = {"step": step, "epoch": epoch}
-            for i in range(T):
-                rec[f"train/ploss_{i}"] = float(acc_stats[i]) / (accum * world)
-            for i in range(T):
-                denom = max(float(acc_stats[2 * T + i]), 1e-6)
-                rec[f"train/acc_{i}"] = float(acc_stats[T + i]) / denom
-            rec.update({"train/lr": lr, "train/grad_norm": float(gn) if gn is not None else None,
-                        "perf/step_s": dt, "perf/tokens": tokens, "perf/tokens_per_s": tokens / dt,
-                        "mem/peak_rss_mib": [round(float(r), 1) for r in rss_all]})
-            if args.device == "cuda":
-                rec["mem/cuda_peak_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
-            log.write(rec, echo=(step % args.log_steps == 0 or step == total))
-            if step > 1:  # the first step pays one-off warm-up costs
-                steady["tokens"] += tokens
-                steady["seconds"] += dt
-                steady["steps"] += 1
-            acc_stats.zero_()
-            t0 = time.perf_counter()
+            book.step_done(step, epoch, lr, float(gn) if gn is not None else None)
             if step >= total:
                 break
         epoch += 1
 
-    summary = {"summary": True, "trainer": f"deepspeed-zero{args.zero_stage}", "world": world,
-               "steps": step, "wall_s": time.perf_counter() - run_t0,
-               "threads_per_rank": torch.get_num_threads()}
-    if steady["steps"]:
-        summary.update({"steady_steps": steady["steps"],
-                        "steady_steps_per_s": steady["steps"] / steady["seconds"],
-                        "steady_tokens_per_s": steady["tokens"] / steady["seconds"]})
+    summary = book.summary(step, trainer=f"deepspeed-zero{args.zero_stage}")
     if eval_files:
         engine.eval()
         summary.update(ref.evaluate(_EvalView(engine), head, eval_files, args, rank, world))
-    rss_all = [torch.zeros(1, device=ref.device_of(args)) for _ in range(world)]
-    dist.all_gather(rss_all, torch.tensor([ref.peak_rss_mib()], device=ref.device_of(args)))
-    summary["mem/peak_rss_mib"] = [round(float(r), 1) for r in rss_all]
+    summary["mem/peak_rss_mib"] = book.rss_all()
     if args.save_final and not args.eval_only:
         export_draft(engine, args, Path(args.output_dir) / f"epoch_{max(epoch - 1, 0)}_step_{step}",
                      rank, deepspeed)

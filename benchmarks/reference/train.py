@@ -271,6 +271,70 @@ def evaluate(model, head, files, args, rank, world):
     return rec
 
 
+class StepBook:
+    """The bookkeeping of the training loop both reference trainers share: per-step sums over the
+    step's micro-batches and ranks (ploss_i | correct_i | loss tokens_i | tokens; acc_i
+    token-weighted over the whole step, as fsdp-train's StepMetrics), the metrics.jsonl record of
+    each optimizer step, the steady-state throughput (the first step pays one-off warm-up costs)
+    and the peak RSS of every rank."""
+
+    def __init__(self, args, world, accum, total, log):
+        self.args, self.world, self.accum, self.total, self.log = args, world, accum, total, log
+        self.T = args.ttt_length
+        self.stats = torch.zeros(3 * self.T + 1, dtype=torch.float64, device=device_of(args))
+        self.steady = {"tokens": 0.0, "seconds": 0.0, "steps": 0}
+        self.run_t0 = self.t0 = time.perf_counter()
+
+    def add(self, pl, co, de, batch):
+        T = self.T
+        for i in range(T):
+            self.stats[i] += float(pl[i].detach())
+            self.stats[T + i] += float(co[i])
+            self.stats[2 * T + i] += float(de[i])
+        self.stats[3 * T] += float(batch["attention_mask"].sum())
+
+    def rss_all(self):
+        rss_all = [torch.zeros(1, device=device_of(self.args)) for _ in range(self.world)]
+        dist.all_gather(rss_all, torch.tensor([peak_rss_mib()], device=device_of(self.args)))
+        return [round(float(r), 1) for r in rss_all]
+
+    def step_done(self, step, epoch, lr, grad_norm):
+        """After optimizer step `step`: reduces the sums over ranks and writes its record."""
+        T, args = self.T, self.args
+        dist.all_reduce(self.stats)
+        dt = time.perf_counter() - self.t0
+        tokens = float(self.stats[3 * T])
+        rec = {"step": step, "epoch": epoch}
+        for i in range(T):
+            rec[f"train/ploss_{i}"] = float(self.stats[i]) / (self.accum * self.world)
+        for i in range(T):
+            denom = max(float(self.stats[2 * T + i]), 1e-6)
+            rec[f"train/acc_{i}"] = float(self.stats[T + i]) / denom
+        rec.update({"train/lr": lr, "train/grad_norm": grad_norm, "perf/step_s": dt,
+                    "perf/tokens": tokens, "perf/tokens_per_s": tokens / dt,
+                    "mem/peak_rss_mib": self.rss_all()})
+        if args.device == "cuda":
+            rec["mem/cuda_peak_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        self.log.write(rec, echo=(step % args.log_steps == 0 or step == self.total))
+        if step > 1:
+            self.steady["tokens"] += tokens
+            self.steady["seconds"] += dt
+            self.steady["steps"] += 1
+        self.stats.zero_()
+        self.t0 = time.perf_counter()
+
+    def summary(self, step, **extra):
+        out = {"summary": True, **extra, "world": self.world, "steps": step,
+               "wall_s": time.perf_counter() - self.run_t0,
+               "threads_per_rank": torch.get_num_threads()}
+        st = self.steady
+        if st["steps"]:
+            out.update({"steady_steps": st["steps"],
+                        "steady_steps_per_s": st["steps"] / st["seconds"],
+                        "steady_tokens_per_s": st["tokens"] / st["seconds"]})
+        return out
+
+
 def main():
     args = parse_args()
     rank, world = init_distributed(args)
@@ -315,21 +379,13 @@ def main():
               f"param dtype {args.param_dtype}", flush=True)
 
     step, micro_seen, epoch = 0, 0, 0
-    # Summed over the step's micro-batches and ranks: ploss_i | correct_i | loss tokens_i | tokens.
-    # acc_i is token-weighted over the whole step (fsdp-train's StepMetrics does the same).
-    acc_stats = torch.zeros(3 * T + 1, dtype=torch.float64, device=device_of(args))
-    run_t0 = t0 = time.perf_counter()
-    steady = {"tokens": 0.0, "seconds": 0.0, "steps": 0}
+    book = StepBook(args, world, accum, total, log)
     while step < total and not args.eval_only:
         for batch in epoch_batches(train_files, epoch, rank, world, args):
             pl, co, de = run_batch(model, head, batch, args)
             loss = sum((0.8 ** i) * pl[i] for i in range(T)) / accum
             loss.backward()
-            for i in range(T):
-                acc_stats[i] += float(pl[i].detach())
-                acc_stats[T + i] += float(co[i])
-                acc_stats[2 * T + i] += float(de[i])
-            acc_stats[3 * T] += float(batch["attention_mask"].sum())
+            book.add(pl, co, de, batch)
             micro_seen += 1
             if micro_seen % accum:
                 continue
@@ -341,46 +397,15 @@ def main():
             opt.step()
             opt.zero_grad(set_to_none=True)
             step += 1
-            dist.all_reduce(acc_stats)
-            dt = time.perf_counter() - t0
-            rss = torch.tensor([peak_rss_mib()], device=device_of(args))
-            rss_all = [torch.zeros(1, device=device_of(args)) for _ in range(world)]
-            dist.all_gather(rss_all, rss)
-            tokens = float(acc_stats[3 * T])
-            rec = {"step": step, "epoch": epoch}
-            for i in range(T):
-                rec[f"train/ploss_{i}"] = float(acc_stats[i]) / (accum * world)
-            for i in range(T):
-                denom = max(float(acc_stats[2 * T + i]), 1e-6)
-                rec[f"train/acc_{i}"] = float(acc_stats[T + i]) / denom
-            rec.update({"train/lr": lr, "train/grad_norm": float(gn), "perf/step_s": dt,
-                        "perf/tokens": tokens, "perf/tokens_per_s": tokens / dt,
-                        "mem/peak_rss_mib": [round(float(r), 1) for r in rss_all]})
-            if args.device == "cuda":
-                rec["mem/cuda_peak_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
-            log.write(rec, echo=(step % args.log_steps == 0 or step == total))
-            if step > 1:  # the first step pays one-off warm-up costs
-                steady["tokens"] += tokens
-                steady["seconds"] += dt
-                steady["steps"] += 1
-            acc_stats.zero_()
-            t0 = time.perf_counter()
+            book.step_done(step, epoch, lr, float(gn))
             if step >= total:
                 break
         epoch += 1
 
-    summary = {"summary": True, "world": world, "steps": step,
-               "wall_s": time.perf_counter() - run_t0,
-               "threads_per_rank": torch.get_num_threads()}
-    if steady["steps"]:
-        summary.update({"steady_steps": steady["steps"],
-                        "steady_steps_per_s": steady["steps"] / steady["seconds"],
-                        "steady_tokens_per_s": steady["tokens"] / steady["seconds"]})
+    summary = book.summary(step)
     if eval_files:
         summary.update(evaluate(model, head, eval_files, args, rank, world))
-    rss_all = [torch.zeros(1, device=device_of(args)) for _ in range(world)]
-    dist.all_gather(rss_all, torch.tensor([peak_rss_mib()], device=device_of(args)))
-    summary["mem/peak_rss_mib"] = [round(float(r), 1) for r in rss_all]
+    summary["mem/peak_rss_mib"] = book.rss_all()
     if args.save_final and not args.eval_only:
         export_draft(model, args, Path(args.output_dir) / f"epoch_{max(epoch - 1, 0)}_step_{step}",
                      rank)
