@@ -21,7 +21,6 @@ On the CPU this sets DS_ACCELERATOR=cpu (unless set) and uses the gloo backend.
 
 import argparse
 import json
-import math
 import os
 import socket
 import sys
@@ -32,7 +31,6 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import train as ref  # noqa: E402  (the FSDP2 reference: its model, data, loss and evaluator)
-from data import epoch_microbatches, list_feature_files  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -142,14 +140,7 @@ def main():
             with open(path, "w") as f:
                 json.dump(conf, f, indent=1)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=conf)
-    eval_files = (list_feature_files(args.eval_hidden_states_path, "--eval-hidden-states-path")
-                  if args.eval_hidden_states_path else [])
-
-    n = len(train_files)
-    per_epoch = len(epoch_microbatches(n, 0, args.seed, rank, world, micro))
-    if per_epoch == 0:
-        raise SystemExit(f"error: {n} training files are too few for {world} ranks x micro {micro}")
-    total = args.total_steps or args.num_epochs * math.ceil(per_epoch / accum)
+    eval_files, n, per_epoch, total = ref.run_plan(args, train_files, rank, world, micro, accum)
     T = args.ttt_length
     if rank == 0:
         print(f"[deepspeed-reference] deepspeed {deepspeed.__version__}, ZeRO-{args.zero_stage}, "

@@ -271,6 +271,19 @@ def evaluate(model, head, files, args, rank, world):
     return rec
 
 
+def run_plan(args, train_files, rank, world, micro, accum):
+    """Evaluation files, training files, micro-batches per epoch and rank, and optimizer steps
+    of the run (--total-steps, else the epochs' steps)."""
+    eval_files = (list_feature_files(args.eval_hidden_states_path, "--eval-hidden-states-path")
+                  if args.eval_hidden_states_path else [])
+    n = len(train_files)
+    per_epoch = len(epoch_microbatches(n, 0, args.seed, rank, world, micro))
+    if per_epoch == 0:
+        raise SystemExit(f"error: {n} training files are too few for {world} ranks x micro {micro}")
+    total = args.total_steps or args.num_epochs * math.ceil(per_epoch / accum)
+    return eval_files, n, per_epoch, total
+
+
 class StepBook:
     """The bookkeeping of the training loop both reference trainers share: per-step sums over the
     step's micro-batches and ranks (ploss_i | correct_i | loss tokens_i | tokens; acc_i
@@ -363,14 +376,7 @@ def main():
     log = Logger(args.output_dir, rank)
     if args.save_init:
         export_draft(model, args, Path(args.save_init), rank)
-    eval_files = (list_feature_files(args.eval_hidden_states_path, "--eval-hidden-states-path")
-                  if args.eval_hidden_states_path else [])
-
-    n = len(train_files)
-    per_epoch = len(epoch_microbatches(n, 0, args.seed, rank, world, micro))
-    if per_epoch == 0:
-        raise SystemExit(f"error: {n} training files are too few for {world} ranks x micro {micro}")
-    total = args.total_steps or args.num_epochs * math.ceil(per_epoch / accum)
+    eval_files, n, per_epoch, total = run_plan(args, train_files, rank, world, micro, accum)
     T = args.ttt_length
     if rank == 0:
         print(f"[reference] world {world}, threads/rank {torch.get_num_threads()}, "
