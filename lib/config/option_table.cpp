@@ -623,6 +623,19 @@ void add_training_rows(std::vector<OptionSpec>& t) {
       whole(1, 1 << 16, "",
             "give --draft-micro-batch-size a whole number from 1 to 65536; for larger batches "
             "raise the accumulation (--draft-global-batch-size) instead");
+  t.push_back(row<bool>(
+      "packing", K::kBool, tr,
+      "exact sequence packing: the samples of each optimizer step (unchanged) are bin-packed, "
+      "longest first, into micro-batches of at most --packing-budget tokens, one row of whole "
+      "documents each; attention, positions, TTT shifts and the loss stay inside each sample, "
+      "which is normalised as a micro-batch of its own, so a step equals the unpacked "
+      "micro-batch-1 step (docs/usage.md \"Packing\")",
+      FIELD(loop.packing)));
+  t.push_back(row<int64_t>("packing-budget", K::kInt, tr,
+                           "tokens per packed micro-batch (with --packing); 0: --max-length x "
+                           "--draft-micro-batch-size",
+                           FIELD(loop.packing_budget)));
+  t.back().bounds = whole(0, int64_t{1} << 24, " (0: max length x micro-batch size)");
   t.push_back(row<std::optional<int64_t>>(
       "gradient-accumulation-steps", K::kOptInt, tr,
       "micro-batches per optimizer step; default: global / (ranks * micro); when given it must "

@@ -144,6 +144,13 @@ void validate(const TrainConfig& cfg, int world_size, const ValidateOptions& opt
   }
   if (train) batch_plan(cfg, world_size);    // an evaluation only needs a micro-batch
   model::parse_loss_spec(cfg.loop.loss_fn);  // a bad --loss-fn fails before anything is loaded
+  if (cfg.loop.packing && cfg.loop.packing_budget > 0) {
+    FSDP_USAGE_CHECK(cfg.loop.packing_budget >= cfg.data.max_length,
+                     str("--packing-budget ", cfg.loop.packing_budget, " is below --max-length ",
+                         cfg.data.max_length, ": a sample of max length would fit no micro-batch"),
+                     str("give --packing-budget at least ", cfg.data.max_length,
+                         " (or 0: max length x micro-batch size)"));
+  }
   const std::string& lk = cfg.loop.lk_loss_type;
   FSDP_USAGE_CHECK(lk.empty() || lk == "none" || lk == "lambda" || lk == "alpha",
                    str("--lk-loss-type '", lk, "' is not one of lambda, alpha"),

@@ -120,6 +120,11 @@ struct LoopConfig {
   std::optional<int64_t> total_steps;  // unset: num_epochs * ceil(batches_per_epoch / accum)
   std::optional<int64_t> max_steps;    // stop after this optimizer step; schedule unchanged
   int64_t seed = 0;
+  // Exact sequence packing (docs/usage.md "Packing"): each accumulation window's samples
+  // bin-packed into micro-batches of at most packing_budget tokens (0: max_length x
+  // draft_micro_batch_size), each sample normalised as a micro-batch of its own.
+  bool packing = false;
+  int64_t packing_budget = 0;
   LossNormalization loss_normalization = LossNormalization::kBatch;
   // The objective (model::parse_loss_spec: a name or a JSON object of weights) and the weight
   // decay per TTT step (step i weighs decay^i; SpecForge's 0.8).

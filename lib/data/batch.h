@@ -55,7 +55,10 @@ struct Batch {
   at::Tensor attention_mask;
   at::Tensor aux_hidden;
   at::Tensor target_hidden;
-  std::vector<int64_t> sample_indices;  // dataset indices, in row order
+  std::vector<int64_t> sample_indices;  // dataset indices, in row (packed: document) order
+  // A packed micro-batch (data/packing.h): one row of whole documents, their lengths in order
+  // (summing to seq_len()); empty for a right-padded micro-batch.
+  std::vector<int64_t> documents;
   int64_t epoch = 0;
   int64_t batch_index = 0;  // position of this micro-batch within the rank's epoch
   int64_t num_skipped = 0;  // rows that stand in for skipped bad samples

@@ -26,7 +26,8 @@ torch::nn::Linear linear(int64_t in, int64_t out) {
 // node (as a capsule in its saved data) until backward has recomputed the layer.
 struct LayerCall : torch::CustomClassHolder {
   std::shared_ptr<DraftLayer> layer;
-  at::Tensor cos, sin, attention_mask;
+  at::Tensor cos, sin;
+  SeqLayout layout;
   AttentionImpl impl = AttentionImpl::kEfficient;
   int64_t past = 0;  // cached steps before this one
 };
@@ -47,7 +48,7 @@ struct CheckpointedLayer : torch::autograd::Function<CheckpointedLayer> {
     cache.keys.assign(inputs.begin() + 2, inputs.begin() + 2 + past);
     cache.values.assign(inputs.begin() + 2 + past, inputs.begin() + 2 + 2 * past);
     at::Tensor out = call->layer->forward(inputs[0], inputs[1], call->cos, call->sin, cache,
-                                          call->attention_mask, call->impl);
+                                          call->layout, call->impl);
     ctx->save_for_backward(std::vector<at::Tensor>(inputs.begin(), inputs.begin() + 2 + 2 * past));
     ctx->saved_data["call"] = c10::IValue::make_capsule(call);
     return {out, cache.keys.back(), cache.values.back()};
@@ -89,8 +90,8 @@ struct CheckpointedLayer : torch::autograd::Function<CheckpointedLayer> {
       KVCache cache;
       cache.keys.assign(leaves.begin() + 2, leaves.begin() + 2 + past);
       cache.values.assign(leaves.begin() + 2 + past, leaves.begin() + 2 + 2 * past);
-      out = call->layer->forward(leaves[0], leaves[1], call->cos, call->sin, cache,
-                                 call->attention_mask, call->impl);
+      out = call->layer->forward(leaves[0], leaves[1], call->cos, call->sin, cache, call->layout,
+                                 call->impl);
       k = cache.keys.back();
       v = cache.values.back();
     }
@@ -175,7 +176,7 @@ Eagle3AttentionImpl::Eagle3AttentionImpl(const DraftConfig& cfg, int64_t in)
 
 at::Tensor Eagle3AttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos,
                                         const at::Tensor& sin, KVCache& cache,
-                                        const at::Tensor& attention_mask, AttentionImpl impl) {
+                                        const SeqLayout& layout, AttentionImpl impl) {
   const int64_t B = x.size(0), S = x.size(1);
   at::Tensor q = q_proj(x).view({B, S, num_heads, head_dim}).transpose(1, 2);
   at::Tensor k = k_proj(x).view({B, S, num_kv_heads, head_dim}).transpose(1, 2);
@@ -184,7 +185,7 @@ at::Tensor Eagle3AttentionImpl::forward(const at::Tensor& x, const at::Tensor& c
   k = apply_rotary(k, cos, sin);
   cache.keys.push_back(k);
   cache.values.push_back(v.contiguous());
-  at::Tensor attn = ttt_attention(q, cache.keys, cache.values, attention_mask,
+  at::Tensor attn = ttt_attention(q, cache.keys, cache.values, layout,
                                   1.0 / std::sqrt(static_cast<double>(head_dim)), impl);
   return o_proj(attn.transpose(1, 2).reshape({B, S, num_heads * head_dim}));
 }
@@ -202,12 +203,11 @@ Eagle3DecoderLayerImpl::Eagle3DecoderLayerImpl(const DraftConfig& cfg)
 
 at::Tensor Eagle3DecoderLayerImpl::forward(const at::Tensor& e, const at::Tensor& h,
                                            const at::Tensor& cos, const at::Tensor& sin,
-                                           KVCache& cache, const at::Tensor& attention_mask,
+                                           KVCache& cache, const SeqLayout& layout,
                                            AttentionImpl impl) {
   at::Tensor hn = hidden_norm(h);
   at::Tensor x = at::cat({input_layernorm(e), hn}, -1);  // embedding first
-  at::Tensor h1 =
-      (norm_before_residual ? hn : h) + self_attn(x, cos, sin, cache, attention_mask, impl);
+  at::Tensor h1 = (norm_before_residual ? hn : h) + self_attn(x, cos, sin, cache, layout, impl);
   return h1 + mlp(post_attention_layernorm(h1));
 }
 
@@ -222,9 +222,9 @@ Eagle3LaterLayerImpl::Eagle3LaterLayerImpl(const DraftConfig& cfg) {
 
 at::Tensor Eagle3LaterLayerImpl::forward(const at::Tensor& /*e*/, const at::Tensor& h,
                                          const at::Tensor& cos, const at::Tensor& sin,
-                                         KVCache& cache, const at::Tensor& attention_mask,
+                                         KVCache& cache, const SeqLayout& layout,
                                          AttentionImpl impl) {
-  at::Tensor h1 = h + self_attn(input_layernorm(h), cos, sin, cache, attention_mask, impl);
+  at::Tensor h1 = h + self_attn(input_layernorm(h), cos, sin, cache, layout, impl);
   return h1 + mlp(post_attention_layernorm(h1));
 }
 
@@ -344,21 +344,31 @@ at::Tensor Eagle3DraftImpl::project_aux(const at::Tensor& aux_hidden) {
 }
 
 at::Tensor Eagle3DraftImpl::decode(const at::Tensor& e, const at::Tensor& h, int64_t step,
-                                   DraftCache& cache, const at::Tensor& attention_mask,
-                                   AttentionImpl impl) {
+                                   DraftCache& cache, const SeqLayout& layout, AttentionImpl impl) {
   if (cache.layers.empty()) cache.layers.resize(layers_.size());
   FSDP_CHECK(cache.layers.size() == layers_.size() && cache.steps() == step,
              fsdp::str("decode step ", step, " with ", cache.steps(), " cached steps of ",
                        cache.layers.size(), " layers (the draft has ", layers_.size(), ")"),
              "run steps 0, 1, ... in order with one DraftCache per micro-batch");
+  // Positions t + step; packed, t counts from each document's start (docs/model.md "Packing").
   auto [cos, sin] = rope_.slice(step, e.size(1), e.scalar_type(), e.device());
+  if (layout.packed() && layout.documents.size() > 1) {
+    std::vector<at::Tensor> cs, ss;
+    for (const int64_t L : layout.documents) {
+      auto [c, s] = rope_.slice(step, L, e.scalar_type(), e.device());
+      cs.push_back(c);
+      ss.push_back(s);
+    }
+    cos = at::cat(cs, 0);
+    sin = at::cat(ss, 0);
+  }
   at::Tensor x = h;
   for (size_t k = 0; k < layers_.size(); ++k) {
     DraftLayer& layer = *layers_[k];
     KVCache& kv = cache.layers[k];
     if (!checkpoint_layer_ || !at::GradMode::is_enabled()) {
       x = run_unit(hooks_, layer_unit(static_cast<int64_t>(k)),
-                   [&] { return layer.forward(e, x, cos, sin, kv, attention_mask, impl); });
+                   [&] { return layer.forward(e, x, cos, sin, kv, layout, impl); });
       continue;
     }
     x = run_unit(hooks_, layer_unit(static_cast<int64_t>(k)), [&] {
@@ -366,7 +376,7 @@ at::Tensor Eagle3DraftImpl::decode(const at::Tensor& e, const at::Tensor& h, int
       call->layer = layers_[k];
       call->cos = cos;
       call->sin = sin;
-      call->attention_mask = attention_mask;
+      call->layout = layout;
       call->impl = impl;
       call->past = step;
       std::vector<at::Tensor> inputs{e, x};

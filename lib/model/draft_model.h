@@ -94,7 +94,7 @@ class Eagle3AttentionImpl : public torch::nn::Module {
   Eagle3AttentionImpl(const DraftConfig& cfg, int64_t in);
   // x [B, S, in]; cos/sin [S, d] for positions t + step; returns [B, S, H].
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                     KVCache& cache, const at::Tensor& attention_mask, AttentionImpl impl);
+                     KVCache& cache, const SeqLayout& layout, AttentionImpl impl);
   DraftLinear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
   int64_t num_heads, num_kv_heads, head_dim;
 };
@@ -106,8 +106,8 @@ TORCH_MODULE(Eagle3Attention);
 class DraftLayer : public torch::nn::Module {
  public:
   virtual at::Tensor forward(const at::Tensor& e, const at::Tensor& h, const at::Tensor& cos,
-                             const at::Tensor& sin, KVCache& cache,
-                             const at::Tensor& attention_mask, AttentionImpl impl) = 0;
+                             const at::Tensor& sin, KVCache& cache, const SeqLayout& layout,
+                             AttentionImpl impl) = 0;
 };
 
 // The first (for SpecForge's one-layer draft, the only) decoder layer (docs/reference.md §3.1
@@ -117,7 +117,7 @@ class Eagle3DecoderLayerImpl : public DraftLayer {
  public:
   explicit Eagle3DecoderLayerImpl(const DraftConfig& cfg);
   at::Tensor forward(const at::Tensor& e, const at::Tensor& h, const at::Tensor& cos,
-                     const at::Tensor& sin, KVCache& cache, const at::Tensor& attention_mask,
+                     const at::Tensor& sin, KVCache& cache, const SeqLayout& layout,
                      AttentionImpl impl) override;
   RMSNorm hidden_norm{nullptr}, input_layernorm{nullptr};
   Eagle3Attention self_attn{nullptr};
@@ -134,7 +134,7 @@ class Eagle3LaterLayerImpl : public DraftLayer {
  public:
   explicit Eagle3LaterLayerImpl(const DraftConfig& cfg);
   at::Tensor forward(const at::Tensor& e, const at::Tensor& h, const at::Tensor& cos,
-                     const at::Tensor& sin, KVCache& cache, const at::Tensor& attention_mask,
+                     const at::Tensor& sin, KVCache& cache, const SeqLayout& layout,
                      AttentionImpl impl) override;
   RMSNorm input_layernorm{nullptr};
   Eagle3Attention self_attn{nullptr};
@@ -184,7 +184,7 @@ class Eagle3DraftImpl : public torch::nn::Module {
   at::Tensor project_aux(const at::Tensor& aux_hidden);  // [B,S,n*Ht] -> [B,S,H] (fc norms, fc)
   // All decoder layers, each with its cache in `cache`: -> the last layer's out [B,S,H].
   at::Tensor decode(const at::Tensor& e, const at::Tensor& h, int64_t step, DraftCache& cache,
-                    const at::Tensor& attention_mask, AttentionImpl impl);
+                    const SeqLayout& layout, AttentionImpl impl);
   // What a step hands on, from the last layer's out: norm(out) with norm_output (the normed
   // state feeds both the LM head and the next step), else out itself.
   at::Tensor step_output(const at::Tensor& out);

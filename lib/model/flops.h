@@ -29,4 +29,9 @@ StepFlops count_step_flops(const DraftConfig& cfg, int64_t batch, int64_t seq, i
 StepFlops count_step_flops(const DraftConfig& cfg, int64_t batch, int64_t seq, int64_t ttt_length,
                            const std::vector<int64_t>& head_rows);
 
+// The same over sequences of the given lengths (the real tokens of each sample, or each document
+// of a packed micro-batch): causal pairs are counted per sequence, padding not at all.
+StepFlops count_step_flops(const DraftConfig& cfg, const std::vector<int64_t>& lengths,
+                           int64_t ttt_length, const std::vector<int64_t>& head_rows);
+
 }  // namespace fsdp::model

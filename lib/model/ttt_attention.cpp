@@ -122,59 +122,113 @@ at::Tensor diagonal_scores(const at::Tensor& q5, const at::Tensor& kd, double sc
 }
 
 // Custom autograd function over (q, k0, v0, kd, vd); kd/vd are [B, nkv, S, i, d] (i may be 0).
+// `docs`: the packed documents' lengths (one kernel call each), or empty (one call over S).
 struct TttAttentionFn : public torch::autograd::Function<TttAttentionFn> {
   static at::Tensor forward(AutogradContext* ctx, at::Tensor q, at::Tensor k0, at::Tensor v0,
-                            at::Tensor kd, at::Tensor vd, double scale, int64_t kernel_id) {
+                            at::Tensor kd, at::Tensor vd, double scale, int64_t kernel_id,
+                            std::vector<int64_t> docs) {
     const auto kernel = static_cast<Kernel>(kernel_id);
     const int64_t B = q.size(0), nh = q.size(1), S = q.size(2), d = q.size(3);
     const int64_t nkv = k0.size(1), g = nh / nkv, steps = kd.size(3);
     const auto acc = acc_dtype(q);
     at::Tensor k0e = expand_kv(k0, g), v0e = expand_kv(v0, g);
-    CausalResult c = causal_forward(kernel, q, k0e, v0e, scale);
-    at::Tensor lse_c = c.lse.narrow(-1, 0, S).to(acc);  // [B, nh, S]
-    at::Tensor out, lse = c.lse;
+    // The causal part: one call over S, or one per document (each its own causal attention).
+    std::vector<CausalResult> parts;
+    at::Tensor c_out, lse_c;  // [B, nh, S, d] and [B, nh, S] (acc)
+    if (docs.empty()) {
+      parts.push_back(causal_forward(kernel, q, k0e, v0e, scale));
+      c_out = parts[0].out;
+      lse_c = parts[0].lse.narrow(-1, 0, S).to(acc);
+    } else {
+      std::vector<at::Tensor> outs, lses;
+      int64_t s0 = 0;
+      for (const int64_t L : docs) {
+        parts.push_back(causal_forward(kernel, q.narrow(2, s0, L).contiguous(),
+                                       k0e.narrow(2, s0, L).contiguous(),
+                                       v0e.narrow(2, s0, L).contiguous(), scale));
+        outs.push_back(parts.back().out);
+        lses.push_back(parts.back().lse.narrow(-1, 0, L));
+        s0 += L;
+      }
+      c_out = at::cat(outs, 2);
+      lse_c = at::cat(lses, -1).to(acc);
+    }
+    at::Tensor out, total = lse_c;
     if (steps == 0) {
-      out = c.out;
+      out = c_out;
     } else {
       at::Tensor q5 = q.to(acc).reshape({B, nkv, g, S, d});
       at::Tensor sd = diagonal_scores(q5, kd.to(acc), scale);  // [B,nkv,g,S,i]
       at::Tensor lse5 = lse_c.reshape({B, nkv, g, S});
-      at::Tensor total = at::logaddexp(lse5, sd.logsumexp(-1));  // [B,nkv,g,S]
-      at::Tensor pd = (sd - total.unsqueeze(-1)).exp();
+      at::Tensor total5 = at::logaddexp(lse5, sd.logsumexp(-1));  // [B,nkv,g,S]
+      at::Tensor pd = (sd - total5.unsqueeze(-1)).exp();
       at::Tensor od = at::einsum("bkgsj,bksjd->bkgsd", {pd, vd.to(acc)});
-      at::Tensor wc = (lse5 - total).exp().unsqueeze(-1);
-      at::Tensor merged = wc * c.out.to(acc).reshape({B, nkv, g, S, d}) + od;
+      at::Tensor wc = (lse5 - total5).exp().unsqueeze(-1);
+      at::Tensor merged = wc * c_out.to(acc).reshape({B, nkv, g, S, d}) + od;
       out = merged.reshape({B, nh, S, d}).to(q.scalar_type()).contiguous();
-      // The kernel's backward reads the log-sum-exp in its own layout: write the merged one in.
-      lse = c.lse.clone();
-      lse.narrow(-1, 0, S).copy_(total.reshape({B, nh, S}));
+      total = total5.reshape({B, nh, S});
     }
-    ctx->save_for_backward({q, k0, v0, kd, vd, out, lse, c.cum_q, c.cum_k, c.seed, c.offset});
+    // The kernel's backward reads the log-sum-exp in its own layout: backward writes the merged
+    // one (total) into a copy of each call's.
+    std::vector<at::Tensor> saved{q, k0, v0, kd, vd, out, total};
+    for (const CausalResult& c : parts) {
+      saved.insert(saved.end(), {c.lse, c.cum_q, c.cum_k, c.seed, c.offset});
+    }
+    ctx->save_for_backward(saved);
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["kernel"] = kernel_id;
+    ctx->saved_data["docs"] = docs;
+    ctx->saved_data["merged"] = steps > 0;
     return out;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto saved = ctx->get_saved_variables();
     const at::Tensor &q = saved[0], &k0 = saved[1], &v0 = saved[2], &kd = saved[3], &vd = saved[4],
-                     &out = saved[5], &lse = saved[6];
+                     &out = saved[5], &total_lse = saved[6];
     const double scale = ctx->saved_data["scale"].toDouble();
     const auto kernel = static_cast<Kernel>(ctx->saved_data["kernel"].toInt());
+    const std::vector<int64_t> docs = ctx->saved_data["docs"].toIntVector();
+    const bool merged = ctx->saved_data["merged"].toBool();
     const int64_t B = q.size(0), nh = q.size(1), S = q.size(2), d = q.size(3);
     const int64_t nkv = k0.size(1), g = nh / nkv, steps = kd.size(3);
     const auto acc = acc_dtype(q);
     at::Tensor grad = grads[0].contiguous();
-    at::Tensor dq, dk0e, dv0e;
-    std::tie(dq, dk0e, dv0e) =
-        causal_backward(kernel, grad, q, expand_kv(k0, g), expand_kv(v0, g), out, lse, saved[7],
-                        saved[8], saved[9], saved[10], scale);
+    at::Tensor k0e = expand_kv(k0, g), v0e = expand_kv(v0, g);
+    // One kernel backward per forward call, each over its positions [s0, s0 + L).
+    const std::vector<int64_t> spans = docs.empty() ? std::vector<int64_t>{S} : docs;
+    std::vector<at::Tensor> dqs, dks, dvs;
+    int64_t s0 = 0;
+    for (size_t c = 0; c < spans.size(); ++c) {
+      const int64_t L = spans[c];
+      const at::Tensor* part = &saved[7 + 5 * c];
+      at::Tensor lse = part[0];
+      if (merged) {
+        lse = lse.clone();
+        lse.narrow(-1, 0, L).copy_(total_lse.narrow(-1, s0, L));
+      }
+      const bool whole = docs.empty();
+      const auto cut = [&](const at::Tensor& t) {
+        return whole ? t : t.narrow(2, s0, L).contiguous();
+      };
+      at::Tensor dq_c, dk_c, dv_c;
+      std::tie(dq_c, dk_c, dv_c) =
+          causal_backward(kernel, cut(grad), cut(q), cut(k0e), cut(v0e), cut(out), lse, part[1],
+                          part[2], part[3], part[4], scale);
+      dqs.push_back(dq_c);
+      dks.push_back(dk_c);
+      dvs.push_back(dv_c);
+      s0 += L;
+    }
+    at::Tensor dq = dqs.size() == 1 ? dqs[0] : at::cat(dqs, 2);
+    at::Tensor dk0e = dks.size() == 1 ? dks[0] : at::cat(dks, 2);
+    at::Tensor dv0e = dvs.size() == 1 ? dvs[0] : at::cat(dvs, 2);
     at::Tensor dkd, dvd;
     if (steps > 0) {
       at::Tensor q5 = q.to(acc).reshape({B, nkv, g, S, d});
       at::Tensor go5 = grad.to(acc).reshape({B, nkv, g, S, d});
       at::Tensor kda = kd.to(acc), vda = vd.to(acc);
-      at::Tensor total = lse.narrow(-1, 0, S).to(acc).reshape({B, nkv, g, S});
+      at::Tensor total = total_lse.to(acc).reshape({B, nkv, g, S});
       at::Tensor pd = (diagonal_scores(q5, kda, scale) - total.unsqueeze(-1)).exp();
       at::Tensor D = (go5 * out.to(acc).reshape({B, nkv, g, S, d})).sum(-1, true);  // [..,S,1]
       at::Tensor dp = at::einsum("bkgsd,bksjd->bkgsj", {go5, vda});
@@ -184,7 +238,8 @@ struct TttAttentionFn : public torch::autograd::Function<TttAttentionFn> {
       dkd = (at::einsum("bkgsj,bkgsd->bksjd", {ds, q5}) * scale).to(kd.scalar_type());
       dvd = at::einsum("bkgsj,bkgsd->bksjd", {pd, go5}).to(vd.scalar_type());
     }
-    return {dq, reduce_kv(dk0e, g), reduce_kv(dv0e, g), dkd, dvd, at::Tensor(), at::Tensor()};
+    return {dq,  reduce_kv(dk0e, g), reduce_kv(dv0e, g), dkd,
+            dvd, at::Tensor(),       at::Tensor(),       at::Tensor()};
   }
 };
 
@@ -218,10 +273,27 @@ at::Tensor row_mask(const at::Tensor& mask, c10::ScalarType dtype) {
 
 }  // namespace
 
+void check_layout(const SeqLayout& layout, int64_t batch, int64_t seq) {
+  if (!layout.packed()) return;
+  int64_t sum = 0;
+  bool positive = true;
+  for (const int64_t L : layout.documents) {
+    positive = positive && L >= 1;
+    sum += L;
+  }
+  FSDP_CHECK(batch == 1 && positive && sum == seq,
+             fsdp::str("a packed micro-batch is one row of whole documents: got [", batch, ", ",
+                       seq, "] with ", layout.documents.size(), " documents of ", sum,
+                       " tokens in all", positive ? "" : " (one of length < 1)"),
+             "pack documents back to back into one row (data::collate_packed)");
+}
+
 at::Tensor ttt_attention_efficient(const at::Tensor& q, const std::vector<at::Tensor>& keys,
-                                   const std::vector<at::Tensor>& values,
-                                   const at::Tensor& attention_mask, double scale) {
+                                   const std::vector<at::Tensor>& values, const SeqLayout& layout,
+                                   double scale) {
+  const at::Tensor& attention_mask = layout.attention_mask;
   check_inputs(q, keys, values, attention_mask);
+  check_layout(layout, q.size(0), q.size(2));
   const Kernel kernel = pick_kernel(q);
   if (kernel == Kernel::kNone) {
     static bool warned = false;
@@ -230,7 +302,7 @@ at::Tensor ttt_attention_efficient(const at::Tensor& q, const std::vector<at::Te
       FSDP_LOG0(kWarn) << "ttt_attention: no fused attention kernel for " << q.scalar_type()
                        << " on " << q.device() << "; using the dense reference (slow)";
     }
-    return ttt_attention_dense(q, keys, values, attention_mask, scale);
+    return ttt_attention_dense(q, keys, values, layout, scale);
   }
   const int64_t B = q.size(0), S = q.size(2), d = q.size(3), nkv = keys[0].size(1);
   at::Tensor kd, vd;
@@ -242,29 +314,43 @@ at::Tensor ttt_attention_efficient(const at::Tensor& q, const std::vector<at::Te
     kd = at::zeros({B, nkv, S, 0, d}, keys[0].options());
     vd = at::zeros({B, nkv, S, 0, d}, values[0].options());
   }
+  // One document is the unpacked call.
+  std::vector<int64_t> docs =
+      layout.documents.size() > 1 ? layout.documents : std::vector<int64_t>{};
   at::Tensor out =
       TttAttentionFn::apply(q.contiguous(), keys[0].contiguous(), values[0].contiguous(), kd, vd,
-                            scale, static_cast<int64_t>(kernel));
+                            scale, static_cast<int64_t>(kernel), std::move(docs));
   return out * row_mask(attention_mask, out.scalar_type());
 }
 
 at::Tensor ttt_attention_dense(const at::Tensor& q, const std::vector<at::Tensor>& keys,
-                               const std::vector<at::Tensor>& values,
-                               const at::Tensor& attention_mask, double scale) {
+                               const std::vector<at::Tensor>& values, const SeqLayout& layout,
+                               double scale) {
+  const at::Tensor& attention_mask = layout.attention_mask;
   check_inputs(q, keys, values, attention_mask);
+  check_layout(layout, q.size(0), q.size(2));
   const int64_t S = q.size(2), nh = q.size(1), g = nh / keys[0].size(1);
   const int64_t steps = static_cast<int64_t>(keys.size());
   const auto acc = acc_dtype(q);
   at::Tensor K = expand_kv(at::cat(keys, 2), g).to(acc);  // [B, nh, steps*S, d]
   at::Tensor V = expand_kv(at::cat(values, 2), g).to(acc);
   at::Tensor scores = at::matmul(q.to(acc), K.transpose(-1, -2)) * scale;  // [B,nh,S,steps*S]
-  // Allowed keys: step-0 block causal and valid, step-j blocks only the same position. Rows
-  // past the valid length keep the causal block only (their output is zeroed) so no row is
-  // empty and no NaN can reach the gradient.
+  // Allowed keys: step-0 block causal and valid (and, packed, of the query's document), step-j
+  // blocks only the same position. Rows past the valid length keep the causal block only
+  // (their output is zeroed) so no row is empty and no NaN can reach the gradient.
   auto opts = at::TensorOptions().device(q.device()).dtype(at::kBool);
   at::Tensor pos = at::arange(S, opts.dtype(at::kLong));
   at::Tensor causal = pos.view({1, S}) <= pos.view({S, 1});  // [t, key]
-  at::Tensor valid = attention_mask.to(at::kBool);           // [B, S]
+  if (layout.packed()) {
+    std::vector<int64_t> doc_of(static_cast<size_t>(S));
+    int64_t t = 0;
+    for (size_t k = 0; k < layout.documents.size(); ++k)
+      for (int64_t j = 0; j < layout.documents[k]; ++j)
+        doc_of[static_cast<size_t>(t++)] = static_cast<int64_t>(k);
+    at::Tensor doc = at::tensor(doc_of, at::kLong).to(q.device());
+    causal = causal & (doc.view({1, S}) == doc.view({S, 1}));
+  }
+  at::Tensor valid = attention_mask.to(at::kBool);  // [B, S]
   at::Tensor row_valid = valid.view({-1, 1, S, 1});
   at::Tensor block0 =
       causal.view({1, 1, S, S}) & (valid.view({-1, 1, 1, S}) | row_valid.logical_not());
@@ -279,11 +365,10 @@ at::Tensor ttt_attention_dense(const at::Tensor& q, const std::vector<at::Tensor
 }
 
 at::Tensor ttt_attention(const at::Tensor& q, const std::vector<at::Tensor>& keys,
-                         const std::vector<at::Tensor>& values, const at::Tensor& attention_mask,
+                         const std::vector<at::Tensor>& values, const SeqLayout& layout,
                          double scale, AttentionImpl impl) {
-  return impl == AttentionImpl::kDense
-             ? ttt_attention_dense(q, keys, values, attention_mask, scale)
-             : ttt_attention_efficient(q, keys, values, attention_mask, scale);
+  return impl == AttentionImpl::kDense ? ttt_attention_dense(q, keys, values, layout, scale)
+                                       : ttt_attention_efficient(q, keys, values, layout, scale);
 }
 
 void check_right_padded(const at::Tensor& attention_mask, const char* what) {

@@ -45,20 +45,20 @@ void check_batch(const Eagle3DraftImpl& model, const at::Tensor& input_ids,
 
 // Runs the T-step unroll and hands each step's output (Eagle3DraftImpl::step_output: the last
 // layer's out, normed with norm_output) to `on_step`; it is also the next step's hidden state.
-void unroll(Eagle3DraftImpl& model, const at::Tensor& input_ids, const at::Tensor& attention_mask,
+void unroll(Eagle3DraftImpl& model, const at::Tensor& input_ids, const SeqLayout& layout,
             const at::Tensor& aux_hidden, int64_t T, AttentionImpl impl,
             const std::function<void(int64_t, const at::Tensor&)>& on_step) {
   at::Tensor h = model.project_aux(aux_hidden);  // step-0 hidden, computed once
   DraftCache cache;
   for (int64_t i = 0; i < T; ++i) {
     at::Tensor e = model.embed(shift_left(input_ids, i));
-    at::Tensor out = model.step_output(model.decode(e, h, i, cache, attention_mask, impl));
+    at::Tensor out = model.step_output(model.decode(e, h, i, cache, layout, impl));
     on_step(i, out);
     h = out;
   }
 }
 
-// sum_n pm_n * -(sum_v p_nv * log_softmax(z_n)_v) over one step's rows, with z the logits in
+// -(sum_v p_nv * log_softmax(z_n)_v) for each of one step's rows ([N]), with z the logits in
 // fp32 (fp64 for double logits) and p = target_p[take]. The forward and backward are exactly the
 // kernels autograd runs for that composition, in the same order, so values and gradients are
 // bit-identical to it; what differs is what the graph keeps until backward. Autograd would keep
@@ -73,29 +73,26 @@ struct WeightedSoftCrossEntropy : torch::autograd::Function<WeightedSoftCrossEnt
   }
 
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& logits,
-                            const at::Tensor& target_p, const at::Tensor& take,
-                            const at::Tensor& pm) {
+                            const at::Tensor& target_p, const at::Tensor& take) {
     const at::ScalarType acc = wide(logits);
     at::Tensor p = target_p.index_select(0, take).to(acc);
-    at::Tensor ce = -(p * logits.to(acc).log_softmax(-1)).sum(-1);
-    ctx->save_for_backward({logits, target_p, take, pm});
-    return (pm * ce).sum();
+    ctx->save_for_backward({logits, target_p, take});
+    return -(p * logits.to(acc).log_softmax(-1)).sum(-1);
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    const at::Tensor &logits = saved[0], &target_p = saved[1], &take = saved[2], &pm = saved[3];
+    const at::Tensor &logits = saved[0], &target_p = saved[1], &take = saved[2];
     const at::ScalarType acc = wide(logits);
     at::Tensor z = logits.to(acc);
     at::Tensor logsm = z.log_softmax(-1);
     at::Tensor p = target_p.index_select(0, take).to(acc);
-    // Autograd's chain for the composition: sum -> pm * ce -> neg -> sum(-1) -> p * logsm ->
-    // log_softmax -> cast back to the logits' dtype.
-    at::Tensor g_ce = grads[0].expand(pm.sizes()) * pm;
-    at::Tensor g_logsm = g_ce.neg().unsqueeze(-1).expand(logsm.sizes()) * p;
+    // Autograd's chain for the composition: neg -> sum(-1) -> p * logsm -> log_softmax -> cast
+    // back to the logits' dtype (the caller's pm * ce and sum run in autograd).
+    at::Tensor g_logsm = grads[0].neg().unsqueeze(-1).expand(logsm.sizes()) * p;
     at::Tensor g_z = at::_log_softmax_backward_data(g_logsm, logsm, -1, acc);
-    return {g_z.to(logits.scalar_type()), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {g_z.to(logits.scalar_type()), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -228,8 +225,9 @@ StepOutput step_on_rows(Eagle3DraftImpl& model, const RowsTarget& target, const 
   const int64_t Vd = model.config().draft_vocab();
   // Chunked or not, for the whole micro-batch (steps after 0 have at most N rows).
   const int64_t chunk = head_chunk_rows(options.head_chunk_rows, N, Vd);
+  std::vector<at::Tensor> batch_acc;  // packed: step i's sum over documents of their acc_i
   unroll(
-      model, input_ids, attention_mask, aux_hidden, T, options.attention,
+      model, input_ids, SeqLayout(attention_mask, rows.documents), aux_hidden, T, options.attention,
       [&](int64_t i, const at::Tensor& out) {
         const at::Tensor& take = rows.target[static_cast<size_t>(i)];
         at::Tensor hidden =
@@ -259,32 +257,28 @@ StepOutput step_on_rows(Eagle3DraftImpl& model, const RowsTarget& target, const 
         const at::ScalarType acc =
             values.defined() ? values.scalar_type() : WeightedSoftCrossEntropy::wide(logits);
         at::Tensor pm = target.position.index_select(0, take).to(acc);
-        at::Tensor sum;
+        // The objective of each row ([N_i], differentiable).
+        at::Tensor vals;
         if (values.defined()) {
-          sum = (pm * values[0]).sum();
+          vals = values[0];
         } else if (!options.loss_terms.empty()) {
           at::Tensor p = target.target_p.index_select(0, take).to(acc);
-          at::Tensor z = logits.to(acc), per_row;
+          at::Tensor z = logits.to(acc);
           for (const auto& [term, weight] : options.loss_terms) {
             if (weight == 0) continue;
             at::Tensor v = row_loss(term, z, p) * weight;
-            per_row = per_row.defined() ? per_row + v : v;
+            vals = vals.defined() ? vals + v : v;
           }
-          sum = (pm * per_row).sum();
         } else if (options.recompute_loss) {
-          sum = WeightedSoftCrossEntropy::apply(logits, target.target_p, take, pm);
+          vals = WeightedSoftCrossEntropy::apply(logits, target.target_p, take);
         } else {
           at::Tensor p = target.target_p.index_select(0, take).to(acc);
-          sum = (pm * -(p * logits.to(acc).log_softmax(-1)).sum(-1)).sum();
+          vals = -(p * logits.to(acc).log_softmax(-1)).sum(-1);
         }
-        at::Tensor pm_sum = pm.sum();
-        at::Tensor ploss_i = options.normalization == LossNormalization::kBatchTokens
-                                 ? sum / static_cast<double>(B * S)
-                                 : sum / pm_sum.clamp_min(1.0);
+        // SpecForge's LK: the acceptance against the target's own probabilities of the draft
+        // tokens (not renormalised), per position row.
+        at::Tensor a;
         if (options.lk != LossOptions::LK::kNone) {
-          // SpecForge's LK: the acceptance against the target's own probabilities of the draft
-          // tokens (not renormalised), averaged over the step's position rows.
-          at::Tensor a;
           if (values.defined()) {
             a = values[1];
           } else {
@@ -293,15 +287,50 @@ StepOutput step_on_rows(Eagle3DraftImpl& model, const RowsTarget& target, const 
               p_on = p_on * target.draft_mass.index_select(0, take).to(acc).unsqueeze(-1);
             a = at::minimum(p_on, logits.to(acc).softmax(-1)).sum(-1);
           }
-          const at::Tensor den = pm_sum.clamp_min(1e-8);
-          if (options.lk == LossOptions::LK::kAlpha) {
-            const at::Tensor loga = at::where(a > 0, a.clamp_min(1e-30).log(), at::zeros_like(a));
-            ploss_i = -(pm * loga).sum() / den;
-          } else {
-            const at::Tensor mean_a = (pm * a).sum() / den;
-            const at::Tensor w = options.kl_scale * (-options.kl_decay * mean_a.detach()).exp();
-            ploss_i = w * ploss_i + (1.0 - w) * (1.0 - mean_a);
+        }
+        at::Tensor pm_sum = pm.sum();
+        at::Tensor ploss_i;
+        if (!rows.packed()) {
+          at::Tensor sum = (pm * vals).sum();
+          ploss_i = options.normalization == LossNormalization::kBatchTokens
+                        ? sum / static_cast<double>(B * S)
+                        : sum / pm_sum.clamp_min(1.0);
+          if (options.lk != LossOptions::LK::kNone) {
+            const at::Tensor den = pm_sum.clamp_min(1e-8);
+            if (options.lk == LossOptions::LK::kAlpha) {
+              const at::Tensor loga = at::where(a > 0, a.clamp_min(1e-30).log(), at::zeros_like(a));
+              ploss_i = -(pm * loga).sum() / den;
+            } else {
+              const at::Tensor mean_a = (pm * a).sum() / den;
+              const at::Tensor w = options.kl_scale * (-options.kl_decay * mean_a.detach()).exp();
+              ploss_i = w * ploss_i + (1.0 - w) * (1.0 - mean_a);
+            }
           }
+        } else {
+          // Packed: each document's ploss as its own micro-batch would give it (B = 1, S its
+          // length), summed over the documents (StepOutput::units).
+          const at::Tensor doc = rows.doc.index_select(0, take);
+          const int64_t D = rows.doc_length.numel();
+          const auto per_doc = [&](const at::Tensor& x) {
+            return at::zeros({D}, x.options()).index_add(0, doc, x);
+          };
+          const at::Tensor pm_doc = per_doc(pm);
+          at::Tensor ploss_doc =
+              per_doc(pm * vals) / (options.normalization == LossNormalization::kBatchTokens
+                                        ? rows.doc_length.to(acc)
+                                        : pm_doc.clamp_min(1.0));
+          if (options.lk != LossOptions::LK::kNone) {
+            const at::Tensor den = pm_doc.clamp_min(1e-8);
+            if (options.lk == LossOptions::LK::kAlpha) {
+              const at::Tensor loga = at::where(a > 0, a.clamp_min(1e-30).log(), at::zeros_like(a));
+              ploss_doc = -per_doc(pm * loga) / den;
+            } else {
+              const at::Tensor mean_a = per_doc(pm * a) / den;
+              const at::Tensor w = options.kl_scale * (-options.kl_decay * mean_a.detach()).exp();
+              ploss_doc = w * ploss_doc + (1.0 - w) * (1.0 - mean_a);
+            }
+          }
+          ploss_i = ploss_doc.sum();
         }
         const double w = std::pow(options.step_decay, static_cast<double>(i));
         total = total.defined() ? total + w * ploss_i : w * ploss_i;
@@ -333,6 +362,12 @@ StepOutput step_on_rows(Eagle3DraftImpl& model, const RowsTarget& target, const 
             d2t_hits(best, d2t, target.target_ids.index_select(0, take)).to(at::kFloat);
         ploss.push_back(ploss_i.detach().to(at::kFloat));
         correct.push_back(hit.sum());
+        if (rows.packed()) {
+          const at::Tensor doc = rows.doc.index_select(0, take);
+          const at::Tensor doc_hits =
+              at::zeros({rows.doc_length.numel()}, hit.options()).index_add(0, doc, hit);
+          batch_acc.push_back((doc_hits / rows.doc_count[i].clamp_min(1e-6)).sum());
+        }
         hits.push_back(at::zeros({N}, hit.options()).index_copy_(0, take, hit));
         accept_rate.push_back(
             (accept_rows.defined()
@@ -353,6 +388,10 @@ StepOutput step_on_rows(Eagle3DraftImpl& model, const RowsTarget& target, const 
   res.position_tokens = at::stack(position_tokens);
   res.accept_rate = at::stack(accept_rate);
   res.acc = res.correct / res.loss_tokens.clamp_min(1e-6);
+  if (rows.packed()) {
+    res.units = static_cast<int64_t>(rows.documents.size());
+    res.batch_acc = at::stack(batch_acc);
+  }
   res.valid_tokens = attention_mask.to(at::kLong).sum();
   {
     // Chains (StepOutput::accepted): step i of the chain anchored at loss row j is step i's hit
@@ -399,12 +438,13 @@ std::vector<at::Tensor> ttt_logits(Eagle3DraftImpl& model, const at::Tensor& inp
                                    int64_t ttt_length, AttentionImpl impl) {
   check_batch(model, input_ids, attention_mask, attention_mask, aux_hidden, ttt_length);
   std::vector<at::Tensor> out;
-  unroll(model, input_ids, attention_mask, aux_hidden, ttt_length, impl,
+  unroll(model, input_ids, SeqLayout(attention_mask), aux_hidden, ttt_length, impl,
          [&](int64_t, const at::Tensor& h) { out.push_back(model.logits(h)); });
   return out;
 }
 
-LossRows LossRows::build(const at::Tensor& loss_mask, int64_t ttt_length, c10::Device device) {
+LossRows LossRows::build(const at::Tensor& loss_mask, int64_t ttt_length, c10::Device device,
+                         const std::vector<int64_t>& documents) {
   FSDP_CHECK(loss_mask.dim() == 2, fsdp::str("loss_mask must be [B, S], got ", loss_mask.sizes()),
              "collate samples into a [B, S] batch");
   FSDP_CHECK(ttt_length >= 1, fsdp::str("ttt_length must be >= 1, got ", ttt_length),
@@ -413,6 +453,25 @@ LossRows LossRows::build(const at::Tensor& loss_mask, int64_t ttt_length, c10::D
   r.batch = loss_mask.size(0);
   r.seq = loss_mask.size(1);
   r.ttt_length = ttt_length;
+  r.documents = documents;
+  check_layout(SeqLayout(at::Tensor(), documents), r.batch, r.seq);
+  // Each flat row's position inside its sample (unpacked: its row; packed: its document) and
+  // the document it belongs to.
+  const auto D = static_cast<int64_t>(documents.size());
+  std::vector<int64_t> doc_start, doc_of;
+  if (r.packed()) {
+    int64_t s0 = 0;
+    for (int64_t d = 0; d < D; ++d) {
+      for (int64_t j = 0; j < documents[static_cast<size_t>(d)]; ++j) {
+        doc_start.push_back(s0);
+        doc_of.push_back(d);
+      }
+      s0 += documents[static_cast<size_t>(d)];
+    }
+  }
+  const auto pos = [&](int64_t k) {
+    return r.packed() ? k - doc_start[static_cast<size_t>(k)] : k % r.seq;
+  };
   at::Tensor m = loss_mask.to(at::kCPU).to(at::kLong).contiguous();
   const int64_t* mp = m.data_ptr<int64_t>();
   std::vector<int64_t> rows;
@@ -422,7 +481,7 @@ LossRows LossRows::build(const at::Tensor& loss_mask, int64_t ttt_length, c10::D
   // Consecutive loss positions of one sample, from each row on, capped at T.
   std::vector<int64_t> run(rows.size(), 1);
   for (size_t j = rows.size(); j-- > 1;) {
-    if (rows[j] == rows[j - 1] + 1 && rows[j] % r.seq != 0)
+    if (rows[j] == rows[j - 1] + 1 && pos(rows[j]) != 0)
       run[j - 1] = std::min(run[j] + 1, ttt_length);
   }
   // The engine's drafts (see the header): per reply a..e (loss rows j0..j1 of one sample), the
@@ -433,8 +492,8 @@ LossRows LossRows::build(const at::Tensor& loss_mask, int64_t ttt_length, c10::D
   std::vector<std::vector<int64_t>> node_hit(static_cast<size_t>(ttt_length));
   for (size_t j0 = 0; j0 < rows.size();) {
     size_t j1 = j0;
-    while (j1 + 1 < rows.size() && rows[j1 + 1] == rows[j1] + 1 && rows[j1 + 1] % r.seq != 0) ++j1;
-    const int64_t a = rows[j0] % r.seq, e = rows[j1] % r.seq, first = a >= 1 ? a - 1 : a;
+    while (j1 + 1 < rows.size() && rows[j1 + 1] == rows[j1] + 1 && pos(rows[j1 + 1]) != 0) ++j1;
+    const int64_t a = pos(rows[j0]), e = pos(rows[j1]), first = a >= 1 ? a - 1 : a;
     if (e - 2 >= first) {
       const auto pre_index = static_cast<int64_t>(pre.size());
       if (a >= 1) pre.push_back(rows[j0] - 1);
@@ -467,19 +526,30 @@ LossRows LossRows::build(const at::Tensor& loss_mask, int64_t ttt_length, c10::D
     all.insert(all.end(), list->begin(), list->end());
   for (const auto& list : node_hit) all.insert(all.end(), list.begin(), list.end());
   std::vector<std::pair<size_t, size_t>> target_span, draft_span;  // (offset, length)
+  std::vector<int64_t> doc_count(static_cast<size_t>(ttt_length * D), 0);
   for (int64_t i = 0; i < ttt_length; ++i) {
     const size_t t0 = all.size();
     for (size_t j = 0; j < rows.size(); ++j) {
-      if (rows[j] % r.seq >= i) all.push_back(static_cast<int64_t>(j));
+      if (pos(rows[j]) >= i) {
+        all.push_back(static_cast<int64_t>(j));
+        if (r.packed())
+          ++doc_count[static_cast<size_t>(i * D + doc_of[static_cast<size_t>(rows[j])])];
+      }
     }
     const size_t n = all.size() - t0;
     const size_t d0 = all.size();
     for (size_t j = 0; j < rows.size(); ++j) {
-      if (rows[j] % r.seq >= i) all.push_back(rows[j] - i);
+      if (pos(rows[j]) >= i) all.push_back(rows[j] - i);
     }
     target_span.emplace_back(t0, n);
     draft_span.emplace_back(d0, n);
     r.count.push_back(static_cast<int64_t>(n));
+  }
+  const size_t doc_at = all.size();
+  if (r.packed()) {
+    for (const int64_t k : rows) all.push_back(doc_of[static_cast<size_t>(k)]);
+    all.insert(all.end(), documents.begin(), documents.end());
+    all.insert(all.end(), doc_count.begin(), doc_count.end());
   }
   at::Tensor host = at::empty({static_cast<int64_t>(all.size())},
                               at::TensorOptions().dtype(at::kLong).pinned_memory(device.is_cuda()));
@@ -505,13 +575,21 @@ LossRows LossRows::build(const at::Tensor& loss_mask, int64_t ttt_length, c10::D
     r.target.push_back(view(target_span[i].first, target_span[i].second));
     r.draft.push_back(view(draft_span[i].first, draft_span[i].second));
   }
+  if (r.packed()) {
+    const auto d = static_cast<size_t>(D);
+    r.doc = view(doc_at, rows.size());
+    r.doc_length = view(doc_at + rows.size(), d).to(at::kFloat);
+    r.doc_count = view(doc_at + rows.size() + d, d * static_cast<size_t>(ttt_length))
+                      .to(at::kFloat)
+                      .view({ttt_length, D});
+  }
   return r;
 }
 
 StepOutput ttt_step(Eagle3DraftImpl& model, const TargetDistribution& target,
                     const at::Tensor& input_ids, const at::Tensor& attention_mask,
                     const at::Tensor& loss_mask, const at::Tensor& aux_hidden,
-                    const LossOptions& options) {
+                    const LossOptions& options, const std::vector<int64_t>& documents) {
   const int64_t T = options.ttt_length;
   check_batch(model, input_ids, attention_mask, loss_mask, aux_hidden, T);
   const int64_t B = input_ids.size(0), S = input_ids.size(1), Vd = model.config().draft_vocab();
@@ -524,7 +602,7 @@ StepOutput ttt_step(Eagle3DraftImpl& model, const TargetDistribution& target,
       target.position_mask.sizes() == input_ids.sizes(),
       fsdp::str("position_mask must be [", B, ", ", S, "], got ", target.position_mask.sizes()),
       "compute the target from this batch");
-  LossRows rows = LossRows::build(loss_mask, T, input_ids.device());
+  LossRows rows = LossRows::build(loss_mask, T, input_ids.device(), documents);
   RowsTarget t;
   {
     at::NoGradGuard guard;

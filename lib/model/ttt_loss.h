@@ -103,6 +103,12 @@ struct StepOutput {
   // draft_accepted: fp32 scalar, the tokens they accepted.
   at::Tensor draft_accepted, drafts;
   int64_t batch = 0, seq = 0;  // B and S of this micro-batch (the kBatchTokens normaliser)
+  // The samples this output stands for: 1 for a micro-batch, the documents of a packed one, whose
+  // ploss is then the sum of each document's own ploss (each normalised as a micro-batch of that
+  // document alone would be) and batch_acc the sum of each document's acc (fp32 [T]; undefined
+  // unpacked, where it is acc).
+  int64_t units = 1;
+  at::Tensor batch_acc;
 };
 
 // input_ids int64 [B,S] (already shifted), attention_mask int64 [B,S], loss_mask int64 [B,S],
@@ -142,9 +148,18 @@ struct LossRows {
   std::vector<at::Tensor> engine_hit;
   at::Tensor engine_end, engine_start;
   int64_t engine_nodes = 0;  // M (host)
+  // Packed micro-batches (SeqLayout): the documents' lengths (host; empty unpacked), the
+  // document of each loss row (int64 [N]), each document's length (fp32 [D]) and its loss rows
+  // of step i (fp32 [T, D]). A document is a sample of its own: runs, replies and the rows of
+  // step i (t - i inside the document) never cross its ends.
+  std::vector<int64_t> documents;
+  at::Tensor doc, doc_length, doc_count;
+  bool packed() const { return !documents.empty(); }
   // loss_mask int64/bool [B, S]: on the host ideally (else one copy to the host); the index
-  // tensors are placed on `device`.
-  static LossRows build(const at::Tensor& loss_mask, int64_t ttt_length, c10::Device device);
+  // tensors are placed on `device`. documents: a packed row's document lengths (B = 1, summing
+  // to S), or empty.
+  static LossRows build(const at::Tensor& loss_mask, int64_t ttt_length, c10::Device device,
+                        const std::vector<int64_t>& documents = {});
 };
 
 // Same step with the rows precomputed from the host copy of loss_mask (the trainer's path).
@@ -156,10 +171,11 @@ StepOutput ttt_step(Eagle3DraftImpl& model, const TargetHead& head, const LossRo
 // Same unroll from a precomputed dense target distribution (tests). When target.target_ids is
 // undefined, the target id of a row is the argmax of target_p mapped through the model's d2t
 // where position_mask is 1 (no target id elsewhere): the hits are then those of argmax p.
+// documents: a packed row's document lengths (LossRows::build), or empty.
 StepOutput ttt_step(Eagle3DraftImpl& model, const TargetDistribution& target,
                     const at::Tensor& input_ids, const at::Tensor& attention_mask,
                     const at::Tensor& loss_mask, const at::Tensor& aux_hidden,
-                    const LossOptions& options = {});
+                    const LossOptions& options = {}, const std::vector<int64_t>& documents = {});
 
 // Draft logits of every step (no loss), e.g. for evaluation: T tensors [B, S, Vd].
 std::vector<at::Tensor> ttt_logits(Eagle3DraftImpl& model, const at::Tensor& input_ids,

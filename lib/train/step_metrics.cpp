@@ -36,11 +36,14 @@ struct Layout {
 void StepMetrics::add(const model::StepOutput& out) {
   auto as64 = [](const at::Tensor& t) { return t.detach().to(at::kDouble).reshape({-1}); };
   const at::Tensor correct = as64(out.correct), loss_tokens = as64(out.loss_tokens);
-  const at::Tensor one = at::ones({1}, correct.options());
-  at::Tensor row = at::cat({as64(out.ploss), correct, loss_tokens, as64(out.valid_tokens), one,
+  // A packed micro-batch stands for its documents: ploss and batch_acc are sums over them.
+  const at::Tensor units = at::full({1}, static_cast<double>(out.units), correct.options());
+  const at::Tensor batch_acc =
+      out.batch_acc.defined() ? as64(out.batch_acc) : correct / loss_tokens.clamp_min(1e-6);
+  at::Tensor row = at::cat({as64(out.ploss), correct, loss_tokens, as64(out.valid_tokens), units,
                             as64(out.accepted), as64(out.anchors), as64(out.chain_hits),
                             as64(out.draft_accepted), as64(out.drafts), as64(out.accept_rate),
-                            as64(out.position_tokens), correct / loss_tokens.clamp_min(1e-6)});
+                            as64(out.position_tokens), batch_acc});
   if (micro_batches_ == 0) {
     sums_ = row;
   } else {

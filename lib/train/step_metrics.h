@@ -59,9 +59,10 @@ class StepMetrics {
   config::AccuracyAggregation aggregation_;
   int64_t micro_batches_ = 0;
   // The sums, in the order of the all-reduced buffer (and of a checkpoint's sums):
-  // [ploss T | correct T | loss_tokens T | valid 1 | micro-batches 1 | accepted 1 | anchors 1 |
+  // [ploss T | correct T | loss_tokens T | valid 1 | units 1 | accepted 1 | anchors 1 |
   //  chain_hits T | draft_accepted 1 | drafts 1 | accept_rate T | position_tokens T |
-  //  sum of per-micro-batch acc T]. A checkpoint of an older version has the first 3T+2 or
+  //  sum of per-micro-batch acc T]; units: micro-batches, a packed one counting its documents
+  // (StepOutput::units). A checkpoint of an older version has the first 3T+2 or
   // 3T+4 only (the rest count from the resume on).
   at::Tensor sums_;
 };

@@ -75,12 +75,18 @@ model::StepOutput forward_micro_batch(model::Eagle3DraftImpl& draft, const model
 
 void StepRunner::micro_batch(const data::Batch& batch, bool last) {
   p_.engine->set_sync_gradients(!p_.accumulate_locally || last);
-  tokens_ += batch.attention_mask.sum().item<int64_t>();
+  // Real tokens only: padding is neither throughput nor model FLOPs.
+  const at::Tensor valid = batch.attention_mask.sum(1).to(at::kLong).contiguous();
+  tokens_ += valid.sum().item<int64_t>();
   // Loss rows from the host copy of loss_mask: no device sync (see model::LossRows).
-  const auto rows = model::LossRows::build(batch.loss_mask, p_.loss.ttt_length, p_.device);
-  flops_ += model::count_step_flops(p_.draft_cfg, batch.batch_size(), batch.seq_len(),
-                                    p_.loss.ttt_length, rows.count)
-                .total();
+  const auto rows =
+      model::LossRows::build(batch.loss_mask, p_.loss.ttt_length, p_.device, batch.documents);
+  std::vector<int64_t> lengths = batch.documents;
+  if (lengths.empty()) {
+    const int64_t* v = valid.data_ptr<int64_t>();
+    lengths.assign(v, v + valid.numel());
+  }
+  flops_ += model::count_step_flops(p_.draft_cfg, lengths, p_.loss.ttt_length, rows.count).total();
   // fsdp:: scopes name the phases in --profile traces (free when not profiling).
   auto out = [&] {
     RECORD_USER_SCOPE("fsdp::forward");

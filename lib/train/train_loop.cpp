@@ -14,6 +14,7 @@
 #include "core/log.h"
 #include "core/timer.h"
 #include "data/loss_mask_stats.h"
+#include "data/packing.h"
 #include "metrics/meters.h"
 #include "metrics/profiler.h"
 #include "model/flops.h"
@@ -77,6 +78,8 @@ class TrainLoop {
 
  private:
   bool run_epoch(int64_t epoch);  // false when the run stops
+  // --packing: the window's micro-batches (as the sampler gives them) trained as packed ones.
+  void train_packed(const std::vector<data::Batch>& window);
   bool optimizer_step(int64_t epoch, int64_t b_index, Stopwatch& step_clock);
   void log_step(int64_t n, int64_t epoch);
   void end_epoch(int64_t epoch, const EpochCounts& counts);
@@ -134,9 +137,12 @@ TrainLoop::TrainLoop(Trainer::Impl& t, data::DataLoader& loader, int64_t per_epo
       cadence_(cadence),
       decay_(to_decay(t.cfg.optim.lr_scheduler)),
       timer_(t.device, engine_communicators(*t.engine)),
-      runner_(StepRunner::Parts{t.draft.get(), &t.head, t.engine.get(), t.device, t.draft_cfg,
-                                loss_options(t.cfg, t.plan.accumulation_steps),
-                                t.cfg.shard.accumulate_locally, &timer_}),
+      runner_(StepRunner::Parts{
+          t.draft.get(), &t.head, t.engine.get(), t.device, t.draft_cfg,
+          // Packed, each sample weighs as a micro-batch of one.
+          loss_options(t.cfg, t.cfg.loop.packing ? t.plan.accumulation_steps * t.plan.micro_batch
+                                                 : t.plan.accumulation_steps),
+          t.cfg.shard.accumulate_locally, &timer_}),
       agreement_{t.world, [&t](bool mine) { return t.any_rank(mine); }},
       meter_(metrics::resolve_peak_tflops(t.cfg.metrics.mfu_peak_tflops, t.device)),
       window_(t.cfg.model.ttt_length, t.metrics_device(), t.cfg.metrics.accuracy_aggregation),
@@ -212,6 +218,7 @@ bool TrainLoop::run_epoch(int64_t epoch) {
   EpochCounts counts;
   Stopwatch step_clock;
   bool stop = false;
+  std::vector<data::Batch> window;  // --packing: the window read so far
   while (!stop) {
     if (profiler_ && in_group == 0) profiler_->before_step(t_.state.step + 1);
     // A bad sample (without --skip-bad-samples) or another loader failure stops the run on every
@@ -223,9 +230,16 @@ bool TrainLoop::run_epoch(int64_t epoch) {
     counts.add(*batch);
     const int64_t b_index = batch->batch_index;
     const bool last_in_group = in_group == accum - 1 || b_index == per_epoch_ - 1;
-    runner_.micro_batch(*batch, last_in_group);
     ++in_group;
-    if (!last_in_group) continue;
+    if (t_.cfg.loop.packing) {
+      window.push_back(std::move(*batch));
+      if (!last_in_group) continue;
+      train_packed(window);
+      window.clear();
+    } else {
+      runner_.micro_batch(*batch, last_in_group);
+      if (!last_in_group) continue;
+    }
     in_group = 0;
     stop = optimizer_step(epoch, b_index, step_clock);
   }
@@ -233,6 +247,43 @@ bool TrainLoop::run_epoch(int64_t epoch) {
   if (!epoch_completed(stop, result_.stopped_by_signal, data_consumed)) return false;
   end_epoch(epoch, counts);
   return !stop;
+}
+
+void TrainLoop::train_packed(const std::vector<data::Batch>& window) {
+  std::vector<data::Sample> samples;
+  std::vector<int64_t> lengths, indices;
+  for (const data::Batch& b : window) {
+    for (data::Sample& s : data::split_rows(b)) {
+      lengths.push_back(s.input_ids.size(0));
+      samples.push_back(std::move(s));
+    }
+    indices.insert(indices.end(), b.sample_indices.begin(), b.sample_indices.end());
+  }
+  const int64_t budget = t_.cfg.loop.packing_budget > 0
+                             ? t_.cfg.loop.packing_budget
+                             : t_.cfg.data.max_length * t_.plan.micro_batch;
+  // Every rank runs the same number of micro-batches (each one's collectives): the most any
+  // rank's window needs. Ranks' windows hold the same number of samples, so it always fits.
+  int64_t bins = data::count_bins(lengths, budget);
+  if (t_.world > 1) {
+    at::Tensor n = at::tensor({bins}, at::kLong);
+    t_.control->all_reduce(n, comm::ReduceOp::kMax)->wait();
+    bins = n.item<int64_t>();
+  }
+  const auto plan = data::pack_bins(lengths, budget, bins);
+  for (size_t k = 0; k < plan.size(); ++k) {
+    std::vector<data::Sample> docs;
+    std::vector<int64_t> doc_indices;
+    for (const int64_t j : plan[k]) {
+      docs.push_back(samples[static_cast<size_t>(j)]);
+      doc_indices.push_back(indices[static_cast<size_t>(j)]);
+    }
+    data::Batch packed = data::collate_packed(docs, /*pin_memory=*/!t_.device.is_cpu());
+    packed.sample_indices = std::move(doc_indices);
+    packed.epoch = window.back().epoch;
+    packed.batch_index = window.back().batch_index;
+    runner_.micro_batch(packed, k + 1 == plan.size());
+  }
 }
 
 // One optimizer step over the micro-batches run, then what the cadence asks for. True when the

@@ -578,6 +578,10 @@ std::unique_ptr<data::DataLoader> Trainer::Impl::make_loader(
                                    static_cast<uint64_t>(cfg.loop.seed), /*shuffle=*/training);
   data::LoaderOptions lo = loader_options(cfg, device);
   if (training) lo.noise = noise_options(cfg);
+  // Packing trains a whole accumulation window at once: read one window ahead.
+  if (training && cfg.loop.packing)
+    lo.prefetch_depth =
+        static_cast<int>(std::clamp<int64_t>(plan.accumulation_steps, lo.prefetch_depth, 1024));
   lo.validate();
   return std::make_unique<data::DataLoader>(ds, sampler, lo);
 }
