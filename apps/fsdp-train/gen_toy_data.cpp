@@ -20,6 +20,10 @@ void add_gen_toy_data(CLI::App& root, Action* action) {
   sub->add_option("--num-samples", o->num_samples, "number of .ckpt samples (default 256)");
   sub->add_option("--min-len", o->min_len, "shortest sample in tokens (default 64)");
   sub->add_option("--max-len", o->max_len, "longest sample in tokens (default 128)");
+  sub->add_option("--lengths", o->lengths,
+                  "sample lengths in tokens, comma-separated, cycled over the samples (instead "
+                  "of uniform lengths in [--min-len, --max-len])")
+      ->delimiter(',');
   sub->add_option("--hidden-size", o->hidden_size, "target hidden size H (default 64)");
   sub->add_option("--vocab-size", o->vocab_size, "target vocabulary V (default 512)");
   sub->add_option("--draft-vocab-size", o->draft_vocab_size, "draft vocabulary Vd (default 256)");

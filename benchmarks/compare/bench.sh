@@ -15,7 +15,9 @@
 #        benchmarks/reference/setup_deepspeed.sh; its python: DS_PYTHON, default
 #        ~/.cache/fsdp-train/deepspeed-venv/bin/python), LM_HEAD_KEY (lm_head.weight;
 #        model.embed_tokens.weight for a target with tied embeddings, e.g. the SmolLM2 features
-#        of benchmarks/serving in ~/.cache/fsdp-train/serving/<hash>/ linked as train/ eval/).
+#        of benchmarks/serving in ~/.cache/fsdp-train/serving/<hash>/ linked as train/ eval/),
+#        PACKING (1: also fsdp-train --packing, the same samples per step packed into
+#        micro-batches of --max-length tokens; 0: not).
 #
 # Assumptions about fsdp-train (flags not final when written; adjust here):
 #   - docs/reference.md §8 flag names at the root level, launched as `mpirun -n W fsdp-train ...`;
@@ -103,8 +105,10 @@ run_fsdp_train() {  # $1 ranks, $2 threads, $3 name in the tables, $4 out dir, t
   shift 4
   echo "== $name, $W rank(s), $threads thread(s) each"
   rm -rf "$out"   # a fresh run (fsdp-train refuses to start fresh over earlier checkpoints)
+  # --save-interval 0: only the final export, as the references write (a checkpoint per epoch
+  # would count in fsdp-train's step times).
   $MPIRUN -n "$W" "$BIN" "${COMMON[@]}" --init-checkpoint "$INIT" --mixed-precision "$PREC" \
-      --reduce-dtype fp32 --threads "$threads" --report-to jsonl --output-dir "$out" \
+      --reduce-dtype fp32 --threads "$threads" --report-to jsonl --output-dir "$out" --save-interval 0 \
       --cache-dir "$WORK/cache" "$@" >"$out.log" 2>&1 || { tail "$out.log"; exit 1; }
   record "$W" "$name" perf "$("$PY" "$HERE/metrics.py" perf "$out/metrics.jsonl")"
   export_dir="$(ls -d "$out"/epoch_*_step_* 2>/dev/null | sort -V | tail -1)"
@@ -134,6 +138,9 @@ for W in $RANKS; do
   done
   [[ "${REFERENCE_ONLY:-0}" == 1 ]] && continue
   run_fsdp_train "$W" "$threads" fsdp-train "$WORK/cpp-w$W"
+  if [[ "${PACKING:-1}" == 1 ]]; then
+    run_fsdp_train "$W" "$threads" fsdp-train-packed "$WORK/cpp-packed-w$W" --packing
+  fi
   # With DeepSpeed's ZeRO-2 in the run, fsdp-train's own ZeRO-2 as well: the like-for-like row.
   if [[ " $DS_STAGES " == *" 2 "* ]]; then
     run_fsdp_train "$W" "$threads" fsdp-train-shard_grad_op "$WORK/cpp-sgo-w$W" \
@@ -145,4 +152,5 @@ echo
 "$PY" "$HERE/metrics.py" table "$SUMMARY"
 echo
 echo "bench.sh: summary $SUMMARY, logs in $WORK (throughput excludes each run's first step;" \
-     "peak RSS is the largest rank's)"
+     "peak RSS is the largest rank's; the breakdown is fsdp-train's perf/<phase>_s over those" \
+     "steps)"

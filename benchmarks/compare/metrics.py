@@ -90,6 +90,11 @@ def perf_summary(path, skip=1):
             dev = max(dev, r["mem/device_peak_allocated_gib"] * 1024)
     out = {"steps": len(steps), "seconds": secs, "steps_per_s": len(steps) / secs,
            "tokens_per_s": tokens / secs, "peak_rss_mib_per_rank": rss}
+    # fsdp-train's time breakdown (perf/<phase>_s per step): where the steady steps went.
+    phases = ("data", "forward", "backward", "comm", "optimizer", "other")
+    if all(f"perf/{ph}_s" in recs[s] for s in steps for ph in phases):
+        out["breakdown_share"] = {
+            ph: sum(recs[s][f"perf/{ph}_s"] for s in steps) / secs for ph in phases}
     if dev:
         out["peak_device_allocated_mib"] = dev
     return out
@@ -106,10 +111,11 @@ def eval_summary(path):
 
 
 def trainers(runs):
-    """The reference and fsdp-train first (always listed), then any others (the DeepSpeed runs)."""
-    extra = sorted({n for w in runs.values() for n in w} - {"reference", "fsdp-train"},
-                   reverse=True)
-    return ["reference", "fsdp-train"] + extra
+    """The reference and fsdp-train first (always listed), then fsdp-train's other runs (packed,
+    shard_grad_op), then any others (the DeepSpeed runs)."""
+    names = {n for w in runs.values() for n in w} - {"reference", "fsdp-train"}
+    ours = sorted(n for n in names if n.startswith("fsdp-train"))
+    return ["reference", "fsdp-train"] + ours + sorted(names - set(ours), reverse=True)
 
 
 def table(args):
@@ -132,6 +138,15 @@ def table(args):
             print(f"| {w} | {name} | {p['steps_per_s']:.4f} | {p['tokens_per_s']:.1f} | "
                   f"{p['peak_rss_mib_per_rank']:.0f} | {ratio} |")
     print()
+    split = [(w, n, s["runs"][w][n]["perf"]["breakdown_share"]) for w in sorted(s["runs"], key=int)
+             for n in names_all if "breakdown_share" in s["runs"][w].get(n, {}).get("perf", {})]
+    if split:
+        phases = list(split[0][2])
+        print("| ranks | trainer | " + " | ".join(phases) + " |")
+        print("|---|---|" + "---|" * len(phases))
+        for w, n, b in split:
+            print(f"| {w} | {n} | " + " | ".join(f"{100 * b[ph]:.0f}%" for ph in phases) + " |")
+        print()
     names = [(w, n) for w in sorted(s["runs"], key=int) for n in names_all
              if s["runs"][w].get(n, {}).get("eval")]
     if names:

@@ -11,7 +11,8 @@
 # machine's torch, 3) benchmarks the llama3-8B-eagle3 draft at sequence length 2048 on synthetic
 # features for fsdp-train (twice: once profiled, once not) and for the PyTorch FSDP2 reference on
 # the same GPU and prints tokens/s, MFU and peak memory for both and their ratio (and the same for
-# DeepSpeed ZeRO-3 when its wheels were carried), 4) measures --activation-checkpointing, 5) checks
+# DeepSpeed ZeRO-3 when its wheels were carried), 3b) measures --packing on chat lengths against
+# unpacked, the reference and the fixed-length run, 4) measures --activation-checkpointing, 5) checks
 # parity with the reference on the GPU in fp32, 6) runs the [cuda]/[nccl] tests, 7) measures
 # --cpu-offload. The benchmarks come before the tests because they are what a session cannot get
 # elsewhere; every stage has a time limit so one hang cannot spend the call, and a failed stage does
@@ -29,8 +30,8 @@ M=/tmp/fsdp-device-metrics   # the metrics.jsonl files; bundled into $OUT/metric
 rm -rf "$M"; mkdir -p "$M"
 bundle() { tar czf "$OUT/metrics.tar.gz" -C "$M" . 2>/dev/null; }
 # FSDP_DEVICE_SKIP: stages to leave out of a rerun whose numbers are already in hand, any of
-# "benchmark deepspeed checkpointing parity tests offload" (benchmark: the fsdp-train and
-# reference runs; deepspeed: the DeepSpeed ZeRO-3 run inside it).
+# "benchmark deepspeed packing checkpointing parity tests offload" (benchmark: the fsdp-train and
+# reference runs; deepspeed: the DeepSpeed ZeRO-3 run inside it; packing: the chat-length runs).
 skip() { [[ " ${FSDP_DEVICE_SKIP:-} " == *" $1 "* ]]; }
 SAMPLES="${FSDP_DEVICE_SAMPLES:-48}"   # > STEPS: no epoch boundary inside the measured windows
 STEPS="${FSDP_DEVICE_STEPS:-40}"   # dry runs on a CPU machine: FSDP_DEVICE_SEQ=128
@@ -143,13 +144,15 @@ fi
 
 # Same data, batches (micro-batch 1, global batch 1), schedule and step count for both.
 # --save-final false: the benchmark needs no 7 GB checkpoint at the end.
+# RUN_DATA / RUN_GB / RUN_LOG: another feature set / global batch / log interval (the packing
+# stage).
 fsdp_run() {  # $1 name, $2 time limit, then extra flags
-  local name="$1" limit="$2"; shift 2
+  local name="$1" limit="$2" data="${RUN_DATA:-$DATA}"; shift 2
   rm -rf "/tmp/fsdp-device-$name"   # a fresh run and metrics file on every call
-  timeout "$limit" "$B/fsdp-train" --target-model-path "$DATA/target" --draft-model-config "$DRAFT" \
-    --train-hidden-states-path "$DATA/hidden_states" --cache-dir "$DATA/cache" \
-    --output-dir "/tmp/fsdp-device-$name" --max-length "$SEQ" --draft-global-batch-size 1 \
-    --draft-micro-batch-size 1 --num-epochs 4 --total-steps "$STEPS" --log-steps 10 \
+  timeout "$limit" "$B/fsdp-train" --target-model-path "$data/target" --draft-model-config "$DRAFT" \
+    --train-hidden-states-path "$data/hidden_states" --cache-dir "$data/cache" \
+    --output-dir "/tmp/fsdp-device-$name" --max-length "$SEQ" --draft-global-batch-size "${RUN_GB:-1}" \
+    --draft-micro-batch-size 1 --num-epochs 4 --total-steps "$STEPS" --log-steps "${RUN_LOG:-10}" \
     --save-interval 0 --save-final false --report-to none --device cuda --mixed-precision bf16 \
     "$@" >"/tmp/fsdp-device-$name.log" 2>&1
   local rc=$?
@@ -240,6 +243,68 @@ if rows:
     print("time breakdown per step (ms):", ", ".join(
         f"{p} {1e3 * sum(r.get(f'perf/{p}_s', 0) for r in rows) / len(rows):.1f}" for p in phases))
 PYEOF
+}
+
+# 3b. Packing (docs/usage.md "Packing") on a realistic length distribution: the real chat
+# features' lengths (benchmarks/device/chat_lengths.txt) scaled so the longest is $SEQ, SpecForge's
+# global batch 16 at micro-batch 1: fsdp-train unpacked, packed (budget $SEQ), and the reference,
+# against the fixed-length run above (goal: packed >= 90% of its tokens/s).
+skip packing || {
+LENGTHS=$(grep -v '^#' "$REPO/benchmarks/device/chat_lengths.txt" | "$PY" -c '
+import sys; seq = int(sys.argv[1]); ls = [int(x) for x in sys.stdin.read().split(",")]
+print(",".join(str(max(2, round(l * seq / max(ls)))) for l in ls))' "$SEQ")
+DATAV="/tmp/fsdp-device-data-chat-$SEQ"
+if [ ! -f "$DATAV/toy_data.json" ]; then
+  stamp "generating synthetic features with the chat lengths"
+  rm -rf "$DATAV"
+  timeout 150 "$B/fsdp-train" gen-toy-data --out "$DATAV" --num-samples 96 --lengths "$LENGTHS" \
+    --hidden-size 4096 --vocab-size 128256 --draft-vocab-size 32000 --samples-per-dir 48 \
+    >>"$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; rm -rf "$DATAV"; }
+fi
+if [ -f "$DATAV/toy_data.json" ]; then
+  PSTEPS="${FSDP_DEVICE_PACKING_STEPS:-12}"
+  stamp "chat lengths, global batch 16: fsdp-train unpacked, packed, reference ($PSTEPS steps each)"
+  RUN_DATA="$DATAV" RUN_GB=16 RUN_LOG=2 STEPS="$PSTEPS" fsdp_run chat-unpacked 150
+  RUN_DATA="$DATAV" RUN_GB=16 RUN_LOG=2 STEPS="$PSTEPS" fsdp_run chat-packed 150 --packing
+  rm -rf /tmp/fsdp-device-chat-ref
+  timeout 180 "$PY" -m torch.distributed.run --standalone --nproc-per-node 1 \
+    "$REPO/benchmarks/reference/train.py" --device cuda --target-model-path "$DATAV/target" \
+    --draft-model-config "$DRAFT" --train-hidden-states-path "$DATAV/hidden_states" \
+    --cache-dir "$DATAV/cache-ref" --output-dir /tmp/fsdp-device-chat-ref --max-length "$SEQ" \
+    --draft-global-batch-size 16 --draft-micro-batch-size 1 --num-epochs 4 --total-steps "$PSTEPS" \
+    --log-steps 2 --param-dtype bf16 --loader-workers 4 >/tmp/fsdp-device-chat-ref.log 2>&1
+  { echo "===== chat reference (exit code $?)"; cat /tmp/fsdp-device-chat-ref.log; } >>"$OUT/runs.log"
+  cp /tmp/fsdp-device-chat-ref/metrics.jsonl "$M/chat-reference-metrics.jsonl" 2>/dev/null
+  bundle
+  "$PY" - "$M" <<'PYEOF'
+import json, os, sys
+m = sys.argv[1]
+def steady(name):  # tokens/s, MFU and the breakdown over the logged windows after the first
+    path = os.path.join(m, name + "-metrics.jsonl")
+    if not os.path.exists(path):
+        return None
+    rows = [json.loads(l) for l in open(path) if l.strip()]
+    rows = [r for r in rows if "perf/tokens_per_s" in r or "perf/tokens" in r][1:]
+    if not rows:
+        return None
+    secs = sum(r.get("perf/step_s", r.get("perf/step_time_s", 0)) for r in rows)
+    tok = sum(r["perf/tokens"] if "perf/tokens" in r else
+              r["perf/tokens_per_s"] * r["perf/step_time_s"] for r in rows)
+    out = {"tokens_per_s": tok / secs if secs else 0.0}
+    if all("perf/mfu" in r for r in rows):
+        out["mfu"] = sum(r["perf/mfu"] for r in rows) / len(rows)
+    return out
+fixed, un, pk, ref = (steady(n) for n in ("fsdp-train-2", "chat-unpacked", "chat-packed", "chat-reference"))
+for name, r in (("fixed length", fixed), ("chat unpacked", un), ("chat packed", pk), ("chat reference", ref)):
+    print(f"{name}: " + (f"{r['tokens_per_s']:.0f} tokens/s" + (f", MFU {r['mfu']:.3f}" if "mfu" in r else "") if r else "no steady-state numbers"))
+if pk and fixed:
+    print(f"packed / fixed-length tokens/s: {pk['tokens_per_s'] / fixed['tokens_per_s']:.3f} (goal >= 0.90)")
+if pk and un:
+    print(f"packed / unpacked: {pk['tokens_per_s'] / un['tokens_per_s']:.3f}")
+if pk and ref:
+    print(f"packed / reference: {pk['tokens_per_s'] / ref['tokens_per_s']:.3f}")
+PYEOF
+fi
 }
 
 # 4. Activation checkpointing on the same run: tokens/s and peak memory against the plain run.

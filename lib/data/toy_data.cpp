@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -29,6 +30,11 @@ void ToyDataOptions::validate() const {
   FSDP_USAGE_CHECK(min_len >= 2 && max_len >= min_len,
                    str("--min-len/--max-len: need 2 <= min <= max, got ", min_len, "/", max_len),
                    "set --min-len to 2 or more and --max-len to at least --min-len");
+  for (const int64_t L : lengths) {
+    FSDP_USAGE_CHECK(L >= 2 && L <= (int64_t{1} << 20),
+                     str("--lengths: every length must be in [2, 1048576], got ", L),
+                     "give sample lengths in tokens, e.g. --lengths 512,1024,2048");
+  }
   FSDP_USAGE_CHECK(hidden_size >= 8 && hidden_size % 8 == 0,
                    str("--hidden-size must be a multiple of 8 and >= 8, got ", hidden_size),
                    "set --hidden-size to a multiple of 8, e.g. 64");
@@ -152,7 +158,9 @@ void write_target_checkpoint(const fs::path& dir, const ToyWeights& w, int64_t h
 void write_model_configs(const ToyDataOptions& o, const ToyDataPaths& paths) {
   const int64_t v = o.vocab_size, h = o.hidden_size;
   const int64_t heads = std::max<int64_t>(1, h / 32);
-  const int64_t max_pos = std::max<int64_t>(2048, o.max_len + 64);
+  const int64_t longest =
+      o.lengths.empty() ? o.max_len : *std::max_element(o.lengths.begin(), o.lengths.end());
+  const int64_t max_pos = std::max<int64_t>(2048, longest + 64);
   write_text(fs::path(paths.target_model_dir) / "config.json",
              json{{"architectures", {"LlamaForCausalLM"}},
                   {"model_type", "llama"},
@@ -241,7 +249,8 @@ uint64_t write_features(const ToyDataOptions& o, const Chain& chain, const ToyWe
   const int64_t* succ = chain.succ.data_ptr<int64_t>();
   uint64_t bytes = 0;
   for (int64_t i = 0; i < o.num_samples; ++i) {
-    const int64_t n = len_dist(rng);
+    const int64_t n =
+        o.lengths.empty() ? len_dist(rng) : o.lengths[static_cast<size_t>(i) % o.lengths.size()];
     at::Tensor ids = at::empty({n}, at::kLong);
     int64_t* p = ids.data_ptr<int64_t>();
     p[0] = start(rng);
@@ -295,6 +304,7 @@ ToyDataPaths generate_toy_data(const ToyDataOptions& o) {
   write_text(root / "toy_data.json", json{{"num_samples", o.num_samples},
                                           {"min_len", o.min_len},
                                           {"max_len", o.max_len},
+                                          {"lengths", o.lengths},
                                           {"hidden_size", h},
                                           {"vocab_size", v},
                                           {"draft_vocab_size", o.draft_vocab_size},

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace fsdp::data {
 
@@ -14,6 +15,9 @@ struct ToyDataOptions {
   int64_t num_samples = 256;
   int64_t min_len = 64;
   int64_t max_len = 128;
+  // When given, sample i has lengths[i % size] tokens (each >= 2) and min/max_len are unused:
+  // a length distribution of real data (benchmarks/device/run.sh).
+  std::vector<int64_t> lengths;
   int64_t hidden_size = 64;
   int64_t vocab_size = 512;
   int64_t draft_vocab_size = 256;

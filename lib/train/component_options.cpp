@@ -183,6 +183,13 @@ model::MemoryPlan memory_plan(const config::TrainConfig& cfg, c10::Device device
   model::MemoryPlan m;
   m.max_length = cfg.data.max_length;
   m.micro_batch = micro_batch;
+  if (cfg.loop.packing) {
+    // A packed micro-batch: one row of up to the budget's tokens (bounded above by one sample
+    // of that length, whose attention and rows are the most a row of that many tokens holds).
+    m.max_length =
+        cfg.loop.packing_budget > 0 ? cfg.loop.packing_budget : cfg.data.max_length * micro_batch;
+    m.micro_batch = 1;
+  }
   m.ttt_length = cfg.model.ttt_length;
   m.activation_checkpointing = cfg.model.activation_checkpointing;
   m.head_chunk_rows = cfg.model.head_chunk_rows;

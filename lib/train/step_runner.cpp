@@ -75,6 +75,7 @@ model::StepOutput forward_micro_batch(model::Eagle3DraftImpl& draft, const model
 
 void StepRunner::micro_batch(const data::Batch& batch, bool last) {
   p_.engine->set_sync_gradients(!p_.accumulate_locally || last);
+  ++micro_batches_;
   // Real tokens only: padding is neither throughput nor model FLOPs.
   const at::Tensor valid = batch.attention_mask.sum(1).to(at::kLong).contiguous();
   tokens_ += valid.sum().item<int64_t>();
@@ -119,6 +120,12 @@ std::pair<int64_t, double> StepRunner::take_work() {
   tokens_ = 0;
   flops_ = 0;
   return work;
+}
+
+int64_t StepRunner::take_micro_batches() {
+  const int64_t n = micro_batches_;
+  micro_batches_ = 0;
+  return n;
 }
 
 }  // namespace fsdp::train

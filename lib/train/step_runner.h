@@ -76,12 +76,15 @@ class StepRunner {
   shard::StepResult optimizer_step(double lr, double max_grad_norm);
   // The step's valid tokens and FLOPs so far; reset by the call.
   std::pair<int64_t, double> take_work();
+  // Micro-batches run since the last call (packed ones with --packing); reset by the call.
+  int64_t take_micro_batches();
 
  private:
   Parts p_;
   std::vector<model::StepOutput> outputs_;
   double flops_ = 0;
   int64_t tokens_ = 0;
+  int64_t micro_batches_ = 0;
 };
 
 }  // namespace fsdp::train

@@ -350,6 +350,10 @@ void TrainLoop::log_step(int64_t n, int64_t epoch) {
   scalars.emplace_back("perf/step_time_s",
                        meter_.window_steps() ? secs / meter_.window_steps() : 0.0);
   const int64_t steps = std::max<int64_t>(meter_.window_steps(), 1);
+  // Micro-batches per optimizer step on this rank (fewer with --packing; every rank runs as many).
+  scalars.emplace_back(
+      "perf/micro_batches_per_step",
+      static_cast<double>(runner_.take_micro_batches()) / static_cast<double>(steps));
   for (const auto& [k, v] : metrics::time_shares(shares, secs)) {
     scalars.emplace_back("perf/" + k + "_share", v);
     scalars.emplace_back("perf/" + k + "_s", v * secs / static_cast<double>(steps));

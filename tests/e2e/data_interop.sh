@@ -14,7 +14,21 @@ trap 'rm -rf "$TMP"' EXIT
   --hidden-size 32 --vocab-size 128 --draft-vocab-size 64 --samples-per-dir 10 --seed 1
 test -f "$TMP/toy/hidden_states/rows_20-30/data_23.ckpt"
 
+# --lengths: the given lengths, cycled over the samples.
+"$BIN" gen-toy-data --out "$TMP/lens" --num-samples 5 --lengths 2,9,4 --samples-per-dir 5 >/dev/null
+"$PY" - "$TMP/lens/hidden_states" <<'PYEOF'
+import glob, sys, torch
+files = sorted(glob.glob(sys.argv[1] + "/*/*.ckpt"), key=lambda f: int(f.rsplit("_", 1)[1][:-5]))
+lengths = [torch.load(f, weights_only=True)["input_ids"].numel() for f in files]
+assert lengths == [2, 9, 4, 2, 9], lengths
+PYEOF
+
 # Bad flags exit with code 2, name the flag and say what to do (a ---> HINT line).
+set +e
+out="$("$BIN" gen-toy-data --out "$TMP/y" --lengths 5,1 2>&1)"
+rc=$?
+set -e
+[ "$rc" = 2 ] && grep -q -- "--lengths" <<<"$out" || { echo "--lengths 5,1 not refused: $out"; exit 1; }
 set +e
 out="$("$BIN" gen-toy-data --out "$TMP/x" --min-len 50 --max-len 10 2>&1)"
 rc=$?

@@ -3,8 +3,8 @@
 # --max-length 64, so several of exactly max length) the packed run equals the unpacked
 # micro-batch-1 run in fp32 at 1, 2, 3 and 4 ranks: per-step losses and gradient norms within
 # 1e-6, the same accuracies and acceptance, the weights after 3 steps within 1e-6 (relative L2);
-# with a larger budget too; MFU and tokens/s count real tokens; a budget below --max-length is
-# refused at start-up.
+# with a larger budget too (fewer micro-batches per step); MFU and tokens/s count real tokens;
+# a budget below --max-length is refused at start-up.
 set -uo pipefail
 source "$(dirname "$0")/lib/common.sh"
 DATA=$(toy_data varied --num-samples 64 --min-len 2 --max-len 96 --samples-per-dir 16 --seed 3)
@@ -61,7 +61,10 @@ for a, b in zip(steps(sys.argv[1]), steps(sys.argv[2])):
     ta = a["perf/tokens_per_s"] * a["perf/step_time_s"]
     tb = b["perf/tokens_per_s"] * b["perf/step_time_s"]
     assert abs(ta - tb) <= 1e-6 * ta, (ta, tb)
-print("same tokens per step")
+    # 6 samples per rank and step unpacked; a 200-token budget packs them into fewer.
+    assert a["perf/micro_batches_per_step"] == 6, a["perf/micro_batches_per_step"]
+    assert 1 <= b["perf/micro_batches_per_step"] < 6, b["perf/micro_batches_per_step"]
+print("same tokens per step, fewer micro-batches")
 PYEOF
 
 expect_usage_error "budget below max length" "$BIN" $(train_args "$DATA" "$W/bad") --packing --packing-budget 32 --max-steps 1
