@@ -15,6 +15,7 @@
 #include "model/draft_model.h"
 #include "model/memory_estimate.h"
 #include "model/ttt_loss.h"
+#include "support/random_draft.h"
 #include "support/small_draft.h"
 
 using namespace fsdp::model;
@@ -27,16 +28,6 @@ DraftConfig config(bool norm_output = false) {
   c.norm_output = norm_output;
   c.validate();
   return c;
-}
-
-void randomise(Eagle3Draft& m) {
-  torch::NoGradGuard g;
-  for (const auto& kv : m->named_parameters()) {
-    if (kv.key().find("norm") != std::string::npos)
-      kv.value().uniform_(0.5, 1.5);  // norms start at ones: make a wrong one visible
-    else if (kv.key() != "embed_tokens.weight")
-      kv.value().uniform_(-0.5, 0.5);
-  }
 }
 
 // Two samples of 11 positions: the second padded after 8 tokens, prompts and a gap out of the
@@ -143,7 +134,7 @@ TEST_CASE("chunked head: equal to the unchunked path at T = 1, 3, 7 for every ob
   const DraftConfig c = config();
   torch::manual_seed(21);
   Eagle3Draft m(c);
-  randomise(m);
+  fsdp::testing::randomise_draft(m);
   for (int64_t T : {1, 3, 7}) {
     const Batch b = make_batch(c, T);
     // 15 loss rows: chunks of 1, of sizes that leave a remainder, one chunk, more than the rows.
@@ -169,7 +160,7 @@ TEST_CASE("chunked head: norm_output, recompute_loss, frozen head weights, the t
     const DraftConfig c = config(/*norm_output=*/true);
     torch::manual_seed(22);
     Eagle3Draft m(c);
-    randomise(m);
+    fsdp::testing::randomise_draft(m);
     const Batch b = make_batch(c, T);
     LossOptions o;
     o.ttt_length = T;
@@ -185,7 +176,7 @@ TEST_CASE("chunked head: norm_output, recompute_loss, frozen head weights, the t
     const DraftConfig c = config();
     torch::manual_seed(23);
     Eagle3Draft m(c);
-    randomise(m);
+    fsdp::testing::randomise_draft(m);
     m->enable_lora(2, 4.0, {"q_proj", "down_proj"});
     {
       torch::NoGradGuard g;
@@ -204,7 +195,7 @@ TEST_CASE("chunked head: norm_output, recompute_loss, frozen head weights, the t
     const DraftConfig c = config();
     torch::manual_seed(24);
     Eagle3Draft m(c);
-    randomise(m);
+    fsdp::testing::randomise_draft(m);
     const Batch b = make_batch(c, T);
     TargetHead head(torch::randn({c.vocab_size, c.target_hidden()}), m->t2d);
     const at::Tensor target_hidden = torch::randn({2, 11, c.target_hidden()});
@@ -230,7 +221,7 @@ TEST_CASE("chunked head: one use of norm and lm_head per call, evaluation keeps 
   const DraftConfig c = config();
   torch::manual_seed(25);
   Eagle3Draft m(c);
-  randomise(m);
+  fsdp::testing::randomise_draft(m);
   const int64_t T = 3;
   const Batch b = make_batch(c, T);
   struct Recorder : fsdp::UnitHooks {

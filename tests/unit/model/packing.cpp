@@ -16,6 +16,7 @@
 #include "model/draft_model.h"
 #include "model/ttt_attention.h"
 #include "model/ttt_loss.h"
+#include "support/random_draft.h"
 #include "support/small_draft.h"
 
 using namespace fsdp::model;
@@ -29,16 +30,6 @@ DraftConfig config(bool norm_output = false, int64_t layers = 1) {
   c.num_hidden_layers = layers;
   c.validate();
   return c;
-}
-
-void randomise(Eagle3Draft& m) {
-  torch::NoGradGuard g;
-  for (const auto& kv : m->named_parameters()) {
-    if (kv.key().find("norm") != std::string::npos)
-      kv.value().uniform_(0.5, 1.5);
-    else if (kv.key() != "embed_tokens.weight")
-      kv.value().uniform_(-0.5, 0.5);
-  }
 }
 
 // One sample as its own micro-batch: [1, L] tensors, target_p [1, L + T, Vd].
@@ -233,7 +224,7 @@ TEST_CASE("packing: packed documents equal each document as its own micro-batch"
   const DraftConfig c = config();
   torch::manual_seed(5);
   Eagle3Draft m(c);
-  randomise(m);
+  fsdp::testing::randomise_draft(m);
   for (int64_t T : {1, 3, 7}) {
     const std::vector<Doc> docs = documents(c, T);
     for (const auto& [name, options] : objectives(T)) {
@@ -257,7 +248,7 @@ TEST_CASE("packing: activation checkpointing, norm_output and a two-layer draft"
     INFO(variant);
     torch::manual_seed(9);
     Eagle3Draft m(cfg);
-    randomise(m);
+    fsdp::testing::randomise_draft(m);
     m->set_checkpoint_layer(variant == "checkpointed layer");
     LossOptions o;
     o.ttt_length = 3;
