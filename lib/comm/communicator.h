@@ -51,6 +51,12 @@ class Communicator {
                              const CollectiveOptions& opts = {}) = 0;
   // In place: t = root's t.
   virtual WorkPtr broadcast(const at::Tensor& t, int root, const CollectiveOptions& opts = {}) = 0;
+  // Block j of `in` goes to rank j: out[r*n:(r+1)*n] = in[rank*n:(rank+1)*n] of rank r, where
+  // n = in.numel() / size(). `in` and `out` are contiguous, do not overlap, and have the same
+  // dtype and numel, divisible by size() (the same on every rank). With size() == 1, out = in.
+  // Sequence parallelism (Ulysses) exchanges sequence and head shards with it.
+  virtual WorkPtr all_to_all(const at::Tensor& in, const at::Tensor& out,
+                             const CollectiveOptions& opts = {}) = 0;
   // Blocks until every rank of the group arrived (or the timeout aborts the job).
   virtual void barrier(const CollectiveOptions& opts = {}) = 0;
 

@@ -405,6 +405,58 @@ WorkPtr MpiCommunicator::broadcast(const at::Tensor& t, int root, const Collecti
   return enqueue(std::move(task));
 }
 
+WorkPtr MpiCommunicator::all_to_all(const at::Tensor& in, const at::Tensor& out,
+                                    const CollectiveOptions& opts) {
+  check_cpu(in, "all_to_all");
+  check_cpu(out, "all_to_all");
+  FSDP_CHECK(in.scalar_type() == out.scalar_type(),
+             str("mpi backend: all_to_all dtype mismatch: input ", dtype_name(in.scalar_type()),
+                 ", output ", dtype_name(out.scalar_type())),
+             "give the output the dtype of the input");
+  FSDP_CHECK(in.numel() == out.numel() && in.numel() % size_ == 0,
+             str("mpi backend: all_to_all input has ", in.numel(), " elements and output ",
+                 out.numel(), ", expected the same count divisible by ", size_, " ranks"),
+             "input and output must hold one equal-sized block per rank");
+  FSDP_CHECK(in.is_contiguous() && out.is_contiguous(),
+             "mpi backend: all_to_all needs contiguous input and output tensors",
+             "call .contiguous() on the input and allocate the output with at::empty");
+  const int64_t total = static_cast<int64_t>(in.nbytes());
+  const auto* in_p = static_cast<const char*>(in.data_ptr());
+  const auto* out_p = static_cast<const char*>(out.data_ptr());
+  FSDP_CHECK(total == 0 || in_p + total <= out_p || out_p + total <= in_p,
+             "mpi backend: all_to_all input and output overlap",
+             "give all_to_all a separate output tensor");
+  auto task = std::make_unique<Task>();
+  task->type = OpType::kAllToAll;
+  task->name = "all_to_all";
+  task->bytes = in.nbytes();
+  task->timeout = opts.timeout;
+  const int64_t block = total / size_;  // bytes per rank
+  const int64_t max_bytes = tuning_.max_count;
+  task->start = [this, in, out, block, max_bytes]() {
+    std::vector<MPI_Request> reqs;
+    const auto* src = static_cast<const char*>(in.data_ptr());
+    auto* dst = static_cast<char*>(out.data_ptr());
+    for (int64_t off = 0; off < block; off += max_bytes) {
+      const int64_t len = std::min(max_bytes, block - off);
+      // Bytes [off, off+len) of every block: a resized type steps from one block to the next.
+      MPI_Datatype piece, spaced;
+      MPI_Type_contiguous(static_cast<int>(len), MPI_BYTE, &piece);
+      MPI_Type_create_resized(piece, 0, static_cast<MPI_Aint>(block), &spaced);
+      MPI_Type_commit(&spaced);
+      MPI_Request r;
+      int rc = MPI_Ialltoall(src + off, 1, spaced, dst + off, 1, spaced, comm_, &r);
+      MPI_Type_free(&spaced);
+      MPI_Type_free(&piece);
+      FSDP_CHECK(rc == MPI_SUCCESS, "mpi backend: MPI_Ialltoall failed: " + mpi_error_string(rc),
+                 "check the MPI errors above and that every rank is still running; then rerun");
+      reqs.push_back(r);
+    }
+    return reqs;
+  };
+  return enqueue(std::move(task));
+}
+
 void MpiCommunicator::barrier(const CollectiveOptions& opts) {
   auto task = std::make_unique<Task>();
   task->type = OpType::kBarrier;

@@ -51,6 +51,8 @@ class MpiCommunicator final : public Communicator {
                          const CollectiveOptions& opts) override;
   WorkPtr all_reduce(const at::Tensor& t, ReduceOp op, const CollectiveOptions& opts) override;
   WorkPtr broadcast(const at::Tensor& t, int root, const CollectiveOptions& opts) override;
+  WorkPtr all_to_all(const at::Tensor& in, const at::Tensor& out,
+                     const CollectiveOptions& opts) override;
   void barrier(const CollectiveOptions& opts) override;
   void synchronize() override;
 

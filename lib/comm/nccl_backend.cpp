@@ -253,6 +253,39 @@ class NcclCommunicator final : public Communicator {
     return work;
   }
 
+  WorkPtr all_to_all(const at::Tensor& in, const at::Tensor& out,
+                     const CollectiveOptions& opts) override {
+    check(in, "all_to_all");
+    check(out, "all_to_all");
+    FSDP_CHECK(
+        in.scalar_type() == out.scalar_type() && in.numel() == out.numel() &&
+            in.numel() % size_ == 0,
+        str("nccl backend: all_to_all got ", in.numel(), " ", dtype_name(in.scalar_type()),
+            " input and ", out.numel(), " ", dtype_name(out.scalar_type()),
+            " output elements; both need one dtype and a count divisible by ", size_, " ranks"),
+        "this is a bug in fsdp-train: please report it with the command line and log");
+    FSDP_CHECK(in.is_contiguous() && out.is_contiguous(),
+               "nccl backend: all_to_all needs contiguous input and output tensors",
+               "this is a bug in fsdp-train: please report it with the command line and log");
+    const auto nbytes = static_cast<int64_t>(in.nbytes());
+    const auto* src = static_cast<const char*>(in.data_ptr());
+    auto* dst = static_cast<char*>(out.data_ptr());
+    FSDP_CHECK(nbytes == 0 || src + nbytes <= dst || dst + nbytes <= src,
+               "nccl backend: all_to_all input and output overlap",
+               "this is a bug in fsdp-train: please report it with the command line and log");
+    const auto type = nccl_type(in.scalar_type(), "all_to_all");
+    const size_t n = static_cast<size_t>(in.numel() / size_);
+    const size_t block = n * in.element_size();  // bytes per peer
+    return launch(OpType::kAllToAll, "all_to_all", in.nbytes(), opts, {in, out}, [&] {
+      FSDP_NCCL_CHECK(ncclGroupStart());
+      for (int peer = 0; peer < size_; ++peer) {
+        FSDP_NCCL_CHECK(ncclSend(src + peer * block, n, type, peer, comm_, stream_->stream()));
+        FSDP_NCCL_CHECK(ncclRecv(dst + peer * block, n, type, peer, comm_, stream_->stream()));
+      }
+      FSDP_NCCL_CHECK(ncclGroupEnd());
+    });
+  }
+
   void barrier(const CollectiveOptions& opts) override {
     c10::cuda::CUDAGuard guard(device_);
     at::Tensor one = at::ones({1}, at::TensorOptions().device(at::kCUDA, device_));

@@ -30,6 +30,8 @@ const char* op_type_name(OpType op) {
       return "broadcast";
     case OpType::kBarrier:
       return "barrier";
+    case OpType::kAllToAll:
+      return "all_to_all";
     default:
       return "?";
   }

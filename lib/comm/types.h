@@ -13,7 +13,15 @@ namespace fsdp::comm {
 enum class ReduceOp { kSum, kAvg, kMax };
 const char* reduce_op_name(ReduceOp op);
 
-enum class OpType { kAllGather = 0, kReduceScatter, kAllReduce, kBroadcast, kBarrier, kCount };
+enum class OpType {
+  kAllGather = 0,
+  kReduceScatter,
+  kAllReduce,
+  kBroadcast,
+  kBarrier,
+  kAllToAll,
+  kCount
+};
 const char* op_type_name(OpType op);
 
 // Every collective takes options (c10d style). A zero timeout means the communicator's default
@@ -24,8 +32,9 @@ struct CollectiveOptions {
 
 struct OpStats {
   uint64_t calls = 0;
-  // Payload bytes as nccl-tests counts them: all_gather the gathered output, reduce_scatter the
-  // full input, all_reduce and broadcast the tensor. Bus bandwidth is derived from these.
+  // Payload bytes as nccl-tests counts them: all_gather the gathered output, reduce_scatter and
+  // all_to_all the full input, all_reduce and broadcast the tensor. Bus bandwidth is derived from
+  // these.
   uint64_t bytes = 0;
   double seconds = 0.0;
 };

@@ -381,9 +381,9 @@ void check_tp_size(const std::string& v, const std::string& src) {
               "--draft-global-batch-size counts samples over all ranks");
 }
 void check_sequence_parallel(const std::string& v, const std::string& src) {
-  must_be_one(v, src, "fsdp-train has no sequence parallelism",
-              "drop it; for long sequences use --activation-checkpointing and "
-              "--sharding-strategy full_shard");
+  must_be_one(v, src, "ring attention is not implemented",
+              "use --sp-ulysses-size for sequence parallelism (docs/usage.md \"Sequence "
+              "parallelism\")");
 }
 void check_positive_text(const std::string& v, const std::string& src) {
   FSDP_USAGE_CHECK(parse_int(v, src) > 0, str(src, " must be positive, got ", v),
@@ -391,13 +391,8 @@ void check_positive_text(const std::string& v, const std::string& src) {
 }
 void check_attention_backend(const std::string& v, const std::string& src) {
   const std::string t = detail::to_lower(v);
-  FSDP_USAGE_CHECK(t != "usp",
-                   str(src,
-                       " usp: SpecForge's usp backend is sequence parallelism, which "
-                       "fsdp-train does not implement"),
-                   "drop it (fsdp-train's one attention implementation is exact at any length)");
-  FSDP_USAGE_CHECK(t == "sdpa" || t == "flex_attention" || t == "fa" || t == "eager",
-                   str(src, ": '", v, "' is not one of sdpa, flex_attention, fa, eager"),
+  FSDP_USAGE_CHECK(t == "sdpa" || t == "flex_attention" || t == "fa" || t == "eager" || t == "usp",
+                   str(src, ": '", v, "' is not one of sdpa, flex_attention, fa, eager, usp"),
                    "drop it: fsdp-train has one exact attention implementation");
 }
 void check_target_backend(const std::string& v, const std::string& src) {
@@ -631,6 +626,15 @@ void add_training_rows(std::vector<OptionSpec>& t) {
       "which is normalised as a micro-batch of its own, so a step equals the unpacked "
       "micro-batch-1 step (docs/usage.md \"Packing\")",
       FIELD(loop.packing)));
+  t.push_back(row<int64_t>(
+      "sp-ulysses-size", K::kInt, tr,
+      "sequence parallelism (DeepSpeed-Ulysses): ranks per group that share each sample, each "
+      "holding a contiguous slice of its positions; all-to-alls swap heads for positions "
+      "around the attention. Data-parallel size = ranks / this; needs micro-batch 1, no "
+      "--packing, and attention and key/value heads divisible by it (docs/usage.md \"Sequence "
+      "parallelism\")",
+      FIELD(loop.sp_ulysses_size)));
+  t.back().bounds = whole(1, 4096);
   t.push_back(row<int64_t>("packing-budget", K::kInt, tr,
                            "tokens per packed micro-batch (with --packing); 0: --max-length x "
                            "--draft-micro-batch-size",
@@ -971,18 +975,16 @@ void add_recorded_rows(std::vector<OptionSpec>& t) {
                            check_tp_size));
   t.push_back(recorded_row("dp-size", K::kInt,
                            "data-parallel size in SpecForge; when given it must equal the number "
-                           "of ranks",
+                           "of ranks over --sp-ulysses-size",
                            check_positive_text));
-  t.push_back(recorded_row("sp-ulysses-size", K::kInt,
-                           "sequence parallelism in SpecForge; only 1 is accepted",
-                           check_sequence_parallel));
   t.push_back(recorded_row("sp-ring-size", K::kInt,
-                           "sequence parallelism in SpecForge; only 1 is accepted",
+                           "ring attention (SpecForge's other sequence-parallel axis); only 1 is "
+                           "accepted: fsdp-train's sequence parallelism is --sp-ulysses-size",
                            check_sequence_parallel));
   t.push_back(recorded_row("attention-backend", K::kString,
-                           "SpecForge's draft attention kernel (sdpa, flex_attention, fa, eager; "
-                           "usp is refused); fsdp-train has one exact implementation, so the "
-                           "value only changes speed in SpecForge and is recorded here",
+                           "SpecForge's draft attention kernel (sdpa, flex_attention, fa, eager, "
+                           "usp); fsdp-train has one exact implementation (sequence-parallel "
+                           "with --sp-ulysses-size), so the value is recorded here",
                            check_attention_backend));
   t.push_back(recorded_row("draft-attention-backend", K::kString,
                            "another SpecForge spelling of --attention-backend (recorded)",

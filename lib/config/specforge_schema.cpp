@@ -550,9 +550,9 @@ std::vector<Key> build_keys() {
   {
     Key k = with_choices(
         sets("training.attention_backend", T::kEnum, "flex_attention", "attention-backend",
-             "`--attention-backend`: recorded (one exact attention); eager is "
-             "refused as SpecForge's EAGLE3 refuses it, usp too (sequence "
-             "parallelism is not implemented)"),
+             "`--attention-backend`: recorded (one exact attention; usp with "
+             "sp_ulysses_size > 1 is fsdp-train's Ulysses sequence parallelism); eager is "
+             "refused as SpecForge's EAGLE3 refuses it"),
         {"eager", "sdpa", "flex_attention", "fa", "usp"});
     k.apply = [](const Key&, const Value& v, TrainConfig& cfg, const std::string& src) {
       FSDP_USAGE_CHECK(v.text != "eager",
@@ -566,10 +566,12 @@ std::vector<Key> build_keys() {
                       "`--tp-size`: 1 (SpecForge refuses other values offline too)"),
                  gt(0)));
   add(with_range(sets("training.sp_ulysses_size", T::kInt, "1", "sp-ulysses-size",
-                      "`--sp-ulysses-size`: 1 (sequence parallelism is not implemented)"),
+                      "`--sp-ulysses-size` (Ulysses sequence parallelism; with "
+                      "attention_backend usp and batch_size 1, as SpecForge)"),
                  gt(0)));
   add(with_range(sets("training.sp_ring_size", T::kInt, "1", "sp-ring-size",
-                      "`--sp-ring-size`: 1 (sequence parallelism is not implemented)"),
+                      "`--sp-ring-size`: 1 (ring attention is not implemented; use "
+                      "sp_ulysses_size)"),
                  gt(0)));
   add(with_range(
       sets("training.dist_timeout", T::kInt, "10", "dist-timeout", "`--dist-timeout` (minutes)"),

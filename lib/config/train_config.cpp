@@ -5,6 +5,7 @@
 
 #include "config/hf_cache.h"
 #include "config/options.h"
+#include "config/value_parse.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -78,6 +79,15 @@ BatchPlan batch_plan(const TrainConfig& cfg, int world_size) {
   BatchPlan p;
   p.global_batch = cfg.loop.draft_global_batch_size;
   p.micro_batch = cfg.loop.draft_micro_batch_size;
+  FSDP_USAGE_CHECK(world_size > 0, str("world size must be positive, got ", world_size),
+                   "start at least one rank (mpirun -np N or --nproc-per-node N)");
+  const int64_t sp = cfg.loop.sp_ulysses_size;
+  FSDP_USAGE_CHECK(sp >= 1 && world_size % sp == 0,
+                   str("--sp-ulysses-size ", sp, " does not divide the ", world_size, " ranks"),
+                   str("start a multiple of ", sp,
+                       " ranks (data-parallel size x sequence-parallel size), or change "
+                       "--sp-ulysses-size"));
+  world_size = static_cast<int>(world_size / sp);  // the data-parallel ranks from here on
   p.dp_size = world_size;
   FSDP_USAGE_CHECK(p.global_batch > 0,
                    str("--draft-global-batch-size must be positive, got ", p.global_batch),
@@ -169,11 +179,40 @@ void validate(const TrainConfig& cfg, int world_size, const ValidateOptions& opt
         str("--warmup-steps ", *o.warmup_steps, " exceeds --total-steps ", *cfg.loop.total_steps),
         "lower --warmup-steps");
   }
+  const int64_t sp = cfg.loop.sp_ulysses_size;
+  FSDP_USAGE_CHECK(sp >= 1 && world_size % sp == 0,
+                   str("--sp-ulysses-size ", sp, " does not divide the ", world_size, " ranks"),
+                   str("start a multiple of ", sp,
+                       " ranks (data-parallel size x sequence-parallel size), or change "
+                       "--sp-ulysses-size"));
+  for (const char* flag : {"attention-backend", "draft-attention-backend"}) {
+    const auto it = cfg.specforge_flags.find(flag);
+    FSDP_USAGE_CHECK(
+        it == cfg.specforge_flags.end() || detail::to_lower(it->second) != "usp" || sp > 1,
+        str("--", flag, " usp is SpecForge's sequence parallelism, and --sp-ulysses-size is 1"),
+        "give --sp-ulysses-size 2 or more (fsdp-train's Ulysses sequence "
+        "parallelism), or drop the flag");
+  }
+  if (sp > 1) {
+    FSDP_USAGE_CHECK(
+        cfg.loop.draft_micro_batch_size == 1,
+        str("--sp-ulysses-size ", sp, " with --draft-micro-batch-size ",
+            cfg.loop.draft_micro_batch_size, ": sequence parallelism shards one sample at a time"),
+        "use --draft-micro-batch-size 1 (raise the accumulation through "
+        "--draft-global-batch-size instead)");
+    FSDP_USAGE_CHECK(!cfg.loop.packing,
+                     str("--sp-ulysses-size ", sp,
+                         " with --packing: a packed micro-batch holds several samples, a "
+                         "sequence-parallel group shards one"),
+                     "drop --packing (sequence parallelism is for samples too long to pack)");
+  }
   if (const auto dp = cfg.specforge_flags.find("dp-size"); dp != cfg.specforge_flags.end()) {
     FSDP_USAGE_CHECK(
-        dp->second == std::to_string(world_size),
-        str("--dp-size ", dp->second, " but the job has ", world_size, " data-parallel ranks"),
-        "drop --dp-size (every rank is data-parallel) or start that many ranks");
+        dp->second == std::to_string(world_size / sp),
+        str("--dp-size ", dp->second, " but the job has ", world_size / sp,
+            " data-parallel ranks (", world_size, " ranks / --sp-ulysses-size ", sp, ")"),
+        "drop --dp-size (it is the ranks over the sequence-parallel size) or start that many "
+        "ranks");
   }
   // W&B refuses these project names only when the side process creates the run, after the
   // start-up: checked here instead. Run names (display names) may hold any printable text.

@@ -125,6 +125,9 @@ struct LoopConfig {
   // draft_micro_batch_size), each sample normalised as a micro-batch of its own.
   bool packing = false;
   int64_t packing_budget = 0;
+  // Sequence parallelism (docs/usage.md "Sequence parallelism"): ranks per group sharing each
+  // sample (DeepSpeed-Ulysses); the data-parallel size is ranks / sp_ulysses_size.
+  int64_t sp_ulysses_size = 1;
   LossNormalization loss_normalization = LossNormalization::kBatch;
   // The objective (model::parse_loss_spec: a name or a JSON object of weights) and the weight
   // decay per TTT step (step i weighs decay^i; SpecForge's 0.8).

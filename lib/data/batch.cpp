@@ -17,6 +17,7 @@ uint64_t RawSample::nbytes() const {
 }
 
 int64_t Batch::num_loss_tokens() const {
+  if (sharded()) return shard_rank == 0 ? full_loss_mask.sum().item<int64_t>() : 0;
   return loss_mask.defined() ? loss_mask.sum().item<int64_t>() : 0;
 }
 
@@ -87,6 +88,45 @@ Batch collate(const std::vector<Sample>& samples, bool pin_memory) {
     out.aux_hidden[i].narrow(0, 0, n).copy_(x.aux_hidden);
     out.target_hidden[i].narrow(0, 0, n).copy_(x.target_hidden);
   }
+  return out;
+}
+
+Batch slice_batch(const Batch& batch, int rank, int size, int64_t halo, bool pin_memory) {
+  FSDP_CHECK(batch.batch_size() == 1 && batch.documents.empty() && size >= 1 && rank >= 0 &&
+                 rank < size && halo >= 0,
+             str("slice_batch: a sequence-parallel slice needs one unpacked sample; got [",
+                 batch.batch_size(), ", ", batch.seq_len(), "]",
+                 batch.documents.empty() ? "" : " packed", ", rank ", rank, " of ", size),
+             "sequence parallelism runs --draft-micro-batch-size 1 without --packing");
+  const int64_t total = batch.seq_len();
+  const int64_t local = std::max<int64_t>(1, (total + size - 1) / size);
+  const int64_t offset = rank * local, window = local + halo;
+  // Positions [offset, offset + window) that exist in the sample: [offset, offset + have).
+  const int64_t have = std::max<int64_t>(0, std::min(window, total - offset));
+  const auto cut = [&](const at::Tensor& t) {
+    auto sizes = t.sizes().vec();
+    sizes[1] = window;
+    auto o = t.options();
+    if (pin_memory) o = o.pinned_memory(true);
+    at::Tensor out = at::zeros(sizes, o);
+    if (have > 0) out.narrow(1, 0, have).copy_(t.narrow(1, offset, have));
+    return out;
+  };
+  Batch out;
+  out.input_ids = cut(batch.input_ids);
+  out.loss_mask = cut(batch.loss_mask);
+  out.attention_mask = cut(batch.attention_mask);
+  out.aux_hidden = cut(batch.aux_hidden);
+  out.target_hidden = cut(batch.target_hidden);
+  out.shard_offset = offset;
+  out.shard_local = local;
+  out.shard_rank = rank;
+  out.full_loss_mask = batch.loss_mask;
+  out.sample_indices = batch.sample_indices;
+  out.epoch = batch.epoch;
+  out.batch_index = batch.batch_index;
+  out.num_skipped = batch.num_skipped;
+  out.bytes_read = batch.bytes_read;
   return out;
 }
 

@@ -59,18 +59,36 @@ struct Batch {
   // A packed micro-batch (data/packing.h): one row of whole documents, their lengths in order
   // (summing to seq_len()); empty for a right-padded micro-batch.
   std::vector<int64_t> documents;
+  // Sequence-parallel (slice_batch): this rank's draft positions [shard_offset, shard_offset +
+  // shard_local) of the one sample, whose tensors above hold the window of shard_local +
+  // halo positions from shard_offset (zeros past the sample's end); full_loss_mask int64
+  // [1, total] is the whole sample's. shard_local 0: not sharded.
+  // shard_rank: this rank's place in its group (rank 0 counts the sample: num_loss_tokens,
+  // zero_loss_rows).
+  int64_t shard_offset = 0, shard_local = 0;
+  int shard_rank = 0;
+  at::Tensor full_loss_mask;
+  bool sharded() const { return shard_local > 0; }
   int64_t epoch = 0;
   int64_t batch_index = 0;  // position of this micro-batch within the rank's epoch
   int64_t num_skipped = 0;  // rows that stand in for skipped bad samples
   uint64_t bytes_read = 0;  // raw feature bytes read to build this batch
   int64_t batch_size() const { return input_ids.defined() ? input_ids.size(0) : 0; }
   int64_t seq_len() const { return input_ids.defined() ? input_ids.size(1) : 0; }
-  // Tokens that count for the loss (sum of loss_mask).
+  // Tokens that count for the loss (sum of loss_mask; sharded: the sample's on group rank 0, 0
+  // on the others).
   int64_t num_loss_tokens() const;
 };
 
 // Right-pads every tensor with zeros to the longest sample. Throws when samples disagree on the
 // hidden size (naming both sizes) or when `samples` is empty.
 Batch collate(const std::vector<Sample>& samples, bool pin_memory = false);
+
+// Sequence parallelism: the slice of a one-sample batch that rank `rank` of `size` holds: the
+// draft positions [offset, offset + local) with local = ceil(total / size) (at least 1) and
+// offset = rank * local, and every tensor cut to the window [offset, offset + local + halo)
+// (halo = ttt_length - 1: step i scores position t + i), zero-padded past the sample's end.
+// Throws unless `batch` holds one unpacked sample.
+Batch slice_batch(const Batch& batch, int rank, int size, int64_t halo, bool pin_memory = false);
 
 }  // namespace fsdp::data

@@ -153,12 +153,17 @@ Batch DataLoader::build_batch(int64_t epoch, int64_t batch) {
                      "fix the hidden-state files");
     for (int64_t k : bad_rows) samples[k] = empty_sample(h, w);
   }
-  Batch collated = collate(samples, options_.pin_memory);
+  const bool sliced = options_.sp_size > 1;
+  Batch collated = collate(samples, options_.pin_memory && !sliced);
   collated.sample_indices = std::move(out.sample_indices);
   collated.bytes_read = out.bytes_read;
   collated.num_skipped = static_cast<int64_t>(bad_rows.size());
   collated.epoch = epoch;
   collated.batch_index = batch;
+  if (sliced) {
+    return slice_batch(collated, options_.sp_rank, options_.sp_size, options_.sp_halo,
+                       options_.pin_memory);
+  }
   return collated;
 }
 

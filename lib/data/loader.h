@@ -36,6 +36,10 @@ struct LoaderOptions {
   // Noise added to each good sample's aux hidden state (data/noise.h); off by default, and the
   // trainer turns it on for the training loader only, never for evaluation.
   NoiseOptions noise;
+  // Sequence parallelism (data::slice_batch): this rank's place in its group and the window's
+  // halo (ttt_length - 1); the sampler is then the data-parallel one, shared by the group.
+  int sp_rank = 0, sp_size = 1;
+  int64_t sp_halo = 0;
   void validate() const;  // throws UsageError naming the option
 };
 

@@ -76,7 +76,10 @@ void check_loss_mask(const LossMaskCount& c, const std::string& flag, const std:
 
 int64_t zero_loss_rows(const Batch& batch) {
   if (!batch.loss_mask.defined() || batch.batch_size() == 0) return 0;
-  const int64_t zero = batch.loss_mask.eq(1).sum(1).eq(0).sum().item<int64_t>();
+  // Sequence-parallel: the whole sample's mask, counted once per group (by its rank 0).
+  if (batch.sharded() && batch.shard_rank != 0) return 0;
+  const at::Tensor& mask = batch.sharded() ? batch.full_loss_mask : batch.loss_mask;
+  const int64_t zero = mask.eq(1).sum(1).eq(0).sum().item<int64_t>();
   return std::max<int64_t>(zero - batch.num_skipped, 0);
 }
 

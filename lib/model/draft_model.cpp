@@ -183,10 +183,21 @@ at::Tensor Eagle3AttentionImpl::forward(const at::Tensor& x, const at::Tensor& c
   at::Tensor v = v_proj(x).view({B, S, num_kv_heads, head_dim}).transpose(1, 2);
   q = apply_rotary(q, cos, sin);
   k = apply_rotary(k, cos, sin);
-  cache.keys.push_back(k);
-  cache.values.push_back(v.contiguous());
-  at::Tensor attn = ttt_attention(q, cache.keys, cache.values, layout,
-                                  1.0 / std::sqrt(static_cast<double>(head_dim)), impl);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
+  at::Tensor attn;
+  if (layout.shard) {
+    // Ulysses (seq_parallel.h): my heads over the whole sequence; the cache holds that layout.
+    const SeqShard& shard = *layout.shard;
+    cache.keys.push_back(seq_to_head(k, shard));
+    cache.values.push_back(seq_to_head(v, shard).contiguous());
+    attn = head_to_seq(ttt_attention(seq_to_head(q, shard), cache.keys, cache.values,
+                                     SeqLayout(shard.full_mask), scale, impl),
+                       shard);
+  } else {
+    cache.keys.push_back(k);
+    cache.values.push_back(v.contiguous());
+    attn = ttt_attention(q, cache.keys, cache.values, layout, scale, impl);
+  }
   return o_proj(attn.transpose(1, 2).reshape({B, S, num_heads * head_dim}));
 }
 
@@ -351,7 +362,9 @@ at::Tensor Eagle3DraftImpl::decode(const at::Tensor& e, const at::Tensor& h, int
                        cache.layers.size(), " layers (the draft has ", layers_.size(), ")"),
              "run steps 0, 1, ... in order with one DraftCache per micro-batch");
   // Positions t + step; packed, t counts from each document's start (docs/model.md "Packing").
-  auto [cos, sin] = rope_.slice(step, e.size(1), e.scalar_type(), e.device());
+  // Sequence-parallel, this rank's positions start at the shard's offset.
+  const int64_t first = layout.shard ? layout.shard->offset : 0;
+  auto [cos, sin] = rope_.slice(step + first, e.size(1), e.scalar_type(), e.device());
   if (layout.packed() && layout.documents.size() > 1) {
     std::vector<at::Tensor> cs, ss;
     for (const int64_t L : layout.documents) {

@@ -8,8 +8,11 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <memory>
 #include <utility>
 #include <vector>
+
+#include "model/seq_parallel.h"
 
 namespace fsdp::model {
 
@@ -27,6 +30,9 @@ struct SeqLayout {
       : attention_mask(mask), documents(std::move(docs)) {}
   at::Tensor attention_mask;       // int64/bool [B, S]
   std::vector<int64_t> documents;  // packed: document lengths (host); empty: unpacked
+  // Sequence-parallel (seq_parallel.h): this rank's slice of one sample; attention_mask is then
+  // the slice's [1, local] mask. Never packed.
+  std::shared_ptr<const SeqShard> shard;
   bool packed() const { return !documents.empty(); }
 };
 

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <memory>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -15,9 +16,17 @@
 
 #include "core/error.h"
 #include "model/memory_estimate.h"
+#include "model/seq_parallel.h"
 
 namespace fsdp::model {
 namespace {
+
+// A sequence-parallel rank's draft positions [offset, offset + local) (LossRows::build_shard).
+struct ShardSpan {
+  int64_t offset = 0, local = 0;
+};
+LossRows build_rows(const at::Tensor& loss_mask, int64_t ttt_length, c10::Device device,
+                    const std::vector<int64_t>& documents, const ShardSpan* shard);
 
 void check_batch(const Eagle3DraftImpl& model, const at::Tensor& input_ids,
                  const at::Tensor& attention_mask, const at::Tensor& loss_mask,
@@ -45,13 +54,19 @@ void check_batch(const Eagle3DraftImpl& model, const at::Tensor& input_ids,
 
 // Runs the T-step unroll and hands each step's output (Eagle3DraftImpl::step_output: the last
 // layer's out, normed with norm_output) to `on_step`; it is also the next step's hidden state.
+//
+// Sequence-parallel (layout.shard), input_ids and aux_hidden hold the window of the shard's
+// LossRows (local + T - 1 positions); the draft runs on the first `local` of them and step i
+// embeds the tokens i positions on (the window's last T - 1 are the next ranks' first ones).
 void unroll(Eagle3DraftImpl& model, const at::Tensor& input_ids, const SeqLayout& layout,
             const at::Tensor& aux_hidden, int64_t T, AttentionImpl impl,
             const std::function<void(int64_t, const at::Tensor&)>& on_step) {
-  at::Tensor h = model.project_aux(aux_hidden);  // step-0 hidden, computed once
+  const int64_t L = layout.shard ? layout.shard->local : input_ids.size(1);
+  // Step-0 hidden, computed once.
+  at::Tensor h = model.project_aux(layout.shard ? aux_hidden.narrow(1, 0, L) : aux_hidden);
   DraftCache cache;
   for (int64_t i = 0; i < T; ++i) {
-    at::Tensor e = model.embed(shift_left(input_ids, i));
+    at::Tensor e = model.embed(layout.shard ? input_ids.narrow(1, i, L) : shift_left(input_ids, i));
     at::Tensor out = model.step_output(model.decode(e, h, i, cache, layout, impl));
     on_step(i, out);
     h = out;
@@ -172,19 +187,29 @@ at::Tensor objective_rows(const at::Tensor& z, const at::Tensor& target_p,
 // count n (leading hits), the jump to the node n + 1 rows later, and the nodes reached from
 // each reply's first node, by pointer doubling (ceil(log2(M + 1)) gather/scatter rounds on the
 // device, no host sync). Returns {sum of n over the reached nodes, number of reached nodes}.
+//
+// Sequence-parallel (group set): each rank counts its own nodes' n; the counts are summed over
+// the group, every rank follows the chains of the whole sample and rank 0 reports them.
 std::pair<at::Tensor, at::Tensor> engine_chains(const LossRows& rows,
                                                 const std::vector<at::Tensor>& hits,
-                                                const at::Tensor& pre_hit, int64_t T) {
+                                                const at::Tensor& pre_hit, int64_t T,
+                                                SeqGroup* group) {
   const auto f32 = at::TensorOptions().dtype(at::kFloat).device(rows.rows.device());
   const int64_t M = rows.engine_nodes;
   if (M == 0) return {at::zeros({}, f32), at::zeros({}, f32)};
-  const int64_t R = rows.pre.numel();
-  at::Tensor alive = at::ones({M}, f32), n = at::zeros({M}, f32);
+  const int64_t R = rows.pre.numel(), M_loc = group ? rows.engine_local : M;
+  at::Tensor alive = at::ones({M_loc}, f32), n = at::zeros({M_loc}, f32);
   for (int64_t i = 0; i < T; ++i) {
     at::Tensor all = at::cat({hits[static_cast<size_t>(i)], i == 0 ? pre_hit : at::zeros({R}, f32),
                               at::zeros({1}, f32)});
     alive.mul_(all.index_select(0, rows.engine_hit[static_cast<size_t>(i)]));
     n.add_(alive);
+  }
+  if (group) {
+    at::Tensor whole = at::zeros({M}, f32);
+    whole.narrow(0, rows.engine_first, M_loc).copy_(n);
+    group->all_reduce_sum(whole);
+    n = whole;
   }
   const auto i64 = f32.dtype(at::kLong);
   at::Tensor next = at::arange(M, i64) + n.to(at::kLong) + 1;
@@ -197,6 +222,7 @@ std::pair<at::Tensor, at::Tensor> engine_chains(const LossRows& rows,
     jump = jump.index_select(0, jump);
   }
   at::Tensor drafts = reached.narrow(0, 0, M);
+  if (group && group->rank() != 0) return {at::zeros({}, f32), at::zeros({}, f32)};
   return {(drafts * n).sum(), drafts.sum()};
 }
 
@@ -213,10 +239,34 @@ StepOutput step_on_rows(Eagle3DraftImpl& model, const RowsTarget& target, const 
                        " steps; the batch is ", input_ids.sizes(), " with ", T, " steps"),
              "build LossRows from this batch's loss_mask and the same ttt_length");
   if (options.check_padding) check_right_padded(attention_mask);
+  // Sequence-parallel: this rank's slice (seq_parallel.h). The loss sums below are this rank's
+  // share of the sample's; every normaliser is the sample's.
+  std::shared_ptr<SeqShard> shard;
+  SeqLayout layout(attention_mask, rows.documents);
+  int64_t P = 1;
+  if (rows.sharded()) {
+    FSDP_CHECK(options.seq_group != nullptr && B == 1,
+               fsdp::str("sequence-parallel loss rows for a [", B, ", ", S, "] batch without ",
+                         options.seq_group ? "micro-batch 1" : "a sequence-parallel group"),
+               "this is a bug in fsdp-train: please report it with the command line and log");
+    P = options.seq_group->size();
+    shard = std::make_shared<SeqShard>();
+    shard->group = options.seq_group;
+    shard->offset = rows.shard_offset;
+    shard->local = rows.shard_local;
+    shard->total = rows.shard_total;
+    shard->full_mask = at::arange(shard->padded(), input_ids.options())
+                           .lt(rows.shard_total)
+                           .to(at::kLong)
+                           .unsqueeze(0);
+    layout = SeqLayout(attention_mask.narrow(1, 0, rows.shard_local));
+    layout.shard = shard;
+  }
+  const bool sp = shard != nullptr;
 
   StepOutput res;
   res.batch = B;
-  res.seq = S;
+  res.seq = sp ? rows.shard_total : S;
   std::vector<at::Tensor> ploss, correct, loss_tokens, position_tokens, accept_rate;
   std::vector<at::Tensor> hits;  // step i: fp32 [N], the hit at each loss row
   at::Tensor total, pre_hit;
@@ -226,12 +276,26 @@ StepOutput step_on_rows(Eagle3DraftImpl& model, const RowsTarget& target, const 
   // Chunked or not, for the whole micro-batch (steps after 0 have at most N rows).
   const int64_t chunk = head_chunk_rows(options.head_chunk_rows, N, Vd);
   std::vector<at::Tensor> batch_acc;  // packed: step i's sum over documents of their acc_i
+  // Sequence-parallel: the sample's position-mask sum of every step (the per-token and LK
+  // normalisers), summed over the group once before the unroll.
+  at::Tensor pm_total;
+  if (sp && (options.normalization == LossNormalization::kValidTokens ||
+             options.lk != LossOptions::LK::kNone)) {
+    at::NoGradGuard guard;
+    std::vector<at::Tensor> sums;
+    for (int64_t i = 0; i < T; ++i)
+      sums.push_back(target.position.index_select(0, rows.target[static_cast<size_t>(i)])
+                         .to(at::kDouble)
+                         .sum());
+    pm_total = at::stack(sums).contiguous();
+    options.seq_group->all_reduce_sum(pm_total);
+  }
   unroll(
-      model, input_ids, SeqLayout(attention_mask, rows.documents), aux_hidden, T, options.attention,
+      model, input_ids, layout, aux_hidden, T, options.attention,
       [&](int64_t i, const at::Tensor& out) {
         const at::Tensor& take = rows.target[static_cast<size_t>(i)];
         at::Tensor hidden =
-            out.reshape({B * S, out.size(-1)}).index_select(0, rows.draft[static_cast<size_t>(i)]);
+            out.reshape({-1, out.size(-1)}).index_select(0, rows.draft[static_cast<size_t>(i)]);
         // Chunked: the head's values per row, the argmax and the acceptance rows read from each
         // chunk's logits, none of them kept. Unchunked: the step's logits [N_i, Vd].
         at::Tensor logits, values, best, accept_rows;
@@ -289,21 +353,30 @@ StepOutput step_on_rows(Eagle3DraftImpl& model, const RowsTarget& target, const 
           }
         }
         at::Tensor pm_sum = pm.sum();
+        // The sample's sum of the position mask (sequence-parallel: over the group).
+        const at::Tensor pm_all = sp && pm_total.defined() ? pm_total[i].to(acc) : pm_sum;
         at::Tensor ploss_i;
         if (!rows.packed()) {
           at::Tensor sum = (pm * vals).sum();
           ploss_i = options.normalization == LossNormalization::kBatchTokens
-                        ? sum / static_cast<double>(B * S)
-                        : sum / pm_sum.clamp_min(1.0);
+                        ? sum / static_cast<double>(B * res.seq)
+                        : sum / pm_all.clamp_min(1.0);
           if (options.lk != LossOptions::LK::kNone) {
-            const at::Tensor den = pm_sum.clamp_min(1e-8);
+            const at::Tensor den = pm_all.clamp_min(1e-8);
             if (options.lk == LossOptions::LK::kAlpha) {
               const at::Tensor loga = at::where(a > 0, a.clamp_min(1e-30).log(), at::zeros_like(a));
               ploss_i = -(pm * loga).sum() / den;
             } else {
+              // This rank's share of mean_a; the weight w from the sample's (summed over the
+              // group, outside the gradient). The group's shares sum to the sample's ploss_i.
               const at::Tensor mean_a = (pm * a).sum() / den;
-              const at::Tensor w = options.kl_scale * (-options.kl_decay * mean_a.detach()).exp();
-              ploss_i = w * ploss_i + (1.0 - w) * (1.0 - mean_a);
+              at::Tensor mean_all = mean_a.detach();
+              if (sp) {
+                mean_all = mean_all.clone().contiguous();
+                options.seq_group->all_reduce_sum(mean_all);
+              }
+              const at::Tensor w = options.kl_scale * (-options.kl_decay * mean_all).exp();
+              ploss_i = w * ploss_i + (1.0 - w) * (1.0 / static_cast<double>(P) - mean_a);
             }
           }
         } else {
@@ -338,8 +411,7 @@ StepOutput step_on_rows(Eagle3DraftImpl& model, const RowsTarget& target, const 
           // The engine's first draft of each reply, at the row before it (LossRows::pre): its
           // step-0 logits, in a call of its own so the loss rows' logits keep their bits. Made
           // on every micro-batch, rows or not, so the sharding engine sees the same unit order.
-          const at::Tensor pre =
-              out.reshape({B * S, out.size(-1)}).index_select(0, rows.pre).detach();
+          const at::Tensor pre = out.reshape({-1, out.size(-1)}).index_select(0, rows.pre).detach();
           at::Tensor pre_best;
           if (chunk > 0) {
             std::vector<at::Tensor> parts;
@@ -381,7 +453,9 @@ StepOutput step_on_rows(Eagle3DraftImpl& model, const RowsTarget& target, const 
                               at::TensorOptions().dtype(at::kFloat).device(hidden.device())));
         position_tokens.push_back(pm_sum.to(at::kFloat));
       });
-  res.loss = total / static_cast<double>(options.accumulation_steps);
+  // Sequence-parallel: the trainer's gradient average over all ranks counts each sample P times;
+  // the group's shares sum to the sample's loss, so each is scaled by P.
+  res.loss = total * static_cast<double>(P) / static_cast<double>(options.accumulation_steps);
   res.ploss = at::stack(ploss);
   res.correct = at::stack(correct);
   res.loss_tokens = at::stack(loss_tokens);
@@ -392,13 +466,26 @@ StepOutput step_on_rows(Eagle3DraftImpl& model, const RowsTarget& target, const 
     res.units = static_cast<int64_t>(rows.documents.size());
     res.batch_acc = at::stack(batch_acc);
   }
-  res.valid_tokens = attention_mask.to(at::kLong).sum();
+  res.valid_tokens =
+      (sp ? attention_mask.narrow(1, 0, rows.shard_local) : attention_mask).to(at::kLong).sum();
+  if (sp) {
+    // One sample per group: rank 0 counts it, and its per-sample acc from the group's sums.
+    at::Tensor sums = at::cat({res.correct, res.loss_tokens}).to(at::kDouble).contiguous();
+    options.seq_group->all_reduce_sum(sums);
+    const bool first = options.seq_group->rank() == 0;
+    res.units = first ? 1 : 0;
+    res.batch_acc =
+        first ? (sums.narrow(0, 0, T) / sums.narrow(0, T, T).clamp_min(1e-6)).to(at::kFloat)
+              : at::zeros({T}, res.acc.options());
+  }
   {
     // Chains (StepOutput::accepted): step i of the chain anchored at loss row j is step i's hit
     // at row j + i, counted while the rows stay consecutive positions of one sample.
     at::NoGradGuard guard;
     const auto f32 = at::TensorOptions().dtype(at::kFloat).device(rows.rows.device());
-    const at::Tensor full = rows.run.ge(T).to(at::kFloat);  // chains that can reach length T
+    // Chains that can reach length T (sequence-parallel: anchored at this rank's positions).
+    at::Tensor full = rows.run.ge(T).to(at::kFloat);
+    if (sp) full = full * rows.local_anchor;
     at::Tensor alive = at::ones({N}, f32);
     std::vector<at::Tensor> chain_hits;
     for (int64_t i = 0; i < T; ++i) {
@@ -417,7 +504,8 @@ StepOutput step_on_rows(Eagle3DraftImpl& model, const RowsTarget& target, const 
     res.chain_hits = at::stack(chain_hits);
     res.accepted = res.chain_hits.sum();
     res.anchors = full.sum();
-    std::tie(res.draft_accepted, res.drafts) = engine_chains(rows, hits, pre_hit, T);
+    std::tie(res.draft_accepted, res.drafts) =
+        engine_chains(rows, hits, pre_hit, T, sp ? options.seq_group : nullptr);
   }
   return res;
 }
@@ -445,6 +533,23 @@ std::vector<at::Tensor> ttt_logits(Eagle3DraftImpl& model, const at::Tensor& inp
 
 LossRows LossRows::build(const at::Tensor& loss_mask, int64_t ttt_length, c10::Device device,
                          const std::vector<int64_t>& documents) {
+  return build_rows(loss_mask, ttt_length, device, documents, nullptr);
+}
+
+LossRows LossRows::build_shard(const at::Tensor& loss_mask, int64_t ttt_length, c10::Device device,
+                               int64_t offset, int64_t local) {
+  FSDP_CHECK(loss_mask.dim() == 2 && loss_mask.size(0) == 1 && offset >= 0 && local >= 1,
+             fsdp::str("sequence-parallel loss rows need one sample's [1, S] loss mask and a "
+                       "slice; got ",
+                       loss_mask.sizes(), ", offset ", offset, ", ", local, " positions"),
+             "sequence parallelism runs micro-batch 1");
+  const ShardSpan span{offset, local};
+  return build_rows(loss_mask, ttt_length, device, {}, &span);
+}
+
+namespace {
+LossRows build_rows(const at::Tensor& loss_mask, int64_t ttt_length, c10::Device device,
+                    const std::vector<int64_t>& documents, const ShardSpan* shard) {
   FSDP_CHECK(loss_mask.dim() == 2, fsdp::str("loss_mask must be [B, S], got ", loss_mask.sizes()),
              "collate samples into a [B, S] batch");
   FSDP_CHECK(ttt_length >= 1, fsdp::str("ttt_length must be >= 1, got ", ttt_length),
@@ -469,8 +574,9 @@ LossRows LossRows::build(const at::Tensor& loss_mask, int64_t ttt_length, c10::D
       s0 += documents[static_cast<size_t>(d)];
     }
   }
+  const int64_t sample_seq = r.seq;  // r.seq becomes the window's length when sharded
   const auto pos = [&](int64_t k) {
-    return r.packed() ? k - doc_start[static_cast<size_t>(k)] : k % r.seq;
+    return r.packed() ? k - doc_start[static_cast<size_t>(k)] : k % sample_seq;
   };
   at::Tensor m = loss_mask.to(at::kCPU).to(at::kLong).contiguous();
   const int64_t* mp = m.data_ptr<int64_t>();
@@ -488,7 +594,7 @@ LossRows LossRows::build(const at::Tensor& loss_mask, int64_t ttt_length, c10::D
   // nodes p = first..e-2 with first = a-1 (a pre row) or a at a sample's start; node p's step i
   // is scored at row p+i while p+i <= e-2.
   const auto N = static_cast<int64_t>(rows.size());
-  std::vector<int64_t> pre, node_end, node_start;
+  std::vector<int64_t> pre, node_end, node_start, node_pos;
   std::vector<std::vector<int64_t>> node_hit(static_cast<size_t>(ttt_length));
   for (size_t j0 = 0; j0 < rows.size();) {
     size_t j1 = j0;
@@ -501,6 +607,7 @@ LossRows LossRows::build(const at::Tensor& loss_mask, int64_t ttt_length, c10::D
       node_start.push_back(k0);
       for (int64_t p = first; p <= e - 2; ++p) {
         node_end.push_back(k1);
+        node_pos.push_back(rows[j0] - a + p);
         for (int64_t i = 0; i < ttt_length; ++i) {
           int64_t slot = -1;  // the trailing 0, set below once R is known
           if (p + i <= e - 2) {
@@ -517,34 +624,92 @@ LossRows LossRows::build(const at::Tensor& loss_mask, int64_t ttt_length, c10::D
     for (int64_t& slot : list)
       if (slot < 0) slot = N + R;
   r.engine_nodes = static_cast<int64_t>(node_end.size());
+  // This rank's part (everything, unsharded): loss rows [j_lo, j_hi) with positions in the
+  // window, pre rows [q_lo, q_hi) and nodes [k_lo, k_hi) at its draft positions.
+  int64_t lo = 0, hi_draft = m.numel();
+  size_t j_lo = 0, j_hi = rows.size(), q_lo = 0, q_hi = pre.size(), k_lo = 0,
+         k_hi = node_pos.size();
+  if (shard) {
+    lo = shard->offset;
+    hi_draft = lo + shard->local;
+    const int64_t hi = hi_draft + ttt_length - 1;
+    r.shard_offset = lo;
+    r.shard_local = shard->local;
+    r.shard_total = r.seq;
+    r.seq = hi - lo;
+    const auto first_at = [](const std::vector<int64_t>& v, int64_t x) {
+      return static_cast<size_t>(std::lower_bound(v.begin(), v.end(), x) - v.begin());
+    };
+    j_lo = first_at(rows, lo);
+    j_hi = first_at(rows, hi);
+    q_lo = first_at(pre, lo);
+    q_hi = first_at(pre, hi_draft);
+    k_lo = first_at(node_pos, lo);
+    k_hi = first_at(node_pos, hi_draft);
+  }
+  const auto n_loc = static_cast<int64_t>(j_hi - j_lo), r_loc = static_cast<int64_t>(q_hi - q_lo);
+  std::vector<int64_t> local_rows, local_run, local_pre, anchor;
+  for (size_t j = j_lo; j < j_hi; ++j) {
+    local_rows.push_back(rows[j] - lo);
+    local_run.push_back(run[j]);
+    anchor.push_back(rows[j] < hi_draft ? 1 : 0);
+  }
+  for (size_t q = q_lo; q < q_hi; ++q) local_pre.push_back(pre[q] - lo);
+  // The nodes' hit slots in this rank's cat(hit_i [n_loc], pre hit_i [r_loc], 0).
+  std::vector<std::vector<int64_t>> local_hit(static_cast<size_t>(ttt_length));
+  for (int64_t i = 0; i < ttt_length; ++i) {
+    for (size_t k = k_lo; k < k_hi; ++k) {
+      const int64_t slot = node_hit[static_cast<size_t>(i)][k];
+      int64_t mapped = n_loc + r_loc;
+      if (slot < N) {
+        mapped = slot - static_cast<int64_t>(j_lo);
+      } else if (slot < N + R) {
+        mapped = n_loc + (slot - N - static_cast<int64_t>(q_lo));
+      }
+      FSDP_CHECK(mapped >= 0 && mapped <= n_loc + r_loc,
+                 fsdp::str("loss rows: node at ", node_pos[k], " reads outside the window"),
+                 "this is a bug in fsdp-train: please report it with the command line and log");
+      local_hit[static_cast<size_t>(i)].push_back(mapped);
+    }
+  }
+  r.engine_first = static_cast<int64_t>(k_lo);
+  r.engine_local = static_cast<int64_t>(k_hi - k_lo);
   // All index lists go in one host buffer (pinned for a GPU) and one asynchronous copy; the
   // lists are views of the device copy. No per-list blocking copies, no stream sync.
-  std::vector<int64_t> all(rows);
-  all.insert(all.end(), run.begin(), run.end());
+  std::vector<int64_t> all(local_rows);
+  all.insert(all.end(), local_run.begin(), local_run.end());
   const size_t engine_at = all.size();
-  for (const auto* list : {&pre, &node_end, &node_start})
+  for (const auto* list : {&local_pre, &node_end, &node_start})
     all.insert(all.end(), list->begin(), list->end());
-  for (const auto& list : node_hit) all.insert(all.end(), list.begin(), list.end());
+  for (const auto& list : local_hit) all.insert(all.end(), list.begin(), list.end());
   std::vector<std::pair<size_t, size_t>> target_span, draft_span;  // (offset, length)
   std::vector<int64_t> doc_count(static_cast<size_t>(ttt_length * D), 0);
+  // Step i's rows: loss rows at position t >= i (in the sample or document) whose draft row
+  // t - i is this rank's.
+  const auto scored = [&](size_t j, int64_t i) {
+    const int64_t k = rows[j];
+    return pos(k) >= i && k - i >= lo && k - i < hi_draft;
+  };
   for (int64_t i = 0; i < ttt_length; ++i) {
     const size_t t0 = all.size();
-    for (size_t j = 0; j < rows.size(); ++j) {
-      if (pos(rows[j]) >= i) {
-        all.push_back(static_cast<int64_t>(j));
+    for (size_t j = j_lo; j < j_hi; ++j) {
+      if (scored(j, i)) {
+        all.push_back(static_cast<int64_t>(j - j_lo));
         if (r.packed())
           ++doc_count[static_cast<size_t>(i * D + doc_of[static_cast<size_t>(rows[j])])];
       }
     }
     const size_t n = all.size() - t0;
     const size_t d0 = all.size();
-    for (size_t j = 0; j < rows.size(); ++j) {
-      if (pos(rows[j]) >= i) all.push_back(rows[j] - i);
+    for (size_t j = j_lo; j < j_hi; ++j) {
+      if (scored(j, i)) all.push_back(rows[j] - i - lo);
     }
     target_span.emplace_back(t0, n);
     draft_span.emplace_back(d0, n);
     r.count.push_back(static_cast<int64_t>(n));
   }
+  const size_t anchor_at = all.size();
+  if (shard) all.insert(all.end(), anchor.begin(), anchor.end());
   const size_t doc_at = all.size();
   if (r.packed()) {
     for (const int64_t k : rows) all.push_back(doc_of[static_cast<size_t>(k)]);
@@ -558,16 +723,16 @@ LossRows LossRows::build(const at::Tensor& loss_mask, int64_t ttt_length, c10::D
   const auto view = [&](size_t offset, size_t length) {
     return dev.narrow(0, static_cast<int64_t>(offset), static_cast<int64_t>(length));
   };
-  r.rows = view(0, rows.size());
-  r.run = view(rows.size(), rows.size());
+  r.rows = view(0, local_rows.size());
+  r.run = view(local_rows.size(), local_rows.size());
   size_t offset = engine_at;
-  for (auto [field, length] : {std::pair<at::Tensor*, size_t>{&r.pre, pre.size()},
+  for (auto [field, length] : {std::pair<at::Tensor*, size_t>{&r.pre, local_pre.size()},
                                {&r.engine_end, node_end.size()},
                                {&r.engine_start, node_start.size()}}) {
     *field = view(offset, length);
     offset += length;
   }
-  for (const auto& list : node_hit) {
+  for (const auto& list : local_hit) {
     r.engine_hit.push_back(view(offset, list.size()));
     offset += list.size();
   }
@@ -575,6 +740,7 @@ LossRows LossRows::build(const at::Tensor& loss_mask, int64_t ttt_length, c10::D
     r.target.push_back(view(target_span[i].first, target_span[i].second));
     r.draft.push_back(view(draft_span[i].first, draft_span[i].second));
   }
+  if (shard) r.local_anchor = view(anchor_at, anchor.size()).to(at::kFloat);
   if (r.packed()) {
     const auto d = static_cast<size_t>(D);
     r.doc = view(doc_at, rows.size());
@@ -585,6 +751,7 @@ LossRows LossRows::build(const at::Tensor& loss_mask, int64_t ttt_length, c10::D
   }
   return r;
 }
+}  // namespace
 
 StepOutput ttt_step(Eagle3DraftImpl& model, const TargetDistribution& target,
                     const at::Tensor& input_ids, const at::Tensor& attention_mask,

@@ -73,6 +73,9 @@ struct LossOptions {
   // Check shapes/dtypes of the batch (cheap, no sync). check_padding additionally verifies
   // right padding of attention_mask on the host (one sync on GPU).
   bool check_padding = false;
+  // Sequence parallelism (model/seq_parallel.h): the group the rows' shard belongs to (a
+  // LossRows::build_shard batch needs it; unsharded batches ignore it).
+  SeqGroup* seq_group = nullptr;
 };
 
 struct StepOutput {
@@ -155,11 +158,30 @@ struct LossRows {
   std::vector<int64_t> documents;
   at::Tensor doc, doc_length, doc_count;
   bool packed() const { return !documents.empty(); }
+  // Sequence-parallel (model/seq_parallel.h): this rank holds the draft positions [offset,
+  // offset + local) of one sample of `total` tokens (B = 1) and the window [offset, offset +
+  // seq) of its target side (seq = local + ttt_length - 1: step i at draft position t is scored
+  // at t + i). Every row index above is then window-local (position - offset): rows are the
+  // window's loss rows, step i's rows those whose draft position t - i is this rank's, pre the
+  // replies' draft rows before them that are this rank's. Runs and replies are those of the
+  // whole sample. The engine's drafts: engine_hit covers this rank's nodes only, global nodes
+  // engine_first .. engine_first + engine_local - 1; engine_end, engine_start and engine_nodes
+  // are the whole sample's (the ranks' accepted counts are summed before the chains are
+  // followed). local_anchor: fp32 [N], 1 for rows at this rank's draft positions (the chains
+  // this rank anchors). Unsharded: local = 0.
+  int64_t shard_offset = 0, shard_local = 0, shard_total = 0;
+  int64_t engine_first = 0, engine_local = 0;
+  at::Tensor local_anchor;
+  bool sharded() const { return shard_local > 0; }
   // loss_mask int64/bool [B, S]: on the host ideally (else one copy to the host); the index
   // tensors are placed on `device`. documents: a packed row's document lengths (B = 1, summing
   // to S), or empty.
   static LossRows build(const at::Tensor& loss_mask, int64_t ttt_length, c10::Device device,
                         const std::vector<int64_t>& documents = {});
+  // Sequence-parallel rows from the whole sample's loss_mask [1, total] (host): this rank's
+  // draft positions [offset, offset + local), a window of local + ttt_length - 1 positions.
+  static LossRows build_shard(const at::Tensor& loss_mask, int64_t ttt_length, c10::Device device,
+                              int64_t offset, int64_t local);
 };
 
 // Same step with the rows precomputed from the host copy of loss_mask (the trainer's path).

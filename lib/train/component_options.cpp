@@ -119,8 +119,10 @@ data::NoiseOptions noise_options(const config::TrainConfig& cfg) {
   return o;
 }
 
-model::LossOptions loss_options(const config::TrainConfig& cfg, int64_t accumulation) {
+model::LossOptions loss_options(const config::TrainConfig& cfg, int64_t accumulation,
+                                model::SeqGroup* seq_group) {
   model::LossOptions lo;
+  lo.seq_group = seq_group;
   lo.ttt_length = cfg.model.ttt_length;
   lo.accumulation_steps = accumulation;
   lo.recompute_loss = cfg.model.activation_checkpointing;

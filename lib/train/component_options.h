@@ -43,7 +43,9 @@ data::LoaderOptions loader_options(const config::TrainConfig& cfg, c10::Device d
 data::NoiseOptions noise_options(const config::TrainConfig& cfg);
 
 // The loss of one micro-batch, divided by `accumulation` (1 for evaluation).
-model::LossOptions loss_options(const config::TrainConfig& cfg, int64_t accumulation);
+// seq_group: the sequence-parallel group (--sp-ulysses-size > 1), or none.
+model::LossOptions loss_options(const config::TrainConfig& cfg, int64_t accumulation,
+                                model::SeqGroup* seq_group = nullptr);
 
 // The profiler of rank `rank`. Without --profile-dir the traces go to env_profiler_dir (the
 // value of SGLANG_TORCH_PROFILER_DIR, where SpecForge writes; empty when unset), else to

@@ -45,6 +45,10 @@ std::optional<data::Batch> read_agreed(const std::function<std::optional<data::B
 // On a rank whose peer's `what` failed: waits `wait` for that rank's report, then throws.
 [[noreturn]] void stop_for_other_rank(const char* what, std::chrono::seconds wait);
 
+// The loss rows of a micro-batch from its host loss mask (model::LossRows::build: no device
+// sync); a sequence-parallel slice's from the whole sample's mask (LossRows::build_shard).
+model::LossRows batch_rows(const data::Batch& batch, int64_t ttt_length, c10::Device device);
+
 // The unrolled forward of one micro-batch on `device` (training and evaluation), over the
 // loss rows built from its host loss mask (model::LossRows::build: no device sync).
 model::StepOutput forward_micro_batch(model::Eagle3DraftImpl& draft, const model::TargetHead& head,

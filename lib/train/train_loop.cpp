@@ -140,8 +140,10 @@ TrainLoop::TrainLoop(Trainer::Impl& t, data::DataLoader& loader, int64_t per_epo
       runner_(StepRunner::Parts{
           t.draft.get(), &t.head, t.engine.get(), t.device, t.draft_cfg,
           // Packed, each sample weighs as a micro-batch of one.
-          loss_options(t.cfg, t.cfg.loop.packing ? t.plan.accumulation_steps * t.plan.micro_batch
-                                                 : t.plan.accumulation_steps),
+          loss_options(t.cfg,
+                       t.cfg.loop.packing ? t.plan.accumulation_steps * t.plan.micro_batch
+                                          : t.plan.accumulation_steps,
+                       t.seq_group.get()),
           t.cfg.shard.accumulate_locally, &timer_}),
       agreement_{t.world, [&t](bool mine) { return t.any_rank(mine); }},
       meter_(metrics::resolve_peak_tflops(t.cfg.metrics.mfu_peak_tflops, t.device)),
@@ -542,7 +544,7 @@ RunResult Trainer::Impl::train() {
   const std::optional<BestMetric> best_by =
       parse_best_metric(cfg.checkpoint.save_best_by, cfg.model.ttt_length);
   checkpoint::ensure_directory(cfg.checkpoint.output_dir);
-  state.world_size = world;
+  state.world_size = dp_world;  // the data layout (sequence-parallel groups read one sample)
   state.accumulation_steps = plan.accumulation_steps;
   state.micro_batch_size = plan.micro_batch;
   state.config_json = config_json;
@@ -568,16 +570,16 @@ int64_t Trainer::Impl::check_epoch(int64_t per_epoch) const {
   FSDP_USAGE_CHECK(per_epoch > 0,
                    fsdp::str("training data (", train_ds->root(), ") has ", train_ds->size(),
                              " samples: fewer than one micro-batch (", plan.micro_batch,
-                             ") per rank (", world, " ranks)"),
+                             ") per data-parallel rank (", dp_world, ")"),
                    "use more samples, fewer ranks or a smaller --draft-micro-batch-size");
   const int64_t accum = plan.accumulation_steps;
   FSDP_USAGE_CHECK(
       accum <= per_epoch,
       fsdp::str("--draft-global-batch-size ", cfg.loop.draft_global_batch_size, " needs ", accum,
                 " micro-batches per rank for one optimizer step, but an epoch of ",
-                train_ds->size(), " samples gives ", per_epoch, " per rank (", world, " ranks, ",
-                "micro-batch ", plan.micro_batch, ")"),
-      fsdp::str("use a global batch of at most ", per_epoch * plan.micro_batch * world,
+                train_ds->size(), " samples gives ", per_epoch, " per rank (", dp_world,
+                " data-parallel ranks, ", "micro-batch ", plan.micro_batch, ")"),
+      fsdp::str("use a global batch of at most ", per_epoch * plan.micro_batch * dp_world,
                 " (every step would otherwise average fewer samples than it divides by)"));
   if (per_epoch % accum != 0) {
     FSDP_LOG0(kWarn) << "each epoch ends with an optimizer step of " << per_epoch % accum << " of "

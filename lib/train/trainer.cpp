@@ -81,6 +81,10 @@ void Trainer::Impl::setup() {
   const auto& topo = comm::topology();
   rank = topo.world_rank;
   world = topo.world_size;
+  // Sequence-parallel groups of consecutive ranks (validate() checks that sp divides world).
+  sp = static_cast<int>(std::max<int64_t>(1, cfg.loop.sp_ulysses_size));
+  dp_world = world % sp == 0 ? world / sp : world;
+  dp_rank = rank / sp;
   comm::set_default_timeout(std::chrono::minutes(cfg.runtime.dist_timeout_minutes));
   config::ValidateOptions vo;
   vo.training = !cfg.loop.eval_only;
@@ -90,6 +94,11 @@ void Trainer::Impl::setup() {
   const std::string threads = set_threads(topo);
   control = comm::make_communicator(comm::Group::kWorld, c10::Device(c10::kCPU));
   metrics_comm = device.is_cpu() ? control : comm::make_communicator(comm::Group::kWorld, device);
+  if (sp > 1) {
+    seq_group = std::make_unique<CommSeqGroup>(
+        comm::split(comm::Group::kWorld, dp_rank, rank % sp,
+                    device.is_cpu() ? c10::Device(c10::kCPU) : device, "sequence-parallel"));
+  }
   config_json = config::to_json(config::with_absolute_paths(cfg));
   if (rank == 0) {
     FSDP_LOG0(kInfo) << "fsdp-train: " << world << " rank(s) on " << topo.num_nodes
@@ -98,6 +107,16 @@ void Trainer::Impl::setup() {
                      << config::to_display(cfg);
   }
   draft_cfg = model::load_draft_config(cfg.model.draft_model_config);
+  if (sp > 1) {
+    // Ulysses gives each rank of a group heads / sp attention heads and key/value heads.
+    FSDP_USAGE_CHECK(
+        draft_cfg.num_attention_heads % sp == 0 && draft_cfg.num_key_value_heads % sp == 0,
+        fsdp::str("--sp-ulysses-size ", sp, ": the draft (", cfg.model.draft_model_config, ") has ",
+                  draft_cfg.num_attention_heads, " attention and ", draft_cfg.num_key_value_heads,
+                  " key/value heads; each must be a multiple of it"),
+        "choose a sequence-parallel size that divides both head counts (the "
+        "llama3-8B draft: 1, 2, 4 or 8)");
+  }
   resolve_serving_export();
   // Before any data or weights are read: a run that cannot fit stops here with the numbers.
   model::check_training_memory(
@@ -133,8 +152,8 @@ void Trainer::Impl::plan_batches() {
                                cfg.loop.draft_micro_batch_size),
                      "set --draft-micro-batch-size to 1 or more");
     plan.micro_batch = cfg.loop.draft_micro_batch_size;
-    plan.dp_size = world;
-    plan.global_batch = plan.micro_batch * world;
+    plan.dp_size = dp_world;
+    plan.global_batch = plan.micro_batch * dp_world;
     plan.accumulation_steps = 1;
   } else {
     plan = config::batch_plan(cfg, world);
@@ -360,15 +379,16 @@ void Trainer::Impl::check_eval_set() const {
   check_eval_size(*eval_ds);
   // Evaluation splits the set like training: whole micro-batches per rank (docs/data.md).
   const int64_t n = eval_ds->size();
-  const int64_t used =
-      data::DistributedSampler(n, rank, world, plan.micro_batch, 0, false).batches_per_epoch() *
-      plan.micro_batch * world;
+  const int64_t used = data::DistributedSampler(n, dp_rank, dp_world, plan.micro_batch, 0, false)
+                           .batches_per_epoch() *
+                       plan.micro_batch * dp_world;
   if (used < n) {
     FSDP_LOG0(kWarn) << "--eval-hidden-states-path: each evaluation uses " << used << " of the "
-                     << n << " samples (whole micro-batches on every rank: " << world
-                     << " rank(s) x micro-batch " << plan.micro_batch << "): " << n - used
+                     << n
+                     << " samples (whole micro-batches on every data-parallel rank: " << dp_world
+                     << " x micro-batch " << plan.micro_batch << "): " << n - used
                      << " sample(s) at its end are left out (a set size divisible by "
-                     << world * plan.micro_batch << " evaluates all)";
+                     << dp_world * plan.micro_batch << " evaluates all)";
   }
 }
 
@@ -574,10 +594,14 @@ void Trainer::Impl::load_init_weights() {
 
 std::unique_ptr<data::DataLoader> Trainer::Impl::make_loader(
     std::shared_ptr<data::FeatureDataset> ds, bool training) const {
-  data::DistributedSampler sampler(ds->size(), rank, world, plan.micro_batch,
+  data::DistributedSampler sampler(ds->size(), dp_rank, dp_world, plan.micro_batch,
                                    static_cast<uint64_t>(cfg.loop.seed), /*shuffle=*/training);
   data::LoaderOptions lo = loader_options(cfg, device);
   if (training) lo.noise = noise_options(cfg);
+  // Sequence parallelism: the group's ranks read the same samples, each keeping its slice.
+  lo.sp_rank = rank % sp;
+  lo.sp_size = sp;
+  lo.sp_halo = cfg.model.ttt_length - 1;
   // Packing trains a whole accumulation window at once: read one window ahead.
   if (training && cfg.loop.packing)
     lo.prefetch_depth =
@@ -587,9 +611,9 @@ std::unique_ptr<data::DataLoader> Trainer::Impl::make_loader(
 }
 
 void Trainer::Impl::check_eval_size(const data::FeatureDataset& ds) const {
-  FSDP_USAGE_CHECK(ds.size() >= static_cast<int64_t>(world) * plan.micro_batch,
+  FSDP_USAGE_CHECK(ds.size() >= static_cast<int64_t>(dp_world) * plan.micro_batch,
                    fsdp::str("evaluation data (", ds.root(), ") has ", ds.size(),
-                             " samples: ", "fewer than one micro-batch per rank (", world,
+                             " samples: ", "fewer than one micro-batch per rank (", dp_world,
                              " rank(s) x ", plan.micro_batch, ")"),
                    "use more evaluation samples, fewer ranks or a smaller "
                    "--draft-micro-batch-size");
@@ -604,7 +628,7 @@ std::vector<std::pair<std::string, double>> Trainer::Impl::evaluate(
   StepMetrics m(cfg.model.ttt_length, metrics_device(), cfg.metrics.accuracy_aggregation);
   at::NoGradGuard no_grad;
   int64_t zero_loss = 0, loss_tokens = 0;  // this rank's (samples without a loss token)
-  const model::LossOptions loss = loss_options(cfg, 1);
+  const model::LossOptions loss = loss_options(cfg, 1, seq_group.get());
   const ReadAgreement agreement{world, [this](bool mine) { return any_rank(mine); }};
   while (true) {
     auto b = read_agreed([&] { return loader->next(); }, agreement, "evaluation data loading",
@@ -614,7 +638,7 @@ std::vector<std::pair<std::string, double>> Trainer::Impl::evaluate(
     if (!b) break;
     zero_loss += data::zero_loss_rows(*b);
     loss_tokens += b->num_loss_tokens();
-    const auto rows = model::LossRows::build(b->loss_mask, cfg.model.ttt_length, device);
+    const auto rows = batch_rows(*b, cfg.model.ttt_length, device);
     m.add(forward_micro_batch(*draft, head, rows, *b, device, loss));
   }
   auto r = m.report(*metrics_comm, prefix);

@@ -336,10 +336,10 @@ void Trainer::Impl::resume_if_asked() {
   state = saved;
   state.config_json = config_json;  // later checkpoints record this run's settings
   if (!cfg.loop.eval_only) report_changed_settings(saved.config_json);
-  if (saved.world_size != world || saved.micro_batch_size != plan.micro_batch) {
+  if (saved.world_size != dp_world || saved.micro_batch_size != plan.micro_batch) {
     adopt_layout(saved);
   }
-  state.world_size = world;
+  state.world_size = dp_world;
   state.accumulation_steps = plan.accumulation_steps;
   state.micro_batch_size = plan.micro_batch;
   FSDP_LOG0(kInfo) << "resumed from " << loaded << " at step " << state.step << " (epoch "
@@ -349,14 +349,16 @@ void Trainer::Impl::resume_if_asked() {
 void Trainer::Impl::adopt_layout(const RunState& saved) {
   // Different data-parallel layout: keep the number of samples consumed in the epoch.
   const int64_t samples = saved.position * saved.micro_batch_size * saved.world_size;
-  const int64_t per_round = plan.micro_batch * world;  // samples of one micro-batch per rank
+  // Samples of one micro-batch per data-parallel rank (a sequence-parallel group reads one).
+  const int64_t per_round = plan.micro_batch * dp_world;
   state.position = samples / per_round;
   const int64_t resumed_at = state.position * per_round;
   if (cfg.loop.eval_only) return;  // an evaluation has no data position
   FSDP_LOG0(kWarn)
       << "resuming a run saved at " << saved.world_size << " rank(s) x micro-batch "
-      << saved.micro_batch_size << " on " << world << " x " << plan.micro_batch << ": "
-      << (saved.world_size != world ? "parameters and optimizer state are resharded exactly; " : "")
+      << saved.micro_batch_size << " on " << dp_world << " x " << plan.micro_batch << ": "
+      << (saved.world_size != dp_world ? "parameters and optimizer state are resharded exactly; "
+                                       : "")
       << "the data order continues at sample " << resumed_at << " of epoch " << saved.epoch
       << (resumed_at == samples
               ? std::string()

@@ -26,6 +26,7 @@
 #include "model/ttt_loss.h"
 #include "shard/engine.h"
 #include "train/run_state.h"
+#include "train/seq_group.h"
 #include "train/trainer.h"
 
 namespace fsdp::train {
@@ -34,6 +35,10 @@ struct Trainer::Impl {
   config::TrainConfig cfg;
   c10::Device device{c10::kCPU};
   int rank = 0, world = 1;
+  // Sequence parallelism (--sp-ulysses-size): groups of sp consecutive ranks share each sample;
+  // the data is split over dp_world = world / sp data-parallel ranks, this one dp_rank.
+  int sp = 1, dp_rank = 0, dp_world = 1;
+  std::unique_ptr<CommSeqGroup> seq_group;  // sp > 1 only
   model::DraftConfig draft_cfg;
   // The target layers the features hold (nullopt: unknown, the engines' defaults apply) and the
   // RoPE scaling injected into exports: what serving_config_json writes (docs/serving.md).

@@ -39,6 +39,33 @@ at::Tensor strided_copy(const at::Tensor& t) {
   return view;
 }
 
+// Element i of the block that rank `sender` sends to rank `block`; exact in bf16 (integers up to
+// 256) for up to 4 ranks.
+at::Tensor a2a_block(int sender, int block, int W, int64_t n, at::ScalarType dtype) {
+  at::Tensor i = at::arange(n, at::kLong);
+  at::Tensor v = dtype == at::kBFloat16 ? (sender * W + block) * 16 + i % 16
+                                        : sender * 1000000 + block * 10000 + i % 10000;
+  return v.to(dtype);
+}
+
+// Checks one all_to_all on `c`, n elements per block: block r of the output is what rank r
+// built for this rank.
+void check_all_to_all(comm::Communicator& c, at::ScalarType dt, int64_t n, const std::string& group,
+                      c10::Device dev = c10::Device(c10::kCPU)) {
+  const int W = c.size(), R = c.rank();
+  std::vector<at::Tensor> blocks;
+  for (int j = 0; j < W; ++j) blocks.push_back(a2a_block(R, j, W, n, dt));
+  at::Tensor in = at::cat(blocks).to(dev);
+  at::Tensor out = at::full({W * n}, -1, at::TensorOptions().dtype(dt).device(dev));
+  c.all_to_all(in, out)->wait();
+  at::Tensor got = out.cpu();
+  for (int r = 0; r < W; ++r) {
+    INFO("group " << group << " dtype " << dt << " n " << n << " block " << r);
+    CHECK(at::equal(got.slice(0, r * n, (r + 1) * n), a2a_block(r, R, W, n, dt)));
+  }
+  CHECK(at::equal(in.cpu(), at::cat(blocks)));  // the input is left alone
+}
+
 }  // namespace
 
 TEST_CASE("all_gather: out[r*n+i] is rank r's shard", "[mpi][comm]") {
@@ -139,6 +166,62 @@ TEST_CASE("broadcast from every root", "[mpi][comm]") {
   }
 }
 
+TEST_CASE("all_to_all: block j of rank r lands in block r of rank j", "[mpi][comm]") {
+  for (Group g : kGroups) {
+    auto c = make(g);
+    for (auto dt : kDtypes) {
+      for (int64_t n : kCounts) check_all_to_all(*c, dt, n, comm::group_name(g));
+    }
+  }
+}
+
+TEST_CASE("all_to_all on a group of one copies the input", "[mpi][comm]") {
+  const auto& t = comm::topology();
+  auto c = comm::split(Group::kWorld, t.world_rank, 0, c10::Device(c10::kCPU), "self");
+  REQUIRE(c != nullptr);
+  REQUIRE(c->size() == 1);
+  for (auto dt : {at::kFloat, at::kBFloat16, at::kLong}) {
+    at::Tensor in = pattern(1001, t.world_rank, dt);
+    at::Tensor out = at::zeros({1001}, dt);
+    c->all_to_all(in, out)->wait();
+    CHECK(at::equal(out, pattern(1001, t.world_rank, dt)));
+    check_all_to_all(*c, dt, 33, "self");
+  }
+}
+
+TEST_CASE("all_to_all rejects bad shapes naming the sizes, before communicating", "[mpi][comm]") {
+  auto c = make(Group::kWorld);
+  const int W = c->size();
+  auto msg_of = [](auto&& fn) {
+    try {
+      fn();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  std::string m;
+  if (W > 1) {
+    m = msg_of([&] { c->all_to_all(at::ones({4 * W + 1}), at::empty({4 * W + 1})); });
+    CHECK(m.find(str("all_to_all input has ", 4 * W + 1, " elements and output ", 4 * W + 1,
+                     ", expected the same count divisible by ", W, " ranks")) != std::string::npos);
+  }
+  m = msg_of([&] { c->all_to_all(at::ones({4 * W}), at::empty({4 * W + W})); });
+  CHECK(m.find(str("input has ", 4 * W, " elements and output ", 5 * W)) != std::string::npos);
+  m = msg_of([&] { c->all_to_all(at::ones({4 * W}), at::empty({4 * W}, at::kLong)); });
+  CHECK(m.find("all_to_all dtype mismatch: input fp32, output int64") != std::string::npos);
+  m = msg_of([&] { c->all_to_all(strided_copy(at::ones({4 * W})), at::empty({4 * W})); });
+  CHECK(m.find("all_to_all needs contiguous") != std::string::npos);
+  at::Tensor buf = at::ones({8 * W});
+  m = msg_of([&] { c->all_to_all(buf.slice(0, 0, 4 * W), buf.slice(0, 2 * W, 6 * W)); });
+  CHECK(m.find("all_to_all input and output overlap") != std::string::npos);
+  // The communicator still works after rejected calls, and counts the input's bytes.
+  c->stats().reset();
+  check_all_to_all(*c, at::kFloat, 10, "world");
+  CHECK(c->stats().get(comm::OpType::kAllToAll).calls == 1u);
+  CHECK(c->stats().get(comm::OpType::kAllToAll).bytes == 40u * W);
+}
+
 TEST_CASE("chunked large counts match unchunked results", "[mpi][comm]") {
   // FSDP_MPI_MAX_COUNT forces the >INT_MAX code paths with small buffers.
   ::setenv("FSDP_MPI_MAX_COUNT", "1000", 1);
@@ -158,6 +241,8 @@ TEST_CASE("chunked large counts match unchunked results", "[mpi][comm]") {
   at::Tensor b = R == 0 ? pattern(n, 3, at::kBFloat16) : at::zeros({n}, at::kBFloat16);
   c->broadcast(b, 0)->wait();
   CHECK(at::equal(b, pattern(n, 3, at::kBFloat16)));
+  // 18268 bytes per block: 19 chunks of at most 1000 bytes, the last one shorter.
+  check_all_to_all(*c, at::kFloat, n, "world (chunked)");
 }
 
 TEST_CASE("a really large all_reduce (16M fp32 elements)", "[mpi][comm]") {
@@ -267,7 +352,9 @@ TEST_CASE("nccl collectives on the GPU", "[nccl][cuda]") {
     at::Tensor ar = at::ones({4096}, opts);
     c->all_reduce(ar, ReduceOp::kSum)->wait();
     CHECK(ar.eq(W).all().item<bool>());
+    for (int64_t n : {0, 1, 1000}) check_all_to_all(*c, dt, n, "world (nccl)", dev);
   }
+  check_all_to_all(*c, at::kLong, 777, "world (nccl)", dev);
   c->barrier();
   // The watchdog thread records a collective when it retires it (it polls every 50 ms).
   for (int i = 0; i < 100 && c->stats().get(comm::OpType::kAllGather).calls < 2u; ++i) {

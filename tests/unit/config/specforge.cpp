@@ -107,9 +107,11 @@ TEST_CASE("SpecForge flags without effect are checked and recorded", "[config]")
 
 TEST_CASE("SpecForge flags fsdp-train cannot honour are refused with the reason", "[config]") {
   require_usage_error([] { resolve_args({"--tp-size", "2"}); }, "nothing to split");
-  require_usage_error([] { resolve_args({"--sp-ulysses-size", "2"}); }, "sequence parallelism");
-  require_usage_error([] { resolve_args({"--sp-ring-size", "4"}); }, "sequence parallelism");
-  require_usage_error([] { resolve_args({"--attention-backend", "usp"}); }, "usp");
+  require_usage_error([] { resolve_args({"--sp-ring-size", "4"}); }, "ring attention");
+  // Ulysses is fsdp-train's sequence parallelism; SpecForge's usp backend is recorded.
+  CHECK(resolve_args({"--sp-ulysses-size", "2"}).loop.sp_ulysses_size == 2);
+  CHECK(resolve_args({"--attention-backend", "usp"}).specforge_flags.at("attention-backend") ==
+        "usp");
   require_usage_error(
       [] {
         resolve_args({"--draft-attention-backend", "xformers"});

@@ -290,7 +290,7 @@ TEST_CASE("keys fsdp-train does not offer are refused with the reason", "[config
       {"training:\n  strategy: dflash\n", "EAGLE3"},
       {"training:\n  role: producer\n", "producer"},
       {"training:\n  attention_backend: eager\n", "eager"},
-      {"training:\n  attention_backend: usp\n  sp_ulysses_size: 2\n", "sequence parallelism"},
+      {"training:\n  attention_backend: usp\n  sp_ring_size: 2\n", "ring attention"},
       {"training:\n  sp_ring_size: 2\n", "attention_backend=usp"},
       {"training:\n  tp_size: 2\n", "tensor parallelism"},
       {"tracking:\n  report_to: swanlab\n", "SwanLab"},
@@ -323,6 +323,22 @@ TEST_CASE("keys fsdp-train does not offer are refused with the reason", "[config
             &cfg);
       },
       "exactly one");
+}
+
+TEST_CASE("USP with sp_ulysses_size is fsdp-train's Ulysses sequence parallelism", "[config]") {
+  TrainConfig cfg;
+  load(with("training:\n  attention_backend: usp\n  sp_ulysses_size: 2\n  batch_size: 1\n"), &cfg);
+  CHECK(cfg.loop.sp_ulysses_size == 2);
+  CHECK(cfg.specforge_flags.at("attention-backend") == "usp");
+  // SpecForge's own rules: usp needs batch_size 1 and a size above 1.
+  require_usage_error(
+      [&] {
+        load(with("training:\n  attention_backend: usp\n  sp_ulysses_size: 2\n  batch_size: 2\n"),
+             &cfg);
+      },
+      "batch_size=1");
+  require_usage_error([&] { load(with("training:\n  attention_backend: usp\n"), &cfg); },
+                      "sp_ulysses_size * sp_ring_size > 1");
 }
 
 TEST_CASE("recorded keys are listed at start-up, and SpecForge's topology is checked", "[config]") {

@@ -50,6 +50,10 @@ struct AddingComm : comm::Communicator {
   comm::WorkPtr broadcast(const at::Tensor&, int, const comm::CollectiveOptions&) override {
     throw std::runtime_error("unused");
   }
+  comm::WorkPtr all_to_all(const at::Tensor&, const at::Tensor&,
+                           const comm::CollectiveOptions&) override {
+    throw std::runtime_error("unused");
+  }
   void barrier(const comm::CollectiveOptions&) override {}
   void synchronize() override {}
 };
