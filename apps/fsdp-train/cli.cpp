@@ -163,6 +163,7 @@ int run_cli(int argc, char** argv) {
   add_export(app, &action);
   add_gen_toy_data(app, &action);
   add_vocab_map(app, &action);
+  add_memory_plan(app, &action);
   TrainCommand train = add_train(app);
   app.require_subcommand(0, 1);
 

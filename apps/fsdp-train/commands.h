@@ -28,6 +28,7 @@ void add_comm_bench(CLI::App& root, Action* action);
 void add_convert(CLI::App& root, Action* action);
 void add_export(CLI::App& root, Action* action);
 void add_gen_toy_data(CLI::App& root, Action* action);
+void add_memory_plan(CLI::App& root, Action* action);
 void add_vocab_map(CLI::App& root, Action* action);
 
 }  // namespace fsdp::app

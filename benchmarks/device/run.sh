@@ -14,7 +14,8 @@
 # DeepSpeed ZeRO-3 when its wheels were carried), 3b) measures --packing on chat lengths against
 # unpacked, the reference and the fixed-length run, 4) measures --activation-checkpointing, 5) checks
 # parity with the reference on the GPU in fp32, 6) runs the [cuda]/[nccl] tests, 7) measures
-# --cpu-offload. The benchmarks come before the tests because they are what a session cannot get
+# --cpu-offload, 8) measures the longest samples one H200 trains (peak memory against
+# `fsdp-train memory-plan`). The benchmarks come before the tests because they are what a session cannot get
 # elsewhere; every stage has a time limit so one hang cannot spend the call, and a failed stage does
 # not stop the later ones. $OUT gets 7 files (the device tool returns at most 8): device.log
 # (everything printed), build.log (configure, build, feature generation), runs.log (every training
@@ -30,8 +31,9 @@ M=/tmp/fsdp-device-metrics   # the metrics.jsonl files; bundled into $OUT/metric
 rm -rf "$M"; mkdir -p "$M"
 bundle() { tar czf "$OUT/metrics.tar.gz" -C "$M" . 2>/dev/null; }
 # FSDP_DEVICE_SKIP: stages to leave out of a rerun whose numbers are already in hand, any of
-# "benchmark deepspeed packing checkpointing parity tests offload" (benchmark: the fsdp-train and
-# reference runs; deepspeed: the DeepSpeed ZeRO-3 run inside it; packing: the chat-length runs).
+# "benchmark deepspeed packing checkpointing parity tests offload longctx" (benchmark: the
+# fsdp-train and reference runs; deepspeed: the DeepSpeed ZeRO-3 run inside it; packing: the
+# chat-length runs; longctx: one step at 16k, 32k and 64k tokens).
 skip() { [[ " ${FSDP_DEVICE_SKIP:-} " == *" $1 "* ]]; }
 SAMPLES="${FSDP_DEVICE_SAMPLES:-48}"   # > STEPS: no epoch boundary inside the measured windows
 STEPS="${FSDP_DEVICE_STEPS:-40}"   # dry runs on a CPU machine: FSDP_DEVICE_SEQ=128
@@ -355,4 +357,30 @@ for r in rows:
           f"{r.get('mem/host_peak_rss_gib', 0):.1f} GiB")
 PYEOF
 }
+# 8. Long samples (docs/benchmarks.md "Memory model for long samples"): one training step of the
+# llama3-8B draft per length on one H200 (SP 1: one GPU), chunked head automatic, peak GPU
+# memory against `fsdp-train memory-plan`'s estimate (calibrated with the 0.8 GiB the S = 2048
+# run measured above it); the longest length that runs is the longest sample per GPU.
+skip longctx || { LONG="${FSDP_DEVICE_LONG_LENGTHS:-16384 32768 65536}"
+for L in $LONG; do
+  DATAL="/tmp/fsdp-device-data-long-$L"
+  if [ ! -f "$DATAL/toy_data.json" ]; then
+    stamp "generating 2 samples of $L tokens"
+    rm -rf "$DATAL"
+    timeout 150 "$B/fsdp-train" gen-toy-data --out "$DATAL" --num-samples 2 --min-len "$L" \
+      --max-len "$L" --hidden-size 4096 --vocab-size 128256 --draft-vocab-size 32000 \
+      --samples-per-dir 2 >>"$OUT/build.log" 2>&1 || { tail -5 "$OUT/build.log"; rm -rf "$DATAL"; continue; }
+  fi
+  stamp "S = $L: 2 steps"
+  RUN_DATA="$DATAL" RUN_LOG=1 STEPS=2 SEQ="$L" fsdp_run "long-$L" 150 || continue
+  "$B/fsdp-train" memory-plan --draft-model-config "$DRAFT" --max-length "$L" --sp-sizes 1 \
+    --overhead-gib 0.8 | sed -n 4,5p
+  "$PY" - "$M/long-$L-metrics.jsonl" "$L" <<'PYEOF'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+peak = max((r.get("mem/device_peak_allocated_gib", 0) for r in rows), default=0)
+tps = [r["perf/tokens_per_s"] for r in rows if "perf/tokens_per_s" in r]
+print(f"S = {sys.argv[2]}: peak GPU memory {peak:.1f} GiB, tokens/s {tps[-1] if tps else 0:.0f}")
+PYEOF
+done; }
 stamp "done"

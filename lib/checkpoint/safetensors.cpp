@@ -188,6 +188,30 @@ at::Tensor SafetensorsFile::read(const std::string& name) const {
   return t;
 }
 
+at::Tensor SafetensorsFile::read_rows(const std::string& name, int64_t from, int64_t count) const {
+  const TensorInfo& ti = info(name);
+  FSDP_USAGE_CHECK(ti.dtype != c10::ScalarType::Undefined,
+                   path_ + ": tensor '" + name + "' has dtype " + ti.dtype_str +
+                       ", which this build cannot load",
+                   "convert the tensor to BF16/F16/F32");
+  std::vector<int64_t> shape = ti.shape;
+  if (shape.size() == 3 && shape[0] == 1) shape.erase(shape.begin());
+  FSDP_USAGE_CHECK(!shape.empty() && from >= 0 && count >= 0,
+                   str(path_, ": tensor '", name, "' has no rows to read (shape of ",
+                       ti.shape.size(), " dims), or rows [", from, ", +", count, ") asked"),
+                   "the shard does not match the index; convert again");
+  const int64_t S = shape[0];
+  const int64_t begin = std::min(from, S), end = std::min(from + count, S);
+  uint64_t row_bytes = static_cast<uint64_t>(c10::elementSize(ti.dtype));
+  for (size_t d = 1; d < shape.size(); ++d) row_bytes *= static_cast<uint64_t>(shape[d]);
+  shape[0] = end - begin;
+  at::Tensor t = at::empty(shape, at::TensorOptions().dtype(ti.dtype));
+  const uint64_t n = row_bytes * static_cast<uint64_t>(end - begin);
+  if (n > 0)
+    std::memcpy(t.data_ptr(), base_ + ti.begin + row_bytes * static_cast<uint64_t>(begin), n);
+  return t;
+}
+
 uint64_t write_safetensors(const std::string& path, const NamedTensors& tensors,
                            const std::map<std::string, std::string>& metadata) {
   nlohmann::ordered_json h;

@@ -53,6 +53,9 @@ class SafetensorsFile {
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   // A new CPU tensor holding a copy of the named tensor's bytes.
   at::Tensor read(const std::string& name) const;
+  // Rows [from, from + count) of a tensor of shape [S, ...] or [1, S, ...] (clipped to S), as a
+  // new CPU tensor [rows, ...] (the leading 1 dropped): copies only those rows' bytes.
+  at::Tensor read_rows(const std::string& name, int64_t from, int64_t count) const;
   // Raw pointer into the mapping for [info.begin, info.end) (valid while this object lives).
   const uint8_t* data(const TensorInfo& info) const { return base_ + info.begin; }
 

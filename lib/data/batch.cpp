@@ -42,6 +42,46 @@ Sample process_sample(const RawSample& raw, int64_t max_length) {
   return out;
 }
 
+Sample process_window(const RawSample& raw, int64_t max_length, int64_t offset, int64_t window) {
+  FSDP_CHECK(
+      max_length >= 1 && offset >= 0 && window >= 1,
+      str("process_window: max_length ", max_length, ", window [", offset, ", +", window, ")"),
+      "this is a bug in fsdp-train: please report it with the command line and log");
+  const int64_t s = std::min(raw.length(), max_length);
+  FSDP_CHECK(s >= 1, raw.source + ": sample has no tokens",
+             "regenerate this feature file (it has no input_ids) or remove it from the data set");
+  const int64_t rows = raw.hidden_state.size(0), from = raw.row_offset;
+  // The rows this window reads: aux [offset, offset + window), hidden [offset + 1, ... + 1).
+  const int64_t need_end = std::min(offset + window + 1, s);
+  FSDP_CHECK(offset >= s || (from <= offset && from + rows >= need_end &&
+                             raw.aux_hidden_state.size(0) == rows),
+             str(raw.source, ": the window [", offset, ", ", need_end, ") is not inside the rows [",
+                 from, ", ", from + rows, ") that were read"),
+             "this is a bug in fsdp-train: please report it with the command line and log");
+  const int64_t h = raw.hidden_state.size(1), w = raw.aux_hidden_state.size(1);
+  Sample out;
+  out.aux_hidden = at::zeros({window, w}, raw.aux_hidden_state.options());
+  out.target_hidden = at::zeros({window, h}, raw.hidden_state.options());
+  out.input_ids = at::zeros({window}, raw.input_ids.options());
+  out.loss_mask = at::zeros({window}, raw.loss_mask.options());
+  out.attention_mask = at::zeros({window}, raw.input_ids.options());
+  // Positions t in [offset, offset + n) exist; t + 1 < s for the shifted ones.
+  const int64_t n = std::max<int64_t>(0, std::min(window, s - offset));
+  const int64_t shifted = std::max<int64_t>(0, std::min(window, s - 1 - offset));
+  if (n > 0) {
+    out.aux_hidden.narrow(0, 0, n).copy_(raw.aux_hidden_state.narrow(0, offset - from, n));
+    out.loss_mask.narrow(0, 0, n).copy_(raw.loss_mask.narrow(0, offset, n));
+    out.attention_mask.narrow(0, 0, n).fill_(1);
+    if (offset + n == s) out.loss_mask[n - 1] = 0;  // the sample's last token
+  }
+  if (shifted > 0) {
+    out.target_hidden.narrow(0, 0, shifted)
+        .copy_(raw.hidden_state.narrow(0, offset + 1 - from, shifted));
+    out.input_ids.narrow(0, 0, shifted).copy_(raw.input_ids.narrow(0, offset + 1, shifted));
+  }
+  return out;
+}
+
 Sample empty_sample(int64_t hidden_size, int64_t aux_width) {
   FSDP_CHECK(hidden_size > 0, "empty_sample needs the hidden size",
              "this is a bug in fsdp-train: please report it with the command line and log");

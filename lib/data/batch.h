@@ -19,6 +19,9 @@ struct RawSample {
   at::Tensor loss_mask;
   at::Tensor hidden_state;
   at::Tensor aux_hidden_state;
+  // hidden_state and aux_hidden_state hold the rows [row_offset, row_offset + their size(0)) of
+  // the sample (FeatureDataset::read_rows); 0 with every row (read()).
+  int64_t row_offset = 0;
   std::string source;  // file (and key for native shards), for error messages
   int64_t length() const { return input_ids.defined() ? input_ids.size(0) : 0; }
   int64_t hidden_size() const { return hidden_state.defined() ? hidden_state.size(1) : 0; }
@@ -39,6 +42,12 @@ struct Sample {
 };
 
 Sample process_sample(const RawSample& raw, int64_t max_length);
+
+// The window [offset, offset + window) of process_sample(raw, max_length), zeros past the
+// sample's S' = min(S, max_length) tokens, from a raw sample that holds at least the hidden rows
+// [offset, offset + window + 1) clipped to S' (FeatureDataset::read_rows; the + 1 is the shifted
+// target). Equal to process_sample's rows, without reading or copying the others.
+Sample process_window(const RawSample& raw, int64_t max_length, int64_t offset, int64_t window);
 
 // A sample that contributes nothing to the loss (loss_mask and attention all zero, one token).
 // Stands in for a skipped bad sample so every rank keeps the same batch count and shapes.
@@ -69,6 +78,10 @@ struct Batch {
   int shard_rank = 0;
   at::Tensor full_loss_mask;
   bool sharded() const { return shard_local > 0; }
+  // Sequence-parallel from a format read whole (.ckpt, ...): rank 0 of the group read the
+  // sample (its tensors hold it unsliced), the other ranks read nothing (no tensors); the
+  // trainer's train::share_batch hands every rank its slice.
+  bool awaits_share = false;
   int64_t epoch = 0;
   int64_t batch_index = 0;  // position of this micro-batch within the rank's epoch
   int64_t num_skipped = 0;  // rows that stand in for skipped bad samples

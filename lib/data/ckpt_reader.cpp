@@ -94,7 +94,7 @@ std::vector<at::Tensor> load_ckpt_tensors(const std::string& path, int count, ui
 
 RawSample validate_sample(at::Tensor input_ids, at::Tensor loss_mask, at::Tensor hidden_state,
                           at::Tensor aux_hidden_state, const std::string& where,
-                          const DatasetOptions& options) {
+                          const DatasetOptions& options, const RowWindow* rows) {
   TokenSample tokens = validate_tokens(input_ids, loss_mask, where, options);
   RawSample s;
   s.source = where;
@@ -103,11 +103,14 @@ RawSample validate_sample(at::Tensor input_ids, at::Tensor loss_mask, at::Tensor
   s.hidden_state = hidden_tensor(hidden_state, "hidden_state", where);
   s.aux_hidden_state = hidden_tensor(aux_hidden_state, "aux_hidden_state", where);
   const int64_t n = s.input_ids.size(0);
-  if (s.hidden_state.size(0) != n || s.aux_hidden_state.size(0) != n)
+  const int64_t hidden_rows = rows ? rows->hidden : s.hidden_state.size(0);
+  const int64_t aux_rows = rows ? rows->aux : s.aux_hidden_state.size(0);
+  if (hidden_rows != n || aux_rows != n)
     bad(where,
-        fsdp::str("lengths disagree: input_ids ", n, ", hidden_state ", s.hidden_state.size(0),
-                  ", aux_hidden_state ", s.aux_hidden_state.size(0)),
+        fsdp::str("lengths disagree: input_ids ", n, ", hidden_state ", hidden_rows,
+                  ", aux_hidden_state ", aux_rows),
         kRegenerate);
+  if (rows) s.row_offset = rows->from;
   const int64_t h = s.hidden_state.size(1);
   if (h == 0) bad(where, "hidden_state has hidden size 0", kRegenerate);
   const int64_t w = s.aux_hidden_state.size(1);

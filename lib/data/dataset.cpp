@@ -72,6 +72,18 @@ std::shared_ptr<FeatureDataset> open_ckpt_dataset(const std::string& root,
   return std::make_shared<CkptDataset>(root, std::move(files), options);
 }
 
+RawSample FeatureDataset::read_rows(int64_t i, int64_t from, int64_t count) const {
+  RawSample s = read(i);
+  const int64_t S = s.hidden_state.size(0);
+  const int64_t begin = std::clamp<int64_t>(from, 0, S);
+  const int64_t end = std::clamp<int64_t>(from + std::max<int64_t>(count, 0), begin, S);
+  // Copies: the rows outside the window are released with the whole tensors.
+  s.hidden_state = s.hidden_state.narrow(0, begin, end - begin).clone();
+  s.aux_hidden_state = s.aux_hidden_state.narrow(0, begin, end - begin).clone();
+  s.row_offset = begin;
+  return s;
+}
+
 std::shared_ptr<FeatureDataset> open_feature_dataset(const std::string& path,
                                                      const DatasetOptions& options) {
   FSDP_USAGE_CHECK(fs::exists(path), path + ": hidden-states path does not exist",

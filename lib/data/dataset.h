@@ -57,6 +57,15 @@ class FeatureDataset {
   // Reads, validates and normalises sample i (0 <= i < size()). Thread-safe. Throws
   // BadSampleError naming the file and the problem.
   virtual RawSample read(int64_t i) const = 0;
+  // Sample i's input_ids and loss_mask whole, and the rows [from, from + count) (clipped to the
+  // sample) of its hidden states, RawSample::row_offset = from; validated as read() validates
+  // (the length check against the whole sample's). Native bf16 shards read only those rows'
+  // bytes (a sequence-parallel rank's slice); the other formats read the whole sample and keep
+  // the rows.
+  virtual RawSample read_rows(int64_t i, int64_t from, int64_t count) const;
+  // True when read_rows reads only the rows' bytes and read_tokens is cheap (native bf16/fp16
+  // shards): the loader then reads a sequence-parallel rank's slice alone.
+  virtual bool reads_rows() const { return false; }
   // Only input_ids and loss_mask of sample i (cheap for native shards; .ckpt loads and checks
   // the whole file, so a sample training would skip is not counted either).
   virtual TokenSample read_tokens(int64_t i) const = 0;
@@ -132,8 +141,14 @@ TokenSample validate_tokens_only(at::Tensor input_ids, at::Tensor loss_mask,
 
 // Validates and normalises the four tensors of a sample already in memory (shared by the
 // .ckpt and native readers and by convert). `where` names the input in errors.
+// With rows (FeatureDataset::read_rows): hidden_state and aux_hidden_state hold rows
+// [rows->from, ...) of tensors of rows->hidden / rows->aux rows in all, which must equal the
+// tokens' length.
+struct RowWindow {
+  int64_t from = 0, hidden = 0, aux = 0;
+};
 RawSample validate_sample(at::Tensor input_ids, at::Tensor loss_mask, at::Tensor hidden_state,
                           at::Tensor aux_hidden_state, const std::string& where,
-                          const DatasetOptions& options);
+                          const DatasetOptions& options, const RowWindow* rows = nullptr);
 
 }  // namespace fsdp::data

@@ -77,11 +77,11 @@ void DataLoader::start(SamplerState state) {
     threads_.emplace_back([this, i] { worker(i); });
 }
 
-RawSample DataLoader::read_with_retries(int64_t idx) {
+RawSample DataLoader::read_with_retries(int64_t idx, int64_t from, int64_t count) {
   double delay = options_.retry_delay_s;
   for (int attempt = 0;; ++attempt) {
     try {
-      return dataset_->read(idx);
+      return from >= 0 ? dataset_->read_rows(idx, from, count) : dataset_->read(idx);
     } catch (const SampleReadError& e) {
       if (attempt >= options_.read_retries) throw;
       FSDP_LOG(kWarn) << e.message() << ": reading it again in " << delay << " s (retry "
@@ -101,10 +101,48 @@ Batch DataLoader::build_batch(int64_t epoch, int64_t batch) {
   std::vector<Sample> samples;
   std::vector<int64_t> bad_rows;
   Batch out;
+  // Sequence parallelism on shards that read rows alone (and no noise, which is drawn over the
+  // whole sample): only this rank's window of the one sample is read (data::process_window).
+  const bool sliced = options_.sp_size > 1;
+  const bool windowed = sliced && b == 1 && dataset_->reads_rows() && !options_.noise.enabled();
+  int64_t win_offset = 0, win_local = 0;
+  at::Tensor full_mask;
+  // The other formats: rank 0 of the group reads for the group (train::share_batch).
+  const bool shared = sliced && !windowed;
+  if (shared && options_.sp_rank != 0) {
+    out.sample_indices.assign(epoch_indices_.begin() + batch * b,
+                              epoch_indices_.begin() + (batch + 1) * b);
+    out.epoch = epoch;
+    out.batch_index = batch;
+    out.awaits_share = true;
+    return out;
+  }
   for (int64_t k = 0; k < b; ++k) {
     const int64_t idx = epoch_indices_[batch * b + k];
     out.sample_indices.push_back(idx);
     try {
+      if (windowed) {
+        const TokenSample tokens = dataset_->read_tokens(idx);
+        const int64_t s = std::min(tokens.input_ids.size(0), options_.max_length);
+        FSDP_CHECK(s >= 1, dataset_->source(idx) + ": sample has no tokens",
+                   "regenerate this feature file (it has no input_ids) or remove it");
+        win_local = std::max<int64_t>(1, (s + options_.sp_size - 1) / options_.sp_size);
+        win_offset = options_.sp_rank * win_local;
+        const int64_t window = win_local + options_.sp_halo;
+        RawSample raw = read_with_retries(idx, win_offset, window + 1);
+        out.bytes_read += raw.nbytes();
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          if (hidden_size_ == 0) {
+            hidden_size_ = raw.hidden_size();
+            aux_width_ = raw.aux_hidden_state.size(1);
+          }
+        }
+        full_mask = raw.loss_mask.narrow(0, 0, s).clone();
+        full_mask[s - 1] = 0;  // as process_sample: the last token has no next one
+        samples.push_back(process_window(raw, options_.max_length, win_offset, window));
+        continue;
+      }
       RawSample raw = read_with_retries(idx);
       out.bytes_read += raw.nbytes();
       {
@@ -153,14 +191,22 @@ Batch DataLoader::build_batch(int64_t epoch, int64_t batch) {
                      "fix the hidden-state files");
     for (int64_t k : bad_rows) samples[k] = empty_sample(h, w);
   }
-  const bool sliced = options_.sp_size > 1;
-  Batch collated = collate(samples, options_.pin_memory && !sliced);
+  const bool read_window = windowed && bad_rows.empty();
+  Batch collated = collate(samples, options_.pin_memory && (!sliced || read_window));
   collated.sample_indices = std::move(out.sample_indices);
   collated.bytes_read = out.bytes_read;
   collated.num_skipped = static_cast<int64_t>(bad_rows.size());
   collated.epoch = epoch;
   collated.batch_index = batch;
-  if (sliced) {
+  if (read_window) {
+    collated.shard_offset = win_offset;
+    collated.shard_local = win_local;
+    collated.shard_rank = options_.sp_rank;
+    collated.full_loss_mask = full_mask.unsqueeze(0);
+  } else if (shared) {
+    collated.awaits_share = true;  // whole, unpinned: share_batch slices and pins
+  } else if (sliced) {
+    // Windowed reading with a bad sample's stand-in (the same verdict on every rank).
     return slice_batch(collated, options_.sp_rank, options_.sp_size, options_.sp_halo,
                        options_.pin_memory);
   }

@@ -38,6 +38,9 @@ struct LoaderOptions {
   NoiseOptions noise;
   // Sequence parallelism (data::slice_batch): this rank's place in its group and the window's
   // halo (ttt_length - 1); the sampler is then the data-parallel one, shared by the group.
+  // Datasets that read rows alone (FeatureDataset::reads_rows, no noise): each rank reads its
+  // window. Others: group rank 0 reads the sample whole and the others read nothing
+  // (Batch::awaits_share), so a sample is read once per group.
   int sp_rank = 0, sp_size = 1;
   int64_t sp_halo = 0;
   void validate() const;  // throws UsageError naming the option
@@ -90,7 +93,8 @@ class DataLoader {
  private:
   void stop_threads();
   void worker(int id);
-  RawSample read_with_retries(int64_t idx);
+  // read(idx), or read_rows(idx, from, count) when from >= 0, retried on SampleReadError.
+  RawSample read_with_retries(int64_t idx, int64_t from = -1, int64_t count = 0);
   Batch build_batch(int64_t epoch, int64_t batch);
 
   std::shared_ptr<FeatureDataset> dataset_;

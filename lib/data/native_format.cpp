@@ -83,6 +83,7 @@ class NativeDataset final : public FeatureDataset {
          "missing shards or samples list");
     hidden_size_ = j.value("hidden_size", int64_t{0});
     prenorm_ = j.value("hidden_state_prenorm", false);
+    checked_finite_ = j.value("checked_finite", false);
     if (j.contains("captured_layer_ids") && j["captured_layer_ids"].is_array())
       captured_ = j["captured_layer_ids"].get<std::vector<int64_t>>();
     if (options_.hidden_size > 0 && hidden_size_ > 0)
@@ -142,6 +143,39 @@ class NativeDataset final : public FeatureDataset {
     return validate_sample(t[0], t[1], t[2], t[3], where, options_);
   }
 
+  // Rows alone only where every rank of a sequence-parallel group reaches the same verdict on
+  // a sample without reading all of it: bf16 rows (fp8 rows are dequantised with scales over the
+  // whole sample) whose NaN/Inf scan convert already made (index "checked_finite"), or with the
+  // scan off. A scan of one slice could skip a sample on one rank and not on the others.
+  bool reads_rows() const override {
+    return hidden_dtype_ != "fp8_e4m3" && (checked_finite_ || !options_.check_finite);
+  }
+
+  RawSample read_rows(int64_t i, int64_t from, int64_t count) const override {
+    if (!reads_rows()) return FeatureDataset::read_rows(i, from, count);
+    const auto [file, where] = locate(i);
+    const at::Tensor ids = read_tensor(*file, i, "input_ids", where);
+    const at::Tensor mask = read_tensor(*file, i, "loss_mask", where);
+    at::Tensor rows[2];
+    int64_t lengths[2] = {0, 0};
+    for (int k = 0; k < 2; ++k) {
+      const std::string name = str(i, ".", kTensorKeys[2 + k]);
+      if (!file->contains(name))
+        throw BadSampleError(where + ": tensor '" + name + "' missing from the shard",
+                             "the shard does not match the index; convert again", __FILE__,
+                             __LINE__);
+      const auto& shape = file->info(name).shape;
+      lengths[k] = shape.size() == 3 && shape[0] == 1 ? shape[1] : shape.empty() ? 0 : shape[0];
+      rows[k] = file->read_rows(name, std::max<int64_t>(from, 0), std::max<int64_t>(count, 0));
+    }
+    bytes_read_ += ids.nbytes() + mask.nbytes() + rows[0].nbytes() + rows[1].nbytes();
+    const RowWindow window{std::min(std::max<int64_t>(from, 0), lengths[0]), lengths[0],
+                           lengths[1]};
+    DatasetOptions options = options_;
+    options.check_finite = false;  // convert scanned every row (reads_rows)
+    return validate_sample(ids, mask, rows[0], rows[1], where, options, &window);
+  }
+
   TokenSample read_tokens(int64_t i) const override {
     const auto [file, where] = locate(i);
     const at::Tensor ids = read_tensor(*file, i, "input_ids", where);
@@ -194,6 +228,7 @@ class NativeDataset final : public FeatureDataset {
   DatasetOptions options_;
   int64_t hidden_size_ = 0;
   std::string hidden_dtype_ = "bf16";
+  bool checked_finite_ = false;  // index: convert scanned every sample for NaN/Inf
   bool prenorm_ = false;
   std::vector<int64_t> captured_;
   std::vector<std::string> shards_;
@@ -205,7 +240,7 @@ class NativeDataset final : public FeatureDataset {
 // same storage dtype, same file size, and the header holds every expected tensor with the
 // recorded length.
 bool shard_is_complete(const fs::path& out, int64_t k, const FeatureDataset& input, int64_t first,
-                       int64_t end, const std::string& dtype) {
+                       int64_t end, const std::string& dtype, bool check_finite) {
   const fs::path marker = out / shard_name(k, "done");
   const fs::path file = out / shard_name(k, "safetensors");
   if (!fs::exists(marker) || !fs::exists(file)) return false;
@@ -215,6 +250,8 @@ bool shard_is_complete(const fs::path& out, int64_t k, const FeatureDataset& inp
     if (static_cast<int64_t>(samples.size()) != end - first) return false;
     if (m.at("bytes").get<uint64_t>() != fs::file_size(file)) return false;
     if (m.value("hidden_dtype", std::string("bf16")) != dtype) return false;
+    // Written without the NaN/Inf scan this run asks for: scan it now.
+    if (check_finite && !m.value("checked_finite", false)) return false;
     auto f = SafetensorsFile::open(file.string());
     for (int64_t j = first; j < end; ++j) {
       const json& s = samples[j - first];
@@ -374,6 +411,7 @@ void convert_shard(const ConvertOptions& o, const FeatureDataset& input, const f
                                                   {"bytes", bytes},
                                                   {"hidden_size", c.hidden},
                                                   {"hidden_dtype", o.dtype},
+                                                  {"checked_finite", o.dataset.check_finite},
                                                   {"samples", c.samples}});
   ++rep.shards_written;
   rep.samples_written += static_cast<int64_t>(c.kept.size());
@@ -387,8 +425,10 @@ void write_index(const ConvertOptions& o, const FeatureDataset& input, const Sha
                  const fs::path& out, int rank, ConvertReport& rep) {
   json shards = json::array(), samples = json::array();
   int64_t hidden = 0;
+  bool checked_finite = true;  // every shard's samples were scanned for NaN/Inf
   for (int64_t k = 0; k < rep.shards_total; ++k) {
     const json m = read_json(out / shard_name(k, "done"));
+    checked_finite = checked_finite && m.value("checked_finite", false);
     shards.push_back({{"file", shard_name(k, "safetensors")},
                       {"first_sample", plan[k].first},
                       {"num_samples", plan[k].second - plan[k].first},
@@ -411,6 +451,7 @@ void write_index(const ConvertOptions& o, const FeatureDataset& input, const Sha
                        {"hidden_size", hidden},
                        {"hidden_state_prenorm", input.hidden_state_prenorm()},
                        {"captured_layer_ids", input.captured_layer_ids()},
+                       {"checked_finite", checked_finite},
                        {"source_format", input.format()},
                        {"num_samples", samples.size()},
                        {"source", fs::weakly_canonical(o.input).string()},
@@ -438,7 +479,8 @@ ConvertReport convert_to_native(const ConvertOptions& o, comm::Communicator* com
   rep.shards_total = static_cast<int64_t>(plan.size());
   for (int64_t k = rank; k < rep.shards_total; k += world) {
     const auto [first, end] = plan[k];
-    if (!o.overwrite && shard_is_complete(out, k, *input, first, end, o.dtype)) {
+    if (!o.overwrite &&
+        shard_is_complete(out, k, *input, first, end, o.dtype, o.dataset.check_finite)) {
       ++rep.shards_skipped;
       continue;
     }

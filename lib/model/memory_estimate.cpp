@@ -45,7 +45,7 @@ long double trainable_parameter_count(const DraftConfig& c) {
 // Rows per chunk of the draft head for the plan's micro-batch (every token a loss row), 0 if
 // unchunked.
 int64_t plan_head_chunk(const DraftConfig& c, const MemoryPlan& p) {
-  return head_chunk_rows(p.head_chunk_rows, p.micro_batch * p.max_length, c.draft_vocab());
+  return head_chunk_rows(p.head_chunk_rows, p.micro_batch * p.local_tokens(), c.draft_vocab());
 }
 
 long double step_activation_bytes_per_token(const DraftConfig& c, const MemoryPlan& p) {
@@ -81,11 +81,15 @@ MemoryEstimate estimate_training_memory(const DraftConfig& c, const MemoryPlan& 
   // Frozen: the embedding (a compute-dtype shard, gathered whole while it is used) and the
   // target's bf16 LM head, full [V, Ht] for the argmax and its [Vd, Ht] draft rows.
   e.frozen = b * V * H / shards + b * V * H + 2 * (V + Vd) * Ht;
-  const LD tokens = static_cast<LD>(p.micro_batch) * static_cast<LD>(p.max_length);
+  const LD tokens = static_cast<LD>(p.micro_batch) * static_cast<LD>(p.local_tokens());
   const LD T = static_cast<LD>(p.ttt_length);
   // Per token of the micro-batch, once: its features (bf16 hidden state and the three aux
   // layers, ids and mask), the fc output, and the fp32 target distribution over Vd.
-  const LD batch = 2 * Ht + 6 * Ht + 16 + b * H + 4 * Vd;
+  // Sequence-parallel, the all-to-all send and receive buffers of q, k, v and the attention
+  // output of one layer use are transient too.
+  const LD q = c.q_out_features(), kv = c.kv_out_features();
+  const LD batch =
+      2 * Ht + 6 * Ht + 16 + b * H + 4 * Vd + (p.seq_parallel > 1 ? 2 * b * (2 * q + 2 * kv) : 0);
   // The largest transient: the fp32 logits of a step's loss (of one chunk when chunked), and
   // the gradients of one layer step's activations in backward (with checkpointing also that
   // step recomputed).
@@ -110,9 +114,12 @@ void check_training_memory(const DraftConfig& c, const MemoryPlan& p, uint64_t m
       __FILE__, __LINE__,
       str("draft config ", c.source, " (hidden_size ", c.hidden_size, ", intermediate_size ",
           c.intermediate_size, ", draft_vocab_size ", c.draft_vocab(), ", vocab_size ",
-          c.vocab_size, ") with --max-length ", p.max_length, ", micro-batch ", p.micro_batch,
-          ", --ttt-length ", p.ttt_length, ", activation checkpointing ",
-          p.activation_checkpointing ? "on" : "off", ", draft head ",
+          c.vocab_size, ") with --max-length ", p.max_length,
+          p.seq_parallel > 1
+              ? str(" (", p.local_tokens(), " per rank at --sp-ulysses-size ", p.seq_parallel, ")")
+              : std::string(),
+          ", micro-batch ", p.micro_batch, ", --ttt-length ", p.ttt_length,
+          ", activation checkpointing ", p.activation_checkpointing ? "on" : "off", ", draft head ",
           plan_head_chunk(c, p) > 0 ? str("in chunks of ", plan_head_chunk(c, p), " rows")
                                     : std::string("unchunked"),
           " needs at least ", format_gib(e.total()), per_rank, " (model state ",
@@ -121,7 +128,9 @@ void check_training_memory(const DraftConfig& c, const MemoryPlan& p, uint64_t m
           format_gib(e.activations), "), more than the ", format_gib(memory_bytes), " of ", device),
       "lower --max-length or --draft-micro-batch-size (raise --gradient-accumulation-steps to "
       "keep the batch), turn on --activation-checkpointing, chunk the draft head "
-      "(--head-chunk-rows 1024), or shard the state over more ranks "
+      "(--head-chunk-rows 1024), split each sample over a sequence-parallel group "
+      "(--sp-ulysses-size; `fsdp-train memory-plan` gives the size), or shard the state over more "
+      "ranks "
       "(--sharding-strategy full_shard, more GPUs or nodes); docs/troubleshooting.md 'Memory "
       "estimate' has the formula");
 }

@@ -45,6 +45,15 @@ struct MemoryPlan {
   bool state_on_host = false;
   // Ranks sharing this memory: the node's ranks for CPU training (one host), 1 for a GPU.
   int64_t ranks_sharing_memory = 1;
+  // Sequence parallelism (--sp-ulysses-size): each rank of a group holds ceil(S / P) positions
+  // of the sample (plus T - 1 of the next slice's features), and the attention's keys and
+  // values of all S positions for nkv / P heads: the per-token terms count a slice.
+  int64_t seq_parallel = 1;
+  // The positions one rank holds of a sample: S, or its slice.
+  int64_t local_tokens() const {
+    const int64_t P = std::max<int64_t>(seq_parallel, 1);
+    return (max_length + P - 1) / P;
+  }
 };
 
 // Bytes for one rank (long double: no overflow whatever the sizes).

@@ -200,6 +200,7 @@ model::MemoryPlan memory_plan(const config::TrainConfig& cfg, c10::Device device
   m.whole_compute_copy = s == S::kNoShard || s == S::kShardGradOp;
   m.state_on_host = cfg.shard.cpu_offload && !device.is_cpu();
   m.ranks_sharing_memory = device.is_cpu() ? node_ranks : 1;
+  m.seq_parallel = cfg.loop.sp_ulysses_size;
   return m;
 }
 

@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "comm/communicator.h"
+#include "data/batch.h"
 #include "model/seq_parallel.h"
 
 namespace fsdp::train {
@@ -21,5 +22,12 @@ class CommSeqGroup : public model::SeqGroup {
  private:
   std::shared_ptr<comm::Communicator> comm_;
 };
+
+// Sequence parallelism over a format read whole (data::Batch::awaits_share): rank 0 of `group`
+// (a host communicator over the sequence-parallel group) broadcasts the sample it read, and
+// every rank returns its slice (data::slice_batch with `halo`, pinned when asked). Collective
+// over the group; a batch not awaiting a share is returned as it is.
+data::Batch share_batch(comm::Communicator& group, data::Batch batch, int64_t halo,
+                        bool pin_memory);
 
 }  // namespace fsdp::train

@@ -109,6 +109,7 @@ class TrainLoop {
   StepHealth health_;
   std::unique_ptr<metrics::StepProfiler> profiler_;
   Stopwatch window_clock_;
+  uint64_t read_bytes_ = 0;  // feature bytes this rank read for the batches of the log window
   double last_lr_ = 0;
   bool saved_at_step_ = false;      // the newest step is in a checkpoint
   int64_t deferred_eval_step_ = 0;  // an --eval-steps evaluation waiting for the epoch-end save
@@ -229,7 +230,11 @@ bool TrainLoop::run_epoch(int64_t epoch) {
         read_agreed([&] { return loader_.next(); }, agreement_, "data loading",
                     [&](ReadFailure why) { save_before_failure(epoch, failure_text(why)); });
     if (!batch) break;
+    if (t_.seq_host)
+      *batch = share_batch(*t_.seq_host, std::move(*batch), t_.cfg.model.ttt_length - 1,
+                           !t_.device.is_cpu());
     counts.add(*batch);
+    read_bytes_ += batch->bytes_read;
     const int64_t b_index = batch->batch_index;
     const bool last_in_group = in_group == accum - 1 || b_index == per_epoch_ - 1;
     ++in_group;
@@ -356,6 +361,11 @@ void TrainLoop::log_step(int64_t n, int64_t epoch) {
   scalars.emplace_back(
       "perf/micro_batches_per_step",
       static_cast<double>(runner_.take_micro_batches()) / static_cast<double>(steps));
+  // Feature bytes this rank read per step (with sequence parallelism over native shards, its
+  // slice of each sample: docs/usage.md "Sequence parallelism").
+  scalars.emplace_back("perf/read_mib_per_step",
+                       static_cast<double>(read_bytes_) / 1048576.0 / static_cast<double>(steps));
+  read_bytes_ = 0;
   for (const auto& [k, v] : metrics::time_shares(shares, secs)) {
     scalars.emplace_back("perf/" + k + "_share", v);
     scalars.emplace_back("perf/" + k + "_s", v * secs / static_cast<double>(steps));

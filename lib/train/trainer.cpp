@@ -95,9 +95,12 @@ void Trainer::Impl::setup() {
   control = comm::make_communicator(comm::Group::kWorld, c10::Device(c10::kCPU));
   metrics_comm = device.is_cpu() ? control : comm::make_communicator(comm::Group::kWorld, device);
   if (sp > 1) {
+    seq_host = comm::split(comm::Group::kWorld, dp_rank, rank % sp, c10::Device(c10::kCPU),
+                           device.is_cpu() ? "sequence-parallel" : "sequence-parallel-host");
     seq_group = std::make_unique<CommSeqGroup>(
-        comm::split(comm::Group::kWorld, dp_rank, rank % sp,
-                    device.is_cpu() ? c10::Device(c10::kCPU) : device, "sequence-parallel"));
+        device.is_cpu()
+            ? seq_host
+            : comm::split(comm::Group::kWorld, dp_rank, rank % sp, device, "sequence-parallel"));
   }
   config_json = config::to_json(config::with_absolute_paths(cfg));
   if (rank == 0) {
@@ -636,6 +639,8 @@ std::vector<std::pair<std::string, double>> Trainer::Impl::evaluate(
                            if (before_failure) before_failure();
                          });
     if (!b) break;
+    if (seq_host)
+      *b = share_batch(*seq_host, std::move(*b), cfg.model.ttt_length - 1, !device.is_cpu());
     zero_loss += data::zero_loss_rows(*b);
     loss_tokens += b->num_loss_tokens();
     const auto rows = batch_rows(*b, cfg.model.ttt_length, device);

@@ -39,6 +39,8 @@ struct Trainer::Impl {
   // the data is split over dp_world = world / sp data-parallel ranks, this one dp_rank.
   int sp = 1, dp_rank = 0, dp_world = 1;
   std::unique_ptr<CommSeqGroup> seq_group;  // sp > 1 only
+  // sp > 1: the group on the host (share_batch); seq_group's own communicator on the CPU.
+  std::shared_ptr<comm::Communicator> seq_host;
   model::DraftConfig draft_cfg;
   // The target layers the features hold (nullopt: unknown, the engines' defaults apply) and the
   // RoPE scaling injected into exports: what serving_config_json writes (docs/serving.md).

@@ -71,3 +71,43 @@ TEST_CASE("collate right-pads every tensor with zeros to the longest sample", "[
                                process_sample(raw(3, 4, 0), 100)};
   CHECK_THROWS_WITH(collate(mixed), Catch::Contains("hidden size"));
 }
+
+TEST_CASE("process_window on a row window equals the slice of the whole processed sample",
+          "[data]") {
+  // Every (length, max_length, SP size, rank, halo): the rows a sequence-parallel rank reads
+  // (FeatureDataset::read_rows) processed alone equal slice_batch of the whole sample.
+  for (const int64_t s : {1, 2, 5, 7, 8, 13})
+    for (const int64_t max_length : {int64_t{100}, int64_t{4}})
+      for (const int size : {1, 2, 3, 4})
+        for (const int64_t halo : {0, 2, 6})
+          for (int rank = 0; rank < size; ++rank) {
+            CAPTURE(s, max_length, size, halo, rank);
+            const RawSample whole = raw(s, 2, 1);
+            const Batch full = collate({process_sample(whole, max_length)});
+            const Batch want = slice_batch(full, rank, size, halo, false);
+            const int64_t total = std::min(s, max_length);
+            const int64_t local = std::max<int64_t>(1, (total + size - 1) / size);
+            const int64_t offset = rank * local, window = local + halo;
+            RawSample part = whole;
+            const int64_t begin = std::min(offset, s), end = std::min(offset + window + 1, s);
+            part.hidden_state = whole.hidden_state.narrow(0, begin, end - begin).clone();
+            part.aux_hidden_state = whole.aux_hidden_state.narrow(0, begin, end - begin).clone();
+            part.row_offset = begin;
+            const Batch got = collate({process_window(part, max_length, offset, window)});
+            REQUIRE(got.seq_len() == want.seq_len());
+            CHECK(at::equal(got.input_ids, want.input_ids));
+            CHECK(at::equal(got.loss_mask, want.loss_mask));
+            CHECK(at::equal(got.attention_mask, want.attention_mask));
+            CHECK(at::equal(got.aux_hidden, want.aux_hidden));
+            CHECK(at::equal(got.target_hidden, want.target_hidden));
+          }
+}
+
+TEST_CASE("process_window refuses rows that do not cover the window", "[data]") {
+  RawSample part = raw(8, 2, 0);
+  part.hidden_state = part.hidden_state.narrow(0, 4, 2).clone();
+  part.aux_hidden_state = part.aux_hidden_state.narrow(0, 4, 2).clone();
+  part.row_offset = 4;
+  CHECK_THROWS(process_window(part, 100, 2, 3));   // needs rows [2, 6)
+  CHECK_NOTHROW(process_window(part, 100, 4, 1));  // rows [4, 6)
+}

@@ -207,3 +207,64 @@ TEST_CASE("a file that fails to open is read again before it counts as bad", "[d
   CHECK(l4.stats().read_retries == 0);
   CHECK(l4.stats().bad_samples == 1);
 }
+
+TEST_CASE("sequence parallelism: group rank 0 reads for the group, or each rank its rows",
+          "[data]") {
+  // A format read whole: rank 1 of a group of 2 reads nothing and waits for rank 0's sample;
+  // rank 0 reads it whole and unsliced (train::share_batch slices it).
+  auto ds = std::make_shared<KnownDataset>(9);
+  LoaderOptions o;
+  o.sp_size = 2;
+  o.sp_halo = 2;
+  o.sp_rank = 1;
+  DataLoader other(ds, DistributedSampler(9, 0, 1, 1, 0), o);
+  other.start({0, 0});
+  std::vector<int64_t> seen;
+  while (auto b = other.next()) {
+    CHECK(b->awaits_share);
+    CHECK_FALSE(b->input_ids.defined());
+    CHECK(b->bytes_read == 0);
+    seen.push_back(b->sample_indices.at(0));
+  }
+  CHECK(ds->files_opened() == 0);
+  o.sp_rank = 0;
+  DataLoader first(ds, DistributedSampler(9, 0, 1, 1, 0), o);
+  first.start({0, 0});
+  std::vector<int64_t> read;
+  while (auto b = first.next()) {
+    CHECK(b->awaits_share);
+    CHECK_FALSE(b->sharded());
+    const int64_t i = b->sample_indices.at(0);
+    CHECK(b->seq_len() == 3 + i % 4);
+    CHECK(b->input_ids[0][0].item<int64_t>() == 10 * i + 1);
+    read.push_back(i);
+  }
+  CHECK(read == seen);
+
+  // A format that reads rows alone: every rank its window, equal to the whole sample's slice.
+  class RowsDataset : public KnownDataset {
+   public:
+    using KnownDataset::KnownDataset;
+    bool reads_rows() const override { return true; }
+  };
+  auto rows = std::make_shared<RowsDataset>(9);
+  for (int rank = 0; rank < 2; ++rank) {
+    o.sp_rank = rank;
+    DataLoader l(rows, DistributedSampler(9, 0, 1, 1, 0), o);
+    l.start({0, 0});
+    while (auto b = l.next()) {
+      CHECK_FALSE(b->awaits_share);
+      REQUIRE(b->sharded());
+      const int64_t i = b->sample_indices.at(0);
+      const Batch whole = collate({process_sample(rows->read(i), o.max_length)});
+      const Batch want = slice_batch(whole, rank, 2, o.sp_halo);
+      CHECK(b->shard_offset == want.shard_offset);
+      CHECK(b->shard_local == want.shard_local);
+      CHECK(at::equal(b->input_ids, want.input_ids));
+      CHECK(at::equal(b->loss_mask, want.loss_mask));
+      CHECK(at::equal(b->target_hidden, want.target_hidden));
+      CHECK(at::equal(b->aux_hidden, want.aux_hidden));
+      CHECK(at::equal(b->full_loss_mask, want.full_loss_mask));
+    }
+  }
+}

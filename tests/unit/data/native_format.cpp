@@ -120,6 +120,55 @@ TEST_CASE("convert: native shards hold exactly the .ckpt tensors; resume skips v
   CHECK(error_of([&] { damaged->read(0); }).find("shard_00000.safetensors") != std::string::npos);
 }
 
+TEST_CASE("native read_rows reads only the asked rows, equal to the whole sample's", "[data]") {
+  const auto dir = temp_dir("read_rows");
+  const auto paths = generate_toy_data(small_toy(dir));
+  ConvertOptions o;
+  o.input = paths.hidden_states_dir;
+  o.output = (dir / "native").string();
+  convert_to_native(o);
+  auto native = open_feature_dataset(o.output);
+  REQUIRE(native->reads_rows());  // convert scanned every row for NaN/Inf
+  CHECK_FALSE(open_feature_dataset(paths.hidden_states_dir)->reads_rows());
+  for (int64_t i = 0; i < native->size(); ++i) {
+    const RawSample whole = native->read(i);
+    const int64_t s = whole.length();
+    for (const auto& [from, count] : std::vector<std::pair<int64_t, int64_t>>{
+             {0, 1}, {0, s}, {3, 5}, {s - 1, 4}, {s, 2}, {s + 3, 1}}) {
+      CAPTURE(i, s, from, count);
+      uint64_t before = native->bytes_read();
+      native->read_tokens(i);
+      const uint64_t token_bytes = native->bytes_read() - before;
+      before = native->bytes_read();
+      const RawSample part = native->read_rows(i, from, count);
+      const int64_t begin = std::min(from, s), end = std::min(from + count, s);
+      CHECK(part.row_offset == begin);
+      CHECK(at::equal(part.input_ids, whole.input_ids));
+      CHECK(at::equal(part.loss_mask, whole.loss_mask));
+      CHECK(at::equal(part.hidden_state, whole.hidden_state.narrow(0, begin, end - begin)));
+      CHECK(at::equal(part.aux_hidden_state, whole.aux_hidden_state.narrow(0, begin, end - begin)));
+      // Bytes: the tokens whole, only the asked rows of the hidden states.
+      CHECK(native->bytes_read() - before ==
+            token_bytes + static_cast<uint64_t>(
+                              (end - begin) * 2 *
+                              (whole.hidden_state.size(1) + whole.aux_hidden_state.size(1))));
+    }
+  }
+  // An index written without the scan (or before it was recorded) reads whole samples.
+  ConvertOptions unchecked = o;
+  unchecked.output = (dir / "unchecked").string();
+  unchecked.dataset.check_finite = false;
+  convert_to_native(unchecked);
+  CHECK_FALSE(open_feature_dataset(unchecked.output)->reads_rows());
+  DatasetOptions lenient;
+  lenient.check_finite = false;
+  CHECK(open_feature_dataset(unchecked.output, lenient)->reads_rows());
+  // A checked conversion over the unchecked shards redoes them (they were never scanned).
+  unchecked.dataset.check_finite = true;
+  CHECK(convert_to_native(unchecked).shards_written > 0);
+  CHECK(open_feature_dataset(unchecked.output)->reads_rows());
+}
+
 TEST_CASE("convert --skip-bad-samples keeps numbering and marks bad samples in the index",
           "[data]") {
   const auto dir = temp_dir("convert_bad");

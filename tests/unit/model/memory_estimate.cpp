@@ -129,3 +129,28 @@ TEST_CASE("a run that cannot fit is refused with both figures and what to change
   const std::string shared = refusal(c, p, static_cast<uint64_t>(need) + 1);
   CHECK_THAT(shared, Catch::Contains("x 2 ranks sharing it"));
 }
+
+TEST_CASE("sequence parallelism counts one rank's slice of the sample", "[model]") {
+  const DraftConfig c = shipped("llama3-8B-eagle3.json");
+  MemoryPlan whole;
+  whole.max_length = 131072;
+  whole.head_chunk_rows = 1024;
+  MemoryPlan sp = whole;
+  sp.seq_parallel = 4;
+  CHECK(sp.local_tokens() == 32768);
+  MemoryPlan slice = whole;
+  slice.max_length = 32768;  // what one rank of four holds, without the exchange buffers
+  const long double q = static_cast<long double>(c.q_out_features()),
+                    kv = static_cast<long double>(c.kv_out_features());
+  CHECK(
+      estimate_training_memory(c, sp).activations ==
+      Approx(estimate_training_memory(c, slice).activations + 32768.0L * 2 * 2 * (2 * q + 2 * kv)));
+  // Uneven: ceil(S / P) positions per rank.
+  sp.max_length = 131073;
+  CHECK(sp.local_tokens() == 32769);
+  // The state is what the sharding says, whatever the sequence split.
+  CHECK(estimate_training_memory(c, sp).state == estimate_training_memory(c, whole).state);
+  // The refusal names the slice.
+  sp.max_length = 131072;
+  CHECK_THAT(refusal(c, sp, uint64_t{1} << 30), Catch::Contains("--sp-ulysses-size 4"));
+}
