@@ -22,7 +22,7 @@ fail() {
 # 1. Debian packages.
 APT_PACKAGES=(build-essential cmake ninja-build ccache git pkg-config python3 python3-venv
   libopenmpi-dev openmpi-bin libcli11-dev nlohmann-json3-dev libyaml-cpp-dev catch2 zlib1g-dev
-  clang libclang-rt-14-dev clang-format time)
+  clang libclang-rt-14-dev clang-format time libjemalloc2)
 if [ "${FSDP_SKIP_APT:-0}" != 1 ]; then
   missing=()
   for p in "${APT_PACKAGES[@]}"; do

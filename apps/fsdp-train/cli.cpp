@@ -13,6 +13,7 @@
 #include "comm/runtime.h"
 #include "commands.h"
 #include "config/options.h"
+#include "core/env.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "data/dataset.h"
@@ -49,7 +50,7 @@ int fail(const Error& e, int code) {
 std::string version_text() {
   std::string s = "fsdp-train 0.1.0 (LibTorch " TORCH_VERSION ", backends:";
   for (const auto& b : comm::compiled_backends()) s += " " + b;
-  return s + ")";
+  return s + "; allocator: " + env::allocator_in_use() + ")";
 }
 
 const char* const kRootDescription =

@@ -9,6 +9,8 @@
 #include <cstdlib>
 #include <sstream>
 
+#include <dlfcn.h>
+
 namespace fsdp::env {
 
 namespace {
@@ -69,6 +71,18 @@ std::vector<Variable> build_table() {
       {"XDG_CACHE_HOME", T::kPath, "unset", "its huggingface/hub is searched after those"},
       {"HOME", T::kPath, "unset", "~/.cache/huggingface/hub is searched last"},
       {"FSDP_MPIRUN", T::kPath, "mpirun", "the mpirun that --nproc-per-node starts"},
+      {"FSDP_ALLOCATOR",
+       T::kChoice,
+       "auto",
+       "host memory allocator of each rank: auto: jemalloc (libjemalloc.so.2, Debian's "
+       "libjemalloc2) when installed, else the C library's malloc; jemalloc: require it; "
+       "system: the C library's malloc (docs/troubleshooting.md \"Host memory grows\")",
+       0,
+       0,
+       {"auto", "jemalloc", "system"}},
+      {"LD_PRELOAD", T::kText, "unset",
+       "libraries the dynamic loader loads first into each rank; the front puts jemalloc "
+       "ahead of what it holds (FSDP_ALLOCATOR)"},
       {"FSDP_PRETEND_NODES", T::kInteger, "unset",
        "split the job into this many pretend nodes of contiguous ranks (hybrid sharding on one "
        "machine); must divide the number of ranks",
@@ -215,6 +229,11 @@ Reading read(std::string_view name) {
     }
   }
   return r;
+}
+
+std::string allocator_in_use() {
+  // jemalloc's own entry point: present only when it is loaded.
+  return ::dlsym(RTLD_DEFAULT, "mallctl") != nullptr ? "jemalloc" : "glibc malloc";
 }
 
 std::string usage_markdown() {

@@ -74,6 +74,10 @@ inline std::optional<std::string> choice(std::string_view name) {
   return r.text;
 }
 
+// The host allocator this process runs with: "jemalloc" when the front preloaded it
+// (FSDP_ALLOCATOR), else "glibc malloc".
+std::string allocator_in_use();
+
 // The generated list for docs/usage.md (a Markdown table).
 std::string usage_markdown();
 

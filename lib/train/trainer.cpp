@@ -106,6 +106,7 @@ void Trainer::Impl::setup() {
   if (rank == 0) {
     FSDP_LOG0(kInfo) << "fsdp-train: " << world << " rank(s) on " << topo.num_nodes
                      << " node(s), device " << metrics::device_name(device) << ", " << threads
+                     << ", " << env::allocator_in_use()
                      << "\n"
                      << config::to_display(cfg);
   }

@@ -117,4 +117,14 @@ adjacent_hints "$o" >/dev/null || fail "2-rank start-up error: $(adjacent_hints 
 rm -rf "$tmp"
 grep -q "fsdp-train" <<<"$("$BIN" --version)" || fail "--version"
 FSDP_LOG_LEVEL=bogus expect_usage "FSDP_LOG_LEVEL.*'bogus'" --version
+# FSDP_ALLOCATOR (docs/troubleshooting.md "Host memory grows"): launch/setup.sh installs jemalloc,
+# which the front preloads into the core by default, also into each rank under mpirun; system
+# keeps the C library's malloc; a bad value exits 2.
+v="$("$BIN" --version)"
+[[ "$v" == *"allocator: jemalloc"* ]] || fail "default allocator is not jemalloc: $v"
+v="$(FSDP_ALLOCATOR=system "$BIN" --version)"
+[[ "$v" == *"allocator: glibc malloc"* ]] || fail "FSDP_ALLOCATOR=system: $v"
+v="$("${FSDP_MPIEXEC:-mpiexec}" --allow-run-as-root --oversubscribe --bind-to none -n 2 "$BIN" --version 2>&1)"
+[ "$(grep -c "allocator: jemalloc" <<<"$v")" -eq 2 ] || fail "ranks under mpirun: $v"
+FSDP_ALLOCATOR=bogus expect_usage "FSDP_ALLOCATOR.*'bogus'" --version
 echo PASS
