@@ -106,8 +106,7 @@ void Trainer::Impl::setup() {
   if (rank == 0) {
     FSDP_LOG0(kInfo) << "fsdp-train: " << world << " rank(s) on " << topo.num_nodes
                      << " node(s), device " << metrics::device_name(device) << ", " << threads
-                     << ", " << env::allocator_in_use()
-                     << "\n"
+                     << ", " << env::allocator_in_use() << "\n"
                      << config::to_display(cfg);
   }
   draft_cfg = model::load_draft_config(cfg.model.draft_model_config);
