@@ -5,7 +5,8 @@
 # key/value heads of 16 so that groups of 2 and 4 can split them), TTT 7, micro-batch 1, fp32,
 # read from native shards, on the CPU, one thread per rank, at --sp-ulysses-size 1, 2 and 4 (as
 # many ranks), with the chunked head (--head-chunk-rows 1024) and, up to UNCHUNKED_MAX, the
-# unchunked one. Reports rank 0's peak RSS (mem/host_peak_rss_gib), the bytes per token above
+# unchunked one. Reports the largest peak RSS of the ranks (GNU time's maximum resident set; the
+# rank that peaks is the one whose slice holds the most loss rows), the bytes per token above
 # the shortest run's, the KiB rank 0 read (perf/read_mib_per_step), and how far each
 # sequence-parallel run's logged metrics (losses, accuracies, acceptance, gradient norm) are
 # from the run without it (worst relative difference): the same step, split.
@@ -35,8 +36,11 @@ PYEOF
     [ "$head" -eq -1 ] && [ "$S" -gt "$UNCHUNKED_MAX" ] && continue
     for sp in $SPS; do
       echo "[seq-parallel] S $S, --sp-ulysses-size $sp, --head-chunk-rows $head"
-      launch=("$BIN")
-      [ "$sp" -gt 1 ] && launch=("$MPIEXEC" --allow-run-as-root --oversubscribe --bind-to none -n "$sp" "$BIN")
+      # Every rank's peak RSS (GNU time: the maximum resident set of the rank's process), one
+      # file per rank (the ranks' stderr lines interleave under mpirun).
+      rss="$OUT/rss-$S-$head-$sp"
+      launch=(sh -c 'exec /usr/bin/time -f "%M" -o "$0.${OMPI_COMM_WORLD_RANK:-0}" "$@"' "$rss" "$BIN")
+      [ "$sp" -gt 1 ] && launch=("$MPIEXEC" --allow-run-as-root --oversubscribe --bind-to none -n "$sp" "${launch[@]}")
       "${launch[@]}" --target-model-path "$OUT/data-$S/target" \
         --draft-model-config "$OUT/data-$S/draft_config.json" \
         --train-hidden-states-path "$OUT/data-$S/native" --cache-dir "$OUT/cache-$S" \
@@ -58,8 +62,12 @@ def rows(s, head, sp):
     except FileNotFoundError:
         return None  # not run, or refused by the start-up memory check
 def peak(s, head, sp):
-    r = rows(s, head, sp)
-    return None if r is None else max(x["mem/host_peak_rss_gib"] for x in r if "mem/host_peak_rss_gib" in x) * 1024
+    # The largest rank's: which rank peaks depends on where the sample's loss rows fall.
+    if rows(s, head, sp) is None:
+        return None
+    kib = [int(open(f"{out}/rss-{s}-{head}-{sp}.{r}").read().split()[-1]) for r in range(sp)]
+    assert len(kib) == sp, (s, head, sp, kib)
+    return max(kib) / 1024
 def read(s, head, sp):
     r = rows(s, head, sp)
     return None if r is None else max(x.get("perf/read_mib_per_step", 0) for x in r) * 1024
@@ -76,7 +84,7 @@ def worst(s, head, sp):
                 w = max(w, abs(v - y[k]) / max(1.0, abs(v)))
     return w
 for head, name in ((1024, "chunked head (1024 rows)"), (-1, "unchunked head")):
-    print(f"\n{name}: rank 0's peak RSS, MiB (KiB per token above S = {lengths[0]}); "
+    print(f"\n{name}: the largest rank's peak RSS, MiB (KiB per token above S = {lengths[0]}); "
           "KiB rank 0 read\n")
     print("| S | " + " | ".join(f"SP {sp}" for sp in sps) + " | read, KiB (" +
           " / ".join(f"SP {sp}" for sp in sps) + ") | metrics vs SP 1 (worst rel.) |")
