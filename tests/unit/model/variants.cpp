@@ -1,8 +1,8 @@
 // Draft variants (docs/model.md "Draft variants"): EAGLE3.1's fc_norm and norm_output,
 // norm_before_fc, norm_before_residual and drafts of several decoder layers. The model is checked
 // against a reference written here from the definition (float64, every position and key listed
-// explicitly, weights looked up by their export names), in float64 and in float32 (1e-6
-// relative), and its gradients against finite differences.
+// explicitly, weights looked up by their export names), in float64 (1e-12 relative) and in
+// float32 (2e-6 relative), and its gradients against finite differences.
 #include <catch2/catch.hpp>
 
 #include <torch/torch.h>
@@ -229,13 +229,16 @@ TEST_CASE("variants: the model equals the reference from the definition (float64
         CHECK(max_rel(got[static_cast<size_t>(i)] * valid, want[static_cast<size_t>(i)]) < 1e-12);
       }
     }
-    // float32 weights and inputs: within 1e-6 relative of the float64 definition.
+    // float32 weights and inputs: within 2e-6 relative (L2) of the float64 definition. The
+    // rounding depends on the CPU's float32 kernels: three layers at step 2 reach 1.13e-6 on an
+    // Intel Xeon VM (AVX-512, AMX) and stayed below 1e-6 on an AMD EPYC; the definition itself
+    // is held to 1e-12 in float64 above.
     model->to(torch::kFloat);
     const auto got32 =
         ttt_logits(*model, in.ids, in.mask, in.aux.to(at::kFloat), T, AttentionImpl::kEfficient);
     for (int64_t i = 0; i < T; ++i) {
       INFO("float32 step " << i);
-      CHECK(max_rel(got32[static_cast<size_t>(i)] * valid, want[static_cast<size_t>(i)]) < 1e-6);
+      CHECK(max_rel(got32[static_cast<size_t>(i)] * valid, want[static_cast<size_t>(i)]) < 2e-6);
     }
   }
 }
