@@ -117,6 +117,15 @@ Batch DataLoader::build_batch(int64_t epoch, int64_t batch) {
     out.awaits_share = true;
     return out;
   }
+  // Bytes read, and the hidden size and aux width of the first good sample (for stand-ins).
+  const auto note_read = [&](const RawSample& raw) {
+    out.bytes_read += raw.nbytes();
+    std::lock_guard<std::mutex> lock(mu_);
+    if (hidden_size_ == 0) {
+      hidden_size_ = raw.hidden_size();
+      aux_width_ = raw.aux_hidden_state.size(1);
+    }
+  };
   for (int64_t k = 0; k < b; ++k) {
     const int64_t idx = epoch_indices_[batch * b + k];
     out.sample_indices.push_back(idx);
@@ -130,28 +139,14 @@ Batch DataLoader::build_batch(int64_t epoch, int64_t batch) {
         win_offset = options_.sp_rank * win_local;
         const int64_t window = win_local + options_.sp_halo;
         RawSample raw = read_with_retries(idx, win_offset, window + 1);
-        out.bytes_read += raw.nbytes();
-        {
-          std::lock_guard<std::mutex> lock(mu_);
-          if (hidden_size_ == 0) {
-            hidden_size_ = raw.hidden_size();
-            aux_width_ = raw.aux_hidden_state.size(1);
-          }
-        }
+        note_read(raw);
         full_mask = raw.loss_mask.narrow(0, 0, s).clone();
         full_mask[s - 1] = 0;  // as process_sample: the last token has no next one
         samples.push_back(process_window(raw, options_.max_length, win_offset, window));
         continue;
       }
       RawSample raw = read_with_retries(idx);
-      out.bytes_read += raw.nbytes();
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        if (hidden_size_ == 0) {
-          hidden_size_ = raw.hidden_size();
-          aux_width_ = raw.aux_hidden_state.size(1);
-        }
-      }
+      note_read(raw);
       samples.push_back(process_sample(raw, options_.max_length));
       // Here the sample's identity (epoch, dataset index) is known and the work stays off the
       // trainer's thread; stand-ins for bad samples below get no noise.
