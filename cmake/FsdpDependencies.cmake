@@ -51,6 +51,16 @@ elseif(_fsdp_gpu STREQUAL "CUDA" OR (_fsdp_gpu STREQUAL "AUTO" AND _torch_has_cu
                         "Set NCCL_HOME to the NCCL install or use -DFSDP_GPU=OFF.")
   endif()
   set(FSDP_HAVE_CUDA ON)
+  # fsdp-train's own kernels (lib/kernels): SASS and PTX for these architectures; 90 = H100/H200,
+  # the PTX lets newer GPUs compile it at load time. Other GPUs: e.g. -DFSDP_CUDA_ARCHITECTURES="80;90".
+  set(FSDP_CUDA_ARCHITECTURES "90" CACHE STRING "CUDA architectures of fsdp-train's own kernels")
+  if(NOT CMAKE_CUDA_ARCHITECTURES)
+    set(CMAKE_CUDA_ARCHITECTURES ${FSDP_CUDA_ARCHITECTURES})
+  endif()
+  if(NOT CMAKE_CUDA_COMPILER AND EXISTS ${CUDAToolkit_NVCC_EXECUTABLE})
+    set(CMAKE_CUDA_COMPILER ${CUDAToolkit_NVCC_EXECUTABLE})
+  endif()
+  enable_language(CUDA)
 endif()
 if(FSDP_HAVE_CUDA OR FSDP_HAVE_HIP)
   add_library(fsdp::nccl UNKNOWN IMPORTED)

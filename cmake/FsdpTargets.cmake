@@ -31,7 +31,9 @@ endif()
 # fsdp_configure(target [TORCH]): warnings, sanitizers, include root, optional PCH reuse.
 function(fsdp_configure target)
   cmake_parse_arguments(ARG "TORCH" "" "" ${ARGN})
-  target_compile_options(${target} PRIVATE ${FSDP_WARNINGS} ${FSDP_SAN_FLAGS})
+  # GCC's flags for C and C++ only: nvcc (kernels/*.cu) takes its own.
+  target_compile_options(${target} PRIVATE
+                         "$<$<COMPILE_LANGUAGE:C,CXX>:${FSDP_WARNINGS};${FSDP_SAN_FLAGS}>")
   target_link_options(${target} PRIVATE ${FSDP_SAN_FLAGS})
   if(ARG_TORCH AND FSDP_USE_PCH)
     target_precompile_headers(${target} REUSE_FROM fsdp_pch)

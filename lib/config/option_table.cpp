@@ -535,6 +535,12 @@ void add_model_rows(std::vector<OptionSpec>& t) {
                         "loss (log_softmax recomputed): less memory at long sequences, about one "
                         "more layer forward per TTT step, bit-identical results",
                         FIELD(model.activation_checkpointing)));
+  t.push_back(row<bool>("fused-cuda-kernels", K::kBool, md,
+                        "run the soft cross-entropy over the draft vocabulary and the TTT "
+                        "attention's diagonal merge, forward and backward, in fsdp-train's own "
+                        "CUDA kernels instead of composite LibTorch ops (equal within fp32 "
+                        "rounding; GPU runs only; not yet measured on a GPU, so off by default)",
+                        FIELD(model.fused_cuda_kernels)));
   t.push_back(row<int64_t>(
       "head-chunk-rows", K::kInt, md,
       "run each TTT step's draft norm, lm_head and loss over chunks of this many loss rows and "

@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "kernels/fused.h"
 
 namespace fsdp::model {
 namespace {
@@ -126,7 +127,7 @@ at::Tensor diagonal_scores(const at::Tensor& q5, const at::Tensor& kd, double sc
 struct TttAttentionFn : public torch::autograd::Function<TttAttentionFn> {
   static at::Tensor forward(AutogradContext* ctx, at::Tensor q, at::Tensor k0, at::Tensor v0,
                             at::Tensor kd, at::Tensor vd, double scale, int64_t kernel_id,
-                            std::vector<int64_t> docs) {
+                            std::vector<int64_t> docs, bool fused) {
     const auto kernel = static_cast<Kernel>(kernel_id);
     const int64_t B = q.size(0), nh = q.size(1), S = q.size(2), d = q.size(3);
     const int64_t nkv = k0.size(1), g = nh / nkv, steps = kd.size(3);
@@ -154,8 +155,13 @@ struct TttAttentionFn : public torch::autograd::Function<TttAttentionFn> {
       lse_c = at::cat(lses, -1).to(acc);
     }
     at::Tensor out, total = lse_c;
+    fused = fused && steps > 0 && kernels::ttt_merge_supported(q, steps);
     if (steps == 0) {
       out = c_out;
+    } else if (fused) {
+      kernels::Merge m = kernels::ttt_merge_forward(q, c_out, lse_c, kd, vd, scale);
+      out = std::move(m.out);
+      total = std::move(m.total);
     } else {
       at::Tensor q5 = q.to(acc).reshape({B, nkv, g, S, d});
       at::Tensor sd = diagonal_scores(q5, kd.to(acc), scale);  // [B,nkv,g,S,i]
@@ -179,6 +185,7 @@ struct TttAttentionFn : public torch::autograd::Function<TttAttentionFn> {
     ctx->saved_data["kernel"] = kernel_id;
     ctx->saved_data["docs"] = docs;
     ctx->saved_data["merged"] = steps > 0;
+    ctx->saved_data["fused"] = fused;
     return out;
   }
 
@@ -190,6 +197,7 @@ struct TttAttentionFn : public torch::autograd::Function<TttAttentionFn> {
     const auto kernel = static_cast<Kernel>(ctx->saved_data["kernel"].toInt());
     const std::vector<int64_t> docs = ctx->saved_data["docs"].toIntVector();
     const bool merged = ctx->saved_data["merged"].toBool();
+    const bool fused = ctx->saved_data["fused"].toBool();
     const int64_t B = q.size(0), nh = q.size(1), S = q.size(2), d = q.size(3);
     const int64_t nkv = k0.size(1), g = nh / nkv, steps = kd.size(3);
     const auto acc = acc_dtype(q);
@@ -224,7 +232,13 @@ struct TttAttentionFn : public torch::autograd::Function<TttAttentionFn> {
     at::Tensor dk0e = dks.size() == 1 ? dks[0] : at::cat(dks, 2);
     at::Tensor dv0e = dvs.size() == 1 ? dvs[0] : at::cat(dvs, 2);
     at::Tensor dkd, dvd;
-    if (steps > 0) {
+    if (fused) {
+      kernels::MergeGrads m =
+          kernels::ttt_merge_backward(q, grad, out, total_lse, kd, vd, dq, scale);
+      dq = std::move(m.dq);
+      dkd = std::move(m.dkd);
+      dvd = std::move(m.dvd);
+    } else if (steps > 0) {
       at::Tensor q5 = q.to(acc).reshape({B, nkv, g, S, d});
       at::Tensor go5 = grad.to(acc).reshape({B, nkv, g, S, d});
       at::Tensor kda = kd.to(acc), vda = vd.to(acc);
@@ -238,8 +252,8 @@ struct TttAttentionFn : public torch::autograd::Function<TttAttentionFn> {
       dkd = (at::einsum("bkgsj,bkgsd->bksjd", {ds, q5}) * scale).to(kd.scalar_type());
       dvd = at::einsum("bkgsj,bkgsd->bksjd", {pd, go5}).to(vd.scalar_type());
     }
-    return {dq,  reduce_kv(dk0e, g), reduce_kv(dv0e, g), dkd,
-            dvd, at::Tensor(),       at::Tensor(),       at::Tensor()};
+    return {dq,           reduce_kv(dk0e, g), reduce_kv(dv0e, g), dkd,         dvd,
+            at::Tensor(), at::Tensor(),       at::Tensor(),       at::Tensor()};
   }
 };
 
@@ -290,7 +304,7 @@ void check_layout(const SeqLayout& layout, int64_t batch, int64_t seq) {
 
 at::Tensor ttt_attention_efficient(const at::Tensor& q, const std::vector<at::Tensor>& keys,
                                    const std::vector<at::Tensor>& values, const SeqLayout& layout,
-                                   double scale) {
+                                   double scale, bool fused_merge) {
   const at::Tensor& attention_mask = layout.attention_mask;
   check_inputs(q, keys, values, attention_mask);
   check_layout(layout, q.size(0), q.size(2));
@@ -319,7 +333,7 @@ at::Tensor ttt_attention_efficient(const at::Tensor& q, const std::vector<at::Te
       layout.documents.size() > 1 ? layout.documents : std::vector<int64_t>{};
   at::Tensor out =
       TttAttentionFn::apply(q.contiguous(), keys[0].contiguous(), values[0].contiguous(), kd, vd,
-                            scale, static_cast<int64_t>(kernel), std::move(docs));
+                            scale, static_cast<int64_t>(kernel), std::move(docs), fused_merge);
   return out * row_mask(attention_mask, out.scalar_type());
 }
 
@@ -368,7 +382,8 @@ at::Tensor ttt_attention(const at::Tensor& q, const std::vector<at::Tensor>& key
                          const std::vector<at::Tensor>& values, const SeqLayout& layout,
                          double scale, AttentionImpl impl) {
   return impl == AttentionImpl::kDense ? ttt_attention_dense(q, keys, values, layout, scale)
-                                       : ttt_attention_efficient(q, keys, values, layout, scale);
+                                       : ttt_attention_efficient(q, keys, values, layout, scale,
+                                                                 impl == AttentionImpl::kFused);
 }
 
 void check_right_padded(const at::Tensor& attention_mask, const char* what) {

@@ -16,7 +16,10 @@
 
 namespace fsdp::model {
 
-enum class AttentionImpl { kEfficient, kDense };
+// kFused: kEfficient with the diagonal merge and its backward in fsdp-train's own CUDA kernels
+// (kernels/fused.h) where they apply (a CUDA tensor, head size <= 256, the steps within the
+// kernel's shared memory); kEfficient's composite ops elsewhere.
+enum class AttentionImpl { kEfficient, kDense, kFused };
 
 // How the S positions of a micro-batch are laid out (docs/model.md "Packing"). Unpacked: each of
 // the B rows is one sample, right-padded (attention_mask). Packed: one row (B = 1) holding whole
@@ -55,9 +58,10 @@ at::Tensor ttt_attention(const at::Tensor& q, const std::vector<at::Tensor>& key
 
 // Packed, the fused kernel runs once per document (its causal part is exactly that document's
 // own attention) and the diagonal merge is per position as unpacked.
+// fused_merge: the diagonal merge in the CUDA kernels where they apply (AttentionImpl::kFused).
 at::Tensor ttt_attention_efficient(const at::Tensor& q, const std::vector<at::Tensor>& keys,
                                    const std::vector<at::Tensor>& values, const SeqLayout& layout,
-                                   double scale);
+                                   double scale, bool fused_merge = false);
 at::Tensor ttt_attention_dense(const at::Tensor& q, const std::vector<at::Tensor>& keys,
                                const std::vector<at::Tensor>& values, const SeqLayout& layout,
                                double scale);

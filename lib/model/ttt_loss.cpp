@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "kernels/fused.h"
 #include "model/memory_estimate.h"
 #include "model/seq_parallel.h"
 
@@ -111,6 +112,36 @@ struct WeightedSoftCrossEntropy : torch::autograd::Function<WeightedSoftCrossEnt
   }
 };
 
+// The same per-row soft cross-entropy in fsdp-train's CUDA kernels (kernels/fused.h): the forward
+// reads each row's logits twice (log-sum-exp, then the weighted sum) and keeps the logits, the
+// target, the rows and two floats per row; the backward writes the logits' gradient in one pass.
+// Equal to the composite within fp32 rounding (tests/unit/model/cuda.cpp). Callers check
+// kernels::soft_ce_supported first.
+struct FusedSoftCrossEntropy : torch::autograd::Function<FusedSoftCrossEntropy> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& logits,
+                            const at::Tensor& target_p, const at::Tensor& take) {
+    const at::Tensor rows = take.to(at::kLong);
+    kernels::SoftCe r = kernels::soft_ce_forward(logits, target_p, rows);
+    ctx->save_for_backward({logits, target_p, rows, r.lse, r.psum});
+    return r.loss;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    at::Tensor g =
+        kernels::soft_ce_backward(grads[0], saved[0], saved[1], saved[2], saved[3], saved[4]);
+    return {g, at::Tensor(), at::Tensor()};
+  }
+};
+
+// Whether the step's soft cross-entropy runs in the CUDA kernel: asked for, and the logits fit.
+bool fused_soft_ce(const LossOptions& options, const at::Tensor& logits,
+                   const at::Tensor& target_p) {
+  return options.fused_kernels && options.loss_terms.empty() &&
+         kernels::soft_ce_supported(logits, target_p);
+}
+
 // The target on the loss rows: target_p [N, Vd], the full-vocabulary argmax target_ids [N],
 // position_mask0 at those rows, and the full-vocabulary argmax at LossRows::pre, pre_ids [R].
 struct RowsTarget {
@@ -166,9 +197,15 @@ at::Tensor objective_rows(const at::Tensor& z, const at::Tensor& target_p,
                           const at::Tensor& draft_mass, const at::Tensor& take,
                           const LossOptions& options) {
   const at::ScalarType acc = WeightedSoftCrossEntropy::wide(z);
-  at::Tensor p = target_p.index_select(0, take).to(acc);
-  at::Tensor zz = z.to(acc), per_row;
-  if (options.loss_terms.empty()) {
+  const bool fused = fused_soft_ce(options, z, target_p);
+  at::Tensor p, zz, per_row;
+  if (!fused || options.lk != LossOptions::LK::kNone) {
+    p = target_p.index_select(0, take).to(acc);
+    zz = z.to(acc);
+  }
+  if (fused) {
+    per_row = FusedSoftCrossEntropy::apply(z, target_p, take);
+  } else if (options.loss_terms.empty()) {
     per_row = -(p * zz.log_softmax(-1)).sum(-1);
   } else {
     for (const auto& [term, weight] : options.loss_terms) {
@@ -333,6 +370,8 @@ StepOutput step_on_rows(Eagle3DraftImpl& model, const RowsTarget& target, const 
             at::Tensor v = row_loss(term, z, p) * weight;
             vals = vals.defined() ? vals + v : v;
           }
+        } else if (fused_soft_ce(options, logits, target.target_p)) {
+          vals = FusedSoftCrossEntropy::apply(logits, target.target_p, take);
         } else if (options.recompute_loss) {
           vals = WeightedSoftCrossEntropy::apply(logits, target.target_p, take);
         } else {

@@ -64,6 +64,11 @@ struct LossOptions {
   // held, about 2% more step time on the CPU). The trainer turns it on with
   // --activation-checkpointing.
   bool recompute_loss = false;
+  // fsdp-train's CUDA kernels (--fused-cuda-kernels, kernels/fused.h) for the soft cross-entropy
+  // over the draft vocabulary, forward and backward, where they apply (CUDA logits in fp32, bf16
+  // or fp16, soft_ce alone); the TTT attention's merge kernels come with AttentionImpl::kFused.
+  // Supersedes recompute_loss: the fused forward keeps the logits and two floats per row.
+  bool fused_kernels = false;
   // The chunked head and loss (docs/model.md "Chunked head and loss"): each step's norm,
   // lm_head, objective, argmax and acceptance run over chunks of this many loss rows and
   // backward recomputes each chunk's logits, so the step keeps its [N_i, H] input rows instead

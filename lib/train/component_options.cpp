@@ -126,6 +126,8 @@ model::LossOptions loss_options(const config::TrainConfig& cfg, int64_t accumula
   lo.ttt_length = cfg.model.ttt_length;
   lo.accumulation_steps = accumulation;
   lo.recompute_loss = cfg.model.activation_checkpointing;
+  lo.fused_kernels = cfg.model.fused_cuda_kernels;
+  if (cfg.model.fused_cuda_kernels) lo.attention = model::AttentionImpl::kFused;
   lo.head_chunk_rows = cfg.model.head_chunk_rows;
   lo.normalization = to_loss(cfg.loop.loss_normalization);
   lo.step_decay = cfg.loop.ttt_step_loss_decay;

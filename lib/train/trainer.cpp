@@ -39,6 +39,7 @@
 #include "data/loss_mask_stats.h"
 #include "data/sampler.h"
 #include "data/vocab_mapping.h"
+#include "kernels/fused.h"
 #include "metrics/meters.h"
 #include "metrics/sinks.h"
 #include "model/draft_model.h"
@@ -91,6 +92,14 @@ void Trainer::Impl::setup() {
   config::validate(cfg, world, vo, topo.local_size);
   plan_batches();
   device = pick_device(cfg.runtime.device);
+  if (cfg.model.fused_cuda_kernels) {
+    FSDP_USAGE_CHECK(!device.is_cpu(), "--fused-cuda-kernels: this run is on the CPU",
+                     "the kernels run on a GPU: use --device cuda there, or leave "
+                     "--fused-cuda-kernels false");
+    FSDP_USAGE_CHECK(kernels::compiled(),
+                     "--fused-cuda-kernels: this fsdp-train was built without its CUDA kernels",
+                     "build against a CUDA LibTorch (FSDP_GPU=CUDA), or leave the flag false");
+  }
   const std::string threads = set_threads(topo);
   control = comm::make_communicator(comm::Group::kWorld, c10::Device(c10::kCPU));
   metrics_comm = device.is_cpu() ? control : comm::make_communicator(comm::Group::kWorld, device);

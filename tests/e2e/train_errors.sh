@@ -19,6 +19,8 @@ expect2 "--draft-global-batch-size" $BASE --draft-global-batch-size 5
 expect2 "--target-model-path" $BASE --target-model-path /nonexistent/target
 expect2 "--train-hidden-states-path" $BASE --train-hidden-states-path /nonexistent/features
 expect2 "sharding-strategy" $BASE --sharding-strategy zero9
+# The fused CUDA kernels on a CPU run: refused before any data is read.
+expect2 "--fused-cuda-kernels" $BASE --device cpu --fused-cuda-kernels true
 expect2 "micro-batches per rank for one optimizer step" $BASE --draft-global-batch-size 512
 # An evaluation set smaller than one micro-batch per rank stops the run before training.
 mkdir -p "$W/tiny_eval/rows_0-1"
