@@ -12,7 +12,7 @@
 # features for fsdp-train (twice: once profiled, once not) and for the PyTorch FSDP2 reference on
 # the same GPU and prints tokens/s, MFU and peak memory for both and their ratio (and the same for
 # DeepSpeed ZeRO-3 when its wheels were carried), 3b) measures --packing on chat lengths against
-# unpacked, the reference and the fixed-length run, 4) measures --activation-checkpointing, 5) checks
+# unpacked, the reference and the fixed-length run, 3c) measures --fused-cuda-kernels, 4) measures --activation-checkpointing, 5) checks
 # parity with the reference on the GPU in fp32, 6) runs the [cuda]/[nccl] tests, 7) measures
 # --cpu-offload, 8) measures the longest samples one H200 trains (peak memory against
 # `fsdp-train memory-plan`). The benchmarks come before the tests because they are what a session cannot get
@@ -31,7 +31,7 @@ M=/tmp/fsdp-device-metrics   # the metrics.jsonl files; bundled into $OUT/metric
 rm -rf "$M"; mkdir -p "$M"
 bundle() { tar czf "$OUT/metrics.tar.gz" -C "$M" . 2>/dev/null; }
 # FSDP_DEVICE_SKIP: stages to leave out of a rerun whose numbers are already in hand, any of
-# "benchmark deepspeed packing checkpointing parity tests offload longctx" (benchmark: the
+# "benchmark deepspeed packing fused checkpointing parity tests offload longctx" (benchmark: the
 # fsdp-train and reference runs; deepspeed: the DeepSpeed ZeRO-3 run inside it; packing: the
 # chat-length runs; longctx: one step at 16k, 32k and 64k tokens).
 skip() { [[ " ${FSDP_DEVICE_SKIP:-} " == *" $1 "* ]]; }
@@ -308,6 +308,32 @@ if pk and ref:
 PYEOF
 fi
 }
+
+# 3c. fsdp-train's own CUDA kernels (--fused-cuda-kernels: the soft cross-entropy and the TTT
+# attention's diagonal merge, forward and backward; docs/model.md "Fused CUDA kernels") on the
+# fixed-length run of stage 3: tokens/s and MFU against the same run without them and against
+# the reference. Their exactness against the composite ops is the [cuda] tests' (stage 6).
+skip fused || { stamp "fsdp-train --fused-cuda-kernels"
+if fsdp_run fused 120 --fused-cuda-kernels true; then
+  "$PY" "$REPO/benchmarks/device/compare.py" "$M/fused-metrics.jsonl" \
+    "$M/reference-metrics.jsonl" "$DRAFT" "$SEQ"
+  "$PY" - "$M/fused-metrics.jsonl" "$M/fsdp-train-2-metrics.jsonl" <<'PYEOF'
+import json, sys
+def steady(path):  # tokens/s over the logged windows after the first (warm-up), and the breakdown
+    rows = [json.loads(l) for l in open(path) if '"perf/tokens_per_s"' in l][1:]
+    if not rows:
+        return None, {}
+    secs = sum(r["perf/step_time_s"] for r in rows)
+    tps = sum(r["perf/tokens_per_s"] * r["perf/step_time_s"] for r in rows) / secs
+    ms = {p: 1e3 * sum(r.get(f"perf/{p}_s", 0) for r in rows) / len(rows)
+          for p in ("forward", "backward", "optimizer", "other")}
+    return tps, ms
+(f, fm), (p, pm) = steady(sys.argv[1]), steady(sys.argv[2])
+if f and p:
+    print(f"fused kernels: {f:.0f} tokens/s vs {p:.0f} without: {f / p:.3f}x")
+    print("per step (ms), fused vs plain:", ", ".join(f"{k} {fm[k]:.1f}/{pm[k]:.1f}" for k in fm))
+PYEOF
+fi; }
 
 # 4. Activation checkpointing on the same run: tokens/s and peak memory against the plain run.
 skip checkpointing || { stamp "fsdp-train --activation-checkpointing"

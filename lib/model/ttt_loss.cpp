@@ -128,6 +128,7 @@ struct FusedSoftCrossEntropy : torch::autograd::Function<FusedSoftCrossEntropy> 
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
+    if (!grads[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};
     const auto saved = ctx->get_saved_variables();
     at::Tensor g =
         kernels::soft_ce_backward(grads[0], saved[0], saved[1], saved[2], saved[3], saved[4]);
