@@ -60,6 +60,8 @@ elseif(_fsdp_gpu STREQUAL "CUDA" OR (_fsdp_gpu STREQUAL "AUTO" AND _torch_has_cu
   if(NOT CMAKE_CUDA_COMPILER AND EXISTS ${CUDAToolkit_NVCC_EXECUTABLE})
     set(CMAKE_CUDA_COMPILER ${CUDAToolkit_NVCC_EXECUTABLE})
   endif()
+  # The shared CUDA runtime, the one LibTorch loads: one runtime in the process.
+  set(CMAKE_CUDA_RUNTIME_LIBRARY Shared)
   enable_language(CUDA)
 endif()
 if(FSDP_HAVE_CUDA OR FSDP_HAVE_HIP)

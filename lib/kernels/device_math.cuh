@@ -1,14 +1,22 @@
 // Device helpers shared by the kernels: fp32 conversion of the storage types, warp and block
-// reductions, and the (max, sum) pair of an online softmax. Device code only; no LibTorch.
+// reductions, and the (max, sum) pair of an online softmax. Device code only (or, for the tests,
+// kernels/emulation.h's host threads); no LibTorch.
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#include <cuda_runtime.h>
 
 #include <cmath>
 
 #include "kernels/launch.h"
+
+#ifdef FSDP_KERNEL_EMULATION
+#include "kernels/emulation.h"  // tests only: the same kernel source run on host threads
+#define FSDP_DYNAMIC_SHARED(T, name) T* name = ::fsdp::kernels::emu::dynamic_shared<T>()
+#else
+#include <cuda_runtime.h>
+#define FSDP_DYNAMIC_SHARED(T, name) extern __shared__ T name[]
+#endif
 
 namespace fsdp::kernels::device {
 
@@ -114,9 +122,11 @@ __device__ __forceinline__ MaxSum block_max_sum(MaxSum v, float* scratch) {
   return warp_max_sum(r);
 }
 
+#ifndef FSDP_KERNEL_EMULATION
 inline const char* error_text() {
   const cudaError_t e = cudaGetLastError();
   return e == cudaSuccess ? nullptr : cudaGetErrorString(e);
 }
+#endif
 
 }  // namespace fsdp::kernels::device

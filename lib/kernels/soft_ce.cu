@@ -1,58 +1,13 @@
-// Fused soft cross-entropy over the draft vocabulary (kernels/fused.h): one block per loss row
-// computes the row's log-sum-exp (online max and sum), then -sum_v p_v (z_v - lse) and sum_v p_v
-// in a second pass over the same row (L2-resident), all in fp32; the backward writes the
-// logits' gradient in one pass from the saved log-sum-exp. Never allocates; no LibTorch.
-#include "kernels/device_math.cuh"
+// Launchers of the soft cross-entropy kernels (soft_ce.cuh) for every pair of logits and target
+// dtypes (fp32, bf16, fp16). Never allocates; no LibTorch.
+#include "kernels/soft_ce.cuh"
 
 namespace fsdp::kernels {
 namespace {
 
-using device::from_float;
-using device::to_float;
-
-constexpr int kThreads = 512;
-
-template <class Z, class P>
-__global__ void __launch_bounds__(kThreads)
-    soft_ce_forward_kernel(const Z* __restrict__ logits, int64_t ldz, const P* __restrict__ target,
-                           int64_t ldp, const int64_t* __restrict__ take, int64_t V,
-                           float* __restrict__ loss, float* __restrict__ lse_out,
-                           float* __restrict__ psum_out) {
-  __shared__ float scratch[64];
-  const int64_t r = blockIdx.x;
-  const Z* z = logits + r * ldz;
-  const P* p = target + take[r] * ldp;
-  device::MaxSum ms;
-  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) ms.add(to_float(z[v]));
-  const float lse = device::block_max_sum(ms, scratch).lse();
-  float pz = 0.f, ps = 0.f;
-  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
-    const float pv = to_float(p[v]);
-    pz += pv * (to_float(z[v]) - lse);
-    ps += pv;
-  }
-  device::block_sum2(pz, ps, scratch);
-  if (threadIdx.x == 0) {
-    loss[r] = -pz;
-    lse_out[r] = lse;
-    psum_out[r] = ps;
-  }
-}
-
-template <class Z, class P>
-__global__ void __launch_bounds__(kThreads)
-    soft_ce_backward_kernel(const float* __restrict__ grad, const Z* __restrict__ logits,
-                            int64_t ldz, const P* __restrict__ target, int64_t ldp,
-                            const int64_t* __restrict__ take, const float* __restrict__ lse,
-                            const float* __restrict__ psum, int64_t V, Z* __restrict__ out) {
-  const int64_t r = blockIdx.x;
-  const Z* z = logits + r * ldz;
-  const P* p = target + take[r] * ldp;
-  Z* o = out + r * V;
-  const float g = grad[r], l = lse[r], gs = g * psum[r];
-  for (int64_t v = threadIdx.x; v < V; v += blockDim.x)
-    o[v] = from_float<Z>(expf(to_float(z[v]) - l) * gs - g * to_float(p[v]));
-}
+using device::kThreads;
+using device::soft_ce_backward_kernel;
+using device::soft_ce_forward_kernel;
 
 template <class F>
 const char* with_types(launch::Dtype dz, launch::Dtype dp, F&& f) {
