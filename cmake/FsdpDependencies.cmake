@@ -17,6 +17,7 @@ endif()
 find_package(Torch REQUIRED)
 
 set(FSDP_HAVE_CUDA OFF)
+set(FSDP_HAVE_CUDA_KERNELS OFF)
 set(FSDP_HAVE_HIP OFF)
 string(TOUPPER "${FSDP_GPU}" _fsdp_gpu)
 set(_torch_has_cuda OFF)
@@ -51,18 +52,26 @@ elseif(_fsdp_gpu STREQUAL "CUDA" OR (_fsdp_gpu STREQUAL "AUTO" AND _torch_has_cu
                         "Set NCCL_HOME to the NCCL install or use -DFSDP_GPU=OFF.")
   endif()
   set(FSDP_HAVE_CUDA ON)
-  # fsdp-train's own kernels (lib/kernels): SASS and PTX for these architectures; 90 = H100/H200,
-  # the PTX lets newer GPUs compile it at load time. Other GPUs: e.g. -DFSDP_CUDA_ARCHITECTURES="80;90".
+  # fsdp-train's own kernels (lib/kernels) need nvcc; without one the build goes on without
+  # them (--fused-cuda-kernels is then refused). SASS and PTX for FSDP_CUDA_ARCHITECTURES:
+  # 90 = H100/H200, the PTX lets newer GPUs compile it at load time; e.g. "80;90" adds A100.
   set(FSDP_CUDA_ARCHITECTURES "90" CACHE STRING "CUDA architectures of fsdp-train's own kernels")
-  if(NOT CMAKE_CUDA_ARCHITECTURES)
-    set(CMAKE_CUDA_ARCHITECTURES ${FSDP_CUDA_ARCHITECTURES})
-  endif()
-  if(NOT CMAKE_CUDA_COMPILER AND EXISTS ${CUDAToolkit_NVCC_EXECUTABLE})
+  if(NOT CMAKE_CUDA_COMPILER AND EXISTS "${CUDAToolkit_NVCC_EXECUTABLE}")
     set(CMAKE_CUDA_COMPILER ${CUDAToolkit_NVCC_EXECUTABLE})
   endif()
-  # The shared CUDA runtime, the one LibTorch loads: one runtime in the process.
-  set(CMAKE_CUDA_RUNTIME_LIBRARY Shared)
-  enable_language(CUDA)
+  include(CheckLanguage)
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    if(NOT CMAKE_CUDA_ARCHITECTURES)
+      set(CMAKE_CUDA_ARCHITECTURES ${FSDP_CUDA_ARCHITECTURES})
+    endif()
+    # The shared CUDA runtime, the one LibTorch loads: one runtime in the process.
+    set(CMAKE_CUDA_RUNTIME_LIBRARY Shared)
+    enable_language(CUDA)
+    set(FSDP_HAVE_CUDA_KERNELS ON)
+  else()
+    message(STATUS "fsdp-train: no nvcc found: its own CUDA kernels are not built")
+  endif()
 endif()
 if(FSDP_HAVE_CUDA OR FSDP_HAVE_HIP)
   add_library(fsdp::nccl UNKNOWN IMPORTED)
@@ -75,7 +84,7 @@ if(FSDP_HAVE_CUDA OR FSDP_HAVE_HIP)
                           INTERFACE_INCLUDE_DIRECTORIES ${NCCL_INCLUDE_DIR})
   endif()
 endif()
-message(STATUS "fsdp-train: Torch ${Torch_VERSION}, CUDA backend ${FSDP_HAVE_CUDA}, HIP backend ${FSDP_HAVE_HIP}")
+message(STATUS "fsdp-train: Torch ${Torch_VERSION}, CUDA backend ${FSDP_HAVE_CUDA} (own kernels ${FSDP_HAVE_CUDA_KERNELS}), HIP backend ${FSDP_HAVE_HIP}")
 
 # One Python interpreter for interop tests and helper scripts: the setup venv when present.
 if(NOT FSDP_PYTHON)
