@@ -191,6 +191,15 @@ void FlatParam::reduce_grads(bool sync) {
     acc_full_ = at::Tensor();
   }
   const c10::ScalarType rd = options_.mixed_precision.reduce_dtype;
+  const bool communicates =
+      (shard_comm_ && shard_comm_->size() > 1) || (replicate_comm_ && replicate_comm_->size() > 1);
+  if (!communicates) {
+    // Nothing to reduce over (one rank): finish_reduce adds the compute-dtype gradient into the
+    // fp32 shard directly (the add widens each element as the cast would), without an fp32 copy
+    // of the whole unit in between: the same values, one pass over the gradient fewer.
+    pending_ = std::move(grads);
+    return;
+  }
   at::Tensor in = grads.scalar_type() == rd ? grads : grads.to(rd);
   grads = at::Tensor();
   if (shard_comm_ && shard_comm_->size() > 1) {

@@ -112,6 +112,37 @@ TEST_CASE("a unit run several times per forward gets its gradients once", "[shar
   }
 }
 
+TEST_CASE("one rank in bf16: the gradient shard is the bf16 gradient, widened exactly", "[shard]") {
+  // No reduction to make: the unit's bf16 gradient goes into the fp32 shard by one widening add
+  // (no fp32 copy in between); bit for bit what plain LibTorch's bf16 gradients widen to.
+  TrainSetup c;
+  c.micro_batches = 1;
+  TinyModel ref(7, 3), m(7, 3);
+  ref->to(torch::kBFloat16);
+  shard::ShardEngine e(*m, {}, engine_options(Strategy::kFullShard, c, torch::kBFloat16));
+  m->set_unit_hooks(&e);
+  Batch b = global_batch(0);
+  torch::nn::functional::cross_entropy(ref->forward(b.ids).reshape({-1, kVocab}).to(torch::kFloat),
+                                       b.targets.reshape({-1}))
+      .backward();
+  torch::nn::functional::cross_entropy(m->forward(b.ids).reshape({-1, kVocab}).to(torch::kFloat),
+                                       b.targets.reshape({-1}))
+      .backward();
+  int64_t units = 0;
+  for (auto* f : e.flat_params()) {
+    if (!f->trainable()) continue;
+    std::vector<torch::Tensor> flat;
+    for (const auto& p : f->layout().params)
+      flat.push_back(ref->named_parameters()[p.name].grad().reshape({-1}).to(torch::kFloat));
+    const auto want = torch::cat(flat);
+    INFO("unit " << f->layout().unit);
+    CHECK(f->grad_shard().scalar_type() == torch::kFloat);
+    CHECK(torch::equal(f->grad_shard().narrow(0, 0, want.numel()), want));
+    ++units;
+  }
+  CHECK(units > 0);
+}
+
 TEST_CASE("offload memory accounting", "[shard]") {
   TrainSetup c;
   for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
