@@ -538,8 +538,9 @@ void add_model_rows(std::vector<OptionSpec>& t) {
   t.push_back(row<bool>("fused-cuda-kernels", K::kBool, md,
                         "run the soft cross-entropy over the draft vocabulary and the TTT "
                         "attention's diagonal merge, forward and backward, in fsdp-train's own "
-                        "CUDA kernels instead of composite LibTorch ops (equal within fp32 "
-                        "rounding; GPU runs only; not yet measured on a GPU, so off by default)",
+                        "CUDA kernels instead of composite LibTorch ops, and sum the TTT steps' "
+                        "weight gradients inside their GEMMs (equal within fp32 rounding; GPU "
+                        "runs only; not yet measured on a GPU, so off by default)",
                         FIELD(model.fused_cuda_kernels)));
   t.push_back(row<int64_t>(
       "head-chunk-rows", K::kInt, md,

@@ -136,9 +136,28 @@ DraftLinearImpl::DraftLinearImpl(int64_t in, int64_t out) {
 }
 
 at::Tensor DraftLinearImpl::forward(const at::Tensor& x) {
+  if (grad_in_place && uses_ && !has_lora() && at::GradMode::is_enabled() && weight.requires_grad())
+    return linear_grad_in_place(x, uses_);
   at::Tensor y = at::linear(x, weight);
   if (!has_lora()) return y;
   return y + lora_B(lora_A(x)) * lora_scale;
+}
+
+void DraftLinearImpl::begin_unroll() {
+  uses_ = grad_in_place ? c10::make_intrusive<LinearUses>(weight) : nullptr;
+}
+
+void Eagle3DraftImpl::set_weight_grad_in_place(bool on) {
+  for (const auto& m : modules(/*include_self=*/false)) {
+    if (auto* lin = dynamic_cast<DraftLinearImpl*>(m.get())) lin->grad_in_place = on;
+  }
+  begin_unroll();
+}
+
+void Eagle3DraftImpl::begin_unroll() {
+  for (const auto& m : modules(/*include_self=*/false)) {
+    if (auto* lin = dynamic_cast<DraftLinearImpl*>(m.get())) lin->begin_unroll();
+  }
 }
 
 void DraftLinearImpl::add_lora(int64_t rank, double scale) {

@@ -18,6 +18,7 @@
 
 #include "core/unit_hooks.h"
 #include "model/draft_config.h"
+#include "model/linear_grad.h"
 #include "model/rope.h"
 #include "model/ttt_attention.h"
 
@@ -57,9 +58,17 @@ class DraftLinearImpl : public torch::nn::Module {
   // enable_lora freezes everything but the adapters).
   void add_lora(int64_t rank, double scale);
   bool has_lora() const { return !lora_A.is_empty(); }
+  // The weight gradient summed inside its GEMM over the unroll's uses (model/linear_grad.h):
+  // when set (and grad mode on, the weight trainable, no adapter), forward goes through
+  // linear_grad_in_place with the uses of the current unroll (begin_unroll()).
+  bool grad_in_place = false;
+  void begin_unroll();
   at::Tensor weight;
   torch::nn::Linear lora_A{nullptr}, lora_B{nullptr};
   double lora_scale = 0.0;
+
+ private:
+  c10::intrusive_ptr<LinearUses> uses_;
 };
 TORCH_MODULE(DraftLinear);
 
@@ -215,6 +224,13 @@ class Eagle3DraftImpl : public torch::nn::Module {
   // the attention, MLP and norm activations of all TTT steps are never held at once.
   void set_checkpoint_layer(bool on) { checkpoint_layer_ = on; }
   bool checkpoint_layer() const { return checkpoint_layer_; }
+
+  // The decoder projections' weight gradients summed inside their GEMMs over the TTT steps
+  // (model/linear_grad.h; --fused-cuda-kernels without activation checkpointing, whose
+  // recomputation runs each step's graph on its own). begin_unroll() starts a new count of uses;
+  // the TTT unroll calls it.
+  void set_weight_grad_in_place(bool on);
+  void begin_unroll();
 
   // Module::to converts every buffer, integer ones included; these keep d2t int64 and t2d bool
   // (as PyTorch's Python Module.to(dtype) does for non-float buffers).

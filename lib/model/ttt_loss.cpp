@@ -63,6 +63,7 @@ void unroll(Eagle3DraftImpl& model, const at::Tensor& input_ids, const SeqLayout
             const at::Tensor& aux_hidden, int64_t T, AttentionImpl impl,
             const std::function<void(int64_t, const at::Tensor&)>& on_step) {
   const int64_t L = layout.shard ? layout.shard->local : input_ids.size(1);
+  model.begin_unroll();  // a new count of the projections' uses (model/linear_grad.h)
   // Step-0 hidden, computed once.
   at::Tensor h = model.project_aux(layout.shard ? aux_hidden.narrow(1, 0, L) : aux_hidden);
   DraftCache cache;

@@ -441,6 +441,10 @@ void Trainer::Impl::build_model() {
   draft->load_embedding(emb);
   draft->set_vocab_mapping(mapping.d2t, mapping.t2d);
   draft->set_checkpoint_layer(cfg.model.activation_checkpointing);
+  // --fused-cuda-kernels: the TTT steps' weight gradients summed inside their GEMMs (a
+  // checkpointed layer recomputes and differentiates each step on its own: nothing to sum).
+  draft->set_weight_grad_in_place(cfg.model.fused_cuda_kernels &&
+                                  !cfg.model.activation_checkpointing);
   if (cfg.model.lora_rank > 0) {
     // Before the engine exists: it puts the frozen base into its frozen buffers (no masters, no
     // optimizer state) and only the adapters into the trainable ones.

@@ -16,6 +16,7 @@
 #include "model/ttt_loss.h"
 #include "mpi/shard/groups.h"
 #include "shard/engine.h"
+#include "shard/flat_param.h"
 #include "support/small_draft.h"
 
 using namespace fsdp;
@@ -143,6 +144,61 @@ TEST_CASE("multi-layer draft: one unit per layer, gathers follow the uses, same 
           CHECK((w - u).norm().item<double>() / scale <= 1e-6);
         }
       }
+    }
+  }
+}
+
+TEST_CASE("the TTT steps' weight gradients summed inside their GEMMs equal autograd's sum",
+          "[mpi][shard]") {
+  // --fused-cuda-kernels' weight-gradient path (model/linear_grad.h) on the CPU in fp32: each
+  // projection's uses but the one completing the count add dY^T X into the engine's flat
+  // gradient in place; the gradient shards before the optimizer step and the weights after it
+  // equal the plain path's, at every rank count, over two accumulated micro-batches.
+  const auto& t = comm::topology();
+  auto world = world_comm();
+  std::map<std::string, at::Tensor> want_grads, want_weights;
+  for (bool in_place : {false, true}) {
+    INFO("in place " << in_place);
+    torch::manual_seed(7);
+    model::Eagle3Draft m(three_layers());
+    m->set_weight_grad_in_place(in_place);
+    shard::EngineOptions eo;
+    eo.strategy = shard::Strategy::kFullShard;
+    eo.units = m->unit_names();
+    eo.adamw.weight_decay = 0.0;
+    eo.mixed_precision.param_dtype = torch::kFloat;
+    shard::ShardEngine e(*m, {world, nullptr}, eo);
+    m->set_unit_hooks(&e);
+    const int64_t before = model::linear_grad_in_place_adds();
+    model::LossOptions opt;
+    opt.ttt_length = 3;
+    opt.accumulation_steps = 2;
+    for (int a = 0; a < 2; ++a) {
+      Batch b = batch(m->config(), 100 + 10 * a + t.world_rank);
+      model::ttt_step(*m, b.target, b.ids, b.mask, b.mask, b.aux, opt).loss.backward();
+    }
+    // 3 layers x 7 projections x (3 uses - the last) x 2 micro-batches; none on the plain path.
+    CHECK(model::linear_grad_in_place_adds() - before == (in_place ? 3 * 7 * 2 * 2 : 0));
+    std::map<std::string, at::Tensor> grads;
+    for (auto* f : e.flat_params())
+      if (f->trainable()) grads[f->layout().unit] = f->grad_shard().clone();
+    e.step(1e-2, 1.0);
+    m->set_unit_hooks(nullptr);
+    const auto weights = e.full_state(/*rank0_only=*/false, /*include_frozen=*/false);
+    if (!in_place) {
+      want_grads = grads;
+      want_weights = weights;
+      continue;
+    }
+    for (const auto& [unit, g] : grads) {
+      INFO("gradient shard of " << unit);
+      const at::Tensor& u = want_grads.at(unit);
+      CHECK((g - u).norm().item<double>() <= 1e-6 * std::max(u.norm().item<double>(), 1e-30));
+    }
+    for (const auto& [name, w] : weights) {
+      INFO(name);
+      const at::Tensor& u = want_weights.at(name);
+      CHECK((w - u).norm().item<double>() <= 1e-6 * std::max(u.norm().item<double>(), 1e-30));
     }
   }
 }
