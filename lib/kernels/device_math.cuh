@@ -122,6 +122,21 @@ __device__ __forceinline__ MaxSum block_max_sum(MaxSum v, float* scratch) {
   return warp_max_sum(r);
 }
 
+// Calls f(T{}) with T the storage type of dt (float, __nv_bfloat16, __half) and returns what f
+// returns (a launcher's error text, null on success).
+template <class F>
+const char* with_storage_type(launch::Dtype dt, F&& f) {
+  switch (dt) {
+    case launch::Dtype::kFloat32:
+      return f(float{});
+    case launch::Dtype::kBFloat16:
+      return f(__nv_bfloat16{});
+    case launch::Dtype::kFloat16:
+      return f(__half{});
+  }
+  return "fused CUDA kernels: unknown dtype";
+}
+
 #ifndef FSDP_KERNEL_EMULATION
 inline const char* error_text() {
   const cudaError_t e = cudaGetLastError();

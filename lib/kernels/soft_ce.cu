@@ -9,30 +9,12 @@ using device::kThreads;
 using device::soft_ce_backward_kernel;
 using device::soft_ce_forward_kernel;
 
+// Every (logits, target) pair of fp32, bf16 and fp16: f(Z{}, P{}).
 template <class F>
 const char* with_types(launch::Dtype dz, launch::Dtype dp, F&& f) {
-  // Every (logits, target) pair of fp32, bf16 and fp16.
-  auto by_p = [&](auto zero_z) -> const char* {
-    using Z = decltype(zero_z);
-    switch (dp) {
-      case launch::Dtype::kFloat32:
-        return f(Z{}, float{});
-      case launch::Dtype::kBFloat16:
-        return f(Z{}, __nv_bfloat16{});
-      case launch::Dtype::kFloat16:
-        return f(Z{}, __half{});
-    }
-    return "soft_ce: unknown target dtype";
-  };
-  switch (dz) {
-    case launch::Dtype::kFloat32:
-      return by_p(float{});
-    case launch::Dtype::kBFloat16:
-      return by_p(__nv_bfloat16{});
-    case launch::Dtype::kFloat16:
-      return by_p(__half{});
-  }
-  return "soft_ce: unknown logits dtype";
+  return device::with_storage_type(dz, [&](auto z0) {
+    return device::with_storage_type(dp, [&](auto p0) { return f(z0, p0); });
+  });
 }
 
 }  // namespace

@@ -10,19 +10,6 @@ using device::merge_backward_kernel;
 using device::merge_forward_kernel;
 using launch::MergeShape;
 
-template <class F>
-const char* with_type(launch::Dtype dt, F&& f) {
-  switch (dt) {
-    case launch::Dtype::kFloat32:
-      return f(float{});
-    case launch::Dtype::kBFloat16:
-      return f(__nv_bfloat16{});
-    case launch::Dtype::kFloat16:
-      return f(__half{});
-  }
-  return "ttt_merge: unknown dtype";
-}
-
 unsigned blocks_for(const MergeShape& sh) {
   const int64_t items = sh.B * sh.nkv * sh.S;
   return static_cast<unsigned>((items + kWarpsPerBlock - 1) / kWarpsPerBlock);
@@ -38,7 +25,7 @@ const char* ttt_merge_forward(Dtype dt, const MergeShape& sh, const void* q, Str
                               void* stream) {
   if (sh.B * sh.nkv * sh.S == 0) return nullptr;
   if (sh.d > kMergeMaxHeadDim) return "ttt_merge: head size above 256";
-  return with_type(dt, [&](auto t0) -> const char* {
+  return device::with_storage_type(dt, [&](auto t0) -> const char* {
     using T = decltype(t0);
     merge_forward_kernel<T>
         <<<blocks_for(sh), 32 * kWarpsPerBlock, 0, static_cast<cudaStream_t>(stream)>>>(
@@ -58,7 +45,7 @@ const char* ttt_merge_backward(Dtype dt, const MergeShape& sh, const void* q, St
   if (sh.d > kMergeMaxHeadDim) return "ttt_merge: head size above 256";
   const int64_t shared = kWarpsPerBlock * merge_shared_bytes_per_warp(sh.steps, sh.d);
   if (shared > kMergeMaxSharedBytes) return "ttt_merge: too many steps for the shared memory";
-  return with_type(dt, [&](auto t0) -> const char* {
+  return device::with_storage_type(dt, [&](auto t0) -> const char* {
     using T = decltype(t0);
     auto kernel = merge_backward_kernel<T>;
     kernel<<<blocks_for(sh), 32 * kWarpsPerBlock, static_cast<size_t>(shared),

@@ -148,6 +148,7 @@ void DraftLinearImpl::begin_unroll() {
 }
 
 void Eagle3DraftImpl::set_weight_grad_in_place(bool on) {
+  weight_grad_in_place_ = on;
   for (const auto& m : modules(/*include_self=*/false)) {
     if (auto* lin = dynamic_cast<DraftLinearImpl*>(m.get())) lin->grad_in_place = on;
   }
@@ -155,6 +156,7 @@ void Eagle3DraftImpl::set_weight_grad_in_place(bool on) {
 }
 
 void Eagle3DraftImpl::begin_unroll() {
+  if (!weight_grad_in_place_) return;  // nothing counts uses (a projection's flag is off too)
   for (const auto& m : modules(/*include_self=*/false)) {
     if (auto* lin = dynamic_cast<DraftLinearImpl*>(m.get())) lin->begin_unroll();
   }

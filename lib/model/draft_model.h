@@ -271,6 +271,7 @@ class Eagle3DraftImpl : public torch::nn::Module {
   RotaryEmbedding rope_;
   fsdp::UnitHooks* hooks_ = nullptr;
   bool checkpoint_layer_ = false;
+  bool weight_grad_in_place_ = false;  // set_weight_grad_in_place
 };
 TORCH_MODULE(Eagle3Draft);
 

@@ -8,21 +8,12 @@
 
 #include "model/draft_model.h"
 #include "model/ttt_attention.h"
+#include "support/torch_gpu.h"
 
 using namespace fsdp::model;
 
-// unit_model links only fsdp_model (no comm), so the GPU probe is LibTorch's own; it reports
-// false without a driver, as tests/support/gpu.h does through comm::gpu_count().
-#define MODEL_REQUIRE_GPU()                                         \
-  do {                                                              \
-    if (!torch::cuda::is_available()) {                             \
-      WARN("skipped: no GPU visible (needs CUDA driver + device)"); \
-      return;                                                       \
-    }                                                               \
-  } while (0)
-
 TEST_CASE("cuda: efficient TTT attention matches dense for bf16 and fp32", "[cuda][model]") {
-  MODEL_REQUIRE_GPU();
+  TORCH_REQUIRE_GPU();
   torch::manual_seed(7);
   const int64_t B = 2, nh = 8, nkv = 2, S = 300, d = 64, steps = 4;
   for (auto dt : {torch::kFloat, torch::kBFloat16}) {
@@ -53,7 +44,7 @@ TEST_CASE("cuda: efficient TTT attention matches dense for bf16 and fp32", "[cud
 }
 
 TEST_CASE("cuda: fused RMSNorm matches the composite definition", "[cuda][model]") {
-  MODEL_REQUIRE_GPU();
+  TORCH_REQUIRE_GPU();
   torch::manual_seed(11);
   const int64_t H = 4096;
   for (auto dt : {torch::kFloat, torch::kBFloat16}) {

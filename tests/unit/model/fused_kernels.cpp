@@ -21,18 +21,11 @@
 #include "model/ttt_loss.h"
 #include "support/random_draft.h"
 #include "support/small_draft.h"
+#include "support/torch_gpu.h"
 
 using namespace fsdp::model;
 
 namespace {
-
-#define FUSED_REQUIRE_GPU()                                         \
-  do {                                                              \
-    if (!torch::cuda::is_available()) {                             \
-      WARN("skipped: no GPU visible (needs CUDA driver + device)"); \
-      return;                                                       \
-    }                                                               \
-  } while (0)
 
 // max |a - b| relative to max(1, max |b|), in fp64.
 double rel_diff(const at::Tensor& a, const at::Tensor& b) {
@@ -86,7 +79,7 @@ TEST_CASE("fused kernels decline CPU tensors; kFused attention on the CPU is the
 }
 
 TEST_CASE("cuda: fused soft cross-entropy matches the composite ops", "[cuda][model][kernels]") {
-  FUSED_REQUIRE_GPU();
+  TORCH_REQUIRE_GPU();
   torch::manual_seed(5);
   const auto dev = torch::kCUDA;
   for (const int64_t V : {1, 31, 1003, 32000}) {
@@ -139,7 +132,7 @@ TEST_CASE("cuda: fused soft cross-entropy matches the composite ops", "[cuda][mo
 }
 
 TEST_CASE("cuda: fused TTT attention merge matches the composite merge", "[cuda][model][kernels]") {
-  FUSED_REQUIRE_GPU();
+  TORCH_REQUIRE_GPU();
   torch::manual_seed(9);
   struct Shape {
     int64_t B, nh, nkv, S, d, steps;
@@ -197,7 +190,7 @@ TEST_CASE("cuda: fused TTT attention merge matches the composite merge", "[cuda]
 
 TEST_CASE("cuda: a TTT step with the fused kernels equals the composite step in fp32",
           "[cuda][model][kernels]") {
-  FUSED_REQUIRE_GPU();
+  TORCH_REQUIRE_GPU();
   DraftConfig c = fsdp::testing::small_draft();  // GQA
   c.max_position_embeddings = 32;
   c.validate();
