@@ -116,7 +116,7 @@ struct WeightedSoftCrossEntropy : torch::autograd::Function<WeightedSoftCrossEnt
 // The same per-row soft cross-entropy in fsdp-train's CUDA kernels (kernels/fused.h): the forward
 // reads each row's logits twice (log-sum-exp, then the weighted sum) and keeps the logits, the
 // target, the rows and two floats per row; the backward writes the logits' gradient in one pass.
-// Equal to the composite within fp32 rounding (tests/unit/model/cuda.cpp). Callers check
+// Equal to the composite within fp32 rounding (tests/unit/model/fused_kernels.cpp). Callers check
 // kernels::soft_ce_supported first.
 struct FusedSoftCrossEntropy : torch::autograd::Function<FusedSoftCrossEntropy> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& logits,
