@@ -27,9 +27,10 @@ using namespace fsdp::model;
 
 namespace {
 
-// max |a - b| relative to max(1, max |b|), in fp64.
+// max |a - b| relative to max(1, max |b|), in fp64 (on the tensors' device: only the result is
+// copied).
 double rel_diff(const at::Tensor& a, const at::Tensor& b) {
-  const at::Tensor x = a.to(at::kDouble).cpu(), y = b.to(at::kDouble).cpu();
+  const at::Tensor x = a.to(at::kDouble), y = b.to(at::kDouble).to(x.device());
   if (y.numel() == 0) return 0.0;
   return (x - y).abs().max().item<double>() / std::max(1.0, y.abs().max().item<double>());
 }
@@ -129,6 +130,42 @@ TEST_CASE("cuda: fused soft cross-entropy matches the composite ops", "[cuda][mo
   const at::Tensor take = torch::arange(7, torch::TensorOptions().device(dev).dtype(torch::kLong));
   CHECK(rel_diff(fsdp::kernels::soft_ce_forward(z, target, take).loss,
                  composite_soft_ce(z, target, take)) <= 1e-6);
+}
+
+// The draft vocabularies drafts are trained with (Llama 3 32000, Qwen 151936, Gemma 3 262144):
+// another trainer's fused loss failed above 131072 (a launch dimension sized by the vocabulary),
+// so each real size runs, and at the largest the logits hold more than 2^31 elements (8200 rows
+// x 262144, bf16) so that 32-bit offsets anywhere in the kernels would show in the last rows.
+TEST_CASE("cuda: fused soft cross-entropy at the real draft vocabularies",
+          "[cuda][model][kernels]") {
+  TORCH_REQUIRE_GPU();
+  torch::manual_seed(11);
+  const auto cuda = torch::TensorOptions().device(torch::kCUDA);
+  struct Case {
+    int64_t V, N;
+    at::ScalarType dz;
+  };
+  for (const Case c : {Case{32000, 300, torch::kFloat}, Case{151936, 300, torch::kFloat},
+                       Case{262144, 300, torch::kFloat}, Case{151936, 300, torch::kBFloat16},
+                       Case{262144, 8200, torch::kBFloat16}}) {
+    INFO("V " << c.V << ", N " << c.N << ", logits " << c.dz);
+    const at::Tensor target = (torch::randn({c.N, c.V}, cuda) * 3).softmax(-1).to(torch::kBFloat16);
+    const at::Tensor take = torch::arange(c.N, cuda.dtype(torch::kLong)).flip(0);
+    const at::Tensor z = (torch::randn({c.N, c.V}, cuda) * 8).to(c.dz);
+    const fsdp::kernels::SoftCe f = fsdp::kernels::soft_ce_forward(z, target, take);
+    const at::Tensor g = torch::randn({c.N}, cuda);
+    const at::Tensor grad = fsdp::kernels::soft_ce_backward(g, z, target, take, f.lse, f.psum);
+    // The reference in fp32 on the first, a middle and the last 300 rows (its fp32 copies of
+    // the whole largest buffer would need 17 GiB): the kernels' rows are independent.
+    for (const int64_t r0 : {int64_t{0}, c.N / 2, c.N - 300}) {
+      const int64_t n = std::min<int64_t>(300, c.N - r0);
+      const at::Tensor zr = z.narrow(0, r0, n).detach().requires_grad_(true);
+      const at::Tensor want = composite_soft_ce(zr, target, take.narrow(0, r0, n));
+      CHECK(rel_diff(f.loss.narrow(0, r0, n), want) <= 1e-6);
+      const at::Tensor ref = torch::autograd::grad({want}, {zr}, {g.narrow(0, r0, n)})[0];
+      CHECK(rel_diff(grad.narrow(0, r0, n), ref) <= (c.dz == torch::kFloat ? 1e-6 : 1e-2));
+    }
+  }
 }
 
 TEST_CASE("cuda: fused TTT attention merge matches the composite merge", "[cuda][model][kernels]") {
