@@ -8,7 +8,7 @@ set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 FSDP_VENV="${FSDP_VENV:-$HOME/.cache/fsdp-train/venv}"
 FSDP_VLLM_VENV="${FSDP_VLLM_VENV:-$HOME/.cache/fsdp-train/vllm-venv}"
-say() { echo "[setup-serving] $*"; }
+say() { echo "[setup-serving +${SECONDS}s] $*"; }
 fail() {
   echo "[setup-serving] FAILED: $1" >&2
   echo "[setup-serving] what to do: $2" >&2

@@ -12,7 +12,7 @@ FSDP_VENV="${FSDP_VENV:-$HOME/.cache/fsdp-train/venv}"
 FSDP_BUILD_DIR="${FSDP_BUILD_DIR:-$REPO/build}"
 export FSDP_VENV
 
-say() { echo "[setup] $*"; }
+say() { echo "[setup +${SECONDS}s] $*"; }
 fail() {
   echo "[setup] FAILED: $1" >&2
   echo "[setup] what to do: $2" >&2

@@ -330,6 +330,32 @@ TEST_CASE("topology is consistent across groups", "[mpi][comm]") {
   CHECK(t.machine_local_rank == t.world_rank);
 }
 
+// The MPI backend carries CPU tensors only (the NCCL backend carries CUDA tensors): on a GPU
+// machine, CUDA tensors handed to it are refused by name on every rank, before any message, and
+// the communicator goes on working (the GPU plan runs this at two ranks sharing one GPU).
+TEST_CASE("the mpi backend refuses CUDA tensors by name", "[mpi][cuda]") {
+  FSDP_REQUIRE_GPU();
+  auto c = make(Group::kWorld);
+  const int W = c->size();
+  const auto cuda = at::TensorOptions().device(c10::Device(c10::kCUDA, 0));
+  for (int op = 0; op < 3; ++op) {
+    std::string m = "no error";
+    try {
+      if (op == 0) c->all_gather(at::ones({4}, cuda), at::empty({4 * W}, cuda));
+      if (op == 1) c->reduce_scatter(at::ones({4 * W}, cuda), at::empty({4}, cuda), ReduceOp::kSum);
+      if (op == 2) c->all_reduce(at::ones({4}, cuda), ReduceOp::kSum);
+    } catch (const Error& e) {
+      m = e.what();
+    }
+    INFO(m);
+    CHECK(m.find("mpi backend") != std::string::npos);
+    CHECK(m.find("CPU tensors") != std::string::npos);
+  }
+  at::Tensor t = at::ones({3});
+  c->all_reduce(t, ReduceOp::kSum)->wait();
+  CHECK(t.eq(W).all().item<bool>());
+}
+
 TEST_CASE("nccl collectives on the GPU", "[nccl][cuda]") {
   FSDP_REQUIRE_GPU();
   const auto& topo = comm::topology();
