@@ -6,6 +6,8 @@
 #   FSDP_BUILD_DIR  build directory; default <repo>/build
 #   FSDP_CMAKE_ARGS extra CMake arguments, e.g. "-DFSDP_SANITIZE=address,undefined"
 #   FSDP_SKIP_APT=1 do not touch Debian packages (you installed them yourself)
+#   FSDP_SETUP_DEPS_ONLY=1  stop after the packages and the venv (launch/test.sh then installs the
+#                   serving engine while the build runs)
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 FSDP_VENV="${FSDP_VENV:-$HOME/.cache/fsdp-train/venv}"
@@ -70,6 +72,8 @@ if ! "$FSDP_VENV/bin/python" -c 'import importlib.util, sys; sys.exit(importlib.
 fi
 TORCH_PREFIX="$("$FSDP_VENV/bin/python" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')" ||
   fail "import torch" "delete $FSDP_VENV and rerun launch/setup.sh"
+
+[ "${FSDP_SETUP_DEPS_ONLY:-0}" = 1 ] && { say "dependencies ready (FSDP_SETUP_DEPS_ONLY: no build)"; exit 0; }
 
 # 3. Configure and build (CMake + Ninja + ccache).
 if [ ! -f "$FSDP_BUILD_DIR/build.ninja" ]; then

@@ -13,7 +13,8 @@
 # (Open MPI and the other Debian libraries the machine lacks, and the executables built against the
 # same torch 2.11.0+cu130 for sm_90; without .gpubin the setup stage builds on the machine, which
 # costs minutes of device time). Environment: FSDP_DEVICE_SKIP="stage ..." leaves stages out;
-# FSDP_DEVICE_TOTAL, FSDP_DEVICE_STEPS, FSDP_DEVICE_SEQ resize; FSDP_DEVICE_BIN=<build dir> uses
+# FSDP_DEVICE_BUDGETS="stage=seconds ..." overrides budgets; FSDP_DEVICE_TOTAL, FSDP_DEVICE_STEPS,
+# FSDP_DEVICE_SEQ resize; FSDP_DEVICE_BIN=<build dir> uses
 # that build (the dry run); OUT is where the result files go (default out/device).
 set -uo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -21,12 +22,12 @@ export REPO
 
 # name:budget_s:what it measures, in priority order.
 STAGES=(
-  "setup:40:Debian libraries, the prebuilt executables (or a build), the machine"
-  "cuda-tests:75:[cuda] tests (fused kernels at draft vocabularies 32000/151936/262144, engine on CUDA), the NCCL backend at 1 rank, mpi_comm at 2 ranks sharing the GPU"
-  "fixed-length:175:llama3-8B-eagle3 draft, S=2048, bf16: fsdp-train with and without --fused-cuda-kernels against the PyTorch FSDP2 reference (tokens/s, MFU, peak memory, time breakdown)"
-  "packing:85:chat-length samples, global batch 16: --packing against unpacked and the fixed-length run"
-  "offload:45:--cpu-offload: tokens/s, peak GPU memory and host RSS"
-  "longctx:60:one step per length (16k, 32k, 64k): peak GPU memory against fsdp-train memory-plan"
+  "setup:30:Debian libraries, the prebuilt executables (or a build), the machine"
+  "cuda-tests:70:[cuda] tests (fused kernels at draft vocabularies 32000/151936/262144, engine on CUDA), the NCCL backend at 1 rank, mpi_comm at 2 ranks sharing the GPU"
+  "fixed-length:160:llama3-8B-eagle3 draft, S=2048, bf16: fsdp-train with and without --fused-cuda-kernels against the PyTorch FSDP2 reference (tokens/s, MFU, peak memory, time breakdown)"
+  "packing:80:chat-length samples, global batch 16: --packing against unpacked and the fixed-length run"
+  "offload:60:--cpu-offload: tokens/s, peak GPU memory and host RSS"
+  "longctx:80:one step per length (16k, 32k, 64k): peak GPU memory against fsdp-train memory-plan"
 )
 if [ "${1:-}" = --plan ]; then
   total=0
@@ -67,7 +68,7 @@ if [ "$DEVICE" = cpu ]; then
   SIZES="--hidden-size 64 --vocab-size 512 --draft-vocab-size 256" DRAFT="" REF_WORKERS=1
   LONG="${FSDP_DEVICE_LONG_LENGTHS:-128 256}" PRECISION=fp32 LOOP_THREADS="--threads 1"
 else
-  SEQ="${FSDP_DEVICE_SEQ:-2048}" STEPS="${FSDP_DEVICE_STEPS:-30}" LOG=5 SAMPLES=34 PSTEPS=10 OSTEPS=20
+  SEQ="${FSDP_DEVICE_SEQ:-2048}" STEPS="${FSDP_DEVICE_STEPS:-30}" LOG=5 SAMPLES=34 PSTEPS=10 OSTEPS=10
   SIZES="--hidden-size 4096 --vocab-size 128256 --draft-vocab-size 32000" REF_WORKERS=4
   DRAFT="$REPO/configs/models/llama3-8B-eagle3.json"
   LONG="${FSDP_DEVICE_LONG_LENGTHS:-16384 32768 65536}" PRECISION=bf16 LOOP_THREADS=""
@@ -223,7 +224,7 @@ stage_packing() {
 import sys; seq = int(sys.argv[1]); ls = [int(x) for x in sys.stdin.read().split(",")]
 print(",".join(str(max(2, round(l * seq / max(ls)))) for l in ls))' "$SEQ")
   stamp "synthetic features with the chat lengths (longest $SEQ)"
-  data="$(gen "chat-$SEQ" --num-samples 96 --lengths "$lengths" --samples-per-dir 48)" || return 1
+  data="$(gen "chat-$SEQ" --num-samples 48 --lengths "$lengths" --samples-per-dir 48)" || return 1
   stamp "global batch 16, $PSTEPS steps: unpacked, then --packing"
   fsdp_run chat-unpacked 40 "$data" 16 "$PSTEPS" || rc=1
   fsdp_run chat-packed 40 "$data" 16 "$PSTEPS" --packing || rc=1
@@ -236,7 +237,7 @@ stage_offload() {
   local data
   data="$(gen "fixed-$SEQ" --num-samples "$SAMPLES" --min-len "$SEQ" --max-len "$SEQ" --samples-per-dir 64)" || return 1
   stamp "fsdp-train --cpu-offload: $OSTEPS steps"
-  fsdp_run offload 45 "$data" 1 "$OSTEPS" --cpu-offload || return 1
+  fsdp_run offload 60 "$data" 1 "$OSTEPS" --cpu-offload || return 1
   "$PY" "$REPO/benchmarks/device/summary.py" offload "$M/offload-metrics.jsonl" "$M/plain-metrics.jsonl"
 }
 
@@ -286,6 +287,7 @@ for s in "${STAGES[@]}"; do
   IFS=: read -r name budget what <<<"$s"
   f="$OUT/$(printf '%02d' "$i")-$name.txt"
   i=$((i + 1))
+  for o in ${FSDP_DEVICE_BUDGETS:-}; do [ "${o%%=*}" = "$name" ] && budget="${o#*=}"; done
   now=$(date +%s)
   left=$((DEADLINE - now))
   [ "$left" -lt "$budget" ] && budget=$left

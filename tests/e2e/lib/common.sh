@@ -24,9 +24,14 @@ expect_usage_error() {
 
 # toy_data NAME ARGS...: generates toy data into $BUILD/e2e_data/NAME once; the last
 # rows_* folder of samples is held out as $dir/eval_hidden_states.
+# Tests run in parallel (launch/test.sh: ctest -j): the first caller of a NAME generates it under
+# a lock on that name, the others wait for it.
 toy_data() {
   local name="$1"; shift
-  local dir="$BUILD/e2e_data/$name"
+  local dir="$BUILD/e2e_data/$name" lock
+  mkdir -p "$BUILD/e2e_data"
+  exec {lock}>"$BUILD/e2e_data/.$name.lock"
+  flock "$lock"
   if [ ! -f "$dir/.complete" ]; then
     rm -rf "$dir"
     "$BIN" gen-toy-data --out "$dir" "$@" >/dev/null || fail "gen-toy-data $*"
@@ -34,6 +39,7 @@ toy_data() {
     mv "$(ls -d "$dir"/hidden_states/rows_* | sort -V | tail -n 1)" "$dir/eval_hidden_states/"
     touch "$dir/.complete"
   fi
+  exec {lock}>&-
   echo "$dir"
 }
 
