@@ -29,6 +29,7 @@ METRIC = re.compile(
     r"(?<![A-Za-z0-9_./~<>-])((?:train_epoch|train|eval|perf|mem)/[A-Za-z0-9_<>]+(?:\.\.[0-9]+)?)"
     r"(?![A-Za-z0-9_/.<>-]*[A-Za-z0-9_/<>])")
 SUBCOMMAND = re.compile(r"(?<![A-Za-z0-9_-])(?:[\w./-]*/)?fsdp-train[ \t]+([a-z][a-z0-9-]*)")
+CHECKED = {"flag": set(), "subcommand": set(), "metric": set()}  # distinct names checked
 OURS = re.compile(r"(?<![A-Za-z0-9_-])(?:[\w./-]*/)?fsdp-train(?:-core)?(?![A-Za-z0-9_'/-])")
 
 
@@ -115,90 +116,157 @@ def metric_pattern(doc_key):
     return re.compile("^" + rx + "$")
 
 
-def load_other_tools(path):
-    words, flags = [], set()
+def load_other_tools(root, path):
+    """The other tools' command words (a regex) and the names docs quote without one: each
+    {name: owner}; an owner that is a repository file must still contain the name."""
+    words, names = [], {}
     with open(path) as f:
-        for line in f:
-            line = line.split("#", 1)[0].strip()
-            if line.startswith("flag "):
-                flags.add(line[5:].strip())
-            elif line.startswith("tool "):
-                words.append(line[5:].strip())
+        for n, line in enumerate(f, 1):
+            line = line.split("#", 1)[0].split()
+            if len(line) == 2 and line[0] == "tool":
+                words.append(line[1])
+            elif len(line) == 3 and line[0] in ("flag", "metric"):
+                names[line[1]] = line[2]
+            elif line:
+                sys.exit(f"FAIL: {path}:{n}: expected 'tool REGEX', 'flag --NAME OWNER' or "
+                         "'metric KEY OWNER'")
+    for name, owner in names.items():
+        if owner.startswith("external:"):
+            continue
+        owner_path = os.path.join(root, owner)
+        if not os.path.isfile(owner_path) or name not in open(owner_path, errors="replace").read():
+            sys.exit(f"FAIL: {os.path.basename(path)}: {name} is listed as {owner}'s, which does "
+                     "not have it (any more): drop the line, and the name from the docs")
     tool_rx = re.compile(r"(?<![A-Za-z0-9_./-])(?:" + "|".join(words) + r")(?![A-Za-z0-9_-])",
                          re.IGNORECASE)
-    return tool_rx, flags
+    return tool_rx, names
 
 
-def code_units(text):
-    """(line number, text) units to scan: each fenced block's commands (backslash continuations
-    joined) and every other line as it is."""
-    units, fence, pending, start = [], False, "", 0
+def split_page(text):
+    """(line number, command) for each command of the code blocks (fenced, or indented with
+    backslash continuations; continuations joined), and (line number, paragraph) for the prose
+    between them (a table row is a paragraph of its own)."""
+    code, prose, fence, pending, para, start = [], [], False, "", "", 0
+
+    def flush():
+        nonlocal para
+        if para:
+            prose.append((start, para))
+            para = ""
+
     for n, line in enumerate(text.splitlines(), 1):
         if line.lstrip().startswith("```"):
             fence = not fence
-            if pending:
-                units.append((start, pending))
+            flush()
+            continue
+        continued = pending or line.startswith("    ") and line.rstrip().endswith("\\")
+        if fence or continued:
+            flush()
+            if not pending:
+                start_code = n
+            pending += line.rstrip().rstrip("\\") + " "
+            if not line.rstrip().endswith("\\"):
+                code.append((start_code, pending))
                 pending = ""
             continue
-        if fence:
-            if not pending:
+        if not line.strip() or line.lstrip().startswith("|"):
+            flush()
+        if line.strip():
+            if not para:
                 start = n
-            pending += line.rstrip("\\") + " "
-            if not line.rstrip().endswith("\\"):
-                units.append((start, pending))
-                pending = ""
-        else:
-            units.append((n, line))
-    return units
+            para += line + "\n"
+            if line.lstrip().startswith("|"):
+                flush()
+    flush()
+    return code, prose
 
 
-def owner_spans(unit, tool_rx):
-    """Splits a unit into (text, ours) spans: text after an fsdp-train word is ours, after another
-    tool's command word it is not, until the next command word; the start counts as ours."""
-    marks = [(m.start(), True) for m in OURS.finditer(unit)]
-    marks += [(m.start(), False) for m in tool_rx.finditer(unit)]
+# Where a command starts inside a code line or span: its start, or after | && || ; $( (.
+COMMAND_START = re.compile(r"(?:^|\|\|?|&&|;|\$\(|\()\s*(?:[A-Za-z_][A-Za-z0-9_]*=\S*\s+)*([^\s|;&()]+)")
+
+
+def owner_spans(code, tool_rx, subs, ours=True):
+    """Splits a command line or code span into (text, ours) spans. A command word owns what
+    follows it up to the next one: fsdp-train (any path to it), one of its subcommands or a bare
+    flag at a command's start are ours; another program at a command's start (bench_model,
+    metrics.py, pip) and the other tools' words anywhere (mpirun ... fsdp-train) are not."""
+    marks = [(m.start(), True) for m in OURS.finditer(code)]
+    marks += [(m.start(), False) for m in tool_rx.finditer(code)]
+    for m in COMMAND_START.finditer(code):
+        word = m.group(1)
+        if word.startswith("-"):
+            continue  # a bare flag: owned by what precedes the code
+        marks.append((m.start(1), bool(OURS.fullmatch(word)) or word in subs))
     marks.sort()
-    spans, pos, ours = [], 0, True
+    spans, pos = [], 0
     for at, who in marks:
-        spans.append((unit[pos:at], ours))
+        spans.append((code[pos:at], ours))
         pos, ours = at, who
-    spans.append((unit[pos:], ours))
+    spans.append((code[pos:], ours))
     return spans
 
 
-def inline_code(line):
-    return re.findall(r"`([^`]+)`", line)
+# After `fsdp-train WORD` in a command: a flag, a placeholder, a path, an option group or nothing
+# (`fsdp-train mlflow bridge: ...` quotes a message, not a command).
+AFTER_SUBCOMMAND = re.compile(r"^(?:\s*$|\s+(?:-|[A-Z][A-Z_]*\b|\[|<|[\w.~-]*/))")
 
 
-def scan(files, flags, subs, metric_ok, tool_rx, other_flags):
+def stale_in_code(code, flags, subs, names, tool_rx, ours=True):
+    bad = []
+    for span, ours in owner_spans(code, tool_rx, subs, ours):
+        if ours:
+            CHECKED["flag"].update(FLAG.findall(span))
+            bad += [f"flag {f} is not an option of fsdp-train" for f in FLAG.findall(span)
+                    if f not in flags and f not in names]
+    for m in SUBCOMMAND.finditer(code):
+        if AFTER_SUBCOMMAND.match(code[m.end():]):
+            CHECKED["subcommand"].add(m.group(1))
+        if m.group(1) not in subs and AFTER_SUBCOMMAND.match(code[m.end():]):
+            bad.append(f"subcommand 'fsdp-train {m.group(1)}' does not exist")
+    return bad
+
+
+def prose_owner(text, tool_rx):
+    """Who owns a flag at the end of `text`: the last fsdp-train or other tool word, else ours."""
+    marks = [(m.start(), True) for m in OURS.finditer(text)]
+    marks += [(m.start(), False) for m in tool_rx.finditer(text)]
+    return max(marks)[1] if marks else True
+
+
+def scan(files, flags, subs, metric_ok, tool_rx, names):
     """Returns a list of 'file:line: what' for every stale name."""
     bad = []
     for path in files:
         rel = os.path.join(os.path.basename(os.path.dirname(path)), os.path.basename(path))
+        rel = rel.split("/", 1)[1] if not rel.startswith("docs/") else rel
         with open(path, errors="replace") as f:
             text = f.read()
-        for n, unit in code_units(text):
-            for span, ours in owner_spans(unit, tool_rx):
-                if not ours:
-                    continue
-                for flag in FLAG.findall(span):
-                    if flag not in flags and flag not in other_flags:
-                        bad.append(f"{rel}:{n}: flag {flag} is not an option of fsdp-train")
-            for m in METRIC.finditer(unit):
-                key = m.group(1)
-                if not metric_ok(key):
-                    bad.append(f"{rel}:{n}: metric key {key} is not logged by fsdp-train")
-        # Subcommands: only inside code (a fenced block or a code span), where the word after
-        # fsdp-train is a command line's.
-        fence = False
-        for n, line in enumerate(text.splitlines(), 1):
-            if line.lstrip().startswith("```"):
-                fence = not fence
-                continue
-            for piece in ([line] if fence else inline_code(line)):
-                for sub in SUBCOMMAND.findall(piece):
-                    if sub not in subs:
-                        bad.append(f"{rel}:{n}: subcommand 'fsdp-train {sub}' does not exist")
+        code, prose = split_page(text)
+        for n, cmd in code:
+            bad += [f"{rel}:{n}: {what}" for what in stale_in_code(cmd, flags, subs, names, tool_rx)]
+        for n, para in prose:
+            line_of = lambda at: n + para.count("\n", 0, at)
+            # Code spans: owned by the tool the prose names before them ("SGLang with `--x`"),
+            # unless the span starts with a command of its own.
+            for m in re.finditer(r"`([^`]+)`", para):
+                ours = prose_owner(para[:m.start()], tool_rx)
+                bad += [f"{rel}:{line_of(m.start())}: {w}"
+                        for w in stale_in_code(m.group(1), flags, subs, names, tool_rx, ours)]
+            # Flags in plain prose: the other tools' words still own what follows them.
+            plain = re.sub(r"`[^`]+`", lambda m: " " * len(m.group(0)), para)
+            pos = 0
+            for span, ours in owner_spans(plain, tool_rx, set()):
+                if ours:
+                    bad += [f"{rel}:{line_of(pos + f.start())}: flag {f.group(0)} is not an "
+                            "option of fsdp-train" for f in FLAG.finditer(span)
+                            if f.group(0) not in flags and f.group(0) not in names]
+                pos += len(span)
+        for n, chunk in code + prose:
+            for m in METRIC.finditer(chunk):
+                CHECKED["metric"].add(m.group(1))
+                if m.group(1) not in names and not metric_ok(m.group(1)):
+                    bad.append(f"{rel}:{n + chunk.count(chr(10), 0, m.start())}: metric key "
+                               f"{m.group(1)} is not logged by fsdp-train")
     return bad
 
 
@@ -248,17 +316,21 @@ def main():
         rx = metric_pattern(key)
         return any(rx.match(re.sub(r"_[0-9]+$", "_<i>", k)) or rx.match(k) for k in live)
 
-    tool_rx, other_flags = load_other_tools(os.path.join(root, "tests", "lint",
+    tool_rx, names = load_other_tools(root, os.path.join(root, "tests", "lint",
                                                          "doc_names_other_tools.txt"))
 
     def check(files):
-        return scan(files, flags, subs, metric_ok, tool_rx, other_flags)
+        return scan(files, flags, subs, metric_ok, tool_rx, names)
 
     self_check(check, flags, subs, sorted(metrics)[0])
+    for names_checked in CHECKED.values():
+        names_checked.clear()
     files = doc_files(root)
     bad = check(files)
-    print(f"doc_names: {len(flags)} flags, {len(subs)} subcommands, {len(metrics)} logged metric "
-          f"keys (+{len(spelled - metrics)} spelled only in lib/); {len(files)} pages")
+    print(f"doc_names: the program has {len(flags)} flags, {len(subs)} subcommands, "
+          f"{len(metrics)} logged metric keys (+{len(spelled - metrics)} spelled only in lib/); "
+          f"{len(files)} pages name {len(CHECKED['flag'])} distinct flags (of fsdp-train), "
+          f"{len(CHECKED['subcommand'])} subcommands, {len(CHECKED['metric'])} metric keys")
     if bad:
         print("\n".join(bad))
         print(f"FAIL: {len(bad)} stale name(s) in the docs: rename them to what the program has "
