@@ -248,7 +248,8 @@ stage_longctx() {
     data="$(gen "long-$L" --num-samples 2 --min-len "$L" --max-len "$L" --samples-per-dir 2)" || { rc=1; continue; }
     SEQ="$L" LOG=1 fsdp_run "long-$L" 40 "$data" 1 1 || { rc=1; continue; }
     "$(bin_dir)/fsdp-train" memory-plan --draft-model-config "${DRAFT:-$data/draft_config.json}" \
-      --max-length "$L" --sp-sizes 1 --overhead-gib 0.8 | sed -n 4,5p
+      --max-length "$L" --sp-sizes 1 --overhead-gib 0.8 | grep -E "^\| $L " |
+      awk -F'|' '{ print "memory-plan estimate: " $3 " GiB" }'
     "$PY" "$REPO/benchmarks/device/summary.py" longctx "$M/long-$L-metrics.jsonl" "$L"
   done
   return $rc
