@@ -115,7 +115,8 @@ stage_cuda_tests() {
     exe="$(test_exe "${t%%:*}")"
     [ -x "$exe" ] || { echo "missing $exe"; rc=1; continue; }
     stamp "${t%%:*} ${t#*:}"
-    timeout "$(lim 60)" "$exe" "${t#*:}" >"/tmp/fsdp-device-$$.log" 2>&1 || { echo "${t%%:*} ${t#*:}: exit $?"; rc=1; }
+    timeout "$(lim 60)" "$exe" "${t#*:}" >"/tmp/fsdp-device-$$.log" 2>&1 ||
+      { echo "${t%%:*} ${t#*:}: exit $?"; rc=1; grep -B 3 -A 12 "FAILED:" "/tmp/fsdp-device-$$.log" | head -150; }
     grep -E "skipped: no GPU|FAILED|passed|failed" "/tmp/fsdp-device-$$.log" | tail -12
   done
   exe="$(test_exe mpi_comm)"

@@ -66,6 +66,12 @@ void require_compiled() {
       "build against a CUDA LibTorch (FSDP_GPU=CUDA) or run with --fused-cuda-kernels false");
 }
 
+// The kernels read a row's elements at unit stride; a single column's stride is never used
+// (LibTorch gives [n, 1] results of elementwise ops a column stride of 0).
+bool unit_column_stride(const at::Tensor& t) {
+  return t.size(1) == 1 || t.stride(1) == 1;
+}
+
 }  // namespace
 
 bool compiled() {
@@ -76,7 +82,8 @@ bool soft_ce_supported(const at::Tensor& logits, const at::Tensor& target_p) {
   return compiled() && logits.defined() && target_p.defined() && logits.is_cuda() &&
          target_p.device() == logits.device() && logits.dim() == 2 && target_p.dim() == 2 &&
          logits.size(1) == target_p.size(1) && float_type(logits.scalar_type()) &&
-         float_type(target_p.scalar_type()) && logits.stride(1) == 1 && target_p.stride(1) == 1;
+         float_type(target_p.scalar_type()) && unit_column_stride(logits) &&
+         unit_column_stride(target_p);
 }
 
 SoftCe soft_ce_forward(const at::Tensor& logits, const at::Tensor& target_p,

@@ -66,9 +66,16 @@ c10::Device pick_device(config::DeviceKind kind) {
   FSDP_USAGE_CHECK(gpus > 0, "--device cuda: no GPU is visible to this process",
                    "use --device cpu, or check the driver and CUDA_VISIBLE_DEVICES");
   // The machine's rank, not the (possibly pretend) node's: two pretend nodes on one machine
-  // must not share a GPU (NCCL refuses a communicator with a GPU twice).
-  c10::Device dev(c10::kCUDA,
-                  static_cast<c10::DeviceIndex>(comm::topology().machine_local_rank % gpus));
+  // must not share a GPU. NCCL refuses a communicator with a GPU twice ("invalid usage", seen on
+  // an H200 with 2 ranks): name the cause before it does.
+  const int local = comm::topology().machine_local_rank;
+  FSDP_USAGE_CHECK(
+      local < gpus,
+      fsdp::str("--device cuda: rank ", comm::topology().world_rank, " is rank ", local,
+                " on its machine, which has ", gpus, " GPU(s): NCCL needs one GPU per rank"),
+      fsdp::str("start at most ", gpus, " ranks per machine (mpirun -np / --nproc-per-node)",
+                ", or train on the CPU with --device cpu"));
+  c10::Device dev(c10::kCUDA, static_cast<c10::DeviceIndex>(local));
   c10::impl::getDeviceGuardImpl(c10::kCUDA)->setDevice(dev);
   return dev;
 }

@@ -42,6 +42,26 @@ at::Tensor composite_soft_ce(const at::Tensor& logits, const at::Tensor& target_
   return -(p * logits.to(at::kFloat).log_softmax(-1)).sum(-1);
 }
 
+// The soft cross-entropy's gradient d(g . loss)/dz in float64: the value both fp32 paths (the
+// kernel and the composite ops) approximate.
+at::Tensor soft_ce_grad_f64(const at::Tensor& logits, const at::Tensor& target_p,
+                            const at::Tensor& take, const at::Tensor& g) {
+  const at::Tensor z = logits.detach().to(at::kDouble).requires_grad_(true);
+  const at::Tensor p = target_p.index_select(0, take).to(at::kDouble);
+  const at::Tensor loss = -(p * z.log_softmax(-1)).sum(-1);
+  return torch::autograd::grad({loss}, {z}, {g.to(at::kDouble)})[0];
+}
+
+// An fp32 gradient is exact when it is as close to the float64 value as the composite ops' own
+// fp32 result is (within 2x), or within 1e-6 of it: over 32000+ logits of magnitude up to ~30 the
+// composite's own fp32 rounding reaches 1.5e-6 relative (measured on an H200), so a fixed 1e-6
+// between the two fp32 paths is not a bound either can meet.
+void check_fp32_grad(const at::Tensor& got, const at::Tensor& composite, const at::Tensor& f64) {
+  const double mine = rel_diff(got, f64), theirs = rel_diff(composite, f64);
+  INFO("kernel vs float64 " << mine << ", composite vs float64 " << theirs);
+  CHECK(mine <= std::max(1e-6, 2.0 * theirs));
+}
+
 // The keys and values of `steps` + 1 TTT steps, [B, nkv, S, d] each, requiring gradients.
 struct Kv {
   std::vector<at::Tensor> keys, values;
@@ -117,8 +137,11 @@ TEST_CASE("cuda: fused soft cross-entropy matches the composite ops", "[cuda][mo
           const at::Tensor ref = torch::autograd::grad({want}, {z}, {g})[0];
           // fp32 logits: within fp32 rounding; bf16/fp16: the same fp32 value rounded once to the
           // logits' dtype, so at most one unit of it apart where the fp32 values straddle.
-          const double tol = dz == torch::kFloat ? 1e-6 : (dz == torch::kHalf ? 2e-3 : 1e-2);
-          CHECK(rel_diff(got, ref) <= tol);
+          if (dz == torch::kFloat) {
+            check_fp32_grad(got, ref, soft_ce_grad_f64(z, target, take, g));
+          } else {
+            CHECK(rel_diff(got, ref) <= (dz == torch::kHalf ? 2e-3 : 1e-2));
+          }
         }
       }
     }
@@ -162,8 +185,14 @@ TEST_CASE("cuda: fused soft cross-entropy at the real draft vocabularies",
       const at::Tensor zr = z.narrow(0, r0, n).detach().requires_grad_(true);
       const at::Tensor want = composite_soft_ce(zr, target, take.narrow(0, r0, n));
       CHECK(rel_diff(f.loss.narrow(0, r0, n), want) <= 1e-6);
-      const at::Tensor ref = torch::autograd::grad({want}, {zr}, {g.narrow(0, r0, n)})[0];
-      CHECK(rel_diff(grad.narrow(0, r0, n), ref) <= (c.dz == torch::kFloat ? 1e-6 : 1e-2));
+      const at::Tensor gr = g.narrow(0, r0, n);
+      const at::Tensor ref = torch::autograd::grad({want}, {zr}, {gr})[0];
+      if (c.dz == torch::kFloat) {
+        check_fp32_grad(grad.narrow(0, r0, n), ref,
+                        soft_ce_grad_f64(zr, target, take.narrow(0, r0, n), gr));
+      } else {
+        CHECK(rel_diff(grad.narrow(0, r0, n), ref) <= 1e-2);
+      }
     }
   }
 }
