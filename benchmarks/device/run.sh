@@ -131,6 +131,18 @@ stage_cuda_tests() {
   timeout "$(lim 45)" "$MPIRUN" --allow-run-as-root -n 2 "$exe" "[cuda]~[nccl]" --order decl >"/tmp/fsdp-device-$$.log" 2>&1 ||
     { echo "mpi_comm [cuda]~[nccl] 2 ranks: exit $?"; rc=1; }
   grep -E "skipped: no GPU|FAILED|passed|failed" "/tmp/fsdp-device-$$.log" | tail -8
+  if [ "$DEVICE" = cuda ]; then
+    # fsdp-train itself with more ranks than GPUs: a usage error naming both, before NCCL.
+    local data
+    data="$(gen tiny --num-samples 4 --min-len 32 --max-len 32)" && {
+      stamp "fsdp-train --device cuda at 2 ranks on one GPU (expected: exit 2 naming the GPU count)"
+      out="$(timeout "$(lim 40)" "$MPIRUN" --allow-run-as-root -n 2 "$(bin_dir)/fsdp-train" \
+        --target-model-path "$data/target" --draft-model-config "$data/draft_config.json" \
+        --train-hidden-states-path "$data/hidden_states" --output-dir /tmp/fsdp-device-twoonone \
+        --max-length 32 --total-steps 1 --device cuda --report-to none 2>&1)"
+      echo "exit $? (want 2): $(grep -m 1 -o "NCCL needs one GPU per rank" <<<"$out" || tail -3 <<<"$out")"
+    }
+  fi
   stamp "mpi_comm [nccl], 2 ranks on one GPU (recorded: NCCL refuses two ranks on one device)"
   out="$(timeout "$(lim 30)" "$MPIRUN" --allow-run-as-root -n 2 "$exe" "[nccl]" --order decl 2>&1)"
   echo "mpi_comm [nccl] 2 ranks on one GPU: exit $?"

@@ -106,12 +106,14 @@ SoftCe soft_ce_forward(const at::Tensor& logits, const at::Tensor& target_p,
   const int64_t n = logits.size(0), V = logits.size(1);
   auto f32 = logits.options().dtype(at::kFloat);
   r.loss = at::empty({n}, f32);
-  r.lse = at::empty({n}, f32);
+  r.row_max = at::empty({n}, f32);
+  r.log_sum = at::empty({n}, f32);
   r.psum = at::empty({n}, f32);
   check_launch(launch::soft_ce_forward(dtype_of(logits), logits.data_ptr(), logits.stride(0),
                                        dtype_of(target_p), target_p.data_ptr(), target_p.stride(0),
                                        idx.data_ptr<int64_t>(), n, V, r.loss.data_ptr<float>(),
-                                       r.lse.data_ptr<float>(), r.psum.data_ptr<float>(), stream()),
+                                       r.row_max.data_ptr<float>(), r.log_sum.data_ptr<float>(),
+                                       r.psum.data_ptr<float>(), stream()),
                "soft_ce_forward");
 #endif
   return r;
@@ -119,25 +121,26 @@ SoftCe soft_ce_forward(const at::Tensor& logits, const at::Tensor& target_p,
 
 at::Tensor soft_ce_backward(const at::Tensor& grad, const at::Tensor& logits,
                             const at::Tensor& target_p, const at::Tensor& take,
-                            const at::Tensor& lse, const at::Tensor& psum) {
+                            const at::Tensor& row_max, const at::Tensor& log_sum,
+                            const at::Tensor& psum) {
   require_compiled();
-  FSDP_CHECK(soft_ce_supported(logits, target_p) && take.numel() == logits.size(0) &&
-                 grad.numel() == logits.size(0) && lse.numel() == logits.size(0) &&
-                 psum.numel() == logits.size(0),
+  const int64_t n = logits.size(0);
+  FSDP_CHECK(soft_ce_supported(logits, target_p) && take.numel() == n && grad.numel() == n &&
+                 row_max.numel() == n && log_sum.numel() == n && psum.numel() == n,
              fsdp::str("soft_ce_backward: grad ", grad.sizes(), ", logits ", logits.sizes(),
-                       ", take ", take.sizes(), ", lse ", lse.sizes(), " do not fit"),
-             "pass soft_ce_forward's lse and psum with the same logits and rows");
+                       ", take ", take.sizes(), ", row_max ", row_max.sizes(), " do not fit"),
+             "pass soft_ce_forward's row_max, log_sum and psum with the same logits and rows");
   at::Tensor out =
       at::empty(logits.sizes(), logits.options().memory_format(at::MemoryFormat::Contiguous));
 #if FSDP_HAVE_CUDA_KERNELS
   const c10::cuda::CUDAGuard guard(logits.device());
   const at::Tensor g = grad.to(at::kFloat).contiguous(), idx = take.contiguous();
-  const at::Tensor l = lse.contiguous(), ps = psum.contiguous();
-  check_launch(launch::soft_ce_backward(g.data_ptr<float>(), dtype_of(logits), logits.data_ptr(),
-                                        logits.stride(0), dtype_of(target_p), target_p.data_ptr(),
-                                        target_p.stride(0), idx.data_ptr<int64_t>(),
-                                        l.data_ptr<float>(), ps.data_ptr<float>(), logits.size(0),
-                                        logits.size(1), out.data_ptr(), stream()),
+  const at::Tensor m = row_max.contiguous(), ls = log_sum.contiguous(), ps = psum.contiguous();
+  check_launch(launch::soft_ce_backward(
+                   g.data_ptr<float>(), dtype_of(logits), logits.data_ptr(), logits.stride(0),
+                   dtype_of(target_p), target_p.data_ptr(), target_p.stride(0),
+                   idx.data_ptr<int64_t>(), m.data_ptr<float>(), ls.data_ptr<float>(),
+                   ps.data_ptr<float>(), n, logits.size(1), out.data_ptr(), stream()),
                "soft_ce_backward");
 #endif
   return out;

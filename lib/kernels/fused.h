@@ -18,16 +18,18 @@ bool compiled();
 // take int64 [N] indexing target_p's rows. False (the caller runs the composite ops) otherwise.
 bool soft_ce_supported(const at::Tensor& logits, const at::Tensor& target_p);
 struct SoftCe {
-  at::Tensor loss;  // fp32 [N]
-  at::Tensor lse;   // fp32 [N]: log sum exp of each row (for the backward)
-  at::Tensor psum;  // fp32 [N]: sum_v p_v of each row (for the backward)
+  at::Tensor loss;     // fp32 [N]
+  at::Tensor row_max;  // fp32 [N]: each row's max m (for the backward)
+  at::Tensor log_sum;  // fp32 [N]: log sum_v exp(z_v - m) (log-sum-exp = m + log_sum)
+  at::Tensor psum;     // fp32 [N]: sum_v p_v of each row (for the backward)
 };
 SoftCe soft_ce_forward(const at::Tensor& logits, const at::Tensor& target_p,
                        const at::Tensor& take);
 // d loss / d logits scaled by grad [N]: grad_r (softmax(z_r) psum_r - p_r), in the logits' dtype.
 at::Tensor soft_ce_backward(const at::Tensor& grad, const at::Tensor& logits,
                             const at::Tensor& target_p, const at::Tensor& take,
-                            const at::Tensor& lse, const at::Tensor& psum);
+                            const at::Tensor& row_max, const at::Tensor& log_sum,
+                            const at::Tensor& psum);
 
 // --- the TTT attention's diagonal merge (model/ttt_attention.cpp) ---
 // q [B, nh, S, d] on a CUDA device, fp32/bf16/fp16, d <= 256, and `steps` diagonal keys within

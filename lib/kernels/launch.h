@@ -9,20 +9,20 @@ namespace fsdp::kernels::launch {
 
 enum class Dtype : int { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
 
-// Soft cross-entropy over each of n rows of V logits: loss[r] = -sum_v p_v (z_v - lse_r), with
-// p = target[take[r]] and lse_r = log sum_v exp(z_v), everything in fp32; also writes lse[r] and
-// psum[r] = sum_v p_v, which the backward reads. Rows have stride ldz (logits) and ldp (target),
-// elements stride 1.
+// Soft cross-entropy over each of n rows of V logits: loss[r] = -sum_v p_v log_softmax(z)_v, with
+// p = target[take[r]], everything in fp32; also writes the row's max m[r], log_sum[r] = log
+// sum_v exp(z_v - m[r]) and psum[r] = sum_v p_v, which the backward reads. Rows have stride ldz
+// (logits) and ldp (target), elements stride 1.
 const char* soft_ce_forward(Dtype dz, const void* logits, int64_t ldz, Dtype dp, const void* target,
                             int64_t ldp, const int64_t* take, int64_t n, int64_t V, float* loss,
-                            float* lse, float* psum, void* stream);
+                            float* row_max, float* log_sum, float* psum, void* stream);
 
-// grad_logits[r, v] = grad[r] * (exp(z_v - lse[r]) * psum[r] - p_v), in the logits' dtype, rows
-// of V contiguous elements.
+// grad_logits[r, v] = grad[r] * (exp((z_v - m[r]) - log_sum[r]) * psum[r] - p_v), in the logits'
+// dtype, rows of V contiguous elements.
 const char* soft_ce_backward(const float* grad, Dtype dz, const void* logits, int64_t ldz, Dtype dp,
-                             const void* target, int64_t ldp, const int64_t* take, const float* lse,
-                             const float* psum, int64_t n, int64_t V, void* grad_logits,
-                             void* stream);
+                             const void* target, int64_t ldp, const int64_t* take,
+                             const float* row_max, const float* log_sum, const float* psum,
+                             int64_t n, int64_t V, void* grad_logits, void* stream);
 
 // Element strides of a [B, heads, S, d] tensor whose last dimension is contiguous.
 struct Strides {

@@ -115,7 +115,7 @@ struct WeightedSoftCrossEntropy : torch::autograd::Function<WeightedSoftCrossEnt
 
 // The same per-row soft cross-entropy in fsdp-train's CUDA kernels (kernels/fused.h): the forward
 // reads each row's logits twice (log-sum-exp, then the weighted sum) and keeps the logits, the
-// target, the rows and two floats per row; the backward writes the logits' gradient in one pass.
+// target, the rows and three floats per row; the backward writes the logits' gradient in one pass.
 // Equal to the composite within fp32 rounding (tests/unit/model/fused_kernels.cpp). Callers check
 // kernels::soft_ce_supported first.
 struct FusedSoftCrossEntropy : torch::autograd::Function<FusedSoftCrossEntropy> {
@@ -123,7 +123,7 @@ struct FusedSoftCrossEntropy : torch::autograd::Function<FusedSoftCrossEntropy> 
                             const at::Tensor& target_p, const at::Tensor& take) {
     const at::Tensor rows = take.to(at::kLong);
     kernels::SoftCe r = kernels::soft_ce_forward(logits, target_p, rows);
-    ctx->save_for_backward({logits, target_p, rows, r.lse, r.psum});
+    ctx->save_for_backward({logits, target_p, rows, r.row_max, r.log_sum, r.psum});
     return r.loss;
   }
 
@@ -131,8 +131,8 @@ struct FusedSoftCrossEntropy : torch::autograd::Function<FusedSoftCrossEntropy> 
                                                  torch::autograd::variable_list grads) {
     if (!grads[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};
     const auto saved = ctx->get_saved_variables();
-    at::Tensor g =
-        kernels::soft_ce_backward(grads[0], saved[0], saved[1], saved[2], saved[3], saved[4]);
+    at::Tensor g = kernels::soft_ce_backward(grads[0], saved[0], saved[1], saved[2], saved[3],
+                                             saved[4], saved[5]);
     return {g, at::Tensor(), at::Tensor()};
   }
 };
