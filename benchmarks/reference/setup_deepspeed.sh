@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs DeepSpeed (PyPI `deepspeed`, pinned) for benchmarks/reference/deepspeed_train.py, the
-# second reference trainer. Optional: nothing in CI or in launch/setup.sh depends on it.
+# second reference trainer. launch/setup.sh leaves it out; ctest's fixture setup.deepspeed runs this
+# before e2e.deepspeed_parity (tests/CMakeLists.txt).
 #
 #   bash benchmarks/reference/setup_deepspeed.sh                 install (idempotent; ~1 s when done)
 #   bash benchmarks/reference/setup_deepspeed.sh --wheelhouse D  also write the wheels to D (for a
