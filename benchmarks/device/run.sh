@@ -90,7 +90,7 @@ stage_setup() {
   else
     build_here || return 1
   fi
-  "$(bin_dir)/fsdp-train" --version | head -3
+  "$(bin_dir)/fsdp-train" --version | sed -n 1,3p
 }
 
 # The machine's own build, when no executables were carried (minutes of device time).
@@ -116,7 +116,7 @@ stage_cuda_tests() {
     [ -x "$exe" ] || { echo "missing $exe"; rc=1; continue; }
     stamp "${t%%:*} ${t#*:}"
     timeout "$(lim 60)" "$exe" "${t#*:}" >"/tmp/fsdp-device-$$.log" 2>&1 ||
-      { echo "${t%%:*} ${t#*:}: exit $?"; rc=1; grep -B 3 -A 12 "FAILED:" "/tmp/fsdp-device-$$.log" | head -150; }
+      { echo "${t%%:*} ${t#*:}: exit $?"; rc=1; grep -B 3 -A 12 "FAILED:" "/tmp/fsdp-device-$$.log" | sed -n 1,150p; }
     grep -E "skipped: no GPU|FAILED|passed|failed" "/tmp/fsdp-device-$$.log" | tail -12
   done
   exe="$(test_exe mpi_comm)"
@@ -146,7 +146,7 @@ stage_cuda_tests() {
   stamp "mpi_comm [nccl], 2 ranks on one GPU (recorded: NCCL refuses two ranks on one device)"
   out="$(timeout "$(lim 30)" "$MPIRUN" --allow-run-as-root -n 2 "$exe" "[nccl]" --order decl 2>&1)"
   echo "mpi_comm [nccl] 2 ranks on one GPU: exit $?"
-  grep -E "Duplicate GPU|invalid usage|ncclInvalidUsage|HINT|passed|failed" <<<"$out" | sort | uniq -c | head -8
+  grep -E "Duplicate GPU|invalid usage|ncclInvalidUsage|HINT|passed|failed" <<<"$out" | sort | uniq -c | sed -n 1,8p
   return $rc
 }
 
