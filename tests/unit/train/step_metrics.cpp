@@ -196,7 +196,7 @@ TEST_CASE("step metrics: a checkpoint's sums continue the epoch; older layouts a
     const std::string renorm = "train_epoch/acceptance_rate_renorm_" + std::to_string(i);
     CHECK(b.at(renorm) == Approx(want.at(renorm)).epsilon(1e-12));
     CHECK(b.at("train_epoch/acceptance_rate_" + std::to_string(i)) ==
-          Approx(kMicros[1].accept_rate[i] / kMicros[1].positions[i]).epsilon(1e-12));
+          Approx(double{kMicros[1].accept_rate[i]} / kMicros[1].positions[i]).epsilon(1e-12));
   }
   CHECK(b.at("train_epoch/loss") == Approx(1.0 + 0.1 * 30).epsilon(1e-6));
   // Any other length is ignored.
