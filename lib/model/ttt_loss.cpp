@@ -156,33 +156,42 @@ int64_t accept_rate_chunk(int64_t vocab) {
   return std::max<int64_t>(1, (int64_t{1} << 24) / vocab);
 }
 
-// sum_v min(p_nv, q_nv) per row, q = softmax of the logits in `acc` precision, p = target_p[take].
+// sum_v min(p_nv, q_nv) per row ([2, n]), q = softmax of the logits in `acc` precision: row 0
+// with p the target's own probabilities of the draft tokens, target_p[take] times draft_mass
+// (SpecForge's acceptance; the mass taken as 1 when undefined), row 1 with p = target_p[take]
+// (renormalised over the draft vocabulary).
 at::Tensor acceptance_rows(const at::Tensor& logits, const at::Tensor& target_p,
-                           const at::Tensor& take, at::ScalarType acc) {
+                           const at::Tensor& draft_mass, const at::Tensor& take,
+                           at::ScalarType acc) {
   at::Tensor q = logits.to(acc).softmax(-1);
   at::Tensor p = target_p.index_select(0, take).to(acc);
-  return at::minimum(p, q).sum(-1);
+  at::Tensor renorm = at::minimum(p, q).sum(-1);
+  if (!draft_mass.defined()) return at::stack({renorm, renorm});
+  at::Tensor own = p * draft_mass.index_select(0, take).to(acc).unsqueeze(-1);
+  return at::stack({at::minimum(own, q).sum(-1), renorm});
 }
 
-// sum_n pm_n * row(from, len)_n, summed in chunks of accept_rate_chunk(vocab) rows (row gives
-// acceptance_rows of rows from .. from + len - 1), so no more than that many rows are expanded
-// at once; the chunked head passes its rows computed already, with the same sums.
+// sum_n pm_n * row(from, len)_n ([2]), summed in chunks of accept_rate_chunk(vocab) rows (row
+// gives acceptance_rows of rows from .. from + len - 1), so no more than that many rows are
+// expanded at once; the chunked head passes its rows computed already, with the same sums.
 template <class RowFn>
 at::Tensor sum_acceptance(int64_t n, int64_t vocab, const at::Tensor& pm, RowFn row) {
-  at::Tensor sum = at::zeros({}, pm.options());
+  at::Tensor sum = at::zeros({2}, pm.options());
   const int64_t chunk = accept_rate_chunk(std::max<int64_t>(vocab, 1));
   for (int64_t from = 0; from < n; from += chunk) {
     const int64_t len = std::min(chunk, n - from);
-    sum = sum + (row(from, len) * pm.narrow(0, from, len)).sum();
+    sum = sum + (row(from, len) * pm.narrow(0, from, len)).sum(-1);
   }
   return sum;
 }
 
-// sum_n pm_n * sum_v min(p_nv, q_nv) over the step's logits.
+// Both sums_n pm_n * sum_v min(p_nv, q_nv) of acceptance_rows ([2]) over the step's logits.
 at::Tensor expected_acceptance(const at::Tensor& logits, const at::Tensor& target_p,
-                               const at::Tensor& take, const at::Tensor& pm, at::ScalarType acc) {
+                               const at::Tensor& draft_mass, const at::Tensor& take,
+                               const at::Tensor& pm, at::ScalarType acc) {
   return sum_acceptance(logits.size(0), logits.size(-1), pm, [&](int64_t from, int64_t len) {
-    return acceptance_rows(logits.narrow(0, from, len), target_p, take.narrow(0, from, len), acc);
+    return acceptance_rows(logits.narrow(0, from, len), target_p, draft_mass,
+                           take.narrow(0, from, len), acc);
   });
 }
 
@@ -306,7 +315,7 @@ StepOutput step_on_rows(Eagle3DraftImpl& model, const RowsTarget& target, const 
   StepOutput res;
   res.batch = B;
   res.seq = sp ? rows.shard_total : S;
-  std::vector<at::Tensor> ploss, correct, loss_tokens, position_tokens, accept_rate;
+  std::vector<at::Tensor> ploss, correct, loss_tokens, position_tokens, accept_rate, accept_renorm;
   std::vector<at::Tensor> hits;  // step i: fp32 [N], the hit at each loss row
   at::Tensor total, pre_hit;
   const int64_t N = rows.rows.numel();
@@ -347,13 +356,13 @@ StepOutput step_on_rows(Eagle3DraftImpl& model, const RowsTarget& target, const 
           };
           fns.inspect = [&](const at::Tensor& z, int64_t from) {
             best_parts.push_back(z.argmax(-1));
-            accept_parts.push_back(acceptance_rows(z, target.target_p,
+            accept_parts.push_back(acceptance_rows(z, target.target_p, target.draft_mass,
                                                    take.narrow(0, from, z.size(0)),
                                                    WeightedSoftCrossEntropy::wide(z)));
           };
           values = model.head_rows(hidden, chunk, fns);
           best = at::cat(best_parts);
-          accept_rows = at::cat(accept_parts);
+          accept_rows = at::cat(accept_parts, 1);
         } else {
           logits = model.logits(hidden);  // [N_i, Vd]
         }
@@ -482,13 +491,16 @@ StepOutput step_on_rows(Eagle3DraftImpl& model, const RowsTarget& target, const 
           batch_acc.push_back((doc_hits / rows.doc_count[i].clamp_min(1e-6)).sum());
         }
         hits.push_back(at::zeros({N}, hit.options()).index_copy_(0, take, hit));
-        accept_rate.push_back(
-            (accept_rows.defined()
-                 ? sum_acceptance(
-                       accept_rows.size(0), Vd, pm,
-                       [&](int64_t from, int64_t len) { return accept_rows.narrow(0, from, len); })
-                 : expected_acceptance(logits.detach(), target.target_p, take, pm, acc))
-                .to(at::kFloat));
+        const at::Tensor accept =
+            (accept_rows.defined() ? sum_acceptance(accept_rows.size(1), Vd, pm,
+                                                    [&](int64_t from, int64_t len) {
+                                                      return accept_rows.narrow(1, from, len);
+                                                    })
+                                   : expected_acceptance(logits.detach(), target.target_p,
+                                                         target.draft_mass, take, pm, acc))
+                .to(at::kFloat);
+        accept_rate.push_back(accept[0]);
+        accept_renorm.push_back(accept[1]);
         loss_tokens.push_back(
             at::scalar_tensor(static_cast<double>(rows.count[static_cast<size_t>(i)]),
                               at::TensorOptions().dtype(at::kFloat).device(hidden.device())));
@@ -497,11 +509,13 @@ StepOutput step_on_rows(Eagle3DraftImpl& model, const RowsTarget& target, const 
   // Sequence-parallel: the trainer's gradient average over all ranks counts each sample P times;
   // the group's shares sum to the sample's loss, so each is scaled by P.
   res.loss = total * static_cast<double>(P) / static_cast<double>(options.accumulation_steps);
+  res.objective = total.detach();
   res.ploss = at::stack(ploss);
   res.correct = at::stack(correct);
   res.loss_tokens = at::stack(loss_tokens);
   res.position_tokens = at::stack(position_tokens);
   res.accept_rate = at::stack(accept_rate);
+  res.accept_rate_renorm = at::stack(accept_renorm);
   res.acc = res.correct / res.loss_tokens.clamp_min(1e-6);
   if (rows.packed()) {
     res.units = static_cast<int64_t>(rows.documents.size());
@@ -853,8 +867,9 @@ StepOutput ttt_step(Eagle3DraftImpl& model, const TargetHead& head, const LossRo
              fsdp::str("target_hidden must be [B, S, H] matching input_ids ", input_ids.sizes(),
                        ", got ", target_hidden.sizes()),
              "every batch tensor is padded to the same [B, S]");
+  // The draft vocabulary's mass: LK's objectives and SpecForge's acceptance_rate_i.
   RowTarget rt = head.compute_rows(target_hidden, rows.rows, options.target, options.vocab_tile,
-                                   /*want_mass=*/options.lk != LossOptions::LK::kNone);
+                                   /*want_mass=*/true);
   at::Tensor pre_ids = at::empty({0}, rt.target_ids.options());
   if (rows.pre.numel() > 0) {
     pre_ids =

@@ -84,7 +84,15 @@ struct LossOptions {
 };
 
 struct StepOutput {
-  at::Tensor loss;   // scalar, requires grad: sum_i decay^i * ploss_i / accumulation
+  // scalar, requires grad: what backward runs, objective * P / accumulation (P: the
+  // sequence-parallel group's size, 1 without it).
+  at::Tensor loss;
+  // scalar, detached, in the logits' precision (fp32, fp64 for double logits): the objective this
+  // micro-batch trained, sum_i step_decay^i * ploss_i with ploss_i as the options say (every
+  // loss term and mix, LK, the normalisation); packed: summed over the documents;
+  // sequence-parallel: this rank's share, the group's shares summing to the sample's. The
+  // logged train/loss and eval/loss are its sum over micro-batches and ranks over `units`'s.
+  at::Tensor objective;
   at::Tensor ploss;  // fp32 [T], detached, normalised as the options say
   at::Tensor acc;    // fp32 [T], detached: correct / max(loss_tokens, 1e-6)
   // fp32 [T]: the loss rows of step i where the draft's argmax, mapped to a target id through
@@ -95,10 +103,17 @@ struct StepOutput {
   at::Tensor loss_tokens;      // fp32 [T]: sum loss_mask_i (the acc denominator, unclamped)
   at::Tensor position_tokens;  // fp32 [T]: sum position_mask_i
   at::Tensor valid_tokens;     // int64 scalar: sum attention_mask (tokens/s accounting)
-  // fp32 [T]: sum over position_mask_i rows of sum_v min(p_v, q_v), p the target distribution
-  // over the draft vocabulary (target_p), q the draft's softmax: the expected acceptance of
-  // step i under speculative sampling; divided by position_tokens it is acceptance_rate_i.
+  // fp32 [T]: sum over position_mask_i rows of sum_v min(p_v, q_v), q the draft's softmax and
+  // p the target's own (full-vocabulary softmax) probabilities of the draft tokens, target_p
+  // times the draft vocabulary's mass (SpecForge 0.2.0's target_p_on_draft): the expected
+  // acceptance of step i under speculative sampling; divided by position_tokens it is
+  // acceptance_rate_i. Where the target gives no draft mass (a TargetDistribution without
+  // draft_mass), the mass is taken as 1 and this equals accept_rate_renorm.
   at::Tensor accept_rate;
+  // fp32 [T]: the same with p = target_p, renormalised over the draft vocabulary (at least
+  // accept_rate; equal when the target's mass lies in the draft vocabulary):
+  // acceptance_rate_renorm_i.
+  at::Tensor accept_rate_renorm;
   // All-anchor chains (accept_len_all_anchors): a chain anchored at loss row t proposes step
   // i's prediction at draft row t, scored at row t + i, and keeps it while every earlier one
   // was a hit. anchors: fp32 scalar, the loss rows t whose next T-1 positions are loss rows of

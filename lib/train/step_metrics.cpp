@@ -25,10 +25,14 @@ struct Layout {
   int64_t chain_hits() const { return 3 * T + 4; }
   int64_t draft_accepted() const { return 4 * T + 4; }
   int64_t drafts() const { return 4 * T + 5; }
-  int64_t accept_rate() const { return 4 * T + 6; }
+  int64_t accept_rate_renorm() const { return 4 * T + 6; }
   int64_t position() const { return 5 * T + 6; }
   int64_t batch_acc() const { return 6 * T + 6; }
-  int64_t size() const { return 7 * T + 6; }
+  int64_t objective() const { return 7 * T + 6; }
+  int64_t objective_units() const { return 7 * T + 7; }
+  int64_t accept_rate() const { return 7 * T + 8; }
+  int64_t accept_position() const { return 8 * T + 8; }
+  int64_t size() const { return 9 * T + 8; }
 };
 
 }  // namespace
@@ -40,10 +44,12 @@ void StepMetrics::add(const model::StepOutput& out) {
   const at::Tensor units = at::full({1}, static_cast<double>(out.units), correct.options());
   const at::Tensor batch_acc =
       out.batch_acc.defined() ? as64(out.batch_acc) : correct / loss_tokens.clamp_min(1e-6);
-  at::Tensor row = at::cat({as64(out.ploss), correct, loss_tokens, as64(out.valid_tokens), units,
-                            as64(out.accepted), as64(out.anchors), as64(out.chain_hits),
-                            as64(out.draft_accepted), as64(out.drafts), as64(out.accept_rate),
-                            as64(out.position_tokens), batch_acc});
+  const at::Tensor positions = as64(out.position_tokens);
+  at::Tensor row =
+      at::cat({as64(out.ploss), correct, loss_tokens, as64(out.valid_tokens), units,
+               as64(out.accepted), as64(out.anchors), as64(out.chain_hits),
+               as64(out.draft_accepted), as64(out.drafts), as64(out.accept_rate_renorm), positions,
+               batch_acc, as64(out.objective), units, as64(out.accept_rate), positions});
   if (micro_batches_ == 0) {
     sums_ = row;
   } else {
@@ -76,10 +82,14 @@ std::vector<double> StepMetrics::global_sums(comm::Communicator& comm) const {
 
 void StepMetrics::add_sums(const std::vector<double>& sums) {
   const Layout L{ttt_};
-  // 3T+2 and 3T+4: checkpoints written before the chain sums or the later metrics existed
-  // (what they lack counts as none).
+  // 3T+2, 3T+4 and 7T+6: checkpoints written before the chain sums, the later metrics, or the
+  // logged objective and SpecForge's acceptance_rate_i existed (what they lack counts as none:
+  // those metrics have denominators of their own; 7T+6's acceptance sums are the renormalised
+  // ones).
   const auto n = static_cast<int64_t>(sums.size());
-  if ((n != 3 * ttt_ + 2 && n != 3 * ttt_ + 4 && n != L.size()) || sums[L.micro()] <= 0) return;
+  if ((n != 3 * ttt_ + 2 && n != 3 * ttt_ + 4 && n != 7 * ttt_ + 6 && n != L.size()) ||
+      sums[L.micro()] <= 0)
+    return;
   std::vector<double> padded(sums);
   padded.resize(static_cast<size_t>(L.size()), 0.0);
   const at::Tensor all = at::tensor(padded, at::TensorOptions().dtype(at::kDouble))
@@ -104,12 +114,8 @@ std::vector<std::pair<std::string, double>> StepMetrics::report(comm::Communicat
     return prefix + "/" + name + "_" + std::to_string(i);
   };
   std::vector<std::pair<std::string, double>> out;
-  double loss = 0.0;
-  for (int64_t i = 0; i < T; ++i) {
-    const double p = micro > 0 ? v[L.ploss() + i] / micro : std::nan("");
-    loss += std::pow(0.8, static_cast<double>(i)) * p;
-    out.emplace_back(step("ploss", i), p);
-  }
+  for (int64_t i = 0; i < T; ++i)
+    out.emplace_back(step("ploss", i), micro > 0 ? v[L.ploss() + i] / micro : std::nan(""));
   // acc_i pooled (sum correct / sum tokens) or the mean of the micro-batches' own acc_i.
   std::vector<double> acc(static_cast<size_t>(T));
   for (int64_t i = 0; i < T; ++i) {
@@ -118,7 +124,9 @@ std::vector<std::pair<std::string, double>> StepMetrics::report(comm::Communicat
                                       : v[L.correct() + i] / std::max(v[L.loss_tokens() + i], 1e-6);
     out.emplace_back(step("acc", i), acc[static_cast<size_t>(i)]);
   }
-  out.emplace_back(prefix + "/loss", loss);
+  // The objective the micro-batches backpropagated (model::StepOutput::objective), per sample.
+  const double units = v[L.objective_units()];
+  out.emplace_back(prefix + "/loss", units > 0 ? v[L.objective()] / units : std::nan(""));
   // Absent when no reply had a drafted token / no sample had T consecutive loss positions.
   if (v[L.drafts()] > 0)
     out.emplace_back(prefix + "/accept_len", 1.0 + v[L.draft_accepted()] / v[L.drafts()]);
@@ -130,7 +138,11 @@ std::vector<std::pair<std::string, double>> StepMetrics::report(comm::Communicat
   out.emplace_back(prefix + "/simulated_acc_len", simulated);
   for (int64_t i = 0; i < T; ++i) {
     out.emplace_back(step("acceptance_rate", i),
-                     v[L.accept_rate() + i] / std::max(v[L.position() + i], 1e-6));
+                     v[L.accept_rate() + i] / std::max(v[L.accept_position() + i], 1e-6));
+  }
+  for (int64_t i = 0; i < T; ++i) {
+    out.emplace_back(step("acceptance_rate_renorm", i),
+                     v[L.accept_rate_renorm() + i] / std::max(v[L.position() + i], 1e-6));
   }
   for (int64_t i = 0; i < T; ++i) {
     const double before = i == 0 ? v[L.anchors()] : v[L.chain_hits() + i - 1];

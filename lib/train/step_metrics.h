@@ -36,11 +36,13 @@ class StepMetrics {
   bool empty() const { return micro_batches_ == 0; }
   // All-reduces the sums over `comm` (every rank must call) and returns, as
   // docs/reference.md §5 defines them: <prefix>/ploss_i, <prefix>/acc_i (i < T), <prefix>/loss
-  // (0.8^i-weighted sum of ploss_i), <prefix>/accept_len (engine-faithful: 1 + draft_accepted
-  // / drafts, when there was a draft), <prefix>/accept_len_all_anchors (1 + accepted / anchors,
-  // when there was an anchor), <prefix>/simulated_acc_len (sum_k prod_{i<=k} acc_i),
-  // <prefix>/acceptance_rate_i, <prefix>/cond_acc_i (when step i-1's chains were alive), and
-  // the global number of valid tokens; then clears the sums.
+  // (the trained objective per sample: the sum of StepOutput::objective over the sum of units),
+  // <prefix>/accept_len (engine-faithful: 1 + draft_accepted / drafts, when there was a draft),
+  // <prefix>/accept_len_all_anchors (1 + accepted / anchors, when there was an anchor),
+  // <prefix>/simulated_acc_len (sum_k prod_{i<=k} acc_i), <prefix>/acceptance_rate_i
+  // (SpecForge's: the target's own probabilities), <prefix>/acceptance_rate_renorm_i (target_p
+  // renormalised over the draft vocabulary), <prefix>/cond_acc_i (when step i-1's chains were
+  // alive), and the global number of valid tokens; then clears the sums.
   std::vector<std::pair<std::string, double>> report(comm::Communicator& comm,
                                                      const std::string& prefix,
                                                      int64_t* global_tokens = nullptr);
@@ -60,10 +62,12 @@ class StepMetrics {
   int64_t micro_batches_ = 0;
   // The sums, in the order of the all-reduced buffer (and of a checkpoint's sums):
   // [ploss T | correct T | loss_tokens T | valid 1 | units 1 | accepted 1 | anchors 1 |
-  //  chain_hits T | draft_accepted 1 | drafts 1 | accept_rate T | position_tokens T |
-  //  sum of per-micro-batch acc T]; units: micro-batches, a packed one counting its documents
-  // (StepOutput::units). A checkpoint of an older version has the first 3T+2 or
-  // 3T+4 only (the rest count from the resume on).
+  //  chain_hits T | draft_accepted 1 | drafts 1 | accept_rate_renorm T | position_tokens T |
+  //  sum of per-micro-batch acc T | objective 1 | units 1 | accept_rate T | position_tokens T];
+  // units: micro-batches, a packed one counting its documents (StepOutput::units). The loss and
+  // SpecForge's acceptance_rate_i have denominators of their own (the second units and
+  // position_tokens), so a checkpoint of an older version, which has the first 3T+2, 3T+4 or
+  // 7T+6 only, leaves them counting from the resume on.
   at::Tensor sums_;
 };
 

@@ -1,12 +1,14 @@
 // The unroll's acceptance metrics against brute-force counts written out here (docs/model.md
 // "Acceptance length"): accuracy through d2t, the engine's drafts walked one by one
 // (accept_len), the all-anchor chains per step (accept_len_all_anchors, cond_acc) and the
-// expected acceptance sum_v min(p, q) (acceptance_rate).
+// expected acceptance sum_v min(p, q) with p the target's own probabilities (acceptance_rate,
+// SpecForge's) and renormalised over the draft vocabulary (acceptance_rate_renorm).
 #include <catch2/catch.hpp>
 
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "model/draft_model.h"
@@ -343,45 +345,77 @@ TEST_CASE("accuracy through d2t: a wrong d2t counts the wrong ids' hits, fewer",
   }
 }
 
-TEST_CASE("expected acceptance: sum_v min(p, q) over the position-mask rows, per step",
-          "[model][ttt]") {
-  const int64_t V = 20, Vd = 10, B = 2, S = 9, T = 3;
+TEST_CASE(
+    "expected acceptance: SpecForge's (the target's own probabilities) and renormalised, "
+    "against explicit loops in double",
+    "[model][ttt]") {
+  const int64_t V = 20, Vd = 10, B = 2, S = 9, T = 3, H = 8;
   Eagle3Draft model = random_model(config(V, Vd), 11);
   at::Tensor t2d = torch::zeros({V}, torch::kBool);
   t2d.index_put_({torch::randperm(V).narrow(0, 0, Vd)}, true);
   model->set_vocab_mapping(d2t_for(t2d), t2d);
-  const TargetHead head(torch::randn({V, 8}, torch::kDouble), t2d);
+  const at::Tensor weight = torch::randn({V, H}, torch::kDouble);
+  const TargetHead head(weight, t2d);
   const at::Tensor ids = torch::randint(0, V, {B, S}, torch::kLong);
   const at::Tensor mask = torch::ones({B, S}, torch::kLong);
   const at::Tensor loss_mask =
       torch::tensor({0, 1, 1, 1, 1, 0, 1, 1, 0, 1, 1, 1, 1, 1, 1, 0, 0, 0}, torch::kLong)
           .view({B, S});
   const at::Tensor aux = torch::randn({B, S, 24}, torch::kDouble);
-  const at::Tensor target_hidden = torch::randn({B, S, 8}, torch::kDouble);
+  const at::Tensor target_hidden = torch::randn({B, S, H}, torch::kDouble);
   torch::NoGradGuard g;
   LossOptions opt;
   opt.ttt_length = T;
   const auto logits = ttt_logits(*model, ids, mask, aux, T, AttentionImpl::kEfficient);
-  const TargetDistribution dense = head.compute_dense(target_hidden, loss_mask, T);
   const StepOutput r = ttt_step(*model, head, ids, mask, loss_mask, aux, target_hidden, opt);
+  const auto w = weight.accessor<double, 2>();
+  const auto x = target_hidden.accessor<double, 3>();
+  std::vector<int64_t> used;  // draft id j is target id used[j]
+  for (int64_t k = 0; k < V; ++k)
+    if (t2d[k].item<bool>()) used.push_back(k);
   for (int64_t i = 0; i < T; ++i) {
     INFO("step " << i);
-    double sum = 0, positions = 0;
+    const auto z = logits[static_cast<size_t>(i)].accessor<double, 3>();
+    double own = 0, renorm = 0, positions = 0;
     for (int64_t b = 0; b < B; ++b) {
       for (int64_t t = i; t < S; ++t) {
-        if (dense.position_mask[b][t].item<int64_t>() == 0) continue;
-        const at::Tensor q = logits[static_cast<size_t>(i)][b][t - i].softmax(-1);
-        const at::Tensor p = dense.target_p[b][t].to(torch::kDouble);
-        double overlap = 0;
-        for (int64_t v = 0; v < Vd; ++v)
-          overlap += std::min(p[v].item<double>(), q[v].item<double>());
-        sum += overlap;
+        if (loss_mask[b][t].item<int64_t>() == 0) continue;
+        // The target's logits over the full vocabulary, its argmax and its two normalisers.
+        std::vector<double> zt(static_cast<size_t>(V), 0.0);
+        int64_t best = 0;
+        for (int64_t k = 0; k < V; ++k) {
+          for (int64_t h = 0; h < H; ++h) zt[static_cast<size_t>(k)] += x[b][t][h] * w[k][h];
+          if (zt[static_cast<size_t>(k)] > zt[static_cast<size_t>(best)]) best = k;
+        }
+        if (!t2d[best].item<bool>()) continue;  // position_mask 0: the target's token not drafted
+        double full = 0, draft = 0;
+        for (int64_t k = 0; k < V; ++k) full += std::exp(zt[static_cast<size_t>(k)]);
+        for (int64_t k : used) draft += std::exp(zt[static_cast<size_t>(k)]);
+        // The draft's softmax at draft row t - i.
+        std::vector<double> q(static_cast<size_t>(Vd));
+        double qsum = 0;
+        for (int64_t j = 0; j < Vd; ++j)
+          qsum += q[static_cast<size_t>(j)] = std::exp(z[b][t - i][j]);
+        for (int64_t j = 0; j < Vd; ++j) {
+          const double qj = q[static_cast<size_t>(j)] / qsum;
+          const double e = std::exp(zt[static_cast<size_t>(used[static_cast<size_t>(j)])]);
+          own += std::min(e / full, qj);
+          renorm += std::min(e / draft, qj);
+        }
         positions += 1;
       }
     }
     CHECK(positions > 0);
     CHECK(r.position_tokens[i].item<double>() == positions);
-    CHECK(r.accept_rate[i].item<double>() == Approx(sum).epsilon(1e-5));
-    CHECK(r.accept_rate[i].item<double>() <= positions + 1e-4);
+    CHECK(r.accept_rate[i].item<double>() == Approx(own).epsilon(1e-5));
+    CHECK(r.accept_rate_renorm[i].item<double>() == Approx(renorm).epsilon(1e-5));
+    // The target puts mass outside the draft vocabulary here: SpecForge's reads lower.
+    CHECK(own < renorm - 1e-3);
+    CHECK(r.accept_rate_renorm[i].item<double>() <= positions + 1e-4);
   }
+  // A target without the draft vocabulary's mass (a dense TargetDistribution): both the same.
+  const StepOutput d = ttt_step(*model, head.compute_dense(target_hidden, loss_mask, T), ids, mask,
+                                loss_mask, aux, opt);
+  CHECK(torch::equal(d.accept_rate, d.accept_rate_renorm));
+  CHECK((d.accept_rate_renorm - r.accept_rate_renorm).abs().max().item<double>() < 1e-5);
 }

@@ -94,6 +94,8 @@ void check_same(const Run& got, const Run& want) {
   // step's (the GEMM's blocking depends on the row count), so this float agrees within rounding.
   CHECK(max_diff(g.accept_rate, w.accept_rate) <=
         1e-6 * std::max(1.0, w.accept_rate.abs().max().item<double>()));
+  CHECK(max_diff(g.accept_rate_renorm, w.accept_rate_renorm) <=
+        1e-6 * std::max(1.0, w.accept_rate_renorm.abs().max().item<double>()));
   REQUIRE(got.grads.size() == want.grads.size());
   for (size_t k = 0; k < got.grads.size(); ++k) {
     INFO("parameter " << k);

@@ -84,8 +84,9 @@ Doc pack(const std::vector<Doc>& docs, int64_t T, std::vector<int64_t>* lengths)
 
 // What the trainer adds up over a step's micro-batches.
 struct Sums {
-  at::Tensor loss, ploss, correct, loss_tokens, position_tokens, accept_rate, accepted, anchors,
-      chain_hits, draft_accepted, drafts, valid_tokens, batch_acc;
+  at::Tensor loss, objective, ploss, correct, loss_tokens, position_tokens, accept_rate,
+      accept_rate_renorm, accepted, anchors, chain_hits, draft_accepted, drafts, valid_tokens,
+      batch_acc;
   int64_t units = 0;
   std::vector<at::Tensor> grads;
   void add(const StepOutput& o) {
@@ -93,11 +94,13 @@ struct Sums {
       a = a.defined() ? a + b.detach().to(at::kDouble) : b.detach().to(at::kDouble);
     };
     plus(loss, o.loss);
+    plus(objective, o.objective);
     plus(ploss, o.ploss);
     plus(correct, o.correct);
     plus(loss_tokens, o.loss_tokens);
     plus(position_tokens, o.position_tokens);
     plus(accept_rate, o.accept_rate);
+    plus(accept_rate_renorm, o.accept_rate_renorm);
     plus(accepted, o.accepted);
     plus(anchors, o.anchors);
     plus(chain_hits, o.chain_hits);
@@ -151,7 +154,9 @@ void check_same(const Sums& got, const Sums& want) {
   CHECK(got.units == want.units);
   CHECK(rel_diff(got.loss, want.loss) <= 1e-6);
   CHECK(rel_diff(got.ploss, want.ploss) <= 1e-6);
+  CHECK(rel_diff(got.objective, want.objective) <= 1e-6);
   CHECK(rel_diff(got.accept_rate, want.accept_rate) <= 1e-6);
+  CHECK(rel_diff(got.accept_rate_renorm, want.accept_rate_renorm) <= 1e-6);
   CHECK(rel_diff(got.batch_acc, want.batch_acc) <= 1e-6);
   for (auto [name, a, b] :
        {std::tuple<const char*, at::Tensor, at::Tensor>{"correct", got.correct, want.correct},

@@ -1,7 +1,8 @@
 // The metrics report() forms from the step sums (docs/reference.md §5), each against a
 // brute-force count written out here: pooled and per-batch acc_i, simulated_acc_len (as the
-// expectation over every hit/miss pattern), cond_acc_i, acceptance_rate_i, both acceptance
-// lengths; ranks simulated by a communicator that adds another rank's sums; resume sums.
+// expectation over every hit/miss pattern), cond_acc_i, acceptance_rate_i and
+// acceptance_rate_renorm_i, both acceptance lengths, the loss (the micro-batches' objectives per
+// sample); ranks simulated by a communicator that adds another rank's sums; resume sums.
 #include <catch2/catch.hpp>
 
 #include <torch/torch.h>
@@ -11,52 +12,15 @@
 #include <string>
 #include <vector>
 
-#include "comm/communicator.h"
 #include "model/ttt_loss.h"
+#include "support/adding_comm.h"
 #include "train/step_metrics.h"
 
-using fsdp::train::StepMetrics;
-namespace comm = fsdp::comm;
 using fsdp::config::AccuracyAggregation;
+using fsdp::testing::AddingComm;
+using fsdp::train::StepMetrics;
 
 namespace {
-
-struct DoneWork : comm::Work {
-  void wait() override {}
-  bool is_completed() override { return true; }
-};
-
-// all_reduce adds `others` (the other ranks' sums) to the buffer: one process plays all ranks.
-struct AddingComm : comm::Communicator {
-  std::vector<double> others;
-  int rank() const override { return 0; }
-  int size() const override { return 2; }
-  std::string backend() const override { return "test"; }
-  c10::DeviceType device_type() const override { return c10::kCPU; }
-  std::string group_name() const override { return "world"; }
-  comm::WorkPtr all_gather(const at::Tensor&, const at::Tensor&,
-                           const comm::CollectiveOptions&) override {
-    throw std::runtime_error("unused");
-  }
-  comm::WorkPtr reduce_scatter(const at::Tensor&, const at::Tensor&, comm::ReduceOp,
-                               const comm::CollectiveOptions&) override {
-    throw std::runtime_error("unused");
-  }
-  comm::WorkPtr all_reduce(const at::Tensor& t, comm::ReduceOp,
-                           const comm::CollectiveOptions&) override {
-    if (!others.empty()) t.add_(at::tensor(others, t.options()));
-    return std::make_shared<DoneWork>();
-  }
-  comm::WorkPtr broadcast(const at::Tensor&, int, const comm::CollectiveOptions&) override {
-    throw std::runtime_error("unused");
-  }
-  comm::WorkPtr all_to_all(const at::Tensor&, const at::Tensor&,
-                           const comm::CollectiveOptions&) override {
-    throw std::runtime_error("unused");
-  }
-  void barrier(const comm::CollectiveOptions&) override {}
-  void synchronize() override {}
-};
 
 // One micro-batch's sums for T steps.
 struct Micro {
@@ -74,6 +38,9 @@ fsdp::model::StepOutput output(const Micro& m) {
   o.loss_tokens = f(m.tokens);
   o.position_tokens = f(m.positions);
   o.accept_rate = f(m.accept_rate);
+  o.accept_rate_renorm = f(m.accept_rate) * 1.25;  // at least accept_rate, as the real one
+  // Unlike any fixed weighting of ploss (0.5 at every step): the loss is the objectives' mean.
+  o.objective = torch::scalar_tensor(1.0 + 0.1 * m.drafts, torch::kFloat);
   o.chain_hits = f(m.chain_hits);
   o.accepted = o.chain_hits.sum();
   o.anchors = s(m.anchors);
@@ -133,6 +100,8 @@ TEST_CASE("step metrics: each formula against a brute-force count, pooled over r
       CHECK(r.at("eval/acc_" + std::to_string(i)) == Approx(acc[i]).epsilon(1e-6));
       CHECK(r.at("eval/acceptance_rate_" + std::to_string(i)) ==
             Approx(rate / positions).epsilon(1e-12));
+      CHECK(r.at("eval/acceptance_rate_renorm_" + std::to_string(i)) ==
+            Approx(1.25 * rate / positions).epsilon(1e-6));
       // cond_acc_i: of the chains alive before step i (all anchors at i = 0), those alive after.
       double before = 0, after = 0;
       for (const Micro& m : all) {
@@ -170,7 +139,9 @@ TEST_CASE("step metrics: each formula against a brute-force count, pooled over r
     }
     CHECK(r.at("eval/accept_len") == Approx(1 + drafted / drafts).epsilon(1e-12));
     CHECK(r.at("eval/accept_len_all_anchors") == Approx(1 + anchored / anchors).epsilon(1e-12));
-    CHECK(r.at("eval/loss") == Approx(0.5 * (1 + 0.8 + 0.64)).epsilon(1e-9));
+    double objective = 0;
+    for (const Micro& m : all) objective += 1.0 + 0.1 * double{m.drafts};
+    CHECK(r.at("eval/loss") == Approx(objective / static_cast<double>(all.size())).epsilon(1e-6));
   }
 }
 
@@ -185,6 +156,7 @@ TEST_CASE("step metrics: no drafts, no anchors: those metrics are absent", "[tra
   CHECK(r.count("train/cond_acc_0") == 0);
   CHECK(r.at("train/acc_1") == 0);  // no tokens: 0 / max(0, 1e-6)
   CHECK(r.at("train/acceptance_rate_1") == 0);
+  CHECK(r.at("train/acceptance_rate_renorm_1") == 0);
   CHECK(r.at("train/simulated_acc_len") == 0);
 }
 
@@ -196,7 +168,7 @@ TEST_CASE("step metrics: a checkpoint's sums continue the epoch; older layouts a
   for (const Micro& m : kMicros) whole.add(output(m));
   first.add(output(kMicros[0]));
   const std::vector<double> saved = first.global_sums(self);
-  CHECK(saved.size() == static_cast<size_t>(7 * T + 6));
+  CHECK(saved.size() == static_cast<size_t>(9 * T + 8));
   resumed.add_sums(saved);
   resumed.add(output(kMicros[1]));
   const auto want = as_map(whole.report(self, "train_epoch"));
@@ -213,6 +185,20 @@ TEST_CASE("step metrics: a checkpoint's sums continue the epoch; older layouts a
   const auto o = as_map(old.report(self, "train_epoch"));
   CHECK(o.at("train_epoch/acc_0") == Approx(want.at("train_epoch/acc_0")).epsilon(1e-12));
   CHECK(o.at("train_epoch/accept_len") == Approx(1 + 40.0 / 30.0).epsilon(1e-12));
+  // A checkpoint of the 7T + 6 layout (before the logged objective and SpecForge's acceptance
+  // rate): its acceptance sums are the renormalised ones and continue; the loss and
+  // acceptance_rate_i count from the resume on.
+  StepMetrics before(T);
+  before.add_sums(std::vector<double>(saved.begin(), saved.begin() + 7 * T + 6));
+  before.add(output(kMicros[1]));
+  const auto b = as_map(before.report(self, "train_epoch"));
+  for (int64_t i = 0; i < T; ++i) {
+    const std::string renorm = "train_epoch/acceptance_rate_renorm_" + std::to_string(i);
+    CHECK(b.at(renorm) == Approx(want.at(renorm)).epsilon(1e-12));
+    CHECK(b.at("train_epoch/acceptance_rate_" + std::to_string(i)) ==
+          Approx(double{kMicros[1].accept_rate[i]} / kMicros[1].positions[i]).epsilon(1e-12));
+  }
+  CHECK(b.at("train_epoch/loss") == Approx(1.0 + 0.1 * 30).epsilon(1e-6));
   // Any other length is ignored.
   StepMetrics odd(T);
   odd.add_sums(std::vector<double>(5, 1.0));
