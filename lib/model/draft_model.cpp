@@ -466,6 +466,31 @@ const std::vector<std::string>& lora_target_names() {
   return names;
 }
 
+ProjectionShape projection_shape(const DraftConfig& cfg, const std::string& target) {
+  const int64_t H = cfg.hidden_size, I = cfg.intermediate_size;
+  if (target == "q_proj") return {2 * H, cfg.q_out_features()};
+  if (target == "k_proj" || target == "v_proj") return {2 * H, cfg.kv_out_features()};
+  if (target == "o_proj") return {cfg.q_out_features(), H};
+  if (target == "gate_proj" || target == "up_proj") return {H, I};
+  FSDP_USAGE_CHECK(target == "down_proj", fsdp::str("unknown LoRA target '", target, "'"),
+                   "--lora-targets takes q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, "
+                   "down_proj");
+  return {I, H};
+}
+
+void check_lora_rank(const DraftConfig& cfg, int64_t rank,
+                     const std::vector<std::string>& targets) {
+  for (const auto& t : targets) {
+    const ProjectionShape p = projection_shape(cfg, t);
+    const int64_t limit = std::min(p.in, p.out);
+    FSDP_USAGE_CHECK(
+        rank <= limit,
+        fsdp::str("--lora-rank ", rank, " is above min(in, out) = ", limit, " of ", t, " (", p.in,
+                  " -> ", p.out, " features in this draft)"),
+        fsdp::str("give --lora-rank at most ", limit, ", or drop ", t, " from --lora-targets"));
+  }
+}
+
 void Eagle3DraftImpl::enable_lora(int64_t rank, double alpha,
                                   const std::vector<std::string>& targets) {
   FSDP_USAGE_CHECK(rank >= 1, fsdp::str("LoRA rank must be >= 1, got ", rank),

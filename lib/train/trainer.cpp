@@ -119,6 +119,8 @@ void Trainer::Impl::setup() {
                      << config::to_display(cfg);
   }
   draft_cfg = model::load_draft_config(cfg.model.draft_model_config);
+  if (cfg.model.lora_rank > 0)
+    model::check_lora_rank(draft_cfg, cfg.model.lora_rank, cfg.model.lora_targets);
   if (sp > 1) {
     // Ulysses gives each rank of a group heads / sp attention heads and key/value heads.
     FSDP_USAGE_CHECK(

@@ -148,3 +148,38 @@ TEST_CASE("LoRA: the merged weights compute the adapted draft (float32 1e-6, flo
                                            {"x.weight", torch::zeros({4, 3})}};
   CHECK_THROWS_WITH(merge_lora(broken, 1.0), Catch::Contains("x.lora_B.weight"));
 }
+
+TEST_CASE("LoRA: a rank above min(in, out) of a target is refused naming both numbers",
+          "[model][lora]") {
+  const DraftConfig c = config(2);
+  // The shapes the check uses are the ones the layers are built with.
+  Eagle3Draft m(c);
+  for (const auto& p : m->named_parameters()) {
+    const std::string& name = p.key();
+    for (const auto& t : lora_target_names()) {
+      if (name.find("." + t + ".weight") == std::string::npos) continue;
+      INFO(name);
+      const ProjectionShape s = projection_shape(c, t);
+      CHECK(p.value().size(0) == s.out);
+      CHECK(p.value().size(1) == s.in);
+    }
+  }
+  // small_draft: k_proj and v_proj are 32 -> 8, every other projection has min(in, out) 16.
+  check_lora_rank(c, 8, {"k_proj", "v_proj"});
+  check_lora_rank(c, 16, {"q_proj", "o_proj", "gate_proj", "up_proj", "down_proj"});
+  const auto refused = [&](int64_t rank, const std::vector<std::string>& targets,
+                           const std::string& projection, const std::string& limit) {
+    try {
+      check_lora_rank(c, rank, targets);
+      FAIL("rank " << rank << " was accepted");
+    } catch (const fsdp::UsageError& e) {
+      const std::string text = e.message() + " | " + e.hint();
+      INFO(text);
+      CHECK(text.find("--lora-rank " + std::to_string(rank)) != std::string::npos);
+      CHECK(text.find("= " + limit) != std::string::npos);
+      CHECK(text.find(projection) != std::string::npos);
+    }
+  };
+  refused(9, {"q_proj", "k_proj"}, "k_proj", "8");
+  refused(17, {"down_proj"}, "down_proj", "16");
+}
