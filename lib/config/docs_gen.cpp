@@ -64,12 +64,12 @@ std::string default_cell(const OptionSpec& s) {
   return "`" + s.default_text() + "`";
 }
 
-// " Requires `--lora-rank`." for an option that means nothing without another.
+// "; requires `--lora-rank`" for an option that means nothing without another.
 std::string requires_text(const OptionSpec& s) {
   if (!s.depends_on) return "";
-  std::string t = " Requires `" + s.depends_on->text() + "`";
+  std::string t = "; requires `" + s.depends_on->text() + "`";
   if (!s.depends_on->inert_value.empty()) t += " (unless `" + s.depends_on->inert_value + "`)";
-  return t + ".";
+  return t;
 }
 
 }  // namespace
@@ -111,8 +111,8 @@ std::string configuration_markdown() {
         "(given twice, or a directory, it is an error); flags after it override single keys.\n\n"
      << "## Options that need another\n\n"
      << "Some options mean something only together with another one, their primary: the "
-        "meaning column says \"Requires `--lora-rank`\" (the primary must be on: true, "
-        "non-zero, a path) or \"Requires `--report-to wandb`\" (the primary must have that "
+        "meaning column says \"requires `--lora-rank`\" (the primary must be on: true, "
+        "non-zero, a path) or \"requires `--report-to wandb`\" (the primary must have that "
         "value). Giving such an option explicitly without its primary, as a flag, a key of a "
         "`--config` file or a key of SpecForge's typed schema, stops the run at start-up with "
         "exit code 2 and a message naming the primary: the option would silently do nothing. "
