@@ -471,13 +471,6 @@ void Trainer::Impl::build_model() {
 
   shard::EngineOptions eo = engine_options(cfg, device);
   eo.units = draft->unit_names();  // one unit per decoder layer of a multi-layer draft
-  if (cfg.shard.reshard_between_uses && eo.strategy != shard::Strategy::kFullShard &&
-      eo.strategy != shard::Strategy::kHybridShard) {
-    FSDP_LOG0(kWarn) << "--reshard-between-uses has no effect with --sharding-strategy "
-                     << config::to_string(cfg.shard.strategy)
-                     << " (parameters stay gathered through the forward); it applies to "
-                        "full_shard and hybrid_shard";
-  }
   eo.validate();
   auto groups = shard::make_comm_groups(eo.strategy, device);
   engine = std::make_unique<shard::ShardEngine>(*draft, groups, eo);

@@ -52,7 +52,9 @@ std::vector<std::string> primary_off(const OptionDependency& d) {
 }
 
 void validate_given(const CommandLineValues& cli) {
-  const TrainConfig c = resolve(cli);
+  ResolveOptions ro;
+  ro.world_size = 1;  // a typed file's per-rank batch becomes the global batch
+  const TrainConfig c = resolve(cli, ro);
   ValidateOptions vo;
   vo.check_paths = false;
   validate(c, 1, vo);
