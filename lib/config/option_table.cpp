@@ -611,12 +611,11 @@ void add_data_rows(std::vector<OptionSpec>& t) {
                              "give --noise-std 0 (off) or a small positive value, e.g. 0.05 "
                              "(speculators' default); at most 100",
                              100);
-  t.push_back(row<NoiseType>(
-      "noise-type", K::kEnum, da,
-      "distribution of --noise-std's noise: uniform, U(-std, std) as speculators' "
-      "AddUniformNoise (standard deviation std/sqrt(3)), or gaussian, N(0, std^2); no effect "
-      "with --noise-std 0",
-      FIELD(data.noise_type)));
+  t.push_back(
+      row<NoiseType>("noise-type", K::kEnum, da,
+                     "distribution of --noise-std's noise: uniform, U(-std, std) as speculators' "
+                     "AddUniformNoise (standard deviation std/sqrt(3)), or gaussian, N(0, std^2)",
+                     FIELD(data.noise_type)));
   needs(t, "noise-std");
 }
 
@@ -1096,43 +1095,6 @@ std::string OptionSpec::default_text() const {
   if (v.is_null) return "none";
   if (v.text.empty()) return "\"\"";
   return v.text;
-}
-
-std::string OptionDependency::text() const {
-  std::string t = "--" + option;
-  for (size_t i = 0; i < values.size(); ++i) t += (i ? " or " : " ") + values[i];
-  return t;
-}
-
-bool OptionSpec::is_on(const TrainConfig& cfg, const std::vector<std::string>& values) const {
-  const OptionValue v = get(cfg);
-  if (!values.empty()) {
-    const auto listed = [&](const std::string& x) {
-      return kind == OptionKind::kList ? std::find(v.list.begin(), v.list.end(), x) != v.list.end()
-                                       : detail::to_lower(v.text) == x;
-    };
-    return std::any_of(values.begin(), values.end(), listed);
-  }
-  if (kind == OptionKind::kList) return !v.list.empty();
-  const std::string t = detail::to_lower(v.text);
-  return !v.is_null && !t.empty() && t != "none" && v.text != default_text();
-}
-
-bool OptionSpec::is_meaningful(const TrainConfig& cfg) const {
-  return !depends_on || option(depends_on->option).is_on(cfg, depends_on->values);
-}
-
-void check_option_dependencies(const TrainConfig& cfg) {
-  for (const OptionSpec& spec : option_table()) {
-    const auto given = cfg.given_options.find(spec.name);
-    if (given == cfg.given_options.end() || spec.is_meaningful(cfg)) continue;
-    const OptionDependency& dep = *spec.depends_on;
-    if (!dep.inert_value.empty() && detail::to_lower(spec.get(cfg).text) == dep.inert_value)
-      continue;
-    const std::string where = given->second == spec.flag() ? "" : " (set by " + given->second + ")";
-    FSDP_USAGE_CHECK(false, str(spec.flag(), where, " has no effect without ", dep.text()),
-                     str("give ", dep.text(), " too, or drop ", spec.flag()));
-  }
 }
 
 std::string NumericBounds::text(bool integer) const {
