@@ -57,6 +57,7 @@ void add_train_options(CLI::App& app, TrainOptionsBinding* binding) {
   for (const auto& spec : option_table()) {
     if (app.get_option_no_throw(spec.flag()) != nullptr) continue;
     std::string desc = spec.help;
+    if (spec.depends_on) desc += " (requires " + spec.depends_on->text() + ")";
     if (!spec.secret && !spec.cli_only) desc += " [default: " + spec.default_text() + "]";
     CLI::Option* opt = nullptr;
     switch (spec.kind) {

@@ -64,6 +64,14 @@ std::string default_cell(const OptionSpec& s) {
   return "`" + s.default_text() + "`";
 }
 
+// "; requires `--lora-rank`" for an option that means nothing without another.
+std::string requires_text(const OptionSpec& s) {
+  if (!s.depends_on) return "";
+  std::string t = "; requires `" + s.depends_on->text() + "`";
+  if (!s.depends_on->inert_value.empty()) t += " (unless `" + s.depends_on->inert_value + "`)";
+  return t;
+}
+
 }  // namespace
 
 std::string configuration_markdown() {
@@ -100,7 +108,17 @@ std::string configuration_markdown() {
         "run (its own --output-dir holds its checkpoints, so a fresh start there is refused), "
         "and `fsdp-train --config outputs/run1/run_config.yaml --resume` continues it in place, "
         "from any directory: its paths are written absolute. `--config` takes one file "
-        "(given twice, or a directory, it is an error); flags after it override single keys.\n";
+        "(given twice, or a directory, it is an error); flags after it override single keys.\n\n"
+     << "## Options that need another\n\n"
+     << "Some options mean something only together with another one, their primary: the "
+        "meaning column says \"requires `--lora-rank`\" (the primary must be on: true, "
+        "non-zero, a path) or \"requires `--report-to wandb`\" (the primary must have that "
+        "value). Giving such an option explicitly without its primary, as a flag, a key of a "
+        "`--config` file or a key of SpecForge's typed schema, stops the run at start-up with "
+        "exit code 2 and a message naming the primary: the option would silently do nothing. "
+        "A switch given as `false`, and the values the column names after \"unless\", ask for "
+        "nothing and are accepted alone. Defaults never count, and a saved `run_config.yaml` "
+        "leaves out the options whose primary is off, so it reads back as it was written.\n";
   std::string group;
   for (const auto& spec : option_table()) {
     if (spec.group != group) {
@@ -111,7 +129,7 @@ std::string configuration_markdown() {
     }
     os << "| " << (spec.cli_only ? "-" : "`" + spec.yaml_key() + "`") << " | `" << spec.flag()
        << "` | " << cell(type_cell(spec)) << " | " << cell(default_cell(spec)) << " | "
-       << cell(spec.help) << " |\n";
+       << cell(spec.help + requires_text(spec)) << " |\n";
   }
   return os.str();
 }
@@ -170,7 +188,7 @@ std::string usage_flags_markdown() {
         os << " TEXT";
         break;
     }
-    os << "`: " << spec.help;
+    os << "`: " << spec.help << requires_text(spec);
     if (!spec.secret && !spec.cli_only) os << " (default `" << spec.default_text() << "`)";
     os << "\n";
   }

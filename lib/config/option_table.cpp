@@ -447,6 +447,15 @@ NumericBounds at_least(double lo, bool lo_open, std::string hint,
 
 using K = OptionKind;
 
+// Declares that the last row means something only with `primary` on (options.h
+// OptionDependency). A switch given as false asks for nothing, so it needs no primary.
+void needs(std::vector<OptionSpec>& t, std::string primary, std::vector<std::string> values = {},
+           std::string inert_value = "") {
+  OptionSpec& s = t.back();
+  if (inert_value.empty() && s.kind == K::kBool) inert_value = "false";
+  s.depends_on = OptionDependency{std::move(primary), std::move(values), std::move(inert_value)};
+}
+
 // The run file and the DeepSpeed config it may be translated from.
 void add_config_file_rows(std::vector<OptionSpec>& t) {
   const std::string cf = "Configuration files";
@@ -525,7 +534,9 @@ void add_model_rows(std::vector<OptionSpec>& t) {
                           "LoRA alpha: the adapters are scaled by alpha / rank",
                           FIELD(model.lora_alpha)));
   t.back().bounds = at_least(0, true, "give a positive alpha, e.g. 16 or 2 x the rank");
+  needs(t, "lora-rank");
   t.push_back(lora_targets_row());
+  needs(t, "lora-rank");
   t.push_back(row<int64_t>("ttt-length", K::kInt, md, "test-time-training unroll steps T",
                            FIELD(model.ttt_length)));
   t.back().bounds = whole(1, 64, "", "EAGLE3 uses 7; give 1 to 64");
@@ -600,12 +611,12 @@ void add_data_rows(std::vector<OptionSpec>& t) {
                              "give --noise-std 0 (off) or a small positive value, e.g. 0.05 "
                              "(speculators' default); at most 100",
                              100);
-  t.push_back(row<NoiseType>(
-      "noise-type", K::kEnum, da,
-      "distribution of --noise-std's noise: uniform, U(-std, std) as speculators' "
-      "AddUniformNoise (standard deviation std/sqrt(3)), or gaussian, N(0, std^2); no effect "
-      "with --noise-std 0",
-      FIELD(data.noise_type)));
+  t.push_back(
+      row<NoiseType>("noise-type", K::kEnum, da,
+                     "distribution of --noise-std's noise: uniform, U(-std, std) as speculators' "
+                     "AddUniformNoise (standard deviation std/sqrt(3)), or gaussian, N(0, std^2)",
+                     FIELD(data.noise_type)));
+  needs(t, "noise-std");
 }
 
 // Epochs, batch sizes, step counts, seed and loss normalisation.
@@ -647,6 +658,7 @@ void add_training_rows(std::vector<OptionSpec>& t) {
                            "--draft-micro-batch-size",
                            FIELD(loop.packing_budget)));
   t.back().bounds = whole(0, int64_t{1} << 24, " (0: max length x micro-batch size)");
+  needs(t, "packing");
   t.push_back(row<std::optional<int64_t>>(
       "gradient-accumulation-steps", K::kOptInt, tr,
       "micro-batches per optimizer step; default: global / (ranks * micro); when given it must "
@@ -689,10 +701,12 @@ void add_training_rows(std::vector<OptionSpec>& t) {
   t.push_back(row<double>("kl-scale", K::kFloat, tr, "LK lambda: scale of the loss's weight",
                           FIELD(loop.kl_scale)));
   t.back().bounds = at_least(0, false, "give a scale >= 0, e.g. 1.0");
+  needs(t, "lk-loss-type", {"lambda"});
   t.push_back(row<double>("kl-decay", K::kFloat, tr,
                           "LK lambda: decay of the loss's weight with the acceptance rate",
                           FIELD(loop.kl_decay)));
   t.back().bounds = at_least(0, false, "give a decay >= 0, e.g. 1.0");
+  needs(t, "lk-loss-type", {"lambda"});
   t.push_back(row<bool>("eval-only", K::kBool, tr,
                         "evaluate the initial or resumed weights, print the metrics and exit",
                         FIELD(loop.eval_only)));
@@ -759,6 +773,7 @@ void add_sharding_rows(std::vector<OptionSpec>& t) {
                         "ttt_length uses per forward (least memory, ttt_length times the forward "
                         "all-gathers); default keeps it gathered from its first to its last use",
                         FIELD(shard.reshard_between_uses)));
+  needs(t, "sharding-strategy", {"full_shard", "hybrid_shard"});
 }
 
 // Where and when checkpoints are written, kept and resumed from.
@@ -793,6 +808,7 @@ void add_checkpoint_rows(std::vector<OptionSpec>& t) {
                         "with --lora-rank: also write the adapters alone in PEFT's layout "
                         "(<checkpoint>/adapter: adapter_config.json, adapter_model.safetensors)",
                         FIELD(checkpoint.export_lora_adapters)));
+  needs(t, "lora-rank");
   t.push_back(row<std::string>(
       "export-rope-scaling", K::kString, ck,
       "RoPE scaling written into exports (both rope_scaling and rope_parameters), e.g. "
@@ -810,6 +826,7 @@ void add_checkpoint_rows(std::vector<OptionSpec>& t) {
       "records it; names with \"loss\" are minimised, others maximised), e.g. eval/acc_0, "
       "eval/loss; none: off",
       FIELD(checkpoint.save_best_by)));
+  needs(t, "eval-hidden-states-path", {}, "none");
   t.push_back(resume_row());
 }
 
@@ -819,10 +836,12 @@ void add_evaluation_rows(std::vector<OptionSpec>& t) {
   t.push_back(row<int64_t>("eval-interval", K::kInt, ev, "evaluate every N epochs (0: off)",
                            FIELD(eval.eval_interval)));
   t.back().bounds = whole(0, kMaxEpochs, " (0: off)");
+  needs(t, "eval-hidden-states-path", {}, "0");
   t.push_back(row<int64_t>("eval-steps", K::kInt, ev,
                            "also evaluate every N optimizer steps (0: off)",
                            FIELD(eval.eval_steps)));
   t.back().bounds = whole(0, kMaxSteps, " (0: off)");
+  needs(t, "eval-hidden-states-path", {}, "0");
 }
 
 // Metric cadence, sinks (TensorBoard, W&B), MFU peak and log level.
@@ -836,35 +855,44 @@ void add_logging_rows(std::vector<OptionSpec>& t) {
   t.push_back(row<std::string>("tensorboard-dir", K::kPath, lg,
                                "TensorBoard event directory (default: <output-dir>/tensorboard)",
                                FIELD(metrics.tensorboard_dir)));
+  needs(t, "report-to", {"tensorboard"});
   t.push_back(row<std::string>("wandb-project", K::kString, lg, "W&B project (default: fsdp-train)",
                                FIELD(metrics.wandb_project)));
+  needs(t, "report-to", {"wandb"});
   t.push_back(
       row<std::string>("wandb-name", K::kString, lg, "W&B run name", FIELD(metrics.wandb_name)));
+  needs(t, "report-to", {"wandb"});
   t.push_back(row<bool>("wandb-offline", K::kBool, lg,
                         "run W&B offline (WANDB_MODE=offline for the W&B side process; sync "
                         "later with wandb sync)",
                         FIELD(metrics.wandb_offline)));
+  needs(t, "report-to", {"wandb"});
   t.push_back(row<std::string>("wandb-dir", K::kPath, lg,
                                "directory W&B writes its run files under (default: --output-dir)",
                                FIELD(metrics.wandb_dir)));
+  needs(t, "report-to", {"wandb"});
   t.push_back(row<std::string>("wandb-key", K::kString, lg,
                                "W&B API key (prefer the WANDB_API_KEY environment variable); "
                                "never printed, logged or saved",
                                FIELD(metrics.wandb_key)));
   t.back().cli_only = true;
   t.back().secret = true;
+  needs(t, "report-to", {"wandb"});
   t.push_back(row<std::string>(
       "mlflow-tracking-uri", K::kString, lg,
       "MLflow tracking server or store (default: MLFLOW_TRACKING_URI, else a file store in "
       "<output-dir>/mlruns); credentials go in MLFLOW_TRACKING_TOKEN or _USERNAME/_PASSWORD",
       FIELD(metrics.mlflow_tracking_uri)));
+  needs(t, "report-to", {"mlflow"});
   t.push_back(
       row<std::string>("mlflow-experiment-name", K::kString, lg,
                        "MLflow experiment (default: MLFLOW_EXPERIMENT_NAME, else fsdp-train)",
                        FIELD(metrics.mlflow_experiment_name)));
+  needs(t, "report-to", {"mlflow"});
   t.push_back(row<std::string>("mlflow-run-name", K::kString, lg,
                                "MLflow run name (default: MLFLOW_RUN_NAME, else MLflow picks one)",
                                FIELD(metrics.mlflow_run_name)));
+  needs(t, "report-to", {"mlflow"});
   t.push_back(row<std::optional<double>>(
       "mfu-peak-tflops", K::kOptFloat, lg,
       "peak TFLOP/s per device for MFU; default: known GPUs (H100/H200 989, A100 312), n/a on CPU",
@@ -893,15 +921,19 @@ void add_profiling_rows(std::vector<OptionSpec>& t) {
                            "the optimizer step after which profiling starts",
                            FIELD(profile.start_step)));
   t.back().bounds = whole(0, kMaxSteps);
+  needs(t, "profile");
   t.push_back(row<int64_t>("profile-num-steps", K::kInt, pf, "optimizer steps to profile",
                            FIELD(profile.num_steps)));
   t.back().bounds = whole(1, 10000);
+  needs(t, "profile");
   t.push_back(row<bool>("profile-record-shapes", K::kBool, pf,
                         "record operator input shapes in the trace", FIELD(profile.record_shapes)));
+  needs(t, "profile");
   t.push_back(row<std::string>("profile-dir", K::kPath, pf,
                                "trace directory (default: $SGLANG_TORCH_PROFILER_DIR when set, "
                                "else <output-dir>/profile)",
                                FIELD(profile.dir)));
+  needs(t, "profile");
 }
 
 // Device, threads, where step scalars live and the collective timeout.

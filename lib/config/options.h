@@ -65,6 +65,21 @@ struct NumericBounds {
   std::string text(bool integer) const;
 };
 
+// What an option needs to mean anything: the option (the primary) that must be on. An option
+// given explicitly (flag, YAML key, key of SpecForge's typed schema) while its primary is off is a
+// usage error naming the primary (validate(), train_config.h); a defaulted one is never checked.
+struct OptionDependency {
+  std::string option;  // the primary's name, e.g. "lora-rank"
+  // Values of the primary that turn this option on (a list primary: one of them listed); empty:
+  // any value but the primary's default, "" and "none" (true, non-zero, a path).
+  std::vector<std::string> values;
+  // A value of this option that asks for nothing and is accepted without the primary ("0" for
+  // --eval-steps: evaluation off); empty: none.
+  std::string inert_value;
+  // "--lora-rank", "--report-to wandb", "--sharding-strategy full_shard or hybrid_shard".
+  std::string text() const;
+};
+
 struct OptionSpec {
   std::string name;  // flag without dashes, e.g. "draft-micro-batch-size"
   OptionKind kind;
@@ -80,7 +95,8 @@ struct OptionSpec {
   // ("--learning-rate" or "run.yaml:12 learning_rate").
   std::function<void(TrainConfig&, const OptionValue&, const std::string& source)> set;
   std::function<OptionValue(const TrainConfig&)> get;
-  std::optional<NumericBounds> bounds;  // numeric kinds only; unset: any representable value
+  std::optional<NumericBounds> bounds;         // numeric kinds only; unset: any representable value
+  std::optional<OptionDependency> depends_on;  // unset: meaningful on its own
 
   // Throw a UsageError naming `source` (default: the flag) when the value is out of bounds.
   void check_int(int64_t v, const std::string& source = "") const;
@@ -92,7 +108,16 @@ struct OptionSpec {
   std::string yaml_key() const;
   // The default as shown in --help and docs ("16", "none", "[]").
   std::string default_text() const;
+  // Whether `cfg` turns this option on in the sense of a dependent's OptionDependency::values.
+  bool is_on(const TrainConfig& cfg, const std::vector<std::string>& values) const;
+  // False when this option depends on a primary that `cfg` leaves off (it then means nothing:
+  // the saved configuration leaves it out).
+  bool is_meaningful(const TrainConfig& cfg) const;
 };
+
+// The dependency rule over the whole table: every option in `cfg.given_options` whose primary
+// `cfg` leaves off is a UsageError naming both (validate() calls it).
+void check_option_dependencies(const TrainConfig& cfg);
 
 // The table, in the order of --help and the docs.
 const std::vector<OptionSpec>& option_table();

@@ -82,6 +82,7 @@ TrainConfig resolve(const CommandLineValues& cli, const ResolveOptions& options)
     explicit_names = std::move(file.set_options);
     per_rank_batch = file.specforge_schema;
     cfg.config_file = cli.config_file;
+    for (const auto& name : explicit_names) cfg.given_options[name] = cli.config_file;
     for (const auto& line : file.report) {
       if (options.report) {
         options.report->push_back(line);
@@ -106,6 +107,7 @@ TrainConfig resolve(const CommandLineValues& cli, const ResolveOptions& options)
       if (aliases) check_alias_agrees(*spec, value, cli);
       spec->set(cfg, value, spec->flag());
       explicit_names.push_back(spec->alias_of.empty() ? spec->name : spec->alias_of);
+      cfg.given_options[explicit_names.back()] = spec->flag();
     }
   }
   // SpecForge resolves repository ids through the Hugging Face cache and makes a draft config

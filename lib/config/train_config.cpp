@@ -152,6 +152,8 @@ void validate(const TrainConfig& cfg, int world_size, const ValidateOptions& opt
   for (const OptionSpec& spec : option_table()) {
     if (spec.alias_of.empty() && !spec.cli_only) spec.check_value(cfg);
   }
+  // An option given without the one it depends on would do nothing (options.h).
+  check_option_dependencies(cfg);
   if (train) batch_plan(cfg, world_size);    // an evaluation only needs a micro-batch
   model::parse_loss_spec(cfg.loop.loss_fn);  // a bad --loss-fn fails before anything is loaded
   if (cfg.loop.packing && cfg.loop.packing_budget > 0) {

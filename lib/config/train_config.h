@@ -235,6 +235,10 @@ struct TrainConfig {
   // Flags of other SpecForge versions that have no effect here (--tp-size 1, --cache-key, ...):
   // flag name -> value as given, validated when set and recorded in the run metadata.
   std::map<std::string, std::string> specforge_flags;
+  // Options the user gave explicitly (resolve() fills it): option name -> where ("--lora-alpha",
+  // "run.yaml"). Defaults and ds_config translations are not in it. The dependency rule
+  // (options.h OptionDependency) checks only these; never saved.
+  std::map<std::string, std::string> given_options;
 
   bool reports_to(const std::string& sink) const;
 };

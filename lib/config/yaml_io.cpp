@@ -204,7 +204,9 @@ std::string to_yaml(const TrainConfig& cfg) {
   out << YAML::BeginMap;
   std::string group;
   for (const auto& spec : option_table()) {
-    if (!saved(spec)) continue;
+    // An option whose primary is off would be an error when the file is read back (--config
+    // run_config.yaml): it means nothing, so it is left out.
+    if (!saved(spec) || !spec.is_meaningful(cfg)) continue;
     if (spec.group != group) {
       // A comment after a value stays on its line: a blank line first puts it above the group.
       if (!group.empty()) out << YAML::Newline;

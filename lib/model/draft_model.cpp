@@ -466,6 +466,34 @@ const std::vector<std::string>& lora_target_names() {
   return names;
 }
 
+ProjectionShape projection_shape(const DraftConfig& cfg, const std::string& target, int64_t layer) {
+  const int64_t H = cfg.hidden_size, I = cfg.intermediate_size;
+  const int64_t attn_in = layer == 0 ? 2 * H : H;  // the first layer's attention reads [e; h]
+  if (target == "q_proj") return {attn_in, cfg.q_out_features()};
+  if (target == "k_proj" || target == "v_proj") return {attn_in, cfg.kv_out_features()};
+  if (target == "o_proj") return {cfg.q_out_features(), H};
+  if (target == "gate_proj" || target == "up_proj") return {H, I};
+  FSDP_CHECK(target == "down_proj", fsdp::str("unknown LoRA target '", target, "'"),
+             "name a projection of lora_target_names()");
+  return {I, H};
+}
+
+void check_lora_rank(const DraftConfig& cfg, int64_t rank,
+                     const std::vector<std::string>& targets) {
+  // Every later layer has the same shapes, so layers 0 and 1 cover the draft.
+  for (int64_t layer = 0; layer < std::min<int64_t>(cfg.num_hidden_layers, 2); ++layer) {
+    for (const auto& t : targets) {
+      const ProjectionShape p = projection_shape(cfg, t, layer);
+      const int64_t limit = std::min(p.in, p.out);
+      FSDP_USAGE_CHECK(
+          rank <= limit,
+          fsdp::str("--lora-rank ", rank, " is above min(in, out) = ", limit, " of ", t, " (", p.in,
+                    " -> ", p.out, " features in decoder layer ", layer, " of this draft)"),
+          fsdp::str("give --lora-rank at most ", limit, ", or drop ", t, " from --lora-targets"));
+    }
+  }
+}
+
 void Eagle3DraftImpl::enable_lora(int64_t rank, double alpha,
                                   const std::vector<std::string>& targets) {
   FSDP_USAGE_CHECK(rank >= 1, fsdp::str("LoRA rank must be >= 1, got ", rank),

@@ -285,6 +285,18 @@ bool is_lora_tensor(const std::string& name);
 // The LoRA target names enable_lora accepts, in PEFT's usual order.
 const std::vector<std::string>& lora_target_names();
 
+// In and out features of the projection `target` (a lora_target_names() name) in decoder layer
+// `layer` of a draft built from `cfg`: the first layer's q/k/v read the 2H concatenation of
+// embedding and hidden state, every later layer's read H.
+struct ProjectionShape {
+  int64_t in = 0, out = 0;
+};
+ProjectionShape projection_shape(const DraftConfig& cfg, const std::string& target, int64_t layer);
+// A LoRA rank above min(in, out) of a targeted projection in any layer is no low-rank update
+// (and PEFT refuses to load it): a UsageError naming --lora-rank, the projection and both
+// numbers. Run at start-up, from the draft config alone, before anything is loaded.
+void check_lora_rank(const DraftConfig& cfg, int64_t rank, const std::vector<std::string>& targets);
+
 // Folds LoRA adapters into their base weights in `state` (a full state dict by parameter name):
 // for every "<p>.lora_A.weight" with "<p>.lora_B.weight", "<p>.weight" becomes
 // W + scale * B A (computed in float64, stored in W's dtype) and the adapter tensors are removed.

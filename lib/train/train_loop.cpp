@@ -542,9 +542,6 @@ RunResult Trainer::Impl::train() {
                                                                             : " N(0, s^2)")
                      << ", s = " << cfg.data.noise_std
                      << ", on the aux hidden states of training samples";
-  } else if (cfg.data.noise_type != config::NoiseType::kUniform) {
-    FSDP_LOG0(kWarn) << "--noise-type " << config::to_string(cfg.data.noise_type)
-                     << " has no effect with --noise-std 0 (no noise is added)";
   }
   const int64_t per_epoch = loader->batches_per_epoch();
   const int64_t steps_per_epoch = check_epoch(per_epoch);

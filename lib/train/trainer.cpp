@@ -126,6 +126,8 @@ void Trainer::Impl::setup() {
                      << config::to_display(cfg);
   }
   draft_cfg = model::load_draft_config(cfg.model.draft_model_config);
+  if (cfg.model.lora_rank > 0)
+    model::check_lora_rank(draft_cfg, cfg.model.lora_rank, cfg.model.lora_targets);
   if (sp > 1) {
     // Ulysses gives each rank of a group heads / sp attention heads and key/value heads.
     FSDP_USAGE_CHECK(
@@ -476,13 +478,6 @@ void Trainer::Impl::build_model() {
 
   shard::EngineOptions eo = engine_options(cfg, device);
   eo.units = draft->unit_names();  // one unit per decoder layer of a multi-layer draft
-  if (cfg.shard.reshard_between_uses && eo.strategy != shard::Strategy::kFullShard &&
-      eo.strategy != shard::Strategy::kHybridShard) {
-    FSDP_LOG0(kWarn) << "--reshard-between-uses has no effect with --sharding-strategy "
-                     << config::to_string(cfg.shard.strategy)
-                     << " (parameters stay gathered through the forward); it applies to "
-                        "full_shard and hybrid_shard";
-  }
   eo.validate();
   auto groups = shard::make_comm_groups(eo.strategy, device);
   engine = std::make_unique<shard::ShardEngine>(*draft, groups, eo);

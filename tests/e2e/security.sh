@@ -33,8 +33,13 @@ echo "ok: malicious pickle rejected without running it"
 SECRET="wandb-secret-$RANDOM$RANDOM"
 # Under umask 000 (a permissive caller): every file the run creates is 0640 and every directory
 # 0750 all the same.
+# A W&B key without W&B among the sinks is refused (it would do nothing), and not echoed.
+expect_usage_error "--wandb-key without --report-to wandb" "$BIN" $(train_args "$DATA" "$W/run/nokey") \
+  --report-to tensorboard --wandb-key "$SECRET"
+grep -q -- "--report-to wandb" <<<"$out" || { echo "$out" | tail -5; fail "the refusal does not name --report-to wandb"; }
+grep -q "$SECRET" <<<"$out" && fail "the W&B key was printed in the refusal"
 out="$(umask 000; "$BIN" $(train_args "$DATA" "$W/run/out") --draft-global-batch-size 2 --draft-micro-batch-size 2 \
-  --num-epochs 1 --max-steps 2 --report-to tensorboard --wandb-key "$SECRET" 2>&1)"; rc=$?
+  --num-epochs 1 --max-steps 2 --report-to tensorboard 2>&1)"; rc=$?
 [ $rc -eq 0 ] || { echo "$out" | tail -5; fail "training run exited $rc"; }
 [ "$(stat -c %a "$W/run/out")" = 750 ] || fail "output dir mode $(stat -c %a "$W/run/out"), expected 750"
 ck="$(latest_ckpt "$W/run/out")"
@@ -48,6 +53,6 @@ done
 loose="$(find "$W/run/out" \( -type f -perm /0137 \) -o \( -type d -perm /0027 \))"
 [ -z "$loose" ] || fail "created with modes beyond 0640/0750 under umask 000: $loose"
 grep -q "$SECRET" <<<"$out" && fail "the W&B key was printed"
-grep -rq "$SECRET" "$W/run/out" && fail "the W&B key was written under the output directory"
+grep -rq "$SECRET" "$W/run" && fail "the W&B key was written under the output directory"
 echo "ok: modes 750, key never printed or saved"
 echo PASS

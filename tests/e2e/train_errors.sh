@@ -21,6 +21,11 @@ expect2 "--train-hidden-states-path" $BASE --train-hidden-states-path /nonexiste
 expect2 "sharding-strategy" $BASE --sharding-strategy zero9
 # The fused CUDA kernels on a CPU run: refused before any data is read.
 expect2 "--fused-cuda-kernels" $BASE --device cpu --fused-cuda-kernels true
+# An option that needs another, given alone, would do nothing (docs/configuration.md).
+expect2 "without --lora-rank" $BASE --lora-alpha 8
+expect2 "without --packing" $BASE --packing-budget 4096
+# A LoRA rank above min(in, out) of a targeted projection: refused from the draft config.
+expect2 "above min(in, out)" $BASE --lora-rank 4000
 expect2 "micro-batches per rank for one optimizer step" $BASE --draft-global-batch-size 512
 # An evaluation set smaller than one micro-batch per rank stops the run before training.
 mkdir -p "$W/tiny_eval/rows_0-1"

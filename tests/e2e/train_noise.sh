@@ -52,4 +52,6 @@ grep -qF -- "--noise-std -0.1 is negative" <<<"$out" || { echo "$out"; fail "a n
 expect_usage_error "an unknown --noise-type" "$BIN" $(train_args "$DATA" "$W/bad") --noise-type laplace
 grep -qF -- "--noise-type: 'laplace' is not one of uniform, gaussian" <<<"$out" ||
   { echo "$out"; fail "an unknown --noise-type"; }
+expect_usage_error "--noise-type without --noise-std" "$BIN" $(train_args "$DATA" "$W/bad") --noise-type gaussian
+grep -qF -- "without --noise-std" <<<"$out" || { echo "$out"; fail "--noise-type without --noise-std"; }
 echo "PASS"

@@ -103,13 +103,16 @@ TEST_CASE("YAML and ds_config numbers out of range are usage errors naming the k
 }
 
 TEST_CASE("W&B project and run names are checked at start-up", "[config]") {
-  CHECK_NOTHROW(validate_args({"--wandb-project", "eagle3-llama_3.1", "--wandb-name", "run 1/a"}));
+  CHECK_NOTHROW(validate_args(
+      {"--report-to", "wandb", "--wandb-project", "eagle3-llama_3.1", "--wandb-name", "run 1/a"}));
   for (const char* bad : {"../../x", "a\\b", "a#b", "a?b", "a%b", "a:b"}) {
-    require_refused({"--wandb-project", bad}, "--wandb-project '");
+    require_refused({"--report-to", "wandb", "--wandb-project", bad}, "--wandb-project '");
   }
-  require_refused({"--wandb-project", std::string(129, 'p')},
+  require_refused({"--report-to", "wandb", "--wandb-project", std::string(129, 'p')},
                   "--wandb-project is 129 characters long");
-  CHECK_NOTHROW(validate_args({"--wandb-project", std::string(128, 'p')}));
-  require_refused({"--wandb-name", std::string(200, 'n')}, "--wandb-name is 200 characters long");
-  require_refused({"--wandb-name", "two\nlines"}, "--wandb-name contains a control character");
+  CHECK_NOTHROW(validate_args({"--report-to", "wandb", "--wandb-project", std::string(128, 'p')}));
+  require_refused({"--report-to", "wandb", "--wandb-name", std::string(200, 'n')},
+                  "--wandb-name is 200 characters long");
+  require_refused({"--report-to", "wandb", "--wandb-name", "two\nlines"},
+                  "--wandb-name contains a control character");
 }

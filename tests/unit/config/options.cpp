@@ -150,7 +150,8 @@ TEST_CASE("resume takes auto, none or a path; booleans take =false", "[config]")
 }
 
 TEST_CASE("secret and command-line-only options never reach saved configs", "[config]") {
-  const TrainConfig c = resolve_args({"--wandb-key", "abc123secret", "--wandb-project", "p"});
+  const TrainConfig c =
+      resolve_args({"--report-to", "wandb", "--wandb-key", "abc123secret", "--wandb-project", "p"});
   CHECK(to_yaml(c).find("abc123secret") == std::string::npos);
   CHECK(to_json(c).find("abc123secret") == std::string::npos);
   CHECK(to_display(c).find("abc123secret") == std::string::npos);

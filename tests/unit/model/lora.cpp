@@ -148,3 +148,54 @@ TEST_CASE("LoRA: the merged weights compute the adapted draft (float32 1e-6, flo
                                            {"x.weight", torch::zeros({4, 3})}};
   CHECK_THROWS_WITH(merge_lora(broken, 1.0), Catch::Contains("x.lora_B.weight"));
 }
+
+TEST_CASE("LoRA: a rank above min(in, out) of a target is refused naming both numbers",
+          "[model][lora]") {
+  const DraftConfig c = config(3);
+  // The shapes the check uses are the ones every layer is built with ("layers.<k>.").
+  Eagle3Draft m(c);
+  int64_t checked = 0;
+  for (const auto& p : m->named_parameters()) {
+    const std::string& name = p.key();
+    const int64_t layer = name.rfind("layers.", 0) == 0 ? std::stoll(name.substr(7)) : 0;
+    for (const auto& t : lora_target_names()) {
+      if (name.find("." + t + ".weight") == std::string::npos) continue;
+      INFO(name);
+      const ProjectionShape s = projection_shape(c, t, layer);
+      CHECK(p.value().size(0) == s.out);
+      CHECK(p.value().size(1) == s.in);
+      ++checked;
+    }
+  }
+  CHECK(checked == 3 * static_cast<int64_t>(lora_target_names().size()));
+  // small_draft: k_proj and v_proj are 32 -> 8 (16 -> 8 after layer 0), every other projection
+  // has min(in, out) 16.
+  check_lora_rank(c, 8, {"k_proj", "v_proj"});
+  check_lora_rank(c, 16, {"q_proj", "o_proj", "gate_proj", "up_proj", "down_proj"});
+  const auto refused = [](const DraftConfig& cfg, int64_t rank,
+                          const std::vector<std::string>& targets, const std::string& projection,
+                          const std::string& limit) {
+    try {
+      check_lora_rank(cfg, rank, targets);
+      FAIL("rank " << rank << " was accepted");
+    } catch (const fsdp::UsageError& e) {
+      const std::string text = e.message() + " | " + e.hint();
+      INFO(text);
+      CHECK(text.find("--lora-rank " + std::to_string(rank)) != std::string::npos);
+      CHECK(text.find("= " + limit) != std::string::npos);
+      CHECK(text.find(projection) != std::string::npos);
+    }
+  };
+  refused(c, 9, {"q_proj", "k_proj"}, "k_proj", "8");
+  refused(c, 17, {"down_proj"}, "down_proj", "16");
+  // Wider attention (4 heads of 8 over H 16): q_proj is 32 -> 32 in layer 0 but 16 -> 32 in
+  // every later layer, which sets the limit of a deeper draft.
+  DraftConfig wide = config(1);
+  wide.head_dim = 8;
+  wide.validate();
+  check_lora_rank(wide, 32, {"q_proj"});
+  wide.num_hidden_layers = 3;
+  wide.fc_norm = true;
+  wide.validate();
+  refused(wide, 17, {"q_proj"}, "layer 1", "16");
+}
