@@ -550,8 +550,9 @@ void add_model_rows(std::vector<OptionSpec>& t) {
                         "run the soft cross-entropy over the draft vocabulary and the TTT "
                         "attention's diagonal merge, forward and backward, in fsdp-train's own "
                         "CUDA kernels instead of composite LibTorch ops, and sum the TTT steps' "
-                        "weight gradients inside their GEMMs (equal within fp32 rounding; GPU "
-                        "runs only; not yet measured on a GPU, so off by default)",
+                        "weight gradients inside their GEMMs (equal within fp32 rounding; 1.15x "
+                        "tokens/s on an H200). Default: on where they can run (a GPU run of a "
+                        "build with them), off on the CPU; true on the CPU is an error",
                         FIELD(model.fused_cuda_kernels)));
   t.push_back(row<int64_t>(
       "head-chunk-rows", K::kInt, md,

@@ -65,7 +65,7 @@ struct ModelConfig {
   bool activation_checkpointing = false;
   // fsdp-train's own CUDA kernels for the soft cross-entropy and the TTT attention's diagonal
   // merge, forward and backward (docs/model.md "Fused CUDA kernels"); GPU runs only.
-  bool fused_cuda_kernels = false;
+  bool fused_cuda_kernels = true;  // where they can run: a GPU run of a build with them
   // The chunked draft head and loss (docs/model.md "Chunked head and loss"): loss rows per chunk
   // of each TTT step's norm, lm_head and loss; 0 automatic (from the rows and Vd), -1 off.
   int64_t head_chunk_rows = 0;

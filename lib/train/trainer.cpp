@@ -82,6 +82,19 @@ c10::Device pick_device(config::DeviceKind kind) {
 
 }  // namespace
 
+bool fused_kernels_on(const config::TrainConfig& cfg, const c10::Device& device) {
+  const bool given = cfg.given_options.count("fused-cuda-kernels") > 0;
+  if (!cfg.model.fused_cuda_kernels) return false;
+  if (!given) return !device.is_cpu() && kernels::compiled();  // the default: where they run
+  FSDP_USAGE_CHECK(!device.is_cpu(), "--fused-cuda-kernels: this run is on the CPU",
+                   "the kernels run on a GPU: use --device cuda there, or pass "
+                   "--fused-cuda-kernels false");
+  FSDP_USAGE_CHECK(kernels::compiled(),
+                   "--fused-cuda-kernels: this fsdp-train was built without its CUDA kernels",
+                   "build against a CUDA LibTorch (FSDP_GPU=CUDA), or pass the flag false");
+  return true;
+}
+
 Trainer::Trainer(config::TrainConfig cfg) : impl_(std::make_unique<Impl>(std::move(cfg))) {}
 Trainer::~Trainer() = default;
 
@@ -99,14 +112,7 @@ void Trainer::Impl::setup() {
   config::validate(cfg, world, vo, topo.local_size);
   plan_batches();
   device = pick_device(cfg.runtime.device);
-  if (cfg.model.fused_cuda_kernels) {
-    FSDP_USAGE_CHECK(!device.is_cpu(), "--fused-cuda-kernels: this run is on the CPU",
-                     "the kernels run on a GPU: use --device cuda there, or leave "
-                     "--fused-cuda-kernels false");
-    FSDP_USAGE_CHECK(kernels::compiled(),
-                     "--fused-cuda-kernels: this fsdp-train was built without its CUDA kernels",
-                     "build against a CUDA LibTorch (FSDP_GPU=CUDA), or leave the flag false");
-  }
+  cfg.model.fused_cuda_kernels = fused_kernels_on(cfg, device);
   const std::string threads = set_threads(topo);
   control = comm::make_communicator(comm::Group::kWorld, c10::Device(c10::kCPU));
   metrics_comm = device.is_cpu() ? control : comm::make_communicator(comm::Group::kWorld, device);

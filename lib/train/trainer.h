@@ -11,7 +11,16 @@
 
 #include "config/train_config.h"
 
+namespace c10 {
+struct Device;
+}
+
 namespace fsdp::train {
+
+// Whether this run uses fsdp-train's CUDA kernels (--fused-cuda-kernels): by default wherever
+// they can run (a GPU, a build with them: 1.15x tokens/s and less memory on an H200,
+// docs/benchmarks.md "GPU"), never on the CPU; given true where they cannot run, a usage error.
+bool fused_kernels_on(const config::TrainConfig& cfg, const c10::Device& device);
 
 class TrainLoop;
 
