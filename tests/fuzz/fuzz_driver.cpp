@@ -27,6 +27,7 @@
 #include "core/torch_archive_load.h"
 #include "data/arrow_ipc.h"
 #include "model/draft_config.h"
+#include "support/test_paths.h"
 #include "targets.h"
 #include "unit/data/arrow_test_bytes.h"
 

@@ -10,6 +10,7 @@
 
 #include "mpi/shard/groups.h"
 #include "mpi/shard/tiny_model.h"
+#include "support/test_paths.h"
 
 using namespace fsdp;
 using namespace fsdp::testing;

@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "core/fs_util.h"
+#include "support/test_paths.h"
 
 namespace fs = std::filesystem;
 using namespace fsdp::checkpoint;

@@ -11,6 +11,7 @@
 #include "config/options.h"
 #include "config/train_config.h"
 #include "core/error.h"
+#include "support/test_paths.h"
 
 namespace fsdp::config::test {
 

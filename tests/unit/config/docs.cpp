@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "config_test_util.h"
+#include "support/test_paths.h"
 
 using namespace fsdp::config;
 

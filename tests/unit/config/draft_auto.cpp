@@ -12,6 +12,7 @@
 #include "config/hf_cache.h"
 #include "config_test_util.h"
 #include "core/fs_util.h"
+#include "support/test_paths.h"
 
 using namespace fsdp::config;
 using fsdp::config::test::require_usage_error;

@@ -13,6 +13,7 @@
 
 #include "config_test_util.h"
 #include "support/generated_doc.h"
+#include "support/test_paths.h"
 
 using namespace fsdp::config;
 using fsdp::config::test::kRequiredFlags;

@@ -11,6 +11,7 @@
 #include "config/specforge_schema.h"
 #include "config_test_util.h"
 #include "support/generated_doc.h"
+#include "support/test_paths.h"
 
 using namespace fsdp::config;
 using fsdp::config::test::parse_args;

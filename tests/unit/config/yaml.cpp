@@ -1,6 +1,7 @@
 // YAML run files: round trip of the effective configuration, flags over YAML, and the errors for
 // unknown keys (with the closest known key), duplicates, wrong shapes and syntax.
 #include "config_test_util.h"
+#include "support/test_paths.h"
 
 using namespace fsdp::config;
 using fsdp::config::test::require_usage_error;

@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "support/generated_doc.h"
+#include "support/test_paths.h"
 namespace {
 
 namespace fs = std::filesystem;

@@ -14,6 +14,7 @@
 #include <sstream>
 #include <string>
 #include <vector>
+#include "support/test_paths.h"
 
 namespace {
 

@@ -9,6 +9,7 @@
 #include <set>
 #include <sstream>
 
+#include "support/test_paths.h"
 #include "test_util.h"
 
 using namespace fsdp::data;
@@ -59,7 +60,7 @@ TEST_CASE("sampler rejects bad arguments with the flag name", "[data]") {
 TEST_CASE("sampler order equals Python DistributedSampler(drop_last=True)", "[data][python]") {
   using namespace fsdp::data::testing;
   if (!have_python())
-    FAIL("no Python at FSDP_PYTHON '" FSDP_PYTHON "' (launch/setup.sh configures its venv)");
+    FAIL("no Python at FSDP_PYTHON '" << FSDP_PYTHON << "' (launch/setup.sh configures its venv)");
   const auto dir = temp_dir("sampler_py");
   const auto out = dir / "order.txt";
   std::ostringstream script;

@@ -9,6 +9,7 @@
 #include "arrow_test_bytes.h"
 #include "checkpoint/safetensors.h"
 #include "data/formats.h"
+#include "support/test_paths.h"
 #include "test_util.h"
 
 using namespace fsdp::data;

@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "core/fs_util.h"
 #include "data/torch_save.h"
+#include "support/test_paths.h"
 
 namespace fsdp::data::testing {
 

@@ -7,6 +7,7 @@
 
 #include <sstream>
 
+#include "support/test_paths.h"
 #include "test_util.h"
 
 using namespace fsdp::data;
@@ -145,7 +146,7 @@ TEST_CASE("mapping files: round trip, validation, and Python/SpecForge interop",
         }).find("cannot open") != std::string::npos);
 
   if (!have_python())
-    FAIL("no Python at FSDP_PYTHON '" FSDP_PYTHON "' (launch/setup.sh configures its venv)");
+    FAIL("no Python at FSDP_PYTHON '" << FSDP_PYTHON << "' (launch/setup.sh configures its venv)");
   // Python reads ours; SpecForge's way of writing (torch.save of a dict) is read by us.
   std::ostringstream script;
   script << "import torch\n"

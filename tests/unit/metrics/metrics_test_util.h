@@ -8,6 +8,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include "support/test_paths.h"
 
 namespace fsdp::metrics::test {
 

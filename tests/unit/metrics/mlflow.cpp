@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "metrics/sinks.h"
 #include "metrics_test_util.h"
+#include "support/test_paths.h"
 
 using namespace fsdp::metrics;
 using fsdp::metrics::test::scratch_dir;
@@ -66,7 +67,7 @@ bool has(const std::string& text, const std::string& line) {
 TEST_CASE("an MLflow run in a file store is written through the bridge and resumed", "[metrics]") {
   // launch/setup.sh installs it: a missing package is a broken setup, not a reason to skip.
   if (!have_mlflow())
-    FAIL("mlflow is not installed in " FSDP_PYTHON " (launch/setup.sh installs it)");
+    FAIL("mlflow is not installed in " << FSDP_PYTHON << " (launch/setup.sh installs it)");
   const std::string dir = scratch_dir("mlflow");
   const std::string uri = "file://" + dir + "/mlruns";
   MlflowOptions o;

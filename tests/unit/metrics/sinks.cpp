@@ -14,6 +14,7 @@
 
 #include "metrics_test_util.h"
 #include "support/file_size_limit.h"
+#include "support/test_paths.h"
 
 using namespace fsdp::metrics;
 using fsdp::metrics::test::read_file;

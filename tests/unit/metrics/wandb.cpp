@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "metrics/sinks.h"
 #include "metrics_test_util.h"
+#include "support/test_paths.h"
 
 using namespace fsdp::metrics;
 using fsdp::metrics::test::read_file;
@@ -31,7 +32,7 @@ bool wandb_installed() {
 
 TEST_CASE("an offline W&B run is written through the bridge", "[metrics]") {
   if (!wandb_installed())
-    FAIL("wandb is not installed in " FSDP_PYTHON " (launch/setup.sh installs it)");
+    FAIL("wandb is not installed in " << FSDP_PYTHON << " (launch/setup.sh installs it)");
   const std::string dir = scratch_dir("wandb");
   ::setenv("WANDB_MODE", "offline", 1);
   ::setenv("WANDB_SILENT", "true", 1);
@@ -146,7 +147,7 @@ TEST_CASE("a Python without wandb fails with a clear message", "[metrics]") {
 
 TEST_CASE("--wandb-offline runs W&B offline without WANDB_MODE", "[metrics]") {
   if (!wandb_installed())
-    FAIL("wandb is not installed in " FSDP_PYTHON " (launch/setup.sh installs it)");
+    FAIL("wandb is not installed in " << FSDP_PYTHON << " (launch/setup.sh installs it)");
   const std::string dir = scratch_dir("wandb_offline");
   // A user's online setting is overridden for the side process only.
   ::setenv("WANDB_MODE", "online", 1);

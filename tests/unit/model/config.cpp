@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "model/draft_config.h"
 #include "model/flops.h"
+#include "support/test_paths.h"
 
 using namespace fsdp::model;
 

@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "model/draft_config.h"
 #include "model/memory_estimate.h"
+#include "support/test_paths.h"
 
 using namespace fsdp::model;
 

@@ -16,6 +16,7 @@
 #include "model/draft_model.h"
 #include "model/ttt_loss.h"
 #include "support/small_draft.h"
+#include "support/test_paths.h"
 
 using namespace fsdp::model;
 

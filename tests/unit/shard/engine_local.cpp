@@ -8,6 +8,7 @@
 #include "mpi/shard/tiny_model.h"
 #include "shard/flat_param.h"
 #include "support/file_size_limit.h"
+#include "support/test_paths.h"
 
 using namespace fsdp;
 using namespace fsdp::testing;

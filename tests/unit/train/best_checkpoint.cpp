@@ -11,6 +11,7 @@
 #include "checkpoint/checkpoint_dir.h"
 #include "core/error.h"
 #include "core/fs_util.h"
+#include "support/test_paths.h"
 #include "train/best_checkpoint.h"
 #include "train/stuck_metrics.h"
 
