@@ -308,7 +308,7 @@ for s in "${STAGES[@]}"; do
   if skip "$name"; then
     echo "verdict: skipped (FSDP_DEVICE_SKIP)" >"$f"; continue
   fi
-  if [ "$budget" -lt 5 ]; then
+  if [ "$left" -lt 5 ]; then
     echo "verdict: not run (the plan's $((${FSDP_DEVICE_TOTAL:-480})) s were spent)" >"$f"; continue
   fi
   if [ "$name" != setup ] && [ "${SETUP_FAILED:-0}" = 1 ]; then
