@@ -162,9 +162,19 @@ gen() {
 }
 export -f gen bin_dir test_exe build_here
 
+# keep_run NAME RC: a run's log into runs.log and its metrics into the bundle; returns RC.
+keep_run() {
+  local name="$1" rc="$2"
+  { echo "===== $name (exit code $rc)"; cat "/tmp/fsdp-device-$name.log"; } >>"$OUT/runs.log"
+  cp "/tmp/fsdp-device-$name/metrics.jsonl" "$M/$name-metrics.jsonl" 2>/dev/null
+  bundle
+  [ "$rc" -eq 0 ] || { echo "$name: exit code $rc (124: time limit)"; tail -12 "/tmp/fsdp-device-$name.log"; }
+  return "$rc"
+}
+
 # fsdp_run NAME LIMIT DATA GLOBAL_BATCH STEPS FLAGS...: one fsdp-train run, its metrics kept.
 fsdp_run() {
-  local name="$1" limit="$2" data="$3" gb="$4" steps="$5" draft rc
+  local name="$1" limit="$2" data="$3" gb="$4" steps="$5" draft
   shift 5
   draft="${DRAFT:-$data/draft_config.json}"
   rm -rf "/tmp/fsdp-device-$name"
@@ -175,17 +185,12 @@ fsdp_run() {
     --total-steps "$steps" --log-steps "$LOG" --save-interval 0 --save-final false \
     --report-to none --device "$DEVICE" --mixed-precision "$PRECISION" $LOOP_THREADS "$@" \
     >"/tmp/fsdp-device-$name.log" 2>&1
-  rc=$?
-  { echo "===== $name (exit code $rc)"; cat "/tmp/fsdp-device-$name.log"; } >>"$OUT/runs.log"
-  cp "/tmp/fsdp-device-$name/metrics.jsonl" "$M/$name-metrics.jsonl" 2>/dev/null
-  bundle
-  [ $rc -eq 0 ] || { echo "$name: exit code $rc (124: time limit)"; tail -12 "/tmp/fsdp-device-$name.log"; }
-  return $rc
+  keep_run "$name" $?
 }
 
 # ref_run NAME LIMIT DATA GLOBAL_BATCH STEPS: the PyTorch FSDP2 reference (benchmarks/reference).
 ref_run() {
-  local name="$1" limit="$2" data="$3" gb="$4" steps="$5" rc
+  local name="$1" limit="$2" data="$3" gb="$4" steps="$5"
   rm -rf "/tmp/fsdp-device-$name"
   timeout "$(lim "$limit")" "$PY" -m torch.distributed.run --standalone --nproc-per-node 1 \
     "$REPO/benchmarks/reference/train.py" --device "$DEVICE" --target-model-path "$data/target" \
@@ -194,14 +199,9 @@ ref_run() {
     --output-dir "/tmp/fsdp-device-$name" --max-length "$SEQ" --draft-global-batch-size "$gb" \
     --draft-micro-batch-size 1 --num-epochs 4 --total-steps "$steps" --log-steps "$LOG" \
     --param-dtype "$PRECISION" --loader-workers "$REF_WORKERS" >"/tmp/fsdp-device-$name.log" 2>&1
-  rc=$?
-  { echo "===== $name (exit code $rc)"; cat "/tmp/fsdp-device-$name.log"; } >>"$OUT/runs.log"
-  cp "/tmp/fsdp-device-$name/metrics.jsonl" "$M/$name-metrics.jsonl" 2>/dev/null
-  bundle
-  [ $rc -eq 0 ] || { echo "$name: exit code $rc (124: time limit)"; tail -12 "/tmp/fsdp-device-$name.log"; }
-  return $rc
+  keep_run "$name" $?
 }
-export -f fsdp_run ref_run
+export -f keep_run fsdp_run ref_run
 
 stage_fixed_length() {
   local data rc=0
