@@ -43,15 +43,15 @@ int64_t target_vocab_size(const std::string& dir) {
   try {
     j = nlohmann::json::parse(in);
   } catch (const nlohmann::json::exception& e) {
-    FSDP_USAGE_CHECK(false, path + ": not valid JSON (" + std::string(e.what()) + ")",
-                     "check --target-model-path");
+    FSDP_USAGE_FAIL(path + ": not valid JSON (" + std::string(e.what()) + ")",
+                    "check --target-model-path");
   }
   for (const auto* o : {&j, j.contains("text_config") ? &j["text_config"] : nullptr}) {
     if (o && o->is_object() && o->contains("vocab_size") && (*o)["vocab_size"].is_number_integer())
       return (*o)["vocab_size"].get<int64_t>();
   }
-  FSDP_USAGE_CHECK(false, path + ": has no integer vocab_size",
-                   "give the target vocabulary size with --vocab-size");
+  FSDP_USAGE_FAIL(path + ": has no integer vocab_size",
+                  "give the target vocabulary size with --vocab-size");
 }
 
 int run_vocab_map(const VocabMapFlags& f) {

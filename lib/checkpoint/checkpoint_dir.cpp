@@ -153,8 +153,8 @@ std::string CheckpointWriter::commit(int64_t keep_last) {
     if (ec) {
       const std::string why = ec.message();
       fs::rename(old, final_dir_, ec);
-      FSDP_CHECK(false, "cannot rename '" + temp_dir_ + "' to '" + final_dir_ + "': " + why,
-                 "check that --output-dir is on one filesystem");
+      FSDP_FAIL("cannot rename '" + temp_dir_ + "' to '" + final_dir_ + "': " + why,
+                "check that --output-dir is on one filesystem");
     }
     remove_tree(old);
   } else {
@@ -294,8 +294,8 @@ void point_link(const std::string& output_dir, const std::string& link_name,
   if (ec) {
     const std::string why = ec.message();
     fs::remove(temp, ec);
-    FSDP_CHECK(false, "cannot replace " + link + " with a link to " + name + ": " + why,
-               "remove " + link + " if it is not a link made by fsdp-train");
+    FSDP_FAIL("cannot replace " + link + " with a link to " + name + ": " + why,
+              "remove " + link + " if it is not a link made by fsdp-train");
   }
   fsync_path(output_dir, true);
 }

@@ -106,8 +106,8 @@ std::optional<LoraRecord> read_lora_record(const std::string& dir) {
     r.targets = j.at("targets").get<std::vector<std::string>>();
     r.base = j.value("base", std::string());
   } catch (const std::exception& e) {
-    FSDP_USAGE_CHECK(false, "'" + path + "' is not a LoRA record: " + e.what(),
-                     "the checkpoint is damaged; use another one");
+    FSDP_USAGE_FAIL("'" + path + "' is not a LoRA record: " + e.what(),
+                    "the checkpoint is damaged; use another one");
   }
   FSDP_USAGE_CHECK(r.rank >= 1 && r.alpha > 0, "'" + path + "': rank and alpha must be positive",
                    "the checkpoint is damaged; use another one");

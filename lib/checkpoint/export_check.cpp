@@ -563,11 +563,9 @@ int64_t target_num_hidden_layers(const std::string& target_dir) {
         c->at("num_hidden_layers").get<int64_t>() > 0)
       return c->at("num_hidden_layers").get<int64_t>();
   }
-  FSDP_USAGE_CHECK(false,
-                   "--target-model-path " + target_dir +
-                       ": config.json has no num_hidden_layers (nor text_config.num_hidden_layers)",
-                   "give the target model's directory");
-  return 0;
+  FSDP_USAGE_FAIL("--target-model-path " + target_dir +
+                      ": config.json has no num_hidden_layers (nor text_config.num_hidden_layers)",
+                  "give the target model's directory");
 }
 
 }  // namespace fsdp::checkpoint

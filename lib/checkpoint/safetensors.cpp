@@ -286,8 +286,8 @@ std::map<std::string, std::string> model_weight_map(const std::string& model_dir
       std::ifstream in(index);
       j = json::parse(in);
     } catch (const json::exception& e) {
-      FSDP_USAGE_CHECK(false, index.string() + ": not valid JSON (" + e.what() + ")",
-                       "re-download the index file");
+      FSDP_USAGE_FAIL(index.string() + ": not valid JSON (" + e.what() + ")",
+                      "re-download the index file");
     }
     FSDP_USAGE_CHECK(j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(),
                      index.string() + ": has no weight_map object", "re-download the index file");
@@ -337,11 +337,11 @@ std::map<std::string, at::Tensor> read_model_tensors(const std::string& model_di
       std::string similar;
       for (const auto& [k, v] : map)
         if (k.find(tail) != std::string::npos && similar.size() < 300) similar += " '" + k + "'";
-      FSDP_USAGE_CHECK(false, model_dir + ": no tensor named '" + name + "' in the checkpoint",
-                       similar.empty()
-                           ? "set --embedding-key / --lm-head-key to a tensor name of the "
-                             "checkpoint (tied embeddings: use the embedding name for both)"
-                           : "similar names:" + similar);
+      FSDP_USAGE_FAIL(model_dir + ": no tensor named '" + name + "' in the checkpoint",
+                      similar.empty()
+                          ? "set --embedding-key / --lm-head-key to a tensor name of the "
+                            "checkpoint (tied embeddings: use the embedding name for both)"
+                          : "similar names:" + similar);
     }
     auto& f = open_files[it->second];
     if (!f) f = SafetensorsFile::open(it->second);

@@ -64,9 +64,9 @@ TargetKeys resolve_target_keys(const std::string& model_dir, const TargetKeyRequ
   };
   const auto missing = [&](const std::string& name, const std::string& flag,
                            const std::vector<std::string>& candidates) {
-    FSDP_USAGE_CHECK(false, str(model_dir, ": no tensor named '", name, "' in the checkpoint"),
-                     candidates.empty() ? str("set ", flag, " to a tensor name of the checkpoint")
-                                        : str("set ", flag, " to one of ", quoted(candidates)));
+    FSDP_USAGE_FAIL(str(model_dir, ": no tensor named '", name, "' in the checkpoint"),
+                    candidates.empty() ? str("set ", flag, " to a tensor name of the checkpoint")
+                                       : str("set ", flag, " to one of ", quoted(candidates)));
   };
 
   if (!weights.count(out.embedding_key)) {
@@ -126,9 +126,9 @@ FinalNormSpec resolve_final_norm(const std::string& model_dir) {
         (*cfg)["rms_norm_eps"].is_number())
       return {c[0], (*cfg)["rms_norm_eps"].get<double>()};
   }
-  FSDP_USAGE_CHECK(false, str(model_dir, "/config.json: no rms_norm_eps"),
-                   "the final norm of features stored before it (speculators) needs the "
-                   "target's rms_norm_eps; check --target-model-path");
+  FSDP_USAGE_FAIL(str(model_dir, "/config.json: no rms_norm_eps"),
+                  "the final norm of features stored before it (speculators) needs the "
+                  "target's rms_norm_eps; check --target-model-path");
 }
 
 }  // namespace fsdp::checkpoint

@@ -35,10 +35,10 @@ std::shared_ptr<Communicator> make_on(const std::string& name, MPI_Comm mpi, boo
   }
 #endif
   if (owns_mpi) MPI_Comm_free(&mpi);
-  FSDP_CHECK(false, "no communication backend for device " + device.str() + " in this build",
-             "this build has: mpi (CPU)" +
-                 std::string(compiled_backends().size() > 1 ? ", nccl (CUDA)" : "") +
-                 "; rebuild with the CUDA LibTorch and NCCL for GPU training");
+  FSDP_FAIL("no communication backend for device " + device.str() + " in this build",
+            "this build has: mpi (CPU)" +
+                std::string(compiled_backends().size() > 1 ? ", nccl (CUDA)" : "") +
+                "; rebuild with the CUDA LibTorch and NCCL for GPU training");
 }
 
 }  // namespace

@@ -72,8 +72,8 @@ ncclDataType_t nccl_type(c10::ScalarType t, const char* what) {
     default:
       break;
   }
-  FSDP_CHECK(false, str("nccl backend: ", what, " does not support dtype ", dtype_name(t)),
-             "this is a bug in fsdp-train: please report it with the command line and log");
+  FSDP_FAIL(str("nccl backend: ", what, " does not support dtype ", dtype_name(t)),
+            "this is a bug in fsdp-train: please report it with the command line and log");
 }
 
 ncclRedOp_t nccl_op(ReduceOp op) {

@@ -130,7 +130,7 @@ CommandLineValues TrainOptionsBinding::values() const {
       // A stray word that is no override gets the same advice as an unknown flag.
       if (word.find('=') == std::string::npos || word.rfind("-", 0) == 0) {
         const UnknownFlagAdvice advice = advise_unknown_flag(word);
-        FSDP_USAGE_CHECK(false, advice.message, advice.hint);
+        FSDP_USAGE_FAIL(advice.message, advice.hint);
       }
       out.overrides.push_back(word);
     }

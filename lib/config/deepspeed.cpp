@@ -83,9 +83,8 @@ class Translator {
   bool as_bool(const json& j, const std::string& key) const {
     if (j.is_boolean()) return j.get<bool>();
     if (j.is_number_integer()) return j.get<int64_t>() != 0;
-    FSDP_USAGE_CHECK(false, str(src_, " ", key, ": expected true or false, got ", j.dump()),
-                     "fix the ds_config value: write true or false");
-    return false;
+    FSDP_USAGE_FAIL(str(src_, " ", key, ": expected true or false, got ", j.dump()),
+                    "fix the ds_config value: write true or false");
   }
 
   // `ds_text`: the value as written in the ds_config when it differs from the option's text.
@@ -531,8 +530,8 @@ class Translator {
       else if (d == "auto")
         auto_note("communication_data_type", "reduce-dtype");
       else
-        FSDP_USAGE_CHECK(false, str(src_, " communication_data_type '", d, "' is not supported"),
-                         "use \"fp32\" (default, exact) or \"bf16\"");
+        FSDP_USAGE_FAIL(str(src_, " communication_data_type '", d, "' is not supported"),
+                        "use \"fp32\" (default, exact) or \"bf16\"");
     }
     for (const char* k : {"gradient_predivide_factor", "prescale_gradients"}) {
       if (const json* v = top(k)) {
@@ -581,15 +580,14 @@ DeepSpeedTranslation translate_deepspeed_text(const std::string& json_text,
   try {
     root = json::parse(json_text, nullptr, true, /*ignore_comments=*/true);
   } catch (const json::parse_error& e) {
-    FSDP_USAGE_CHECK(false, str("--deepspeed ", source_name, ": not valid JSON (", e.what(), ")"),
-                     "check the file with python -m json.tool");
+    FSDP_USAGE_FAIL(str("--deepspeed ", source_name, ": not valid JSON (", e.what(), ")"),
+                    "check the file with python -m json.tool");
   }
   try {
     return Translator(root, source_name, ctx).run();
   } catch (const json::exception& e) {
-    FSDP_USAGE_CHECK(false,
-                     str("--deepspeed ", source_name, ": unexpected value type (", e.what(), ")"),
-                     "compare the file with the examples in docs/migration-from-deepspeed.md");
+    FSDP_USAGE_FAIL(str("--deepspeed ", source_name, ": unexpected value type (", e.what(), ")"),
+                    "compare the file with the examples in docs/migration-from-deepspeed.md");
   }
   return {};
 }

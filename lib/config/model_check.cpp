@@ -19,8 +19,8 @@ nlohmann::json read_json(const std::string& path, const char* flag) {
   try {
     return nlohmann::json::parse(in);
   } catch (const nlohmann::json::exception& e) {
-    FSDP_USAGE_CHECK(false, str(flag, ": '", path, "' is not valid JSON (", e.what(), ")"),
-                     "fix or replace the file");
+    FSDP_USAGE_FAIL(str(flag, ": '", path, "' is not valid JSON (", e.what(), ")"),
+                    "fix or replace the file");
   }
   return {};
 }

@@ -50,8 +50,8 @@ void check_option_dependencies(const TrainConfig& cfg) {
     if (spec.is_meaningful(cfg) || asks_nothing(spec, cfg)) continue;
     const OptionDependency& dep = *spec.depends_on;
     const std::string where = source == spec.flag() ? "" : " (set by " + source + ")";
-    FSDP_USAGE_CHECK(false, str(spec.flag(), where, " has no effect without ", dep.text()),
-                     str("give ", dep.text(), " too, or drop ", spec.flag()));
+    FSDP_USAGE_FAIL(str(spec.flag(), where, " has no effect without ", dep.text()),
+                    str("give ", dep.text(), " too, or drop ", spec.flag()));
   }
 }
 

@@ -107,8 +107,8 @@ void bind_plain(OptionSpec& s, Accessor<T> acc) {
           return;
         }
       }
-      FSDP_USAGE_CHECK(false, str(src, ": '", v.text, "' is not one of ", one_of(choices)),
-                       str("pick one of ", one_of(choices)));
+      FSDP_USAGE_FAIL(str(src, ": '", v.text, "' is not one of ", one_of(choices)),
+                      str("pick one of ", one_of(choices)));
     };
     s.get = [cacc, choices](const TrainConfig& c) {
       return OptionValue{false, choices[static_cast<size_t>(cacc(c))], {}};
@@ -1116,11 +1116,10 @@ void OptionSpec::check_int(int64_t v, const std::string& source) const {
       b.hint.empty() ? str("give ", flag(), " a whole number from ", lo, " to ", hi, b.zero_means)
                      : b.hint;
   if (v < lo) {
-    FSDP_USAGE_CHECK(false,
-                     lo == 1   ? str(src, " must be positive, got ", v)
-                     : lo == 0 ? str(src, " must be 0 or more, got ", v)
-                               : str(src, " ", v, " is below its minimum ", lo),
-                     hint);
+    FSDP_USAGE_FAIL(lo == 1   ? str(src, " must be positive, got ", v)
+                    : lo == 0 ? str(src, " must be 0 or more, got ", v)
+                              : str(src, " ", v, " is below its minimum ", lo),
+                    hint);
   }
   FSDP_USAGE_CHECK(v <= hi, str(src, " ", v, " is above its maximum ", hi), hint);
 }
@@ -1139,12 +1138,10 @@ void OptionSpec::check_float(double v, const std::string& source) const {
     return;
   }
   if (below) {
-    FSDP_USAGE_CHECK(false,
-                     b.min != 0
-                         ? str(src, " ", shown, " is below its minimum ", format_float(b.min))
-                     : b.min_open ? str(src, " ", shown, " must be positive")
-                                  : str(src, " ", shown, " is negative"),
-                     hint);
+    FSDP_USAGE_FAIL(b.min != 0 ? str(src, " ", shown, " is below its minimum ", format_float(b.min))
+                    : b.min_open ? str(src, " ", shown, " must be positive")
+                                 : str(src, " ", shown, " is negative"),
+                    hint);
   }
   FSDP_USAGE_CHECK(!above, str(src, " ", shown, " is above its maximum ", format_float(b.max)),
                    hint);

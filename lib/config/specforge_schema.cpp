@@ -725,7 +725,7 @@ Value leaf_value(const Key& k, const YAML::Node& node, const std::string& at) {
                    str("write ", k.path.substr(k.path.rfind('.') + 1), ": <", type_text(k), ">"));
   v.text = node.Scalar();
   if (k.type == T::kIntList || k.type == T::kOptIntList || k.type == T::kStrList) {
-    FSDP_USAGE_CHECK(false, str(at, ": ", k.path, " takes a list"), "write e.g. [1, 2, 3]");
+    FSDP_USAGE_FAIL(str(at, ": ", k.path, " takes a list"), "write e.g. [1, 2, 3]");
   }
   return v;
 }
@@ -810,15 +810,15 @@ void apply_override(const std::string& item, std::map<std::string, Value>* value
   const std::string text = item.substr(eq + 1);
   const std::string at = str("override ", item);
   if (sections().count(path)) {
-    FSDP_USAGE_CHECK(false, str(at, ": '", path, "' is a section, not a key"),
-                     str("override one key of it, e.g. ", path, ".<key>=value"));
+    FSDP_USAGE_FAIL(str(at, ": '", path, "' is a section, not a key"),
+                    str("override one key of it, e.g. ", path, ".<key>=value"));
   }
   const Key* k = find_key(path);
   if (k == nullptr) {
     const std::string guess = closest_key(path);
-    FSDP_USAGE_CHECK(false, str(at, ": override path '", path, "' does not exist"),
-                     guess.empty() ? std::string("docs/migration-from-specforge.md lists every key")
-                                   : str("did you mean '", guess, "'?"));
+    FSDP_USAGE_FAIL(str(at, ": override path '", path, "' does not exist"),
+                    guess.empty() ? std::string("docs/migration-from-specforge.md lists every key")
+                                  : str("did you mean '", guess, "'?"));
   }
   FSDP_USAGE_CHECK(k->type != T::kMap, str(at, ": ", path, " is a mapping"), "set it in the file");
   Value v;
@@ -831,8 +831,7 @@ void apply_override(const std::string& item, std::map<std::string, Value>* value
     try {
       n = YAML::Load(text);
     } catch (const YAML::Exception&) {
-      FSDP_USAGE_CHECK(false, str(at, ": '", text, "' is not a valid list"),
-                       "write e.g. [1, 2, 3]");
+      FSDP_USAGE_FAIL(str(at, ": '", text, "' is not a valid list"), "write e.g. [1, 2, 3]");
     }
     FSDP_USAGE_CHECK(n.IsSequence(), str(at, ": '", text, "' is not a list"),
                      "write e.g. [1, 2, 3]");
@@ -841,7 +840,7 @@ void apply_override(const std::string& item, std::map<std::string, Value>* value
              (text == "null" || text == "~" || text == "None" || text == "none")) {
     v.is_null = true;
   } else if (list) {
-    FSDP_USAGE_CHECK(false, str(at, ": ", path, " takes a list"), "write e.g. [1, 2, 3]");
+    FSDP_USAGE_FAIL(str(at, ": ", path, " takes a list"), "write e.g. [1, 2, 3]");
   } else {
     v.text = text;
   }
@@ -956,8 +955,7 @@ std::map<std::string, Value> read_values(const std::string& text, const std::str
   try {
     root = YAML::Load(text);
   } catch (const YAML::Exception& e) {
-    FSDP_USAGE_CHECK(false, str(where(source, e.mark), ": YAML syntax error: ", e.msg),
-                     "fix the file");
+    FSDP_USAGE_FAIL(str(where(source, e.mark), ": YAML syntax error: ", e.msg), "fix the file");
   }
   FSDP_USAGE_CHECK(root.IsMap(), str(source, ": the top level must be a mapping of sections"),
                    "write model:, data:, training: ... sections");

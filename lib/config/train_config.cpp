@@ -253,10 +253,10 @@ void validate(const TrainConfig& cfg, int world_size, const ValidateOptions& opt
                      "start the same number of ranks per node, or use full_shard");
   }
   if (cfg.shard.reduce_dtype == Precision::kBF16 && cfg.shard.mixed_precision == Precision::kFP32) {
-    FSDP_USAGE_CHECK(false,
-                     "--reduce-dtype bf16 with --mixed-precision fp32 reduces with less "
-                     "precision than the computation",
-                     "use --reduce-dtype fp32 (the default) for fp32 runs");
+    FSDP_USAGE_FAIL(
+        "--reduce-dtype bf16 with --mixed-precision fp32 reduces with less "
+        "precision than the computation",
+        "use --reduce-dtype fp32 (the default) for fp32 runs");
   }
 
   // Required inputs.
@@ -283,9 +283,8 @@ void validate(const TrainConfig& cfg, int world_size, const ValidateOptions& opt
   // The target first: a missing one also explains a missing draft config (none can be made).
   if (options.check_paths) {
     if (!is_dir(cfg.model.target_model_path) && looks_like_repo_id(cfg.model.target_model_path)) {
-      FSDP_USAGE_CHECK(false,
-                       str("--target-model-path '", cfg.model.target_model_path, "' not found"),
-                       hub_target_hint(cfg));
+      FSDP_USAGE_FAIL(str("--target-model-path '", cfg.model.target_model_path, "' not found"),
+                      hub_target_hint(cfg));
     }
     check_dir(cfg.model.target_model_path, "--target-model-path");
   }
@@ -314,8 +313,8 @@ void validate(const TrainConfig& cfg, int world_size, const ValidateOptions& opt
   if (!cfg.data.train_data_path.empty()) check_file(cfg.data.train_data_path, "--train-data-path");
   if (!cfg.data.eval_data_path.empty()) check_file(cfg.data.eval_data_path, "--eval-data-path");
   if (!cfg.checkpoint.output_dir.empty() && is_file(cfg.checkpoint.output_dir)) {
-    FSDP_USAGE_CHECK(false, str("--output-dir '", cfg.checkpoint.output_dir, "' is a file"),
-                     "give a directory (it is created when missing)");
+    FSDP_USAGE_FAIL(str("--output-dir '", cfg.checkpoint.output_dir, "' is a file"),
+                    "give a directory (it is created when missing)");
   }
   check_model_files(cfg);
 }

@@ -38,11 +38,9 @@ int64_t parse_int(const std::string& text, const std::string& source) {
       !(digits || big),
       str(source, ": '", text.size() > 40 ? text.substr(0, 40) + "..." : text, "' is out of range"),
       "write a whole number of sensible size (the limits are in docs/usage.md)");
-  FSDP_USAGE_CHECK(false,
-                   str(source, ": '", text.size() > 40 ? text.substr(0, 40) + "..." : text,
-                       "' is not an integer"),
-                   "write a whole number, e.g. 16");
-  return 0;
+  FSDP_USAGE_FAIL(str(source, ": '", text.size() > 40 ? text.substr(0, 40) + "..." : text,
+                      "' is not an integer"),
+                  "write a whole number, e.g. 16");
 }
 
 double parse_float(const std::string& text, const std::string& source) {
@@ -59,8 +57,7 @@ bool parse_bool(const std::string& text, const std::string& source) {
   const std::string t = to_lower(text);
   if (t == "true" || t == "1" || t == "yes" || t == "on") return true;
   if (t == "false" || t == "0" || t == "no" || t == "off") return false;
-  FSDP_USAGE_CHECK(false, str(source, ": '", text, "' is not a boolean"), "write true or false");
-  return false;
+  FSDP_USAGE_FAIL(str(source, ": '", text, "' is not a boolean"), "write true or false");
 }
 
 std::string format_float(double v) {

@@ -292,7 +292,7 @@ std::string write_run_config(const TrainConfig& cfg) {
     write_file_durably(tmp, text);
   } catch (const Error& e) {
     ::unlink(tmp.c_str());
-    FSDP_USAGE_CHECK(false, str("cannot write ", path, ": ", e.message()), hint);
+    FSDP_USAGE_FAIL(str("cannot write ", path, ": ", e.message()), hint);
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     const std::string why = std::strerror(errno);

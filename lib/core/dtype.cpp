@@ -10,7 +10,7 @@ c10::ScalarType parse_dtype(const std::string& name) {
   if (name == "bf16" || name == "bfloat16") return c10::kBFloat16;
   if (name == "fp16" || name == "float16" || name == "half") return c10::kHalf;
   if (name == "fp64" || name == "float64" || name == "double") return c10::kDouble;
-  FSDP_USAGE_CHECK(false, "unknown dtype '" + name + "'", "use fp32 or bf16");
+  FSDP_USAGE_FAIL("unknown dtype '" + name + "'", "use fp32 or bf16");
 }
 
 std::string dtype_name(c10::ScalarType t) {
@@ -54,8 +54,8 @@ c10::ScalarType dtype_from_safetensors(const std::string& s) {
   if (s == "U8") return c10::kByte;
   if (s == "BOOL") return c10::kBool;
   if (s == "F8_E4M3") return c10::kFloat8_e4m3fn;
-  FSDP_USAGE_CHECK(false, "unsupported safetensors dtype '" + s + "'",
-                   "supported: F64 F32 F16 BF16 I64 I32 I16 I8 U8 BOOL F8_E4M3");
+  FSDP_USAGE_FAIL("unsupported safetensors dtype '" + s + "'",
+                  "supported: F64 F32 F16 BF16 I64 I32 I16 I8 U8 BOOL F8_E4M3");
 }
 
 std::string dtype_to_safetensors(c10::ScalarType t) {
@@ -85,8 +85,8 @@ std::string dtype_to_safetensors(c10::ScalarType t) {
     default:
       break;
   }
-  FSDP_CHECK(false, "dtype " + dtype_name(t) + " has no safetensors name",
-             "this is a bug in fsdp-train: please report it with the command line and log");
+  FSDP_FAIL("dtype " + dtype_name(t) + " has no safetensors name",
+            "this is a bug in fsdp-train: please report it with the command line and log");
 }
 
 size_t dtype_size(c10::ScalarType t) {

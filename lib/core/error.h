@@ -76,6 +76,12 @@ std::string str(const Args&... args) {
     if (!(cond)) ::fsdp::throw_usage_error(__FILE__, __LINE__, (message), (hint)); \
   } while (0)
 
+// FSDP_FAIL / FSDP_USAGE_FAIL: an unconditional failure of the same two kinds (an unreachable
+// case, a parse that failed in a catch block); the compiler knows neither returns.
+#define FSDP_FAIL(message, hint) ::fsdp::throw_error(__FILE__, __LINE__, (message), (hint))
+#define FSDP_USAGE_FAIL(message, hint) \
+  ::fsdp::throw_usage_error(__FILE__, __LINE__, (message), (hint))
+
 #define FSDP_ASSERT(cond, message)                                          \
   do {                                                                      \
     if (!(cond)) ::fsdp::assert_fail(__FILE__, __LINE__, #cond, (message)); \

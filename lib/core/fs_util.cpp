@@ -33,8 +33,7 @@ void make_dirs(const std::string& dir, const std::string& hint) {
     if (::mkdir(part.c_str(), 0750) != 0 && errno != EEXIST) {
       // Mostly a path the user gave (a file where a directory is needed, permissions): a usage
       // error (exit code 2); the save path catches it like any write error.
-      FSDP_USAGE_CHECK(false, str("cannot create directory '", part, "': ", std::strerror(errno)),
-                       hint);
+      FSDP_USAGE_FAIL(str("cannot create directory '", part, "': ", std::strerror(errno)), hint);
     }
   }
 }
@@ -61,7 +60,7 @@ void write_file_durably(const std::string& path, const void* data, size_t size) 
     if (n <= 0) {
       const std::string why = n < 0 ? std::strerror(errno) : "no progress";
       ::close(fd);
-      FSDP_CHECK(false, path + ": write failed (" + why + ")", "check free disk space");
+      FSDP_FAIL(path + ": write failed (" + why + ")", "check free disk space");
     }
     p += n;
     left -= static_cast<size_t>(n);
@@ -69,7 +68,7 @@ void write_file_durably(const std::string& path, const void* data, size_t size) 
   if (::fsync(fd) != 0) {
     const std::string why = std::strerror(errno);
     ::close(fd);
-    FSDP_CHECK(false, path + ": fsync failed (" + why + ")", "check free disk space");
+    FSDP_FAIL(path + ": fsync failed (" + why + ")", "check free disk space");
   }
   FSDP_CHECK(::close(fd) == 0, path + ": close failed (" + std::strerror(errno) + ")",
              "check free disk space");

@@ -117,7 +117,7 @@ json read_manifest(const fs::path& p) {
   try {
     return json::parse(in);
   } catch (const json::exception& e) {
-    FSDP_USAGE_CHECK(false, p.string() + ": not valid JSON (" + e.what() + ")", kRebuildIndex);
+    FSDP_USAGE_FAIL(p.string() + ": not valid JSON (" + e.what() + ")", kRebuildIndex);
   }
 }
 
@@ -243,11 +243,10 @@ class DeepSpecDataset final : public FeatureDataset {
     // Both are known before any shard is read, so a mismatch fails at start-up, not per sample.
     const int64_t n_layers = static_cast<int64_t>(layer_ids_.size());
     if (options_.num_aux_layers > 0 && n_layers != options_.num_aux_layers)
-      FSDP_USAGE_CHECK(false,
-                       str(where, ": the cache holds ", n_layers, " captured layers (",
-                           layer_list(), "), the draft reads ", options_.num_aux_layers),
-                       "capture the layers the draft config names "
-                       "(eagle_aux_hidden_state_layer_ids), or use features dumped for this draft");
+      FSDP_USAGE_FAIL(str(where, ": the cache holds ", n_layers, " captured layers (", layer_list(),
+                          "), the draft reads ", options_.num_aux_layers),
+                      "capture the layers the draft config names "
+                      "(eagle_aux_hidden_state_layer_ids), or use features dumped for this draft");
     if (options_.hidden_size > 0 && hidden_size_ != options_.hidden_size)
       FSDP_USAGE_CHECK(
           false,

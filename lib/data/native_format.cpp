@@ -43,8 +43,8 @@ json read_json(const fs::path& p) {
   try {
     return json::parse(in);
   } catch (const json::exception& e) {
-    FSDP_USAGE_CHECK(false, p.string() + ": not valid JSON (" + e.what() + ")",
-                     "delete the native dataset and run `fsdp-train convert` again");
+    FSDP_USAGE_FAIL(p.string() + ": not valid JSON (" + e.what() + ")",
+                    "delete the native dataset and run `fsdp-train convert` again");
   }
 }
 

@@ -60,7 +60,7 @@ class PreprocessedRows {
     try {
       j = nlohmann::json::parse(std::ifstream(state));
     } catch (const nlohmann::json::exception& e) {
-      FSDP_USAGE_CHECK(false, fsdp::str(state.string(), ": not valid JSON (", e.what(), ")"), hint);
+      FSDP_USAGE_FAIL(fsdp::str(state.string(), ": not valid JSON (", e.what(), ")"), hint);
     }
     FSDP_USAGE_CHECK(j.is_object() && j.contains("_data_files") && j["_data_files"].is_array() &&
                          !j["_data_files"].empty(),

@@ -102,8 +102,8 @@ VocabMapping read_vocab_mapping_file(const std::string& path) {
   try {
     iv = load_torch_archive(bytes);
   } catch (const FormatError& e) {
-    FSDP_USAGE_CHECK(false, path + ": not a readable torch.save file with {d2t, t2d}: " + e.what(),
-                     "pass a file written by SpecForge (torch.save({'d2t':..., 't2d':...}))");
+    FSDP_USAGE_FAIL(path + ": not a readable torch.save file with {d2t, t2d}: " + e.what(),
+                    "pass a file written by SpecForge (torch.save({'d2t':..., 't2d':...}))");
   }
   FSDP_USAGE_CHECK(iv.isGenericDict(), path + ": holds no dict",
                    "expected torch.save({'d2t', 't2d'})");

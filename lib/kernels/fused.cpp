@@ -36,9 +36,8 @@ launch::Dtype dtype_of(const at::Tensor& t) {
     default:
       break;
   }
-  FSDP_CHECK(false, fsdp::str("fused CUDA kernels: unsupported dtype ", t.scalar_type()),
-             "use fp32, bf16 or fp16 tensors");
-  return launch::Dtype::kFloat32;
+  FSDP_FAIL(fsdp::str("fused CUDA kernels: unsupported dtype ", t.scalar_type()),
+            "use fp32, bf16 or fp16 tensors");
 }
 
 launch::Strides strides_of(const at::Tensor& t) {

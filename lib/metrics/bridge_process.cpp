@@ -122,7 +122,7 @@ BridgeProcess::BridgeProcess(const BridgeSpec& spec) {
     const int e = errno;
     ::close(in_pair[0]);
     ::close(in_pair[1]);
-    FSDP_CHECK(false, str(label, ": pipe failed: ", std::strerror(e)), fds_hint);
+    FSDP_FAIL(str(label, ": pipe failed: ", std::strerror(e)), fds_hint);
   }
   pid_ = spawn_bridge(spec, in_pair[1], out_pipe[1], in_pair[0], out_pipe[0]);
   fd_ = in_pair[0];
@@ -136,10 +136,9 @@ BridgeProcess::BridgeProcess(const BridgeSpec& spec) {
     fd_ = -1;
     const int code = wait_child(pid_, 10.0);
     pid_ = -1;
-    FSDP_CHECK(false,
-               str(label, ": the ", spec.what, " bridge (", spec.python,
-                   ") did not start a run (exit ", code, "); its messages are above"),
-               spec.not_ready_hint);
+    FSDP_FAIL(str(label, ": the ", spec.what, " bridge (", spec.python,
+                  ") did not start a run (exit ", code, "); its messages are above"),
+              spec.not_ready_hint);
   }
 }
 

@@ -177,7 +177,7 @@ std::optional<std::vector<int64_t>> read_aux_layers_record(const std::string& di
   try {
     return j.at("hidden_state_index").get<std::vector<int64_t>>();
   } catch (const json::exception&) {
-    FSDP_USAGE_CHECK(false, path + " is not an aux-layer record", "use another checkpoint");
+    FSDP_USAGE_FAIL(path + " is not an aux-layer record", "use another checkpoint");
   }
   return std::nullopt;
 }

@@ -46,11 +46,10 @@ std::vector<std::pair<LossTerm, double>> parse_loss_spec(const std::string& spec
   auto by_name = [&](const std::string& n) -> LossTerm {
     for (LossTerm t : all)
       if (n == loss_term_name(t)) return t;
-    FSDP_USAGE_CHECK(false, fsdp::str("--loss-fn: unknown objective '", n, "'"),
-                     fsdp::str("use one of ", names,
-                               ", or a JSON object of weights such as "
-                               "'{\"kl_div\": 0.5, \"tv\": 0.5}'"));
-    return LossTerm::kSoftCE;
+    FSDP_USAGE_FAIL(fsdp::str("--loss-fn: unknown objective '", n, "'"),
+                    fsdp::str("use one of ", names,
+                              ", or a JSON object of weights such as "
+                              "'{\"kl_div\": 0.5, \"tv\": 0.5}'"));
   };
   std::vector<std::pair<LossTerm, double>> out;
   if (spec.empty() || spec.front() != '{') {
@@ -61,8 +60,8 @@ std::vector<std::pair<LossTerm, double>> parse_loss_spec(const std::string& spec
   try {
     j = nlohmann::json::parse(spec);
   } catch (const std::exception& e) {
-    FSDP_USAGE_CHECK(false, fsdp::str("--loss-fn '", spec, "' is not valid JSON: ", e.what()),
-                     "write e.g. '{\"kl_div\": 0.5, \"tv\": 0.5}'");
+    FSDP_USAGE_FAIL(fsdp::str("--loss-fn '", spec, "' is not valid JSON: ", e.what()),
+                    "write e.g. '{\"kl_div\": 0.5, \"tv\": 0.5}'");
   }
   double total = 0;
   for (auto it = j.begin(); it != j.end(); ++it) {

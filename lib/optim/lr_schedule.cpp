@@ -63,9 +63,8 @@ double scheduled_lr(LrDecay decay, double base_lr, int64_t step, int64_t total_s
     case LrDecay::kConstant:
       return warmup_constant_lr(base_lr, step, total_steps, warmup);
   }
-  FSDP_CHECK(false, str("unknown learning-rate decay ", static_cast<int>(decay)),
-             "a bug in fsdp-train: please report it");
-  return base_lr;
+  FSDP_FAIL(str("unknown learning-rate decay ", static_cast<int>(decay)),
+            "a bug in fsdp-train: please report it");
 }
 
 }  // namespace fsdp::optim

@@ -113,8 +113,8 @@ ShardEngine::ShardEngine(torch::nn::Module& model, CommGroups groups, EngineOpti
     if (it == modules.end()) {
       std::string avail;
       for (const auto& c : model_.named_children()) avail += (avail.empty() ? "" : ", ") + c.key();
-      FSDP_USAGE_CHECK(false, str("unit '", name, "' is not a submodule of the model"),
-                       str("use submodule names (paths with dots allowed); children are: ", avail));
+      FSDP_USAGE_FAIL(str("unit '", name, "' is not a submodule of the model"),
+                      str("use submodule names (paths with dots allowed); children are: ", avail));
     }
     auto u = std::make_unique<Unit>();
     u->name = name;

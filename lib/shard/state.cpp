@@ -231,8 +231,8 @@ Manifest read_manifest(const std::string& path) {
       }
       m.flats.push_back(std::move(f));
     } else {
-      FSDP_CHECK(false, str(path, ": unknown manifest key '", key, "'"),
-                 "the manifest is corrupt or from a newer version");
+      FSDP_FAIL(str(path, ": unknown manifest key '", key, "'"),
+                "the manifest is corrupt or from a newer version");
     }
     FSDP_CHECK(!is.fail(), str(path, ": malformed line for '", key, "'"),
                "the manifest is corrupt; use another checkpoint");
@@ -260,8 +260,7 @@ ShardFile read_shard_file(const std::string& path) {
   try {
     v = load_torch_archive(bytes);
   } catch (const FormatError& e) {
-    FSDP_CHECK(false, str(path, ": ", e.what()),
-               "the state file is damaged; use another checkpoint");
+    FSDP_FAIL(str(path, ": ", e.what()), "the state file is damaged; use another checkpoint");
   }
   FSDP_CHECK(v.isGenericDict(), str(path, " does not hold a dict of tensors"),
              "the state file is corrupt; use another checkpoint");

@@ -90,8 +90,7 @@ std::optional<BestRecord> read_best_record(const std::string& output_dir) {
     r.value = j.at("value").get<double>();
     r.checkpoint = j.at("checkpoint").get<std::string>();
   } catch (const std::exception& e) {
-    FSDP_CHECK(false, file + " cannot be read: " + e.what(),
-               "remove it to start the best checkpoint anew");
+    FSDP_FAIL(file + " cannot be read: " + e.what(), "remove it to start the best checkpoint anew");
   }
   return r;
 }

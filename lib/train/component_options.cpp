@@ -9,8 +9,7 @@ namespace fsdp::train {
 
 namespace {
 [[noreturn]] void unknown(const char* what, int value) {
-  FSDP_CHECK(false, str("unknown ", what, " value ", value),
-             "a bug in fsdp-train: please report it");
+  FSDP_FAIL(str("unknown ", what, " value ", value), "a bug in fsdp-train: please report it");
   std::abort();  // not reached: the check throws
 }
 }  // namespace

@@ -78,8 +78,8 @@ RunState load_run_state(const std::string& dir, bool restore_rng) {
     }
     if (j.contains("config")) s.config_json = j["config"].dump();
   } catch (const nlohmann::json::exception& e) {
-    FSDP_USAGE_CHECK(false, "'" + path + "' lacks a field: " + e.what(),
-                     "the checkpoint is corrupt; resume from an older one");
+    FSDP_USAGE_FAIL("'" + path + "' lacks a field: " + e.what(),
+                    "the checkpoint is corrupt; resume from an older one");
   }
   const std::string rng_path = checkpoint::join_path(dir, "rng_state.bin");
   std::ifstream r(rng_path, std::ios::binary);

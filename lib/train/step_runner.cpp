@@ -59,9 +59,8 @@ void stop_for_other_rank(const char* what, std::chrono::seconds wait) {
   // The rank that failed reports its error and stops the job; this one only speaks if that did
   // not happen within a few seconds (its report waits 2 s on ranks other than 0).
   std::this_thread::sleep_for(wait);
-  FSDP_USAGE_CHECK(false,
-                   fsdp::str("stopping: another rank's ", what, " failed (its error is above)"),
-                   "fix or remove that file (or pass --skip-bad-samples), then --resume");
+  FSDP_USAGE_FAIL(fsdp::str("stopping: another rank's ", what, " failed (its error is above)"),
+                  "fix or remove that file (or pass --skip-bad-samples), then --resume");
   std::abort();  // not reached: the check throws
 }
 
