@@ -75,6 +75,37 @@ bool frees_after_forward(Strategy s) {
 ShardEngine::ShardEngine(torch::nn::Module& model, CommGroups groups, EngineOptions options)
     : model_(model), groups_(std::move(groups)), options_(std::move(options)) {
   options_.validate();
+  check_groups();
+  std::unordered_map<std::string, std::shared_ptr<torch::nn::Module>> modules;
+  for (const auto& item : model_.named_modules("", /*include_self=*/false)) {
+    modules[item.key()] = item.value();
+  }
+  std::unordered_map<const void*, std::string> owner;
+  for (const auto& name : unit_list()) {
+    auto it = modules.find(name);
+    if (it == modules.end()) {
+      std::string avail;
+      for (const auto& c : model_.named_children()) avail += (avail.empty() ? "" : ", ") + c.key();
+      FSDP_USAGE_FAIL(str("unit '", name, "' is not a submodule of the model"),
+                      str("use submodule names (paths with dots allowed); children are: ", avail));
+    }
+    add_unit(name, *it->second, owner);
+  }
+  for (const auto& p : model_.named_parameters(/*recurse=*/true)) {
+    FSDP_USAGE_CHECK(owner.count(p.value().unsafeGetTensorImpl()),
+                     str("parameter ", p.key(), " is in no unit"),
+                     "add its submodule to the unit list, or move it into a submodule");
+  }
+  for (auto& u : units_) {
+    for (FlatParam* f : u->flats()) layouts_.push_back(&f->layout());
+    install_grad_hooks(*u);
+  }
+}
+
+// The groups must fit the strategy; device step scalars keep the gradient norm where the
+// gradient shards are, and offloaded shards are on the host, which a GPU communicator cannot
+// reduce.
+void ShardEngine::check_groups() const {
   const bool sharded = options_.strategy != Strategy::kNoShard;
   FSDP_USAGE_CHECK(sharded || !groups_.shard || groups_.shard->size() == 1,
                    "NO_SHARD was given a shard group of more than one rank",
@@ -84,21 +115,17 @@ ShardEngine::ShardEngine(torch::nn::Module& model, CommGroups groups, EngineOpti
                        groups_.replicate->size() == 1,
                    str(strategy_name(options_.strategy), " was given a replicate group"),
                    "use HYBRID_SHARD to replicate across nodes");
-
-  // Device step scalars keep the gradient norm where the gradient shards are; offloaded shards
-  // are on the host, which a GPU communicator cannot reduce.
   FSDP_USAGE_CHECK(options_.step_scalars != EngineOptions::StepScalars::kDevice ||
                        !options_.cpu_offload || !groups_.shard || groups_.shard->size() == 1 ||
                        groups_.shard->device_type() == c10::kCPU,
                    "--step-scalars device with --cpu-offload: the offloaded gradient shards are "
                    "in host memory and the gpu communicator cannot reduce their norm",
                    "use --step-scalars auto (or host) with --cpu-offload");
-  // Units: the named submodules, or one per direct child with parameters.
+}
+
+// The named submodules of the options, or one unit per direct child with parameters.
+std::vector<std::string> ShardEngine::unit_list() const {
   std::vector<std::string> names = options_.units;
-  std::unordered_map<std::string, std::shared_ptr<torch::nn::Module>> modules;
-  for (const auto& item : model_.named_modules("", /*include_self=*/false)) {
-    modules[item.key()] = item.value();
-  }
   if (names.empty()) {
     for (const auto& child : model_.named_children()) {
       if (!child.value()->parameters(/*recurse=*/true).empty()) names.push_back(child.key());
@@ -106,72 +133,65 @@ ShardEngine::ShardEngine(torch::nn::Module& model, CommGroups groups, EngineOpti
   }
   FSDP_USAGE_CHECK(!names.empty(), "the model has no submodule with parameters to shard",
                    "wrap the model's layers in submodules and name them as units");
+  return names;
+}
 
-  std::unordered_map<const void*, std::string> owner;
-  for (const auto& name : names) {
-    auto it = modules.find(name);
-    if (it == modules.end()) {
-      std::string avail;
-      for (const auto& c : model_.named_children()) avail += (avail.empty() ? "" : ", ") + c.key();
-      FSDP_USAGE_FAIL(str("unit '", name, "' is not a submodule of the model"),
-                      str("use submodule names (paths with dots allowed); children are: ", avail));
+// One unit over `module`'s parameters: a flat buffer of the trainable ones and one of the frozen
+// ones. `owner` records which unit holds each parameter, so that units cannot overlap.
+void ShardEngine::add_unit(const std::string& name, torch::nn::Module& module,
+                           std::unordered_map<const void*, std::string>& owner) {
+  auto u = std::make_unique<Unit>();
+  u->name = name;
+  u->index = units_.size();
+  std::vector<ParamSpec> tspec, fspec;
+  std::vector<at::Tensor> tparams, fparams;
+  for (const auto& p : module.named_parameters(/*recurse=*/true)) {
+    const std::string full = name + "." + p.key();
+    const void* impl = p.value().unsafeGetTensorImpl();
+    FSDP_USAGE_CHECK(
+        !owner.count(impl),
+        str("parameter ", full, " belongs to units '", owner[impl], "' and '", name, "'"),
+        "units must not overlap: name sibling submodules, not a parent and child");
+    owner[impl] = name;
+    ParamSpec spec{full, p.value().sizes().vec(), optim::decays(options_.adamw, p.value().dim())};
+    if (p.value().requires_grad()) {
+      tspec.push_back(spec);
+      tparams.push_back(p.value());
+    } else {
+      fspec.push_back(spec);
+      fparams.push_back(p.value());
     }
-    auto u = std::make_unique<Unit>();
-    u->name = name;
-    u->index = units_.size();
-    std::vector<ParamSpec> tspec, fspec;
-    std::vector<at::Tensor> tparams, fparams;
-    for (const auto& p : it->second->named_parameters(/*recurse=*/true)) {
-      const std::string full = name + "." + p.key();
-      const void* impl = p.value().unsafeGetTensorImpl();
-      FSDP_USAGE_CHECK(
-          !owner.count(impl),
-          str("parameter ", full, " belongs to units '", owner[impl], "' and '", name, "'"),
-          "units must not overlap: name sibling submodules, not a parent and child");
-      owner[impl] = name;
-      ParamSpec spec{full, p.value().sizes().vec(), optim::decays(options_.adamw, p.value().dim())};
-      if (p.value().requires_grad()) {
-        tspec.push_back(spec);
-        tparams.push_back(p.value());
-      } else {
-        fspec.push_back(spec);
-        fparams.push_back(p.value());
-      }
-    }
-    FSDP_USAGE_CHECK(!tspec.empty() || !fspec.empty(), str("unit '", name, "' has no parameters"),
-                     "remove it from the unit list");
-    const int group = groups_.shard ? groups_.shard->size() : 1;
-    comm::Communicator* sc = groups_.shard.get();
-    comm::Communicator* rc = groups_.replicate.get();
-    if (!tspec.empty()) {
-      u->trainable = std::make_unique<FlatParam>(make_flat_layout(name, true, tspec, group),
-                                                 tparams, options_, sc, rc);
-    }
-    if (!fspec.empty()) {
-      u->frozen = std::make_unique<FlatParam>(make_flat_layout(name, false, fspec, group), fparams,
-                                              options_, sc, rc);
-    }
-    by_name_[name] = u.get();
-    unit_names_.push_back(name);
-    units_.push_back(std::move(u));
   }
-  for (const auto& p : model_.named_parameters(/*recurse=*/true)) {
-    FSDP_USAGE_CHECK(owner.count(p.value().unsafeGetTensorImpl()),
-                     str("parameter ", p.key(), " is in no unit"),
-                     "add its submodule to the unit list, or move it into a submodule");
+  FSDP_USAGE_CHECK(!tspec.empty() || !fspec.empty(), str("unit '", name, "' has no parameters"),
+                   "remove it from the unit list");
+  const int group = groups_.shard ? groups_.shard->size() : 1;
+  comm::Communicator* sc = groups_.shard.get();
+  comm::Communicator* rc = groups_.replicate.get();
+  if (!tspec.empty()) {
+    u->trainable = std::make_unique<FlatParam>(make_flat_layout(name, true, tspec, group), tparams,
+                                               options_, sc, rc);
   }
-  for (auto& u : units_) {
-    for (FlatParam* f : u->flats()) layouts_.push_back(&f->layout());
-    if (!u->trainable) continue;
-    Unit* up = u.get();
-    const auto& params = u->trainable->params();
-    for (size_t i = 0; i < params.size(); ++i) {
-      torch::autograd::impl::set_post_acc_grad_hooks(
-          params[i], std::make_unique<GradReadyHook>([this, up, i] {
-            up->trainable->adopt_grad(i);
-            if (++up->grads_fired == up->trainable->params().size()) on_grad_ready(*up);
-          }));
-    }
+  if (!fspec.empty()) {
+    u->frozen = std::make_unique<FlatParam>(make_flat_layout(name, false, fspec, group), fparams,
+                                            options_, sc, rc);
+  }
+  by_name_[name] = u.get();
+  unit_names_.push_back(name);
+  units_.push_back(std::move(u));
+}
+
+// Each trainable parameter's accumulated gradient moves into the unit's flat gradient; the last
+// one of the unit's backward starts its reduction.
+void ShardEngine::install_grad_hooks(Unit& u) {
+  if (!u.trainable) return;
+  Unit* up = &u;
+  const auto& params = u.trainable->params();
+  for (size_t i = 0; i < params.size(); ++i) {
+    torch::autograd::impl::set_post_acc_grad_hooks(
+        params[i], std::make_unique<GradReadyHook>([this, up, i] {
+          up->trainable->adopt_grad(i);
+          if (++up->grads_fired == up->trainable->params().size()) on_grad_ready(*up);
+        }));
   }
 }
 

@@ -27,6 +27,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "core/unit_hooks.h"
@@ -126,6 +127,11 @@ class ShardEngine final : public UnitHooks {
 
  private:
   struct Unit;
+  void check_groups() const;
+  std::vector<std::string> unit_list() const;
+  void add_unit(const std::string& name, torch::nn::Module& module,
+                std::unordered_map<const void*, std::string>& owner);
+  void install_grad_hooks(Unit& u);
   Unit& unit(const std::string& name);
   void gather(Unit& u, bool blocking);
   void release(Unit& u);
