@@ -1,5 +1,5 @@
 // `fsdp-train convert`: any feature dataset -> native safetensors shards (bf16 or fp8) (lib/data
-// native_format.h). Parallel over the job's MPI ranks, resumable; never touches the input tree.
+// native_convert.h). Parallel over the job's MPI ranks, resumable; never touches the input tree.
 #include <CLI/CLI.hpp>
 
 #include <cstdlib>
@@ -10,7 +10,7 @@
 #include "commands.h"
 #include "core/error.h"
 #include "core/log.h"
-#include "data/native_format.h"
+#include "data/native_convert.h"
 
 namespace fsdp::app {
 

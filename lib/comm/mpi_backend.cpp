@@ -61,6 +61,26 @@ MPI_Op mpi_op(ReduceOp op) {
   return op == ReduceOp::kMax ? MPI_MAX : MPI_SUM;
 }
 
+// Posts an in-place MPI_Iallreduce over the contiguous `buf` in chunks of at most `max_count`
+// elements (MPI counts are int), one request per chunk; no request for an empty buffer.
+std::vector<MPI_Request> iallreduce_in_place(const at::Tensor& buf, MPI_Datatype mt, ReduceOp op,
+                                             MPI_Comm comm, int64_t max_count) {
+  std::vector<MPI_Request> reqs;
+  auto* p = static_cast<char*>(buf.data_ptr());
+  const int64_t total = buf.numel();
+  const int64_t es = static_cast<int64_t>(buf.element_size());
+  for (int64_t off = 0; off < total; off += max_count) {
+    const int64_t len = std::min(max_count, total - off);
+    MPI_Request r;
+    int rc =
+        MPI_Iallreduce(MPI_IN_PLACE, p + off * es, static_cast<int>(len), mt, mpi_op(op), comm, &r);
+    FSDP_CHECK(rc == MPI_SUCCESS, "mpi backend: MPI_Iallreduce failed: " + mpi_error_string(rc),
+               "check the MPI errors above and that every rank is still running; then rerun");
+    reqs.push_back(r);
+  }
+  return reqs;
+}
+
 }  // namespace
 
 MpiTuning mpi_tuning_from_env() {
@@ -310,19 +330,7 @@ WorkPtr MpiCommunicator::reduce_scatter(const at::Tensor& in, const at::Tensor& 
       reqs.push_back(r);
       return reqs;
     }
-    auto* p = static_cast<char*>(src.data_ptr());
-    const int64_t total = src.numel();
-    const int64_t es = static_cast<int64_t>(src.element_size());
-    for (int64_t off = 0; off < total; off += maxc) {
-      const int64_t len = std::min(maxc, total - off);
-      MPI_Request r;
-      int rc = MPI_Iallreduce(MPI_IN_PLACE, p + off * es, static_cast<int>(len), mt, mpi_op(op),
-                              comm_, &r);
-      FSDP_CHECK(rc == MPI_SUCCESS, "mpi backend: MPI_Iallreduce failed: " + mpi_error_string(rc),
-                 "check the MPI errors above and that every rank is still running; then rerun");
-      reqs.push_back(r);
-    }
-    return reqs;
+    return iallreduce_in_place(src, mt, op, comm_, maxc);
   };
   const int size = size_;
   task->finish = [src, res, out, n, rank, size, op, via_allreduce]() {
@@ -349,20 +357,7 @@ WorkPtr MpiCommunicator::all_reduce(const at::Tensor& t, ReduceOp op,
   const MPI_Datatype mt = arith_type(work_type);
   const int64_t maxc = tuning_.max_count;
   task->start = [this, buf, mt, op, maxc]() {
-    std::vector<MPI_Request> reqs;
-    auto* p = static_cast<char*>(buf.data_ptr());
-    const int64_t total = buf.numel();
-    const int64_t es = static_cast<int64_t>(buf.element_size());
-    for (int64_t off = 0; off < total; off += maxc) {
-      const int64_t len = std::min(maxc, total - off);
-      MPI_Request r;
-      int rc = MPI_Iallreduce(MPI_IN_PLACE, p + off * es, static_cast<int>(len), mt, mpi_op(op),
-                              comm_, &r);
-      FSDP_CHECK(rc == MPI_SUCCESS, "mpi backend: MPI_Iallreduce failed: " + mpi_error_string(rc),
-                 "check the MPI errors above and that every rank is still running; then rerun");
-      reqs.push_back(r);
-    }
-    return reqs;
+    return iallreduce_in_place(buf, mt, op, comm_, maxc);
   };
   const int size = size_;
   task->finish = [buf, t, op, size]() {

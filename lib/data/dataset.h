@@ -51,7 +51,8 @@ struct TokenSample {
 class FeatureDataset {
  public:
   virtual ~FeatureDataset() = default;
-  // "ckpt", "native", "speculators", "modelopt" or "deepspec".
+  // The name its format registered under (data/formats.h: "ckpt", "native", "speculators",
+  // "modelopt", "deepspec", ...).
   virtual std::string format() const = 0;
   virtual int64_t size() const = 0;
   // Reads, validates and normalises sample i (0 <= i < size()). Thread-safe. Throws
@@ -73,6 +74,12 @@ class FeatureDataset {
   // checked (a .ckpt file's hidden-state records stay on disk): for counts that only need the
   // tokens, such as the start-up loss-mask count.
   virtual TokenSample read_tokens_only(int64_t i) const { return read_tokens(i); }
+  // True when read_tokens_only costs no file opening per sample (native shards), so start-up
+  // counts may read every sample rather than a spaced subset.
+  virtual bool cheap_tokens() const { return false; }
+  // One file that changes whenever the dataset does (native: its index, which convert rewrites
+  // with every shard), or "" when only every sample's source() can tell (vocabulary cache key).
+  virtual std::string index_file() const { return ""; }
   // File (and shard key) that holds sample i.
   virtual std::string source(int64_t i) const = 0;
   // Where sample i comes from, relative to root() (a file, or a file plus a record), and its
@@ -99,11 +106,11 @@ class FeatureDataset {
   mutable std::atomic<uint64_t> bytes_read_{0};
 };
 
-// Opens `path`, detecting its format (data/formats.h: detect_feature_format): a native dataset
-// (features.index.json), a DeepSpec cache (manifest.json), a speculators dump (hs_<i>.safetensors),
-// a SpecForge tree (*.ckpt and/or *.ckpt.gz, searched recursively, sorted by path; sample i =
-// i-th path) or ModelOpt dumps (*.pt). Throws UsageError when the path does not exist or holds
-// no features.
+// Opens `path` in the format the registry recognises there (data/formats.cpp, in detection
+// order: a native index, then the producers' dumps, then a SpecForge tree of *.ckpt / *.ckpt.gz
+// searched recursively, sorted by path, sample i = i-th path). Throws UsageError when the path
+// does not exist, holds two formats of one stage, or holds no features (the message lists what
+// every registered format is recognised by).
 std::shared_ptr<FeatureDataset> open_feature_dataset(const std::string& path,
                                                      const DatasetOptions& options = {});
 

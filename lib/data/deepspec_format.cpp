@@ -399,4 +399,12 @@ std::shared_ptr<FeatureDataset> open_deepspec_dataset(const std::string& dir,
   return std::make_shared<DeepSpecDataset>(dir, options);
 }
 
+FeatureFormat deepspec_feature_format() {
+  return {"deepspec", "manifest.json", FormatDetection::kDirectory,
+          [](const std::string& path) -> FeatureOpener {
+            if (!is_deepspec_cache(path)) return {};
+            return [path](const DatasetOptions& o) { return open_deepspec_dataset(path, o); };
+          }};
+}
+
 }  // namespace fsdp::data

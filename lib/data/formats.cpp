@@ -1,30 +1,77 @@
-// Format detection for the other producers' dumps (formats.h): each format is recognised by what
-// its producer always writes, and a directory that looks like two formats at once is refused
-// rather than guessed.
+// The feature-format registry (formats.h) and detection over it: each stage's formats are probed
+// in registry order; a stage where two formats recognise the path refuses it rather than guess.
 #include "data/formats.h"
 
 #include <filesystem>
-#include <vector>
+#include <utility>
 
 #include "core/error.h"
 
 namespace fsdp::data {
 
-std::shared_ptr<FeatureDataset> open_producer_dataset(const std::string& path,
-                                                      const DatasetOptions& options) {
-  if (!std::filesystem::is_directory(path)) return nullptr;
-  std::vector<std::string> found;
-  if (is_deepspec_cache(path)) found.push_back("deepspec");
-  if (is_speculators_dump(path)) found.push_back("speculators");
-  if (is_modelopt_dump(path)) found.push_back("modelopt");
-  if (found.empty()) return nullptr;
-  FSDP_USAGE_CHECK(
-      found.size() == 1,
-      str(path, ": holds files of several feature formats (", found[0], " and ", found[1], ")"),
-      "keep each producer's dump in its own directory and point the path at one");
-  if (found[0] == "deepspec") return open_deepspec_dataset(path, options);
-  if (found[0] == "speculators") return open_speculators_dataset(path, options);
-  return open_modelopt_dataset(path, options);
+// Each format's entry, defined in its reader's file. Declared here only: the registry is the one
+// place that asks for them.
+FeatureFormat native_feature_format();       // native_reader.cpp
+FeatureFormat deepspec_feature_format();     // deepspec_format.cpp
+FeatureFormat speculators_feature_format();  // speculators_format.cpp
+FeatureFormat modelopt_feature_format();     // modelopt_format.cpp
+FeatureFormat ckpt_feature_format();         // ckpt_format.cpp
+
+const std::vector<FeatureFormat>& feature_formats() {
+  static const std::vector<FeatureFormat> formats = {
+      native_feature_format(),      deepspec_feature_format(), modelopt_feature_format(),
+      speculators_feature_format(), ckpt_feature_format(),
+  };
+  return formats;
+}
+
+const FeatureFormat* find_feature_format(std::string_view name) {
+  for (const auto& f : feature_formats())
+    if (name == f.name) return &f;
+  return nullptr;
+}
+
+std::string no_features_message(const std::string& path) {
+  // From the broadest search (the .ckpt tree, what most users point at) to the index.
+  const auto& formats = feature_formats();
+  std::string list;
+  for (size_t i = formats.size(); i-- > 0;) {
+    list += formats[i].recognised_by;
+    if (i > 0) list += i == 1 ? " or " : ", ";
+  }
+  return path + ": no feature files found (no " + list + ")";
+}
+
+namespace {
+
+// The one format of `stage` that recognises `path`, or an empty opener when none does.
+FeatureOpener probe_stage(const std::string& path, FormatDetection stage) {
+  std::vector<std::pair<const char*, FeatureOpener>> found;
+  for (const auto& f : feature_formats()) {
+    if (f.detection != stage) continue;
+    if (FeatureOpener open = f.probe(path)) found.emplace_back(f.name, std::move(open));
+  }
+  if (found.empty()) return {};
+  FSDP_USAGE_CHECK(found.size() == 1,
+                   str(path, ": holds files of several feature formats (", found[0].first, " and ",
+                       found[1].first, ")"),
+                   "keep each producer's dump in its own directory and point the path at one");
+  return std::move(found[0].second);
+}
+
+}  // namespace
+
+std::shared_ptr<FeatureDataset> open_feature_dataset(const std::string& path,
+                                                     const DatasetOptions& options) {
+  FSDP_USAGE_CHECK(std::filesystem::exists(path), path + ": hidden-states path does not exist",
+                   "check --train-hidden-states-path");
+  for (const auto stage :
+       {FormatDetection::kIndexed, FormatDetection::kDirectory, FormatDetection::kTree}) {
+    if (FeatureOpener open = probe_stage(path, stage)) return open(options);
+  }
+  FSDP_USAGE_FAIL(no_features_message(path),
+                  "point the path at SpecForge hidden states (rows_*/data_*.ckpt[.gz]), another "
+                  "producer's dump (docs/data.md) or the output of `fsdp-train convert`");
 }
 
 }  // namespace fsdp::data

@@ -43,6 +43,7 @@ DataLoader::DataLoader(std::shared_ptr<FeatureDataset> dataset, DistributedSampl
              str("loader: sampler covers ", sampler_.num_samples(), " samples, dataset has ",
                  dataset_ ? dataset_->size() : 0),
              "this is a bug in fsdp-train: please report it with the command line and log");
+  read_mode_ = choose_read_mode();
 }
 
 DataLoader::~DataLoader() {
@@ -96,112 +97,141 @@ RawSample DataLoader::read_with_retries(int64_t idx, int64_t from, int64_t count
   }
 }
 
-Batch DataLoader::build_batch(int64_t epoch, int64_t batch) {
-  const int64_t b = sampler_.micro_batch_size();
+DataLoader::ReadMode DataLoader::choose_read_mode() const {
+  if (options_.sp_size <= 1) return ReadMode::kWhole;
+  // Rows alone only where the window is the whole story: one sample per micro-batch, and no
+  // noise (which is drawn over the whole sample).
+  if (sampler_.micro_batch_size() == 1 && dataset_->reads_rows() && !options_.noise.enabled())
+    return ReadMode::kWindow;
+  return options_.sp_rank == 0 ? ReadMode::kGroupReads : ReadMode::kGroupWaits;
+}
+
+// One micro-batch's samples as read, in row order; bad rows hold default Samples until
+// fill_stand_ins. kWindow: the one sample's window and its whole loss mask.
+struct DataLoader::BatchRead {
   std::vector<Sample> samples;
-  std::vector<int64_t> bad_rows;
-  Batch out;
-  // Sequence parallelism on shards that read rows alone (and no noise, which is drawn over the
-  // whole sample): only this rank's window of the one sample is read (data::process_window).
-  const bool sliced = options_.sp_size > 1;
-  const bool windowed = sliced && b == 1 && dataset_->reads_rows() && !options_.noise.enabled();
+  std::vector<int64_t> indices, bad_rows;
+  uint64_t bytes_read = 0;
   int64_t win_offset = 0, win_local = 0;
   at::Tensor full_mask;
-  // The other formats: rank 0 of the group reads for the group (train::share_batch).
-  const bool shared = sliced && !windowed;
-  if (shared && options_.sp_rank != 0) {
-    out.sample_indices.assign(epoch_indices_.begin() + batch * b,
-                              epoch_indices_.begin() + (batch + 1) * b);
-    out.epoch = epoch;
-    out.batch_index = batch;
-    out.awaits_share = true;
-    return out;
-  }
-  // Bytes read, and the hidden size and aux width of the first good sample (for stand-ins).
-  const auto note_read = [&](const RawSample& raw) {
-    out.bytes_read += raw.nbytes();
-    std::lock_guard<std::mutex> lock(mu_);
-    if (hidden_size_ == 0) {
-      hidden_size_ = raw.hidden_size();
-      aux_width_ = raw.aux_hidden_state.size(1);
-    }
-  };
+};
+
+Batch DataLoader::build_batch(int64_t epoch, int64_t batch) {
+  if (read_mode_ == ReadMode::kGroupWaits) return awaiting_batch(epoch, batch);
+  const int64_t b = sampler_.micro_batch_size();
+  BatchRead read;
   for (int64_t k = 0; k < b; ++k) {
     const int64_t idx = epoch_indices_[batch * b + k];
-    out.sample_indices.push_back(idx);
+    read.indices.push_back(idx);
     try {
-      if (windowed) {
-        const TokenSample tokens = dataset_->read_tokens(idx);
-        const int64_t s = std::min(tokens.input_ids.size(0), options_.max_length);
-        FSDP_CHECK(s >= 1, dataset_->source(idx) + ": sample has no tokens",
-                   "regenerate this feature file (it has no input_ids) or remove it");
-        win_local = std::max<int64_t>(1, (s + options_.sp_size - 1) / options_.sp_size);
-        win_offset = options_.sp_rank * win_local;
-        const int64_t window = win_local + options_.sp_halo;
-        RawSample raw = read_with_retries(idx, win_offset, window + 1);
-        note_read(raw);
-        full_mask = raw.loss_mask.narrow(0, 0, s).clone();
-        full_mask[s - 1] = 0;  // as process_sample: the last token has no next one
-        samples.push_back(process_window(raw, options_.max_length, win_offset, window));
-        continue;
-      }
-      RawSample raw = read_with_retries(idx);
-      note_read(raw);
-      samples.push_back(process_sample(raw, options_.max_length));
-      // Here the sample's identity (epoch, dataset index) is known and the work stays off the
-      // trainer's thread; stand-ins for bad samples below get no noise.
-      samples.back().aux_hidden =
-          add_aux_noise(samples.back().aux_hidden, options_.noise, epoch, idx);
+      read.samples.push_back(read_mode_ == ReadMode::kWindow ? read_window(idx, read)
+                                                             : read_whole(epoch, idx, read));
     } catch (const BadSampleError& e) {
       if (!options_.skip_bad_samples) throw;
       std::lock_guard<std::mutex> lock(mu_);
       bad_.push_back({idx, dataset_->source(idx), e.message()});
-      bad_rows.push_back(k);
-      samples.emplace_back();  // filled below once the hidden size is known
+      read.bad_rows.push_back(k);
+      read.samples.emplace_back();  // filled by fill_stand_ins once the hidden size is known
     }
   }
-  if (!bad_rows.empty()) {
-    int64_t h = 0, w = 0;
-    for (const auto& s : samples) {
-      if (s.target_hidden.defined()) {
-        h = s.target_hidden.size(1);
-        w = s.aux_hidden.size(1);
-      }
-    }
-    if (h == 0) {
-      std::lock_guard<std::mutex> lock(mu_);
-      h = hidden_size_;
-      w = aux_width_;
-    }
-    // A whole batch of bad samples before any good one: find H from the next readable sample.
-    for (int64_t i = 0; h == 0 && i < dataset_->size(); ++i) {
-      try {
-        const RawSample r = dataset_->read(i);
-        h = r.hidden_size();
-        w = r.aux_hidden_state.size(1);
-      } catch (const BadSampleError&) {
-      }
-    }
-    FSDP_USAGE_CHECK(h > 0, dataset_->root() + ": every sample is bad",
-                     "fix the hidden-state files");
-    for (int64_t k : bad_rows) samples[k] = empty_sample(h, w);
+  if (!read.bad_rows.empty()) fill_stand_ins(read.samples, read.bad_rows);
+  return finish_batch(std::move(read), epoch, batch);
+}
+
+Batch DataLoader::awaiting_batch(int64_t epoch, int64_t batch) const {
+  const int64_t b = sampler_.micro_batch_size();
+  Batch out;
+  out.sample_indices.assign(epoch_indices_.begin() + batch * b,
+                            epoch_indices_.begin() + (batch + 1) * b);
+  out.epoch = epoch;
+  out.batch_index = batch;
+  out.awaits_share = true;
+  return out;
+}
+
+// Bytes read, and the hidden size and aux width of the first good sample (for stand-ins).
+void DataLoader::note_read(const RawSample& raw, BatchRead& read) {
+  read.bytes_read += raw.nbytes();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (hidden_size_ == 0) {
+    hidden_size_ = raw.hidden_size();
+    aux_width_ = raw.aux_hidden_state.size(1);
   }
-  const bool read_window = windowed && bad_rows.empty();
-  Batch collated = collate(samples, options_.pin_memory && (!sliced || read_window));
-  collated.sample_indices = std::move(out.sample_indices);
-  collated.bytes_read = out.bytes_read;
-  collated.num_skipped = static_cast<int64_t>(bad_rows.size());
+}
+
+Sample DataLoader::read_whole(int64_t epoch, int64_t idx, BatchRead& read) {
+  RawSample raw = read_with_retries(idx);
+  note_read(raw, read);
+  Sample s = process_sample(raw, options_.max_length);
+  // Here the sample's identity (epoch, dataset index) is known and the work stays off the
+  // trainer's thread; stand-ins for bad samples get no noise.
+  s.aux_hidden = add_aux_noise(s.aux_hidden, options_.noise, epoch, idx);
+  return s;
+}
+
+Sample DataLoader::read_window(int64_t idx, BatchRead& read) {
+  const TokenSample tokens = dataset_->read_tokens(idx);
+  const int64_t s = std::min(tokens.input_ids.size(0), options_.max_length);
+  FSDP_CHECK(s >= 1, dataset_->source(idx) + ": sample has no tokens",
+             "regenerate this feature file (it has no input_ids) or remove it");
+  read.win_local = std::max<int64_t>(1, (s + options_.sp_size - 1) / options_.sp_size);
+  read.win_offset = options_.sp_rank * read.win_local;
+  const int64_t window = read.win_local + options_.sp_halo;
+  RawSample raw = read_with_retries(idx, read.win_offset, window + 1);
+  note_read(raw, read);
+  read.full_mask = raw.loss_mask.narrow(0, 0, s).clone();
+  read.full_mask[s - 1] = 0;  // as process_sample: the last token has no next one
+  return process_window(raw, options_.max_length, read.win_offset, window);
+}
+
+// Empty rows for the bad samples, of the hidden size and aux width of a good one (this batch's,
+// an earlier batch's, or else the next readable sample's).
+void DataLoader::fill_stand_ins(std::vector<Sample>& samples,
+                                const std::vector<int64_t>& bad_rows) {
+  int64_t h = 0, w = 0;
+  for (const auto& s : samples) {
+    if (s.target_hidden.defined()) {
+      h = s.target_hidden.size(1);
+      w = s.aux_hidden.size(1);
+    }
+  }
+  if (h == 0) {
+    std::lock_guard<std::mutex> lock(mu_);
+    h = hidden_size_;
+    w = aux_width_;
+  }
+  // A whole batch of bad samples before any good one: find H from the next readable sample.
+  for (int64_t i = 0; h == 0 && i < dataset_->size(); ++i) {
+    try {
+      const RawSample r = dataset_->read(i);
+      h = r.hidden_size();
+      w = r.aux_hidden_state.size(1);
+    } catch (const BadSampleError&) {
+    }
+  }
+  FSDP_USAGE_CHECK(h > 0, dataset_->root() + ": every sample is bad", "fix the hidden-state files");
+  for (int64_t k : bad_rows) samples[k] = empty_sample(h, w);
+}
+
+Batch DataLoader::finish_batch(BatchRead read, int64_t epoch, int64_t batch) const {
+  // A window with a bad sample's stand-in is sliced like a whole sample (the same verdict on
+  // every rank); a group's whole sample stays unpinned (share_batch slices and pins).
+  const bool read_window = read_mode_ == ReadMode::kWindow && read.bad_rows.empty();
+  const bool pin = options_.pin_memory && (read_mode_ == ReadMode::kWhole || read_window);
+  Batch collated = collate(read.samples, pin);
+  collated.sample_indices = std::move(read.indices);
+  collated.bytes_read = read.bytes_read;
+  collated.num_skipped = static_cast<int64_t>(read.bad_rows.size());
   collated.epoch = epoch;
   collated.batch_index = batch;
   if (read_window) {
-    collated.shard_offset = win_offset;
-    collated.shard_local = win_local;
+    collated.shard_offset = read.win_offset;
+    collated.shard_local = read.win_local;
     collated.shard_rank = options_.sp_rank;
-    collated.full_loss_mask = full_mask.unsqueeze(0);
-  } else if (shared) {
-    collated.awaits_share = true;  // whole, unpinned: share_batch slices and pins
-  } else if (sliced) {
-    // Windowed reading with a bad sample's stand-in (the same verdict on every rank).
+    collated.full_loss_mask = read.full_mask.unsqueeze(0);
+  } else if (read_mode_ == ReadMode::kGroupReads) {
+    collated.awaits_share = true;
+  } else if (read_mode_ == ReadMode::kWindow) {
     return slice_batch(collated, options_.sp_rank, options_.sp_size, options_.sp_halo,
                        options_.pin_memory);
   }

@@ -95,11 +95,29 @@ class DataLoader {
   void worker(int id);
   // read(idx), or read_rows(idx, from, count) when from >= 0, retried on SampleReadError.
   RawSample read_with_retries(int64_t idx, int64_t from = -1, int64_t count = 0);
+
+  // How this rank reads a micro-batch, chosen once at construction (options, dataset and
+  // micro-batch size do not change afterwards):
+  //   kWhole      no sequence parallelism: every sample read whole;
+  //   kWindow     sequence-parallel on a dataset that reads rows alone (no noise, one sample
+  //               per micro-batch): this rank's window only (data::process_window);
+  //   kGroupReads sequence-parallel otherwise, group rank 0: the sample whole, for the group;
+  //   kGroupWaits the group's other ranks: nothing (Batch::awaits_share).
+  enum class ReadMode { kWhole, kWindow, kGroupReads, kGroupWaits };
+  ReadMode choose_read_mode() const;
+  struct BatchRead;  // what reading one micro-batch's samples produced (loader.cpp)
   Batch build_batch(int64_t epoch, int64_t batch);
+  Batch awaiting_batch(int64_t epoch, int64_t batch) const;
+  Sample read_whole(int64_t epoch, int64_t idx, BatchRead& read);
+  Sample read_window(int64_t idx, BatchRead& read);
+  void note_read(const RawSample& raw, BatchRead& read);
+  void fill_stand_ins(std::vector<Sample>& samples, const std::vector<int64_t>& bad_rows);
+  Batch finish_batch(BatchRead read, int64_t epoch, int64_t batch) const;
 
   std::shared_ptr<FeatureDataset> dataset_;
   DistributedSampler sampler_;
   LoaderOptions options_;
+  ReadMode read_mode_ = ReadMode::kWhole;
   int64_t hidden_size_ = 0;  // learned from the first good sample; used for empty rows
   int64_t aux_width_ = 0;    // its aux_hidden_state width (n captured layers x H)
 

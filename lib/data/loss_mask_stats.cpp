@@ -25,8 +25,8 @@ LossMaskCount count_loss_mask(const FeatureDataset& dataset, int64_t max_length,
   LossMaskCount c;
   const int64_t n_all = dataset.size();
   // Only ids and masks are read (read_tokens_only), but every .ckpt sample is a file to open:
-  // at most kMaxCountedCkptSamples of them, evenly spaced; every native sample.
-  const int64_t m = dataset.format() == "native" ? n_all : std::min(n_all, kMaxCountedCkptSamples);
+  // at most kMaxCountedCkptSamples of them, evenly spaced; every sample where tokens are cheap.
+  const int64_t m = dataset.cheap_tokens() ? n_all : std::min(n_all, kMaxCountedCkptSamples);
   for (int64_t k = rank; k < m; k += world) {
     const int64_t i = m == n_all ? k : k * n_all / m;  // k < 4096: no overflow
     TokenSample s;

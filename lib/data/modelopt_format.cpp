@@ -203,4 +203,12 @@ std::shared_ptr<FeatureDataset> open_modelopt_dataset(const std::string& dir,
   return std::make_shared<ModeloptDataset>(dir, std::move(files), options);
 }
 
+FeatureFormat modelopt_feature_format() {
+  return {"modelopt", "*.pt", FormatDetection::kDirectory,
+          [](const std::string& path) -> FeatureOpener {
+            if (!is_modelopt_dump(path)) return {};
+            return [path](const DatasetOptions& o) { return open_modelopt_dataset(path, o); };
+          }};
+}
+
 }  // namespace fsdp::data

@@ -1,7 +1,6 @@
-// The native feature format: many samples per safetensors shard plus one index, read by mmap;
-// and `convert`, which turns any feature dataset (a SpecForge .ckpt/.ckpt.gz tree, another
-// producer's dump, or native shards) into it, in parallel across MPI ranks, resumable, verifying
-// every shard it writes. Never modifies the input.
+// The native feature format: many samples per safetensors shard plus one index, read by mmap
+// (data/native_reader.cpp, registered as "native" in data/formats.cpp). `convert` writes it
+// (data/native_convert.h). The reader never writes and never opens another format.
 //
 // Layout of DIR:
 //   features.index.json            {"format":"fsdp-train-features","version":1 (bf16) or 2 (fp8),
@@ -21,14 +20,10 @@
 
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
-#include <vector>
 
 #include "data/dataset.h"
-
-namespace fsdp::comm {
-class Communicator;
-}
 
 namespace fsdp::data {
 
@@ -46,40 +41,15 @@ bool is_native_dataset(const std::string& dir);
 std::shared_ptr<FeatureDataset> open_native_dataset(const std::string& dir,
                                                     const DatasetOptions& options = {});
 
-struct ConvertOptions {
-  std::string input;                         // any feature dataset (open_feature_dataset)
-  std::string output;                        // native dataset directory (created)
-  uint64_t shard_bytes = uint64_t{1} << 30;  // target shard size, planned from .ckpt file sizes
-  bool skip_bad_samples = false;
-  bool overwrite = false;      // redo shards even when a verified .done marker exists
-  std::string dtype = "bf16";  // hidden-state storage: "bf16" (exact) or "fp8_e4m3" (data/fp8.h)
-  DatasetOptions dataset;
-};
-
-struct ConvertReport {
-  std::string input_format;  // FeatureDataset::format() of the input
-  int64_t shards_total = 0;
-  int64_t shards_written = 0;   // by this rank
-  int64_t shards_skipped = 0;   // by this rank: already complete and verified
-  int64_t samples_written = 0;  // by this rank
-  int64_t bad_samples = 0;      // all ranks
-  uint64_t bytes_written = 0;   // by this rank
-  double seconds = 0;
-  std::vector<std::string> bad_sample_lines;  // "file: problem" (this rank)
-};
-
-// The shard plan: consecutive runs of samples whose source sizes add up to about shard_bytes (at
-// least one sample per shard). Deterministic from the sizes, so every rank computes the same
-// plan without communication. Returns [first, end) per shard.
-std::vector<std::pair<int64_t, int64_t>> plan_shards(const std::vector<uint64_t>& sizes,
-                                                     uint64_t shard_bytes);
-// Same over files' sizes on disk.
-std::vector<std::pair<int64_t, int64_t>> plan_shards(const std::vector<std::string>& files,
-                                                     uint64_t shard_bytes);
-
-// Converts; rank r of `comm` (nullptr = single process) handles shards r, r+W, ... Then rank 0
-// writes the index from the shard headers. Every rank returns the same shards_total and the
-// all-reduced bad_samples. Throws BadSampleError on bad input unless skip_bad_samples.
-ConvertReport convert_to_native(const ConvertOptions& options, comm::Communicator* comm = nullptr);
+// Shared by the reader and the converter (native_convert.h): the tensor keys of a sample, the
+// name of shard k's file with extension `ext` ("safetensors" or "done"), and a JSON file of the
+// layout (index or marker) parsed, a parse error naming the file.
+inline constexpr const char* kNativeTensorKeys[4] = {"input_ids", "loss_mask", "hidden_state",
+                                                     "aux_hidden_state"};
+std::string native_shard_name(int64_t k, const char* ext);
+nlohmann::json read_native_json(const std::string& path);
 
 }  // namespace fsdp::data
+
+// The converter's API, for includers of the whole format (tests, benchmarks).
+#include "data/native_convert.h"

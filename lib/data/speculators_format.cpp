@@ -327,4 +327,12 @@ std::shared_ptr<FeatureDataset> open_speculators_dataset(const std::string& dir,
   return std::make_shared<SpeculatorsDataset>(dir, options);
 }
 
+FeatureFormat speculators_feature_format() {
+  return {"speculators", "hs_<i>.safetensors", FormatDetection::kDirectory,
+          [](const std::string& path) -> FeatureOpener {
+            if (!is_speculators_dump(path)) return {};
+            return [path](const DatasetOptions& o) { return open_speculators_dataset(path, o); };
+          }};
+}
+
 }  // namespace fsdp::data

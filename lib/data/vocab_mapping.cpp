@@ -19,7 +19,6 @@
 #include "core/hash.h"
 #include "core/log.h"
 #include "core/torch_archive_load.h"
-#include "data/native_format.h"
 #include "data/torch_save.h"
 
 namespace fsdp::data {
@@ -184,8 +183,8 @@ std::string dataset_fingerprint(const FeatureDataset& dataset) {
     }
   };
   mix(fsdp::str(dataset.size(), "\n"));
-  if (dataset.format() == "native") {
-    mix_file((fs::path(dataset.root()) / kNativeIndexFile).string());
+  if (const std::string index = dataset.index_file(); !index.empty()) {
+    mix_file(index);
   } else {
     for (int64_t i = 0; i < dataset.size(); ++i) mix_file(dataset.source(i));
   }
