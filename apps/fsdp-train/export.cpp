@@ -39,7 +39,7 @@ struct ExportFlags {
 // (a top-level id list is vLLM's and needs none).
 std::optional<model::AuxLayers> checkpoint_aux_layers(const ExportFlags& f,
                                                       const std::string& config_json) {
-  const std::string record = checkpoint::join_path(f.checkpoint, "aux_layers.json");
+  const std::string record = checkpoint::join_path(f.checkpoint, checkpoint::layout::kAuxLayers);
   const auto convention = model::parse_convention(f.aux_convention);
   FSDP_USAGE_CHECK(convention.has_value(),
                    "--aux-layer-convention '" + f.aux_convention +
@@ -67,7 +67,8 @@ int run_export(const ExportFlags& f) {
                    "--checkpoint " + f.checkpoint + ": not a complete fsdp-train checkpoint (no " +
                        checkpoint::kCompleteMarker + " marker)",
                    "point it at an <output-dir>/epoch_<E>_step_<S> directory");
-  const std::string state_dir = checkpoint::join_path(f.checkpoint, "train_state");
+  const std::string state_dir =
+      checkpoint::join_path(f.checkpoint, checkpoint::layout::kTrainState);
   FSDP_USAGE_CHECK(fs::is_regular_file(state_dir + "/manifest.txt"),
                    "--checkpoint " + f.checkpoint + " has no train_state/manifest.txt",
                    "point --checkpoint at an <output-dir>/epoch_<E>_step_<S> directory");

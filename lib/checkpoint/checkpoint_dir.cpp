@@ -77,8 +77,8 @@ std::vector<std::string> list_foreign_exports(const std::string& output_dir) {
     const std::string name = entry.path().filename().string();
     if (!entry.is_directory() || !std::regex_match(name, re)) continue;
     const std::string dir = entry.path().string();
-    if (is_complete(dir) || !fs::is_regular_file(entry.path() / "config.json", ec) ||
-        !fs::is_regular_file(entry.path() / "model.safetensors", ec)) {
+    if (is_complete(dir) || !fs::is_regular_file(entry.path() / layout::kConfig, ec) ||
+        !fs::is_regular_file(entry.path() / layout::kModel, ec)) {
       continue;
     }
     out.push_back(dir);

@@ -1,7 +1,8 @@
 // Checkpoint directories of a run: naming (epoch_<E>_step_<S>), discovery of the newest
 // complete one, atomic publication (write into a temporary directory, completion marker last,
-// rename), keep-last-k pruning and safe permissions. Pure filesystem code: it never knows what
-// the files inside mean, and never deletes a directory it did not recognise as a checkpoint.
+// rename), keep-last-k pruning and safe permissions, and the names of the files inside one (the
+// layout below). Pure filesystem code: it never knows what the files inside mean, and never
+// deletes a directory it did not recognise as a checkpoint.
 #pragma once
 
 #include <cstdint>
@@ -20,6 +21,23 @@ inline constexpr const char* kCompleteMarker = "COMPLETE";
 // (".best.tmp", ".latest.tmp") are ignored alike.
 inline constexpr const char* kBestLink = "best";
 inline constexpr const char* kLatestLink = "latest";
+
+// The layout of a checkpoint directory (docs/reference.md §7): the draft export the engines read
+// (config.json, model.safetensors; aux_layers.json when the features' layers are known; a LoRA
+// run's lora.json and PEFT adapter/), then what resume reads (train_state/ of the sharding
+// engine, trainer_state.json of the loop), then the marker. Every reader and writer takes the
+// names from here.
+namespace layout {
+inline constexpr const char* kConfig = "config.json";
+inline constexpr const char* kModel = "model.safetensors";
+inline constexpr const char* kAuxLayers = "aux_layers.json";
+inline constexpr const char* kLoraRecord = "lora.json";
+inline constexpr const char* kAdapterDir = "adapter";
+inline constexpr const char* kTrainState = "train_state";
+inline constexpr const char* kRunState = "trainer_state.json";
+// Inside train_state/: the shard manifest (written by lib/shard; named here for messages).
+inline constexpr const char* kShardManifest = "manifest.txt";
+}  // namespace layout
 
 struct CheckpointRef {
   std::string path;  // absolute or as given under the output directory

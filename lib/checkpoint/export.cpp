@@ -13,6 +13,7 @@
 #include "checkpoint/safetensors.h"
 #include "core/error.h"
 #include "core/fs_util.h"
+#include "model/draft_model.h"
 
 namespace fs = std::filesystem;
 
@@ -23,7 +24,7 @@ uint64_t write_draft_export(const std::string& dir, const std::string& config_js
                             const at::Tensor& d2t, const at::Tensor& t2d, c10::ScalarType dtype) {
   ensure_directory(dir);
   {
-    const std::string path = join_path(dir, "config.json");
+    const std::string path = join_path(dir, layout::kConfig);
     write_file_durably(
         path, config_json.empty() || config_json.back() != '\n' ? config_json + "\n" : config_json);
   }
@@ -36,7 +37,7 @@ uint64_t write_draft_export(const std::string& dir, const std::string& config_js
              "this is a bug in fsdp-train: please report it with the command line and log");
   tensors.emplace_back("d2t", d2t.to(at::kCPU).to(at::kLong).contiguous());
   tensors.emplace_back("t2d", t2d.to(at::kCPU).to(at::kBool).contiguous());
-  const uint64_t bytes = write_safetensors(join_path(dir, "model.safetensors"), tensors,
+  const uint64_t bytes = write_safetensors(join_path(dir, layout::kModel), tensors,
                                            {{"format", "pt"}, {"producer", "fsdp-train"}});
   // What the serving engines need, checked on the files as written (headers, d2t and t2d only:
   // milliseconds for any draft) before the caller can mark the checkpoint complete.
@@ -45,7 +46,7 @@ uint64_t write_draft_export(const std::string& dir, const std::string& config_js
 }
 
 std::pair<at::Tensor, at::Tensor> read_export_mapping(const std::string& dir) {
-  const std::string model = join_path(dir, "model.safetensors");
+  const std::string model = join_path(dir, layout::kModel);
   std::error_code ec;
   FSDP_USAGE_CHECK(fs::is_regular_file(model, ec), "'" + model + "' is missing",
                    "the directory is not a draft export; point at an epoch_<E>_step_<S> directory");
@@ -63,11 +64,11 @@ DraftExport read_draft_export(const std::string& dir) {
   FSDP_USAGE_CHECK(fs::is_directory(dir, ec), "checkpoint directory '" + dir + "' does not exist",
                    "give a directory holding config.json and model.safetensors (an "
                    "epoch_<E>_step_<S> directory written by fsdp-train)");
-  const std::string model = join_path(dir, "model.safetensors");
+  const std::string model = join_path(dir, layout::kModel);
   FSDP_USAGE_CHECK(fs::is_regular_file(model, ec), "'" + model + "' is missing",
                    "the directory is not a draft export; point at an epoch_<E>_step_<S> directory");
   DraftExport out;
-  out.config_path = join_path(dir, "config.json");
+  out.config_path = join_path(dir, layout::kConfig);
   auto file = SafetensorsFile::open(model);
   for (const auto& info : file->tensors()) {
     at::Tensor t = file->read(info.name);
@@ -92,7 +93,7 @@ std::string lora_record_json(const LoraRecord& r) {
 }
 
 std::optional<LoraRecord> read_lora_record(const std::string& dir) {
-  const std::string path = join_path(dir, "lora.json");
+  const std::string path = join_path(dir, layout::kLoraRecord);
   std::error_code ec;
   if (!fs::is_regular_file(path, ec)) return std::nullopt;
   std::ifstream in(path);
@@ -135,6 +136,24 @@ void write_peft_adapter(const std::string& dir, const std::map<std::string, at::
   c["inference_mode"] = true;
   c["task_type"] = nullptr;
   write_file_durably(join_path(dir, "adapter_config.json"), c.dump(2) + "\n");
+}
+
+void write_checkpoint_export(const std::string& dir, std::map<std::string, at::Tensor>& full_state,
+                             const CheckpointExport& e) {
+  if (e.lora) {
+    if (e.lora_adapters) {
+      std::map<std::string, at::Tensor> adapters;
+      for (const auto& [name, t] : full_state)
+        if (model::is_lora_tensor(name)) adapters.emplace(name, t);
+      write_peft_adapter(join_path(dir, layout::kAdapterDir), adapters, *e.lora, e.dtype);
+    }
+    model::merge_lora(full_state, e.lora->scale());
+    write_file_durably(join_path(dir, layout::kLoraRecord), lora_record_json(*e.lora));
+  }
+  write_draft_export(dir, e.config_json, full_state, e.d2t, e.t2d, e.dtype);
+  // Inside the checkpoint's temporary directory: published with it, never half-written.
+  if (!e.aux_layers_record.empty())
+    write_file_durably(join_path(dir, layout::kAuxLayers), e.aux_layers_record);
 }
 
 }  // namespace fsdp::checkpoint

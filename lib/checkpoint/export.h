@@ -56,4 +56,20 @@ std::optional<LoraRecord> read_lora_record(const std::string& dir);
 void write_peft_adapter(const std::string& dir, const std::map<std::string, at::Tensor>& adapters,
                         const LoraRecord& r, c10::ScalarType dtype);
 
+// The export inside a checkpoint (rank 0 of a save; file names: checkpoint_dir.h's layout). A LoRA
+// run writes its PEFT adapters (when asked) and lora.json, and merges the adapters into
+// `full_state` first (docs/model.md "LoRA"); then config.json and model.safetensors
+// (write_draft_export, checked for the engines), then aux_layers.json when the features' layers
+// are known (its text from model::aux_layers_record). Throws on any write error.
+struct CheckpointExport {
+  std::string config_json;  // the draft's config.json as exported
+  at::Tensor d2t, t2d;      // the vocabulary mapping
+  c10::ScalarType dtype = c10::kBFloat16;
+  std::optional<LoraRecord> lora;  // a LoRA run
+  bool lora_adapters = false;      // also write <dir>/adapter (--export-lora-adapters)
+  std::string aux_layers_record;   // "" when the features' layers are unknown
+};
+void write_checkpoint_export(const std::string& dir, std::map<std::string, at::Tensor>& full_state,
+                             const CheckpointExport& e);
+
 }  // namespace fsdp::checkpoint

@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 
+#include "checkpoint/checkpoint_dir.h"
 #include "checkpoint/export_check_internal.h"
 #include "checkpoint/safetensors.h"
 #include "core/error.h"
@@ -108,7 +109,7 @@ std::shared_ptr<SafetensorsFile> open_checked(const fs::path& path, const std::s
 std::map<std::string, Tensor> open_weights(const fs::path& dir, Report& r) {
   std::map<std::string, Tensor> out;
   std::error_code ec;
-  const fs::path single = dir / "model.safetensors";
+  const fs::path single = dir / layout::kModel;
   const fs::path index = dir / "model.safetensors.index.json";
   if (fs::is_regular_file(single, ec)) {
     if (auto f = open_checked(single, "model.safetensors", r)) {
@@ -456,8 +457,8 @@ Dims config_dims(const json& cfg, Report& r) {
   d.Vd = export_check::positive_int(cfg, "draft_vocab_size", r).value_or(d.V);
   d.n = export_check::config_aux_count(cfg);
   d.L = export_check::positive_int(cfg, "num_hidden_layers", r).value_or(1);
-  d.fc_norm = export_check::config_flag(cfg, "fc_norm");
-  d.norm_before_fc = export_check::config_flag(cfg, "norm_before_fc");
+  d.fc_norm = variant_flag(cfg, "fc_norm");
+  d.norm_before_fc = variant_flag(cfg, "norm_before_fc");
   return d;
 }
 
@@ -471,7 +472,8 @@ std::vector<ExportFinding> check_export(const std::string& dir, const ExportChec
     return r.out;
   }
   std::string text;
-  const auto cfg = export_check::read_json(fs::path(dir) / "config.json", "config.json", r, &text);
+  const auto cfg =
+      export_check::read_json(fs::path(dir) / layout::kConfig, layout::kConfig, r, &text);
   const auto tensors = open_weights(dir, r);
   const json cfg_or_empty = cfg ? *cfg : json::object();
   const export_check::Engines e = export_check::engines_for(cfg_or_empty, options);

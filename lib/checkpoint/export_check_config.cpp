@@ -7,6 +7,7 @@
 #include <set>
 
 #include "checkpoint/export_check_internal.h"
+#include "checkpoint/serving_contract.h"
 #include "core/error.h"
 #include "model/aux_layers.h"
 
@@ -163,33 +164,7 @@ void check_rope(const json& cfg, Report& r) {
 }  // namespace
 
 Engines engines_for(const json& cfg, const ExportCheckOptions& o) {
-  if (o.engines_from_config) {
-    // The variants only vLLM serves (docs/serving.md): the config is written for vLLM.
-    if (!vllm_only_variants(cfg).empty()) return {true, false};
-    // num_aux_hidden_states other than 3 is vLLM's key for a draft SGLang cannot build (its fc
-    // reads 3 layers): the config is written for vLLM.
-    if (cfg.contains("num_aux_hidden_states") &&
-        cfg.at("num_aux_hidden_states").is_number_integer() &&
-        cfg.at("num_aux_hidden_states").get<int64_t>() != 3)
-      return {true, false};
-    const bool top = has_ids(cfg), nested = nested_ids(cfg);
-    if (top && !nested) return {true, false};
-    if (!top && nested) return {false, true};
-    if (!top) return {true, true};
-    // Both keys: written for both engines, unless SGLang reads other layers than vLLM: then for
-    // vLLM (`export --for vllm` mirrors the ids into eagle_config for vLLM's fc size, also when
-    // SGLang cannot read them), and the SGLang reading is a WARN.
-    try {
-      const std::string text = cfg.dump();
-      if (model::vllm_reads(text) != model::sglang_reads(text, /*legacy=*/false))
-        return {true, false};
-    } catch (const std::exception&) {  // malformed ids: check_aux reports them
-    }
-    return {true, true};
-  }
-  if (o.engines == model::ExportTarget::kVllm) return {true, false};
-  if (o.engines == model::ExportTarget::kSglang) return {false, true};
-  return {true, true};
+  return o.engines_from_config ? engines_from_config(cfg) : engines_named(o.engines);
 }
 
 std::optional<json> read_json(const fs::path& path, const std::string& subject, Report& r,
@@ -240,25 +215,7 @@ std::optional<int64_t> positive_int(const json& cfg, const std::string& key, Rep
 int64_t config_aux_count(const json& cfg) {
   if (has_ids(cfg)) return static_cast<int64_t>(cfg.at(kAuxKey).size());
   if (nested_ids(cfg)) return static_cast<int64_t>(cfg.at("eagle_config").at(kAuxKey).size());
-  return 3;
-}
-
-bool config_flag(const json& cfg, const std::string& key) {
-  auto is_true = [](const json& v) { return v.is_boolean() && v.get<bool>(); };
-  if (key == "norm_before_fc" && cfg.contains("eagle_config") &&
-      cfg.at("eagle_config").is_object() && cfg.at("eagle_config").contains(key))
-    return is_true(cfg.at("eagle_config").at(key));
-  return cfg.contains(key) && is_true(cfg.at(key));
-}
-
-std::string vllm_only_variants(const json& cfg) {
-  std::string out;
-  if (cfg.contains("num_hidden_layers") && cfg.at("num_hidden_layers").is_number_integer() &&
-      cfg.at("num_hidden_layers").get<int64_t>() > 1)
-    out = str("num_hidden_layers ", cfg.at("num_hidden_layers").get<int64_t>());
-  for (const char* key : {"fc_norm", "norm_before_fc", "norm_output", "norm_before_residual"})
-    if (config_flag(cfg, key)) out += (out.empty() ? "" : ", ") + std::string(key);
-  return out;
+  return kSglangFcLayers;
 }
 
 void check_aux(const std::string& text, const json& cfg, const Engines& e, int64_t L,
@@ -340,7 +297,7 @@ void check_aux(const std::string& text, const json& cfg, const Engines& e, int64
                                 cfg.at("num_aux_hidden_states").is_number_integer();
     const int64_t built = explicit_count ? cfg.at("num_aux_hidden_states").get<int64_t>()
                           : nested ? static_cast<int64_t>(cfg.at("eagle_config").at(kAuxKey).size())
-                                   : 3;
+                                   : kSglangFcLayers;
     if (built != n)
       r.error(explicit_count ? "config.json:num_aux_hidden_states" : subject,
               str("vLLM 0.32 builds fc for ", built,
@@ -349,19 +306,19 @@ void check_aux(const std::string& text, const json& cfg, const Engines& e, int64
                   n),
               "write eagle_config.eagle_aux_hidden_state_layer_ids (or num_aux_hidden_states) "
               "with as many layers as the features hold");
-    const int64_t captured = rv ? static_cast<int64_t>(rv->size()) : 3;
+    const int64_t captured = rv ? static_cast<int64_t>(rv->size()) : kSglangFcLayers;
     if (captured != n)
       r.error(subject, str("vLLM captures ", captured, " target layers but fc.weight takes ", n),
               "list as many ids as the features hold layers");
   }
   if (e.sglang) {
-    if (n != 3)
+    if (n != kSglangFcLayers)
       r.error("fc.weight",
               str("SGLang's LlamaForCausalLMEagle3 always builds fc for 3 aux layers, fc.weight "
                   "takes ",
                   n),
               "serve this draft with vLLM (--for vllm)");
-    const int64_t captured = rs ? static_cast<int64_t>(rs->size()) : 3;
+    const int64_t captured = rs ? static_cast<int64_t>(rs->size()) : kSglangFcLayers;
     if (captured != n)
       r.error(subject, str("SGLang captures ", captured, " target layers but fc.weight takes ", n),
               "list as many ids as the features hold layers");

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "checkpoint/export_check.h"
+#include "checkpoint/serving_contract.h"
 
 namespace fsdp::checkpoint::export_check {
 
@@ -30,11 +31,9 @@ struct Report {
   }
 };
 
-// The engines that must read the draft right (ExportCheckOptions).
-struct Engines {
-  bool vllm = true;
-  bool sglang = true;
-};
+// The engines that must read the draft right (ExportCheckOptions; the rules are
+// checkpoint/serving_contract.h's).
+using Engines = ServingEngines;
 Engines engines_for(const nlohmann::json& cfg, const ExportCheckOptions& options);
 
 std::string list_text(const std::vector<int64_t>& v);
@@ -50,14 +49,6 @@ std::optional<nlohmann::json> read_json(const std::filesystem::path& path,
 std::optional<int64_t> positive_int(const nlohmann::json& cfg, const std::string& key, Report& r);
 // The number of aux layers the config names (top-level ids, else eagle_config's, else 3).
 int64_t config_aux_count(const nlohmann::json& cfg);
-// A draft-variant flag (fc_norm, norm_before_fc, norm_output, norm_before_residual) as vLLM 0.32
-// reads it: norm_before_fc from eagle_config first, then the top level; the others at the top
-// level. Anything but true is false.
-bool config_flag(const nlohmann::json& cfg, const std::string& key);
-// The variants of docs/model.md "Draft variants" that only vLLM serves (num_hidden_layers > 1 or
-// a variant flag): their names, comma-separated, empty for a plain EAGLE3 draft.
-std::string vllm_only_variants(const nlohmann::json& cfg);
-
 // Aux ids as each engine reads them; `fc_layers` is fc.weight's input / target_hidden_size.
 void check_aux(const std::string& config_text, const nlohmann::json& cfg, const Engines& e,
                int64_t target_layers, std::optional<int64_t> fc_layers, Report& r);

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "checkpoint/checkpoint_dir.h"
 #include "core/dtype.h"
 #include "core/error.h"
 
@@ -299,7 +300,7 @@ std::map<std::string, std::string> model_weight_map(const std::string& model_dir
     }
     return map;
   }
-  const fs::path single = dir / "model.safetensors";
+  const fs::path single = dir / layout::kModel;
   const bool pickled =
       fs::exists(dir / "pytorch_model.bin") || fs::exists(dir / "pytorch_model.bin.index.json");
   // "dir/" and "dir" name the same model; the converted copy goes next to it, not inside.

@@ -46,21 +46,23 @@ Refs own_launch_checkpoints(const ResumeRequest& r, const ResumeAgreement& agree
 // outside --output-dir while --output-dir holds another run's checkpoints.
 checkpoint::CheckpointRef requested_path(const ResumeRequest& r, bool restarting) {
   const std::string& dir = r.path;
-  const bool export_only = std::filesystem::is_regular_file(dir + "/model.safetensors") &&
-                           !checkpoint::is_complete(dir) &&
-                           !std::filesystem::exists(dir + "/train_state");
-  FSDP_USAGE_CHECK(checkpoint::is_complete(dir),
-                   "--resume " + dir + ": not a complete checkpoint directory (no " +
-                       checkpoint::kCompleteMarker + " marker)",
-                   export_only ? "it holds weights only (a SpecForge checkpoint or an export), no "
-                                 "optimizer state to resume: start from its weights with "
-                                 "--init-checkpoint " +
-                                     dir + " (or --ckpt-dir) instead of --resume"
-                   : std::filesystem::exists(dir + "/train_state")
-                       ? "its save was interrupted (the marker is written last), so its files "
-                         "may be incomplete: resume from an older checkpoint, or --resume auto"
-                       : "point --resume at an epoch_<E>_step_<S> directory, or use --resume "
-                         "auto");
+  const bool export_only =
+      std::filesystem::is_regular_file(checkpoint::join_path(dir, checkpoint::layout::kModel)) &&
+      !checkpoint::is_complete(dir) &&
+      !std::filesystem::exists(checkpoint::join_path(dir, checkpoint::layout::kTrainState));
+  FSDP_USAGE_CHECK(
+      checkpoint::is_complete(dir),
+      "--resume " + dir + ": not a complete checkpoint directory (no " +
+          checkpoint::kCompleteMarker + " marker)",
+      export_only ? "it holds weights only (a SpecForge checkpoint or an export), no "
+                    "optimizer state to resume: start from its weights with "
+                    "--init-checkpoint " +
+                        dir + " (or --ckpt-dir) instead of --resume"
+      : std::filesystem::exists(checkpoint::join_path(dir, checkpoint::layout::kTrainState))
+          ? "its save was interrupted (the marker is written last), so its files "
+            "may be incomplete: resume from an older checkpoint, or --resume auto"
+          : "point --resume at an epoch_<E>_step_<S> directory, or use --resume "
+            "auto");
   // Continuing a checkpoint of another directory: this run's saves must not mix with a run
   // whose checkpoints are in --output-dir.
   if (!restarting && !r.eval_only && !inside_output_dir(dir, r.output_dir)) {
@@ -87,7 +89,7 @@ Refs readable_candidates(const Refs& candidates, const ResumeRequest& r,
     try {
       const auto [d2t, t2d] = checkpoint::read_export_mapping(c.path);
       if (!d2t.defined() || !t2d.defined()) problem = "model.safetensors has no d2t/t2d";
-      const std::string config = checkpoint::join_path(c.path, "config.json");
+      const std::string config = checkpoint::join_path(c.path, checkpoint::layout::kConfig);
       if (std::filesystem::is_regular_file(config)) model::load_draft_config(config);
     } catch (const std::exception& e) {
       problem = error_text(e);

@@ -33,7 +33,7 @@ void save_run_state(const std::string& dir, const RunState& s) {
   if (!s.epoch_metric_sums.empty()) j["epoch_metric_sums"] = s.epoch_metric_sums;
   j["config"] = s.config_json.empty() ? nlohmann::json::object()
                                       : nlohmann::json::parse(s.config_json, nullptr, false);
-  const std::string path = checkpoint::join_path(dir, "trainer_state.json");
+  const std::string path = checkpoint::join_path(dir, checkpoint::layout::kRunState);
   write_file_durably(path, j.dump(2) + "\n");
   auto gen = at::detail::getDefaultCPUGenerator();
   at::Tensor rng;
@@ -46,7 +46,7 @@ void save_run_state(const std::string& dir, const RunState& s) {
 }
 
 RunState load_run_state(const std::string& dir, bool restore_rng) {
-  const std::string path = checkpoint::join_path(dir, "trainer_state.json");
+  const std::string path = checkpoint::join_path(dir, checkpoint::layout::kRunState);
   std::ifstream f(path);
   FSDP_USAGE_CHECK(f.good(), "cannot read '" + path + "'",
                    "the checkpoint holds no training state (an export only?); resume from a "

@@ -137,31 +137,31 @@ TrainLoop::TrainLoop(Trainer::Impl& t, data::DataLoader& loader, int64_t per_epo
       per_epoch_(per_epoch),
       cadence_(cadence),
       decay_(to_decay(t.cfg.optim.lr_scheduler)),
-      timer_(t.device, engine_communicators(*t.engine)),
+      timer_(t.topo.device(), engine_communicators(*t.engine)),
       runner_(StepRunner::Parts{
-          t.draft.get(), &t.head, t.engine.get(), t.device, t.draft_cfg,
+          t.draft.get(), &t.head, t.engine.get(), t.topo.device(), t.draft_cfg,
           // Packed, each sample weighs as a micro-batch of one.
           loss_options(t.cfg,
                        t.cfg.loop.packing ? t.plan.accumulation_steps * t.plan.micro_batch
                                           : t.plan.accumulation_steps,
-                       t.seq_group.get()),
+                       t.topo.seq_group()),
           t.cfg.shard.accumulate_locally, &timer_}),
-      agreement_{t.world, [&t](bool mine) { return t.any_rank(mine); }},
-      meter_(metrics::resolve_peak_tflops(t.cfg.metrics.mfu_peak_tflops, t.device)),
-      window_(t.cfg.model.ttt_length, t.metrics_device(), t.cfg.metrics.accuracy_aggregation),
-      epoch_metrics_(t.cfg.model.ttt_length, t.metrics_device(),
+      agreement_{t.topo.world(), [&t](bool mine) { return t.topo.any_rank(mine); }},
+      meter_(metrics::resolve_peak_tflops(t.cfg.metrics.mfu_peak_tflops, t.topo.device())),
+      window_(t.cfg.model.ttt_length, t.topo.metrics_device(), t.cfg.metrics.accuracy_aggregation),
+      epoch_metrics_(t.cfg.model.ttt_length, t.topo.metrics_device(),
                      t.cfg.metrics.accuracy_aggregation),
       health_(Trainer::kMaxConsecutiveNonFinite, &t.state.skipped_steps) {
-  t_.logger =
-      metrics::make_logger(t.cfg.metrics, sink_context(t.cfg, t.rank, t.total_steps, t.config_json,
-                                                       t.state, launch_attempt().attempt > 0));
+  t_.logger = metrics::make_logger(
+      t.cfg.metrics, sink_context(t.cfg, t.topo.rank(), t.total_steps, t.config_json, t.state,
+                                  launch_attempt().attempt > 0));
   // Kept when this part of the run has no W&B sink: a later resume with W&B continues the run.
   if (const std::string id = t_.logger->wandb_run_id(); !id.empty()) t_.state.wandb_run_id = id;
   if (const std::string id = t_.logger->mlflow_run_id(); !id.empty()) t_.state.mlflow_run_id = id;
   // A resume inside an epoch: the epoch's metrics so far (rank 0 holds them; report() sums ranks).
-  if (t.rank == 0 && t.state.position > 0) epoch_metrics_.add_sums(t.state.epoch_metric_sums);
+  if (t.topo.is_root() && t.state.position > 0) epoch_metrics_.add_sums(t.state.epoch_metric_sums);
   // Just resumed: that step is saved already (a stop before the next step saves nothing again).
-  saved_at_step_ = !t.resume_candidates.empty() && t.state.step > 0;
+  saved_at_step_ = t.checkpointer.resuming() && t.state.step > 0;
   evaluates_ = cadence_.has_eval_data && (cadence_.eval_steps > 0 || cadence_.eval_epochs > 0);
   if (best_by && !evaluates_) {
     FSDP_LOG0(kInfo) << "--save-best-by " << best_by->name << ": this run evaluates nothing ("
@@ -170,11 +170,11 @@ TrainLoop::TrainLoop(Trainer::Impl& t, data::DataLoader& loader, int64_t per_epo
                      << "), so no best checkpoint is kept; <output-dir>/latest names the newest";
   }
   keeps_best_ = best_by && evaluates_;
-  if (keeps_best_ && t.rank == 0) {
-    best_ = std::make_unique<BestTracker>(t.cfg.checkpoint.output_dir, *best_by);
+  if (keeps_best_ && t.topo.is_root()) {
+    best_ = std::make_unique<BestTracker>(t.checkpointer.output_dir(), *best_by);
     // A resumed run continues the best so far: a worse evaluation must not replace it. A fresh
     // run starts anew (a best.json left in the directory names no checkpoint of this run).
-    if (!t.resume_candidates.empty()) {
+    if (t.checkpointer.resuming()) {
       try {
         const std::string line = best_->resume();
         if (!line.empty()) FSDP_LOG0(kInfo) << line;
@@ -204,7 +204,7 @@ RunResult TrainLoop::run() {
     // SpecForge's variable for where traces go.
     const auto env_dir = env::text("SGLANG_TORCH_PROFILER_DIR");
     profiler_ = std::make_unique<metrics::StepProfiler>(
-        profiler_options(t_.cfg, t_.device, t_.rank, env_dir.value_or("")));
+        profiler_options(t_.cfg, t_.topo.device(), t_.topo.rank(), env_dir.value_or("")));
   }
   for (int64_t epoch = t_.state.epoch; epoch < t_.cfg.loop.num_epochs; ++epoch) {
     if (!run_epoch(epoch)) break;
@@ -230,9 +230,7 @@ bool TrainLoop::run_epoch(int64_t epoch) {
         read_agreed([&] { return loader_.next(); }, agreement_, "data loading",
                     [&](ReadFailure why) { save_before_failure(epoch, failure_text(why)); });
     if (!batch) break;
-    if (t_.seq_host)
-      *batch = share_batch(*t_.seq_host, std::move(*batch), t_.cfg.model.ttt_length - 1,
-                           !t_.device.is_cpu());
+    *batch = t_.topo.share(std::move(*batch), t_.cfg.model.ttt_length - 1);
     counts.add(*batch);
     read_bytes_ += batch->bytes_read;
     const int64_t b_index = batch->batch_index;
@@ -272,9 +270,9 @@ void TrainLoop::train_packed(const std::vector<data::Batch>& window) {
   // Every rank runs the same number of micro-batches (each one's collectives): the most any
   // rank's window needs. Ranks' windows hold the same number of samples, so it always fits.
   int64_t bins = data::count_bins(lengths, budget);
-  if (t_.world > 1) {
+  if (t_.topo.world() > 1) {
     at::Tensor n = at::tensor({bins}, at::kLong);
-    t_.control->all_reduce(n, comm::ReduceOp::kMax)->wait();
+    t_.topo.reduce_counts(n, comm::ReduceOp::kMax);
     bins = n.item<int64_t>();
   }
   const auto plan = data::pack_bins(lengths, budget, bins);
@@ -285,7 +283,7 @@ void TrainLoop::train_packed(const std::vector<data::Batch>& window) {
       docs.push_back(samples[static_cast<size_t>(j)]);
       doc_indices.push_back(indices[static_cast<size_t>(j)]);
     }
-    data::Batch packed = data::collate_packed(docs, /*pin_memory=*/!t_.device.is_cpu());
+    data::Batch packed = data::collate_packed(docs, /*pin_memory=*/!t_.topo.device().is_cpu());
     packed.sample_indices = std::move(doc_indices);
     packed.epoch = window.back().epoch;
     packed.batch_index = window.back().batch_index;
@@ -321,7 +319,7 @@ bool TrainLoop::optimizer_step(int64_t epoch, int64_t b_index, Stopwatch& step_c
   if (next.evaluate) evaluate_at(n, epoch);
   if (next.evaluate_after_epoch) deferred_eval_step_ = n;
   // Agree on stopping: a signal may have reached only some ranks.
-  const AfterSignal on_signal = after_signal(t_.any_rank(stop_requested()), saved_at_step_);
+  const AfterSignal on_signal = after_signal(t_.topo.any_rank(stop_requested()), saved_at_step_);
   if (on_signal.stop) {
     FSDP_LOG0(kWarn) << "stop requested (signal " << stop_signal() << "): saving at step " << n
                      << " and exiting";
@@ -330,13 +328,13 @@ bool TrainLoop::optimizer_step(int64_t epoch, int64_t b_index, Stopwatch& step_c
     saved_at_step_ = true;
     result_.stopped_by_signal = true;
   }
-  maybe_kill_for_test(n, t_.rank);
+  maybe_kill_for_test(n, t_.topo.rank());
   return next.stop || on_signal.stop;
 }
 
 void TrainLoop::log_step(int64_t n, int64_t epoch) {
   int64_t tokens = 0;
-  auto scalars = window_.report(*t_.metrics_comm, "train", &tokens);
+  auto scalars = window_.report(t_.topo.metrics(), "train", &tokens);
   const double secs = window_clock_.seconds();
   // Where the window's time went (docs/usage.md "Time breakdown"): read after the metric
   // reduction above, which waited for the steps, so device timings are complete.
@@ -370,7 +368,7 @@ void TrainLoop::log_step(int64_t n, int64_t epoch) {
     scalars.emplace_back("perf/" + k + "_share", v);
     scalars.emplace_back("perf/" + k + "_s", v * secs / static_cast<double>(steps));
   }
-  const auto mem = metrics::peak_memory(t_.device);
+  const auto mem = metrics::peak_memory(t_.topo.device());
   scalars.emplace_back("mem/host_peak_rss_gib", mem.host_peak_rss_bytes / 1073741824.0);
   if (mem.device_peak_allocated_bytes >= 0) {
     scalars.emplace_back("mem/device_peak_allocated_gib",
@@ -389,7 +387,7 @@ void TrainLoop::end_epoch(int64_t epoch, const EpochCounts& counts) {
   // The next run starts at the following epoch.
   t_.state.epoch = epoch + 1;
   t_.state.position = 0;
-  auto em = epoch_metrics_.report(*t_.metrics_comm, "train_epoch");
+  auto em = epoch_metrics_.report(t_.topo.metrics(), "train_epoch");
   report_zero_loss(epoch, counts, em);
   t_.logger->log(t_.state.step, em);
   const AfterEpoch next = after_epoch(cadence_, epoch);
@@ -410,7 +408,7 @@ void TrainLoop::end_epoch(int64_t epoch, const EpochCounts& counts) {
 void TrainLoop::report_zero_loss(int64_t epoch, const EpochCounts& c,
                                  std::vector<std::pair<std::string, double>>& em) {
   at::Tensor sums = at::tensor({c.zero_loss, c.loss_tokens, c.batches}, at::kLong);
-  if (t_.world > 1) t_.control->all_reduce(sums, comm::ReduceOp::kSum)->wait();
+  t_.topo.reduce_counts(sums, comm::ReduceOp::kSum);
   const int64_t zero = sums[0].item<int64_t>(), loss_tokens = sums[1].item<int64_t>();
   em.emplace_back("train_epoch/zero_loss_samples", static_cast<double>(zero));
   if (loss_tokens == 0 && sums[2].item<int64_t>() > 0) {
@@ -437,7 +435,7 @@ void TrainLoop::finish() {
     case FinalSave::kNone:
       break;
   }
-  if (t_.rank == 0) {
+  if (t_.topo.is_root()) {
     const std::string bad = loader_.bad_sample_summary();
     if (!bad.empty()) FSDP_LOG0(kWarn) << bad;
   }
@@ -447,7 +445,7 @@ void TrainLoop::finish() {
 
 bool TrainLoop::save_now(int64_t epoch) {
   // A periodic save that fails leaves training running: the next save tries again.
-  t_.state.epoch_metric_sums = epoch_metrics_.global_sums(*t_.metrics_comm);
+  t_.state.epoch_metric_sums = epoch_metrics_.global_sums(t_.topo.metrics());
   const std::string dir = t_.save(epoch);
   if (dir.empty()) return false;
   result_.last_checkpoint = dir;
@@ -460,7 +458,8 @@ void TrainLoop::save_or_fail(int64_t epoch, const char* when) {
   if (save_now(epoch)) return;
   throw CheckpointWriteError(
       fsdp::str(when, ": the checkpoint of step ", t_.state.step,
-                " could not be written (see the error above); ", t_.newest_checkpoint_text()),
+                " could not be written (see the error above); ",
+                t_.checkpointer.newest_checkpoint_text()),
       "free space in --output-dir (or choose another) and run again with --resume", __FILE__,
       __LINE__);
 }
@@ -493,7 +492,7 @@ void TrainLoop::keep_best(int64_t epoch) {
   // rank follows: a save is collective.
   std::optional<double> better;
   if (best_) better = best_->improvement(last_eval_);
-  if (!t_.any_rank(better.has_value())) return;
+  if (!t_.topo.any_rank(better.has_value())) return;
   const int64_t step = t_.state.step;
   // The checkpoint of the evaluated step: the one just saved (the loop saves before it
   // evaluates), else one saved now; a best is always a complete checkpoint of its own.
@@ -521,12 +520,10 @@ void TrainLoop::keep_best(int64_t epoch) {
                      << (before ? fsdp::str(" (was ", before->value, " at step ", before->step, ")")
                                 : std::string())
                      << ": "
-                     << checkpoint::join_path(t_.cfg.checkpoint.output_dir, checkpoint::kBestLink)
+                     << checkpoint::join_path(t_.checkpointer.output_dir(), checkpoint::kBestLink)
                      << " -> " << last_saved_dir_;
     // The earlier best, no longer protected, goes when it is beyond --keep-last.
-    if (t_.cfg.checkpoint.keep_last > 0) {
-      checkpoint::prune(t_.cfg.checkpoint.output_dir, t_.cfg.checkpoint.keep_last, last_saved_dir_);
-    }
+    t_.checkpointer.prune(last_saved_dir_);
   } catch (const std::exception& e) {
     FSDP_LOG0(kWarn) << "--save-best-by: the new best " << last_saved_dir_
                      << " could not be recorded: " << error_text(e);
@@ -551,7 +548,7 @@ RunResult Trainer::Impl::train() {
   const std::optional<BestMetric> best_by =
       parse_best_metric(cfg.checkpoint.save_best_by, cfg.model.ttt_length);
   checkpoint::ensure_directory(cfg.checkpoint.output_dir);
-  state.world_size = dp_world;  // the data layout (sequence-parallel groups read one sample)
+  state.world_size = topo.dp_world();  // the data layout (sequence-parallel groups read one sample)
   state.accumulation_steps = plan.accumulation_steps;
   state.micro_batch_size = plan.micro_batch;
   state.config_json = config_json;
@@ -567,13 +564,14 @@ RunResult Trainer::Impl::train() {
   warmup = warmup_steps(cfg, total_steps);
   const int64_t stop_at =
       cfg.loop.max_steps ? std::min(*cfg.loop.max_steps, total_steps) : total_steps;
-  if (rank == 0) log_run_start(per_epoch);
+  if (topo.is_root()) log_run_start(per_epoch);
   TrainLoop loop(*this, *loader, per_epoch, make_cadence(cfg, eval_ds != nullptr, stop_at),
                  best_by);
   return loop.run();
 }
 
 int64_t Trainer::Impl::check_epoch(int64_t per_epoch) const {
+  const int dp_world = topo.dp_world();
   FSDP_USAGE_CHECK(per_epoch > 0,
                    fsdp::str("training data (", train_ds->root(), ") has ", train_ds->size(),
                              " samples: fewer than one micro-batch (", plan.micro_batch,
@@ -643,7 +641,7 @@ void Trainer::Impl::log_run_start(int64_t per_epoch) const {
   const auto mem = engine->memory();
   FSDP_LOG0(kInfo) << "sharded state per rank: "
                    << metrics::format_bytes(mem.persistent_device_bytes) << " on "
-                   << metrics::device_name(device)
+                   << metrics::device_name(topo.device())
                    << (mem.persistent_host_bytes > 0
                            ? " + " + metrics::format_bytes(mem.persistent_host_bytes) +
                                  " in host memory (--cpu-offload; the optimizer step on " +

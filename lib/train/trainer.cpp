@@ -99,34 +99,22 @@ Trainer::Trainer(config::TrainConfig cfg) : impl_(std::make_unique<Impl>(std::mo
 Trainer::~Trainer() = default;
 
 void Trainer::Impl::setup() {
-  const auto& topo = comm::topology();
-  rank = topo.world_rank;
-  world = topo.world_size;
+  const auto& machine = comm::topology();
   // Sequence-parallel groups of consecutive ranks (validate() checks that sp divides world).
-  sp = static_cast<int>(std::max<int64_t>(1, cfg.loop.sp_ulysses_size));
-  dp_world = world % sp == 0 ? world / sp : world;
-  dp_rank = rank / sp;
+  topo = RunTopology(machine.world_rank, machine.world_size, cfg.loop.sp_ulysses_size);
+  const int world = topo.world(), sp = topo.sp();
   comm::set_default_timeout(std::chrono::minutes(cfg.runtime.dist_timeout_minutes));
   config::ValidateOptions vo;
   vo.training = !cfg.loop.eval_only;
-  config::validate(cfg, world, vo, topo.local_size);
+  config::validate(cfg, world, vo, machine.local_size);
   plan_batches();
-  device = pick_device(cfg.runtime.device);
+  const c10::Device device = pick_device(cfg.runtime.device);
   cfg.model.fused_cuda_kernels = fused_kernels_on(cfg, device);
-  const std::string threads = set_threads(topo);
-  control = comm::make_communicator(comm::Group::kWorld, c10::Device(c10::kCPU));
-  metrics_comm = device.is_cpu() ? control : comm::make_communicator(comm::Group::kWorld, device);
-  if (sp > 1) {
-    seq_host = comm::split(comm::Group::kWorld, dp_rank, rank % sp, c10::Device(c10::kCPU),
-                           device.is_cpu() ? "sequence-parallel" : "sequence-parallel-host");
-    seq_group = std::make_unique<CommSeqGroup>(
-        device.is_cpu()
-            ? seq_host
-            : comm::split(comm::Group::kWorld, dp_rank, rank % sp, device, "sequence-parallel"));
-  }
+  const std::string threads = set_threads(machine);
+  topo.connect(device);
   config_json = config::to_json(config::with_absolute_paths(cfg));
-  if (rank == 0) {
-    FSDP_LOG0(kInfo) << "fsdp-train: " << world << " rank(s) on " << topo.num_nodes
+  if (topo.is_root()) {
+    FSDP_LOG0(kInfo) << "fsdp-train: " << world << " rank(s) on " << machine.num_nodes
                      << " node(s), device " << metrics::device_name(device) << ", " << threads
                      << ", " << env::allocator_in_use() << "\n"
                      << config::to_display(cfg);
@@ -147,7 +135,7 @@ void Trainer::Impl::setup() {
   resolve_serving_export();
   // Before any data or weights are read: a run that cannot fit stops here with the numbers.
   model::check_training_memory(
-      draft_cfg, memory_plan(cfg, device, plan.micro_batch, world, topo.local_size),
+      draft_cfg, memory_plan(cfg, device, plan.micro_batch, world, machine.local_size),
       device.is_cpu() ? model::host_memory_bytes() : metrics::device_total_memory(device),
       device.is_cpu() ? "this host's memory" : metrics::device_name(device));
   open_data();
@@ -162,10 +150,12 @@ void Trainer::Impl::setup() {
     have_init_export = true;
     check_same_architecture(init_export.config_path, "--init-checkpoint");
   }
-  if (!cfg.loop.eval_only && !cfg.checkpoint.output_dir.empty()) lock_output_dir();
-  if (!cfg.loop.eval_only || cfg.checkpoint.resume != config::ResumeMode::kNone) plan_resume();
-  if (!resume_candidates.empty()) {
-    check_same_architecture(checkpoint::join_path(resume_candidates.front().path, "config.json"),
+  if (!cfg.loop.eval_only && !cfg.checkpoint.output_dir.empty()) checkpointer.lock_output_dir();
+  if (!cfg.loop.eval_only || cfg.checkpoint.resume != config::ResumeMode::kNone)
+    checkpointer.plan_resume();
+  if (checkpointer.resuming()) {
+    check_same_architecture(checkpoint::join_path(checkpointer.resume_candidates().front().path,
+                                                  checkpoint::layout::kConfig),
                             "--resume");
   }
   build_model();
@@ -179,15 +169,15 @@ void Trainer::Impl::plan_batches() {
                                cfg.loop.draft_micro_batch_size),
                      "set --draft-micro-batch-size to 1 or more");
     plan.micro_batch = cfg.loop.draft_micro_batch_size;
-    plan.dp_size = dp_world;
-    plan.global_batch = plan.micro_batch * dp_world;
+    plan.dp_size = topo.dp_world();
+    plan.global_batch = plan.micro_batch * topo.dp_world();
     plan.accumulation_steps = 1;
   } else {
-    plan = config::batch_plan(cfg, world);
+    plan = config::batch_plan(cfg, topo.world());
   }
 }
 
-std::string Trainer::Impl::set_threads(const comm::Topology& topo) const {
+std::string Trainer::Impl::set_threads(const comm::Topology& machine) const {
   // --threads, else OMP_NUM_THREADS as PyTorch honours it (torchrun and Slurm scripts set it),
   // else the node's cores divided among its ranks.
   // A value that is not a whole number in the table's range (1..4096) is ignored, as unset.
@@ -197,12 +187,13 @@ std::string Trainer::Impl::set_threads(const comm::Topology& topo) const {
                       : omp_threads > 0
                           ? omp_threads
                           : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) /
-                                            std::max(1, topo.local_size));
+                                            std::max(1, machine.local_size));
   at::set_num_threads(threads);
   const unsigned cores = std::thread::hardware_concurrency();
-  if (cores > 0 && static_cast<int64_t>(threads) * topo.local_size > static_cast<int64_t>(cores) &&
-      rank == 0) {
-    FSDP_LOG0(kWarn) << topo.local_size << " rank(s) x " << threads << " thread(s) on a machine "
+  if (cores > 0 &&
+      static_cast<int64_t>(threads) * machine.local_size > static_cast<int64_t>(cores) &&
+      topo.is_root()) {
+    FSDP_LOG0(kWarn) << machine.local_size << " rank(s) x " << threads << " thread(s) on a machine "
                      << "with " << cores << " cores: oversubscribed threads slow every rank "
                      << "down (--threads 0 without OMP_NUM_THREADS divides the cores among "
                      << "the ranks)";
@@ -214,104 +205,27 @@ std::string Trainer::Impl::set_threads(const comm::Topology& topo) const {
 }
 
 void Trainer::Impl::resolve_serving_export() {
-  // The parsed config carries eagle_config and any top-level id list through to_json(): no second
-  // read of the file.
-  const int64_t L = model::target_num_layers(cfg.model.target_model_path);
-  // A checkpoint's own config.json (e.g. --init-checkpoint DIR --draft-model-config
-  // DIR/config.json): an export for vLLM mirrors the hidden-state indices into eagle_config, so
-  // its ids are in vLLM's convention whatever --aux-layer-convention says. The checkpoint's
-  // aux_layers.json records those indices: when both id lists equal them, that is what they mean.
-  model::AuxIdConvention convention = cfg.model.aux_layer_convention;
-  try {
-    const auto hs = model::read_aux_layers_record(
-        std::filesystem::path(cfg.model.draft_model_config).parent_path().string());
-    const auto cfg_json = nlohmann::json::parse(draft_cfg.to_json());
-    const char* key = "eagle_aux_hidden_state_layer_ids";
-    if (hs && cfg_json.contains(key) && cfg_json.at(key) == *hs &&
-        cfg_json.contains("eagle_config") &&
-        cfg_json.at("eagle_config").value(key, nlohmann::json()) == nlohmann::json(*hs))
-      convention = model::AuxIdConvention::kHiddenStateIndex;
-  } catch (const std::exception&) {
-    // Not a record this version wrote: the flag's convention applies.
-  }
-  aux_layers =
-      model::resolve_aux_layers(draft_cfg.to_json(), convention, L, cfg.model.draft_model_config);
-  export_rope = model::parse_rope_override(cfg.checkpoint.export_rope_scaling, cfg.data.max_length);
-  const int64_t n_aux = draft_cfg.num_aux_hidden_states;
-  if (n_aux != 3) {
-    // The engines' defaults capture three layers, and SGLang builds fc for three: checked now,
-    // not when the first export fails its check after hours of training.
-    FSDP_USAGE_CHECK(aux_layers.has_value(),
-                     fsdp::str(cfg.model.draft_model_config, ": fc reads ", n_aux,
-                               " target layers but the config names none"),
-                     "list them in eagle_config.eagle_aux_hidden_state_layer_ids (the layers the "
-                     "features were dumped with)");
-    FSDP_USAGE_CHECK(cfg.checkpoint.export_for == model::ExportTarget::kVllm ||
-                         cfg.checkpoint.export_for == model::ExportTarget::kSpecForge,
-                     fsdp::str("a draft over ", n_aux, " target layers cannot be exported for ",
-                               model::export_target_name(cfg.checkpoint.export_for),
-                               ": SGLang's LlamaForCausalLMEagle3 always builds fc for 3"),
-                     "add --export-for vllm (vLLM reads num_aux_hidden_states)");
-  }
-  const std::string variants = draft_cfg.vllm_only_variants();
-  if (!variants.empty()) {
-    // SGLang builds none of these (one layer, fc over 3 layers, no fc norms, the pre-norm state
-    // fed forward); SpecForge reads fc_norm as vLLM does but norm_output otherwise.
-    const bool specforge_ok = variants == "fc_norm";
-    FSDP_USAGE_CHECK(
-        cfg.checkpoint.export_for == model::ExportTarget::kVllm ||
-            (specforge_ok && cfg.checkpoint.export_for == model::ExportTarget::kSpecForge),
-        fsdp::str(cfg.model.draft_model_config, " is a draft variant (", variants,
-                  ") that only vLLM serves as trained; exports for ",
-                  model::export_target_name(cfg.checkpoint.export_for),
-                  " would be served as another model"),
-        "add --export-for vllm (docs/model.md 'Draft variants')");
-    if (rank == 0)
-      FSDP_LOG0(kInfo) << "draft variant: " << variants << " (docs/model.md 'Draft variants')"
-                       << (draft_cfg.norm_output
-                               ? "; norm_output: the normed output feeds the next step, as vLLM "
-                                 "and speculators read the key (SpecForge 0.2.0 reads it "
-                                 "otherwise)"
-                               : "");
-  }
-  if (aux_layers) {
-    const size_t n = aux_layers->hidden_state_index.size();
-    FSDP_USAGE_CHECK(
-        static_cast<int64_t>(n) == draft_cfg.num_aux_hidden_states,
-        fsdp::str(aux_layers->origin, ": ", n, " target layers, but the draft's fc reads ",
-                  draft_cfg.num_aux_hidden_states, " (num_aux_hidden_states)"),
-        "give as many layer ids as the features hold, the ones they were dumped with");
-    // What each engine will read from the export, checked here rather than found at serving.
-    const std::string exported = export_config_json();
-    const auto v = model::vllm_reads(exported), g = model::sglang_reads(exported, false);
-    FSDP_CHECK(cfg.checkpoint.export_for == model::ExportTarget::kSglang ||
-                   cfg.checkpoint.export_for == model::ExportTarget::kSpecForge ||
-                   (v && *v == aux_layers->hidden_state_index),
-               "the export's config.json would make vLLM read other layers", "report this bug");
-    if (rank == 0) {
-      std::string hs;
-      for (int64_t k : aux_layers->hidden_state_index)
-        hs += (hs.empty() ? "" : ", ") + std::to_string(k);
-      FSDP_LOG0(kInfo) << "target layers: hidden_states [" << hs << "] from " << aux_layers->origin
-                       << "; exports are written for "
-                       << model::export_target_name(cfg.checkpoint.export_for)
-                       << (g && *g == aux_layers->hidden_state_index
-                               ? ""
-                               : " (SGLang cannot read them: serve with vLLM)");
-    }
-  } else if (rank == 0) {
-    FSDP_LOG0(kWarn) << cfg.model.draft_model_config
-                     << " names no eagle_aux_hidden_state_layer_ids, and SpecForge's default "
-                        "layers are not known for the target (num_hidden_layers in "
-                     << cfg.model.target_model_path
-                     << "/config.json missing, or below 7): the export names no layers, and the "
-                        "engines use their default capture (SpecForge's default layers)";
+  checkpoint::ServingRequest request;
+  request.draft_config_path = cfg.model.draft_model_config;
+  request.draft_config_json = draft_cfg.to_json();
+  request.num_aux_hidden_states = draft_cfg.num_aux_hidden_states;
+  request.convention = cfg.model.aux_layer_convention;
+  request.target_model_path = cfg.model.target_model_path;
+  request.export_for = cfg.checkpoint.export_for;
+  request.rope_scaling = cfg.checkpoint.export_rope_scaling;
+  request.max_length = cfg.data.max_length;
+  serving = checkpoint::plan_serving_export(request);
+  if (!topo.is_root()) return;
+  for (const auto& note : serving.notes) {
+    if (note.warn)
+      FSDP_LOG0(kWarn) << note.text;
+    else
+      FSDP_LOG0(kInfo) << note.text;
   }
 }
 
 std::string Trainer::Impl::export_config_json() const {
-  return model::serving_config_json(draft_cfg.to_json(), aux_layers, cfg.checkpoint.export_for,
-                                    export_rope);
+  return serving.config_json(draft_cfg.to_json());
 }
 
 void Trainer::Impl::open_data() {
@@ -347,6 +261,7 @@ void Trainer::Impl::open_data() {
   // A dump that records its layers (DeepSpec's manifest) must hold the layers the draft reads.
   for (const auto& [ds, flag] : {std::pair{train_ds, "--train-hidden-states-path"},
                                  std::pair{eval_ds, "--eval-hidden-states-path"}}) {
+    const auto& aux_layers = serving.aux_layers;
     if (!ds || ds->captured_layer_ids().empty() || !aux_layers) continue;
     std::vector<int64_t> hs;  // 0-based layer output id i is hidden_states[i + 1]
     for (int64_t id : ds->captured_layer_ids()) hs.push_back(id + 1);
@@ -391,7 +306,8 @@ void Trainer::Impl::check_loss_masks() const {
         std::tuple{eval_ds, "--eval-hidden-states-path", evaluates}}) {
     if (!ds || ds->size() == 0 || !used) continue;
     Stopwatch w;
-    const data::LossMaskCount c = data::count_loss_mask(*ds, cfg.data.max_length, control.get());
+    const data::LossMaskCount c =
+        data::count_loss_mask(*ds, cfg.data.max_length, topo.control_ptr());
     FSDP_LOG0(kInfo) << flag << ": " << c.loss_tokens << " loss tokens in " << c.tokens
                      << " tokens ("
                      << fsdp::str(std::fixed, std::setprecision(1), 100.0 * c.share()) << "%), "
@@ -406,9 +322,11 @@ void Trainer::Impl::check_eval_set() const {
   check_eval_size(*eval_ds);
   // Evaluation splits the set like training: whole micro-batches per rank (docs/data.md).
   const int64_t n = eval_ds->size();
-  const int64_t used = data::DistributedSampler(n, dp_rank, dp_world, plan.micro_batch, 0, false)
-                           .batches_per_epoch() *
-                       plan.micro_batch * dp_world;
+  const int dp_world = topo.dp_world();
+  const int64_t used =
+      data::DistributedSampler(n, topo.dp_rank(), dp_world, plan.micro_batch, 0, false)
+          .batches_per_epoch() *
+      plan.micro_batch * dp_world;
   if (used < n) {
     FSDP_LOG0(kWarn) << "--eval-hidden-states-path: each evaluation uses " << used << " of the "
                      << n
@@ -419,30 +337,8 @@ void Trainer::Impl::check_eval_set() const {
   }
 }
 
-void Trainer::Impl::lock_output_dir() {
-  // One training run per output directory at a time: two would overwrite each other's
-  // checkpoints and metrics. Rank 0 holds the lock until the process ends.
-  std::string holder;
-  if (rank == 0) {
-    checkpoint::ensure_directory(cfg.checkpoint.output_dir);
-    output_lock = std::make_unique<checkpoint::OutputDirLock>(cfg.checkpoint.output_dir);
-    holder = output_lock->acquire();
-    // Alone in the directory now: what crashed saves left is put back or removed.
-    if (holder.empty()) {
-      for (const auto& line : checkpoint::recover_interrupted_saves(cfg.checkpoint.output_dir)) {
-        FSDP_LOG0(kWarn) << "output directory: " << line;
-      }
-    }
-  }
-  const bool busy = any_rank(!holder.empty());
-  FSDP_USAGE_CHECK(!busy,
-                   "--output-dir " + cfg.checkpoint.output_dir +
-                       " is in use by another fsdp-train run" +
-                       (holder.empty() ? std::string() : " (" + holder + ")"),
-                   "wait for it to finish or stop it, or choose another --output-dir");
-}
-
 void Trainer::Impl::build_model() {
+  const c10::Device& device = topo.device();
   choose_vocab_mapping();
   const std::map<std::string, at::Tensor> target = read_target_tensors();
   const at::Tensor& emb = target.at("embedding");
@@ -510,6 +406,7 @@ void Trainer::Impl::choose_vocab_mapping() {
                      "SpecForge exports do)");
   }
   std::pair<at::Tensor, at::Tensor> resumed_mapping;
+  const auto& resume_candidates = checkpointer.resume_candidates();
   if (!resume_candidates.empty()) {
     resumed_mapping = checkpoint::read_export_mapping(resume_candidates.front().path);
   }
@@ -544,7 +441,7 @@ void Trainer::Impl::choose_vocab_mapping() {
     vmo.draft_vocab_size = Vd;
     vmo.max_length = cfg.data.max_length;
     vmo.skip_bad_samples = cfg.data.skip_bad_samples;
-    mapping = data::build_vocab_mapping(*ds, vmo, control.get());
+    mapping = data::build_vocab_mapping(*ds, vmo, topo.control_ptr());
   }
 }
 
@@ -618,13 +515,13 @@ void Trainer::Impl::load_init_weights() {
 
 std::unique_ptr<data::DataLoader> Trainer::Impl::make_loader(
     std::shared_ptr<data::FeatureDataset> ds, bool training) const {
-  data::DistributedSampler sampler(ds->size(), dp_rank, dp_world, plan.micro_batch,
+  data::DistributedSampler sampler(ds->size(), topo.dp_rank(), topo.dp_world(), plan.micro_batch,
                                    static_cast<uint64_t>(cfg.loop.seed), /*shuffle=*/training);
-  data::LoaderOptions lo = loader_options(cfg, device);
+  data::LoaderOptions lo = loader_options(cfg, topo.device());
   if (training) lo.noise = noise_options(cfg);
   // Sequence parallelism: the group's ranks read the same samples, each keeping its slice.
-  lo.sp_rank = rank % sp;
-  lo.sp_size = sp;
+  lo.sp_rank = topo.sp_rank();
+  lo.sp_size = topo.sp();
   lo.sp_halo = cfg.model.ttt_length - 1;
   // Packing trains a whole accumulation window at once: read one window ahead.
   if (training && cfg.loop.packing)
@@ -635,6 +532,7 @@ std::unique_ptr<data::DataLoader> Trainer::Impl::make_loader(
 }
 
 void Trainer::Impl::check_eval_size(const data::FeatureDataset& ds) const {
+  const int dp_world = topo.dp_world();
   FSDP_USAGE_CHECK(ds.size() >= static_cast<int64_t>(dp_world) * plan.micro_batch,
                    fsdp::str("evaluation data (", ds.root(), ") has ", ds.size(),
                              " samples: ", "fewer than one micro-batch per rank (", dp_world,
@@ -649,33 +547,33 @@ std::vector<std::pair<std::string, double>> Trainer::Impl::evaluate(
   check_eval_size(*ds);
   auto loader = make_loader(ds, /*training=*/false);
   loader->start({0, 0});
-  StepMetrics m(cfg.model.ttt_length, metrics_device(), cfg.metrics.accuracy_aggregation);
+  const c10::Device& device = topo.device();
+  StepMetrics m(cfg.model.ttt_length, topo.metrics_device(), cfg.metrics.accuracy_aggregation);
   at::NoGradGuard no_grad;
   int64_t zero_loss = 0, loss_tokens = 0;  // this rank's (samples without a loss token)
-  const model::LossOptions loss = loss_options(cfg, 1, seq_group.get());
-  const ReadAgreement agreement{world, [this](bool mine) { return any_rank(mine); }};
+  const model::LossOptions loss = loss_options(cfg, 1, topo.seq_group());
+  const ReadAgreement agreement{topo.world(), [this](bool mine) { return topo.any_rank(mine); }};
   while (true) {
     auto b = read_agreed([&] { return loader->next(); }, agreement, "evaluation data loading",
                          [&](ReadFailure) {
                            if (before_failure) before_failure();
                          });
     if (!b) break;
-    if (seq_host)
-      *b = share_batch(*seq_host, std::move(*b), cfg.model.ttt_length - 1, !device.is_cpu());
+    *b = topo.share(std::move(*b), cfg.model.ttt_length - 1);
     zero_loss += data::zero_loss_rows(*b);
     loss_tokens += b->num_loss_tokens();
     const auto rows = batch_rows(*b, cfg.model.ttt_length, device);
     m.add(forward_micro_batch(*draft, head, rows, *b, device, loss));
   }
-  auto r = m.report(*metrics_comm, prefix);
+  auto r = m.report(topo.metrics(), prefix);
   at::Tensor counts = at::tensor({zero_loss, loss_tokens}, at::kLong);
-  if (world > 1) control->all_reduce(counts, comm::ReduceOp::kSum)->wait();
+  topo.reduce_counts(counts, comm::ReduceOp::kSum);
   r.emplace_back(prefix + "/zero_loss_samples", static_cast<double>(counts[0].item<int64_t>()));
   if (counts[1].item<int64_t>() == 0) {
     FSDP_LOG0(kWarn) << prefix << ": the evaluation set had no loss tokens at all (every loss "
                      << "mask all-zero): its metrics mean nothing (docs/data.md 'Loss masks')";
   }
-  if (rank == 0 && !loader->bad_sample_summary().empty()) {
+  if (topo.is_root() && !loader->bad_sample_summary().empty()) {
     FSDP_LOG0(kWarn) << loader->bad_sample_summary();
   }
   return r;
@@ -693,7 +591,7 @@ RunResult Trainer::Impl::eval_only() {
   RunResult r;
   r.final_eval = evaluate("eval");
   r.steps = state.step;
-  if (rank == 0) {
+  if (topo.is_root()) {
     std::string line = "eval:";
     for (const auto& [k, v] : r.final_eval) line += " " + k + "=" + std::to_string(v);
     std::printf("%s\n", line.c_str());

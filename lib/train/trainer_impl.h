@@ -1,6 +1,9 @@
 // Private state of the Trainer, shared by trainer.cpp (set-up, model, evaluation),
-// trainer_checkpoints.cpp (save, resume) and train_loop.cpp (the loop, composed from cadence.h,
-// step_runner.h and component_options.h). Not part of the public API; include only from lib/train.
+// trainer_checkpoints.cpp (what a save writes, resume) and train_loop.cpp (the loop, composed
+// from cadence.h, step_runner.h and component_options.h). The Trainer owns its parts as objects
+// with their own interfaces: the topology (run_topology.h), the checkpointer (checkpointer.h),
+// the serving plan (checkpoint/serving_contract.h). Not part of the public API; include only from
+// lib/train.
 #pragma once
 
 #include <functional>
@@ -12,6 +15,7 @@
 
 #include "checkpoint/checkpoint_dir.h"
 #include "checkpoint/export.h"
+#include "checkpoint/serving_contract.h"
 #include "comm/communicator.h"
 #include "comm/runtime.h"
 #include "config/options.h"
@@ -20,41 +24,32 @@
 #include "data/vocab_mapping.h"
 #include "metrics/profiler.h"
 #include "metrics/sinks.h"
-#include "model/aux_layers.h"
 #include "model/draft_model.h"
 #include "model/target_head.h"
 #include "model/ttt_loss.h"
 #include "shard/engine.h"
+#include "train/checkpointer.h"
 #include "train/run_state.h"
-#include "train/seq_group.h"
+#include "train/run_topology.h"
 #include "train/trainer.h"
 
 namespace fsdp::train {
 
 struct Trainer::Impl {
   config::TrainConfig cfg;
-  c10::Device device{c10::kCPU};
-  int rank = 0, world = 1;
-  // Sequence parallelism (--sp-ulysses-size): groups of sp consecutive ranks share each sample;
-  // the data is split over dp_world = world / sp data-parallel ranks, this one dp_rank.
-  int sp = 1, dp_rank = 0, dp_world = 1;
-  std::unique_ptr<CommSeqGroup> seq_group;  // sp > 1 only
-  // sp > 1: the group on the host (share_batch); seq_group's own communicator on the CPU.
-  std::shared_ptr<comm::Communicator> seq_host;
+  // Who takes part: ranks, the sequence- and data-parallel layout, the device, communicators.
+  RunTopology topo;
+  // The output directory's lock, saves and the resume candidates (over cfg and topo).
+  Checkpointer checkpointer{cfg, topo};
   model::DraftConfig draft_cfg;
-  // The target layers the features hold (nullopt: unknown, the engines' defaults apply) and the
-  // RoPE scaling injected into exports: what serving_config_json writes (docs/serving.md).
-  std::optional<model::AuxLayers> aux_layers;
-  model::RopeOverride export_rope;
+  // What the exports are for (target layers, RoPE, the engine), decided at start-up by the
+  // serving contract (checkpoint/serving_contract.h).
+  checkpoint::ServingPlan serving;
   std::shared_ptr<data::FeatureDataset> train_ds, eval_ds;
   data::VocabMapping mapping;
   model::TargetHead head;
   model::Eagle3Draft draft{nullptr};
   std::unique_ptr<shard::ShardEngine> engine;
-  std::shared_ptr<comm::Communicator> metrics_comm;  // world, on the compute device
-  // Where metrics_comm reduces (the CPU when it is the MPI control communicator).
-  c10::Device metrics_device() const { return device.is_cpu() ? c10::Device(c10::kCPU) : device; }
-  std::shared_ptr<comm::Communicator> control;  // world, CPU: flags and barriers
   std::unique_ptr<metrics::MetricsLogger> logger;
   config::BatchPlan plan;
   int64_t total_steps = 0, warmup = 0;
@@ -72,13 +67,12 @@ struct Trainer::Impl {
   void plan_batches();
   // Sets the intra-op threads; returns "N thread(s) per rank (source)" for the start-up line.
   std::string set_threads(const comm::Topology& topo) const;
-  void resolve_serving_export();  // aux_layers and export_rope, checked against the target
+  void resolve_serving_export();  // `serving`, from the serving contract
   // The draft's config.json as exported: each engine's aux ids, RoPE in both schemas.
   std::string export_config_json() const;
   void open_data();               // opens the feature sets and reads one sample of each
   void check_loss_masks() const;  // exit 2 for sets without (almost any) loss tokens
   void check_eval_set() const;    // one micro-batch per rank; warns about samples left out
-  void lock_output_dir();         // one training run per --output-dir; recovers interrupted saves
   // The draft under the sharding engine: vocabulary mapping, target head and embedding, the
   // engine, and the initial weights of --init-checkpoint.
   void build_model();
@@ -96,32 +90,19 @@ struct Trainer::Impl {
   // rethrows its error; the others stop with a usage error pointing at it.
   std::vector<std::pair<std::string, double>> evaluate(
       const std::string& prefix, const std::function<void()>& before_failure = {});
-  // Saves a checkpoint; returns its directory, or "" when a write failed on some rank (every
+  // Saves a checkpoint (Checkpointer::save with this run's contents: the export, the sharded
+  // state, the run state); returns its directory, or "" when a write failed on some rank (every
   // rank returns "" then; the earlier checkpoints are untouched). Collective.
   std::string save(int64_t epoch_for_name);
-  // True on every rank when `mine` is true on any rank. Collective (CPU control communicator).
-  bool any_rank(bool mine) const;
+  // The export a checkpoint carries (lib/checkpoint writes it).
+  checkpoint::CheckpointExport checkpoint_export() const;
   // UsageError unless the evaluation set gives every rank at least one micro-batch.
   void check_eval_size(const data::FeatureDataset& ds) const;
-  // Exits 2 unless every rank lists the same checkpoints (collective).
-  void check_same_checkpoints(const std::vector<checkpoint::CheckpointRef>& list) const;
-  std::string newest_checkpoint_text() const;
-  // Rank 0: points <output-dir>/latest at checkpoint_dir (a warning when it cannot).
-  void point_latest(const std::string& checkpoint_dir) const;
-  // Chooses the checkpoints a resume would load (train::plan_resume in resume_plan.h), before the
-  // model is built: the model takes its vocabulary mapping from the first. Collective.
-  void plan_resume();
   // The checkpoint's config.json (when it has one) against --draft-model-config: UsageError
   // naming the keys that change parameter shapes, a warning for the others.
   void check_same_architecture(const std::string& saved_config, const std::string& flag) const;
-  std::vector<checkpoint::CheckpointRef> resume_candidates;
-  bool resume_falls_back = false;  // try older candidates when one cannot be loaded
-  std::unique_ptr<checkpoint::OutputDirLock> output_lock;  // rank 0, training runs
   // Loads the first loadable candidate (engine, run state), sets newer checkpoints aside.
   void resume_if_asked();
-  // The first candidate every rank loads (engine state, run state) and its path; a usage error
-  // when none does. Collective.
-  std::pair<RunState, std::string> load_first_loadable();
   // The resumed position when the checkpoint was saved with another ranks x micro-batch layout.
   void adopt_layout(const RunState& saved);
   // Warns (rank 0) about settings that change the computation and differ from saved_json, the
