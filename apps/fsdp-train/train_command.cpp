@@ -6,6 +6,7 @@
 
 #include "comm/runtime.h"
 #include "commands.h"
+#include "compat/resolve.h"
 #include "config/options.h"
 #include "core/log.h"
 #include "train/signals.h"
@@ -26,9 +27,7 @@ int run_training(const config::CommandLineValues& values) {
   if (comm::topology().world_rank == 0) {
     for (const auto& line : report) std::cerr << line << "\n";
   }
-  if (!cfg.runtime.log_level.empty() && cfg.runtime.log_level != "info") {
-    log::set_level(log::parse_level(cfg.runtime.log_level));
-  }
+  if (cfg.runtime.log_level != log::Level::kInfo) log::set_level(cfg.runtime.log_level);
   train::Trainer trainer(std::move(cfg));
   auto result = trainer.run();
   if (comm::topology().world_rank == 0 && !result.last_checkpoint.empty()) {

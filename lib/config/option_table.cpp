@@ -206,6 +206,39 @@ OptionSpec row(std::string name, OptionKind kind, std::string group, std::string
     return c.expr;                \
   }
 
+// A closed set spelled exactly (no case folding) whose refusal keeps the flag's own words
+// ("--log-level 'loud' is not one of ...") from every source. `spellings` lists each accepted
+// text with its value; the first spelling of a value is the one saved and printed.
+template <class E>
+OptionSpec exact_choice_row(std::string name, std::string group, std::string help, Accessor<E> acc,
+                            std::vector<std::pair<std::string, E>> spellings, std::string listed,
+                            std::string hint) {
+  OptionSpec s;
+  s.name = std::move(name);
+  s.kind = OptionKind::kString;
+  s.group = std::move(group);
+  s.help = std::move(help);
+  s.set = [acc, spellings, listed, hint, flag = s.flag()](TrainConfig& c, const OptionValue& v,
+                                                          const std::string& src) {
+    for (const auto& [text, value] : spellings) {
+      if (v.text == text) {
+        acc(c) = value;
+        return;
+      }
+    }
+    FSDP_USAGE_FAIL(str(flag, " '", v.text, "' is not one of ", listed,
+                        src == flag ? std::string() : str(" (", src, ")")),
+                    hint);
+  };
+  s.get = [cacc = const_accessor(acc), spellings](const TrainConfig& c) {
+    for (const auto& [text, value] : spellings) {
+      if (cacc(c) == value) return OptionValue{false, text, {}};
+    }
+    return OptionValue{};
+  };
+  return s;
+}
+
 // --report-to: several of tensorboard, wandb, mlflow; "jsonl" (always on) and "none" are accepted.
 OptionSpec report_to_row() {
   OptionSpec s;
@@ -694,11 +727,16 @@ void add_training_rows(std::vector<OptionSpec>& t) {
                           "speculators 1.0)",
                           FIELD(loop.ttt_step_loss_decay)));
   t.back().bounds = at_least(0, true, "give a decay in (0, 1], e.g. 0.8", 1.0);
-  t.push_back(row<std::string>(
-      "lk-loss-type", K::kString, tr,
+  t.push_back(exact_choice_row<LkLossType>(
+      "lk-loss-type", tr,
       "SpecForge's LK objective instead of the step's loss: lambda (kl_scale * exp(-kl_decay * "
       "acceptance) weighs the loss against 1 - acceptance) or alpha (-log acceptance); empty: none",
-      FIELD(loop.lk_loss_type)));
+      FIELD(loop.lk_loss_type),
+      {{"", LkLossType::kNone},
+       {"none", LkLossType::kNone},
+       {"lambda", LkLossType::kLambda},
+       {"alpha", LkLossType::kAlpha}},
+      "lambda, alpha", "use --lk-loss-type lambda or alpha, or leave it empty for none"));
   t.push_back(row<double>("kl-scale", K::kFloat, tr, "LK lambda: scale of the loss's weight",
                           FIELD(loop.kl_scale)));
   t.back().bounds = at_least(0, false, "give a scale >= 0, e.g. 1.0");
@@ -905,9 +943,16 @@ void add_logging_rows(std::vector<OptionSpec>& t) {
       "acc_i over micro-batches and ranks: pooled (sum correct / sum tokens) or per-batch (mean "
       "of each micro-batch's acc_i, SpecForge's old offline script)",
       FIELD(metrics.accuracy_aggregation)));
-  t.push_back(row<std::string>("log-level", K::kString, lg,
-                               "trace, debug, info, warn, error or off (env FSDP_LOG_LEVEL)",
-                               FIELD(runtime.log_level)));
+  t.push_back(exact_choice_row<log::Level>(
+      "log-level", lg, "trace, debug, info, warn, error or off (env FSDP_LOG_LEVEL)",
+      FIELD(runtime.log_level),
+      {{"trace", log::Level::kTrace},
+       {"debug", log::Level::kDebug},
+       {"info", log::Level::kInfo},
+       {"warn", log::Level::kWarn},
+       {"error", log::Level::kError},
+       {"off", log::Level::kOff}},
+      "trace, debug, info, warn, error, off", "pick one of trace, debug, info, warn, error, off"));
 }
 
 // The LibTorch profiler window and its trace directory.
@@ -1003,7 +1048,7 @@ void add_specforge_alias_rows(std::vector<OptionSpec>& t) {
   t.push_back(alias_row(t, "verbose", "log-level", "SpecForge's switch for --log-level debug"));
   t.back().kind = K::kBool;
   t.back().set = [](TrainConfig& c, const OptionValue& v, const std::string& src) {
-    if (parse_bool(v.text, src)) c.runtime.log_level = "debug";
+    if (parse_bool(v.text, src)) c.runtime.log_level = log::Level::kDebug;
   };
 }
 

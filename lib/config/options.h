@@ -162,42 +162,23 @@ class TrainOptionsBinding {
 // whose flag `app` already has (e.g. a root --log-level) are skipped and not collected.
 void add_train_options(CLI::App& app, TrainOptionsBinding* binding);
 
-struct ResolveOptions {
-  // Data-parallel size, for ds_config batch arithmetic ("auto" train_batch_size); 0 = unknown.
-  int world_size = 0;
-  // Draft hidden size for ds_config "auto" bucket sizes; unset: read hidden_size from
-  // --draft-model-config when that file exists.
-  std::optional<int64_t> hidden_size;
-  // Receives the ds_config translation report, one line per key, warnings prefixed with
-  // "warning: " (print them on rank 0). nullptr: resolve() logs them on rank 0.
-  std::vector<std::string>* report = nullptr;
-};
+// Precedence of the command line (precedence.cpp): applies `cli.given` over `cfg`, fsdp-train's
+// own names first, then SpecForge's aliases (which may add to what their option set; an alias
+// that says something else than its option, both given, is a UsageError). Appends the names set
+// to `explicit_names` and records each in cfg->given_options. An unknown name is a UsageError.
+void apply_command_line(const CommandLineValues& cli, TrainConfig* cfg,
+                        std::vector<std::string>* explicit_names);
+// Whether two option values say the same (null, text and list).
+bool same_option_value(const OptionValue& a, const OptionValue& b);
 
-// Builds the configuration: defaults < --config YAML < --deepspeed JSON < command-line flags.
-// A ds_config value that contradicts an explicitly given flag or YAML key is an error naming
-// both. Does not validate the whole configuration: call validate() next.
-TrainConfig resolve(const CommandLineValues& cli, const ResolveOptions& options = {});
-
+// The text of a --config file; a directory or an unreadable file is a UsageError naming it.
+std::string read_config_file(const std::string& path);
 // Loads a YAML run file into `cfg` (keys of the table only). Unknown keys fail with the file
 // name, line and the closest known key. Returns the names of the options the file set.
 std::vector<std::string> apply_yaml_file(const std::string& path, TrainConfig* cfg);
 // Same for YAML text (tests); `source_name` stands in for the file name in messages.
 std::vector<std::string> apply_yaml_text(const std::string& text, const std::string& source_name,
                                          TrainConfig* cfg);
-
-// A --config file of either kind: fsdp-train's flat run file, or SpecForge's typed schema
-// (sections model, data, training, ...; specforge_schema.h), which also takes `overrides`.
-struct ConfigFileLoad {
-  std::vector<std::string> set_options;  // option names the file or its overrides set
-  std::vector<std::string> report;       // start-up lines (typed schema: the recorded keys)
-  bool specforge_schema = false;
-};
-// `world_size` (0: unknown) is checked against a typed file's deployment.trainer.
-ConfigFileLoad load_config_file(const std::string& path, const std::vector<std::string>& overrides,
-                                TrainConfig* cfg, int world_size = 0);
-ConfigFileLoad load_config_text(const std::string& text, const std::string& source_name,
-                                const std::vector<std::string>& overrides, TrainConfig* cfg,
-                                int world_size = 0);
 
 // The effective configuration (every non-secret, non-cli-only option) as YAML that --config
 // accepts back, and as a JSON object text (for checkpoints and run metadata).

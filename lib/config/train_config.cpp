@@ -3,7 +3,8 @@
 // system; sizes that must agree with the target model are checked where the model is loaded.
 #include "config/train_config.h"
 
-#include "config/hf_cache.h"
+#include "config/discovery/discover.h"
+#include "config/discovery/hf_cache.h"
 #include "config/options.h"
 #include "config/value_parse.h"
 
@@ -144,16 +145,19 @@ void check_file(const std::string& p, const char* flag) {
 
 }  // namespace
 
-void validate(const TrainConfig& cfg, int world_size, const ValidateOptions& options,
-              int ranks_per_node) {
-  const bool train = options.training && !cfg.loop.eval_only;
-  // Every numeric option within its bounds (the option table's, also checked when parsed: this
-  // catches configurations built in code).
+namespace {
+
+// Every numeric option within its bounds (the option table's, also checked when parsed: this
+// catches configurations built in code), and no option given without the one it depends on.
+void validate_table(const TrainConfig& cfg) {
   for (const OptionSpec& spec : option_table()) {
     if (spec.alias_of.empty() && !spec.cli_only) spec.check_value(cfg);
   }
-  // An option given without the one it depends on would do nothing (options.h).
   check_option_dependencies(cfg);
+}
+
+// The loop: batch arithmetic, the objective, packing, the length of the run.
+void validate_loop(const TrainConfig& cfg, int world_size, bool train) {
   if (train) batch_plan(cfg, world_size);    // an evaluation only needs a micro-batch
   model::parse_loss_spec(cfg.loop.loss_fn);  // a bad --loss-fn fails before anything is loaded
   if (cfg.loop.packing && cfg.loop.packing_budget > 0) {
@@ -163,10 +167,6 @@ void validate(const TrainConfig& cfg, int world_size, const ValidateOptions& opt
                      str("give --packing-budget at least ", cfg.data.max_length,
                          " (or 0: max length x micro-batch size)"));
   }
-  const std::string& lk = cfg.loop.lk_loss_type;
-  FSDP_USAGE_CHECK(lk.empty() || lk == "none" || lk == "lambda" || lk == "alpha",
-                   str("--lk-loss-type '", lk, "' is not one of lambda, alpha"),
-                   "use --lk-loss-type lambda or alpha, or leave it empty for none");
   if (cfg.loop.max_steps && cfg.loop.total_steps) {
     FSDP_USAGE_CHECK(
         *cfg.loop.max_steps <= *cfg.loop.total_steps,
@@ -174,6 +174,9 @@ void validate(const TrainConfig& cfg, int world_size, const ValidateOptions& opt
         "--max-steps stops early inside the schedule; lower it or raise "
         "--total-steps");
   }
+}
+
+void validate_optim(const TrainConfig& cfg) {
   const auto& o = cfg.optim;
   if (o.warmup_steps && cfg.loop.total_steps) {
     FSDP_USAGE_CHECK(
@@ -181,6 +184,11 @@ void validate(const TrainConfig& cfg, int world_size, const ValidateOptions& opt
         str("--warmup-steps ", *o.warmup_steps, " exceeds --total-steps ", *cfg.loop.total_steps),
         "lower --warmup-steps");
   }
+}
+
+// Sequence parallelism against the ranks, the micro-batch, packing and SpecForge's own
+// parallelism flags.
+void validate_sequence_parallel(const TrainConfig& cfg, int world_size) {
   const int64_t sp = cfg.loop.sp_ulysses_size;
   FSDP_USAGE_CHECK(sp >= 1 && world_size % sp == 0,
                    str("--sp-ulysses-size ", sp, " does not divide the ", world_size, " ranks"),
@@ -216,50 +224,51 @@ void validate(const TrainConfig& cfg, int world_size, const ValidateOptions& opt
         "drop --dp-size (it is the ranks over the sequence-parallel size) or start that many "
         "ranks");
   }
-  // W&B refuses these project names only when the side process creates the run, after the
-  // start-up: checked here instead. Run names (display names) may hold any printable text.
-  const auto& wp = cfg.metrics.wandb_project;
+}
+
+// W&B refuses these project names only when the side process creates the run, after the
+// start-up: checked here instead. Run names (display names) may hold any printable text.
+void validate_trackers(const MetricsConfig& m) {
+  const auto control = [](char ch) { return static_cast<unsigned char>(ch) < 0x20; };
+  const auto& wp = m.wandb_project;
   FSDP_USAGE_CHECK(wp.size() <= 128,
                    str("--wandb-project is ", wp.size(), " characters long; W&B allows 128"),
                    "give a shorter --wandb-project");
   FSDP_USAGE_CHECK(wp.find_first_of("/\\#?%:") == std::string::npos &&
-                       std::none_of(wp.begin(), wp.end(),
-                                    [](char ch) { return static_cast<unsigned char>(ch) < 0x20; }),
+                       std::none_of(wp.begin(), wp.end(), control),
                    str("--wandb-project '", wp,
                        "' contains a character W&B does not allow in "
                        "project names (any of / \\ # ? % : or a control character)"),
                    "give a plain name, e.g. --wandb-project eagle3-llama3-8b");
-  const auto& wn = cfg.metrics.wandb_name;
+  const auto& wn = m.wandb_name;
   FSDP_USAGE_CHECK(wn.size() <= 128,
                    str("--wandb-name is ", wn.size(), " characters long; W&B allows 128"),
                    "give a shorter --wandb-name");
-  FSDP_USAGE_CHECK(std::none_of(wn.begin(), wn.end(),
-                                [](char ch) { return static_cast<unsigned char>(ch) < 0x20; }),
+  FSDP_USAGE_CHECK(std::none_of(wn.begin(), wn.end(), control),
                    "--wandb-name contains a control character (a newline, a tab, ...)",
                    "give a name on one line of printable characters");
-  static const char* kLevels[] = {"trace", "debug", "info", "warn", "error", "off"};
-  FSDP_USAGE_CHECK(
-      std::find(std::begin(kLevels), std::end(kLevels), cfg.runtime.log_level) != std::end(kLevels),
-      str("--log-level '", cfg.runtime.log_level,
-          "' is not one of trace, debug, "
-          "info, warn, error, off"),
-      "pick one of trace, debug, info, warn, error, off");
+}
 
-  if (cfg.shard.strategy == ShardingStrategy::kHybridShard && ranks_per_node > 0) {
+// The sharding engine's policy against the node layout (ranks per node, 0 = unknown).
+void validate_sharding(const ShardConfig& s, int world_size, int ranks_per_node) {
+  if (s.strategy == ShardingStrategy::kHybridShard && ranks_per_node > 0) {
     FSDP_USAGE_CHECK(world_size % ranks_per_node == 0,
                      str("--sharding-strategy hybrid_shard needs the same number of ranks on "
                          "every node; ",
                          world_size, " ranks with ", ranks_per_node, " on this node"),
                      "start the same number of ranks per node, or use full_shard");
   }
-  if (cfg.shard.reduce_dtype == Precision::kBF16 && cfg.shard.mixed_precision == Precision::kFP32) {
+  if (s.reduce_dtype == Precision::kBF16 && s.mixed_precision == Precision::kFP32) {
     FSDP_USAGE_FAIL(
         "--reduce-dtype bf16 with --mixed-precision fp32 reduces with less "
         "precision than the computation",
         "use --reduce-dtype fp32 (the default) for fp32 runs");
   }
+}
 
-  // Required inputs.
+// The inputs a run cannot do without; the target's path is checked here already, because a
+// missing target also explains a missing draft config (none can be made).
+void validate_required_inputs(const TrainConfig& cfg, const ValidateOptions& options, bool train) {
   if (train) {
     FSDP_USAGE_CHECK(
         !cfg.checkpoint.output_dir.empty(), "--output-dir is required for training",
@@ -280,7 +289,6 @@ void validate(const TrainConfig& cfg, int world_size, const ValidateOptions& opt
   }
   FSDP_USAGE_CHECK(!cfg.model.target_model_path.empty(), "--target-model-path is required",
                    "point it at the target model's Hugging Face directory");
-  // The target first: a missing one also explains a missing draft config (none can be made).
   if (options.check_paths) {
     if (!is_dir(cfg.model.target_model_path) && looks_like_repo_id(cfg.model.target_model_path)) {
       FSDP_USAGE_FAIL(str("--target-model-path '", cfg.model.target_model_path, "' not found"),
@@ -298,8 +306,10 @@ void validate(const TrainConfig& cfg, int world_size, const ValidateOptions& opt
     FSDP_USAGE_CHECK(!cfg.checkpoint.output_dir.empty(), "--resume auto needs --output-dir",
                      "give the --output-dir of the run to continue");
   }
+}
 
-  if (!options.check_paths) return;
+// Every path the options name exists and is of the right kind; the model configs agree.
+void validate_input_paths(const TrainConfig& cfg) {
   check_file(cfg.model.draft_model_config, "--draft-model-config");
   if (!cfg.data.train_hidden_states_path.empty())
     check_dir(cfg.data.train_hidden_states_path, "--train-hidden-states-path");
@@ -317,6 +327,22 @@ void validate(const TrainConfig& cfg, int world_size, const ValidateOptions& opt
                     "give a directory (it is created when missing)");
   }
   check_model_files(cfg);
+}
+
+}  // namespace
+
+// Component by component, in the order that decides which error a user sees first.
+void validate(const TrainConfig& cfg, int world_size, const ValidateOptions& options,
+              int ranks_per_node) {
+  const bool train = options.training && !cfg.loop.eval_only;
+  validate_table(cfg);
+  validate_loop(cfg, world_size, train);
+  validate_optim(cfg);
+  validate_sequence_parallel(cfg, world_size);
+  validate_trackers(cfg.metrics);
+  validate_sharding(cfg.shard, world_size, ranks_per_node);
+  validate_required_inputs(cfg, options, train);
+  if (options.check_paths) validate_input_paths(cfg);
 }
 
 }  // namespace fsdp::config

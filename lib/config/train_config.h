@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "core/log.h"
 #include "model/aux_layers.h"
 
 namespace fsdp::config {
@@ -45,6 +46,10 @@ enum class DraftInit { kNormal, kKaimingUniform };
 // with the target's sizes); kTarget: `specforge train` (the target's architecture fields copied,
 // RoPE included).
 enum class AutoDraftConfig { kTemplate, kTarget };
+
+// --lk-loss-type: SpecForge's LK objective instead of the step's loss (docs/reference.md §5);
+// kNone is written "" (or "none").
+enum class LkLossType { kNone, kLambda, kAlpha };
 
 const char* to_string(ShardingStrategy v);
 const char* to_string(Precision v);
@@ -136,8 +141,8 @@ struct LoopConfig {
   // decay per TTT step (step i weighs decay^i; SpecForge's 0.8).
   std::string loss_fn = "soft_ce";
   double ttt_step_loss_decay = 0.8;
-  // SpecForge's LK objective: "" (none), "lambda" or "alpha", with its kl_scale and kl_decay.
-  std::string lk_loss_type;
+  // SpecForge's LK objective, with its kl_scale and kl_decay.
+  LkLossType lk_loss_type = LkLossType::kNone;
   double kl_scale = 1.0;
   double kl_decay = 1.0;
   bool eval_only = false;
@@ -158,7 +163,7 @@ struct RuntimeConfig {
   DeviceKind device = DeviceKind::kAuto;
   int64_t threads = 0;  // intra-op threads per rank; 0: cores / ranks on the node
   int64_t dist_timeout_minutes = 20;
-  std::string log_level = "info";
+  log::Level log_level = log::Level::kInfo;
   StepScalars step_scalars = StepScalars::kAuto;
 };
 
@@ -264,11 +269,5 @@ struct ValidateOptions {
 // (optionally) that input paths exist. Throws UsageError whose message names the flag to change.
 void validate(const TrainConfig& cfg, int world_size, const ValidateOptions& options = {},
               int ranks_per_node = 0);
-
-// Reads --draft-model-config and <--target-model-path>/config.json (JSON only, no tensors) and
-// checks that they agree: same vocab_size, the draft's target_hidden_size (else hidden_size)
-// equals the target's hidden_size, draft_vocab_size within vocab_size. validate() calls it when
-// check_paths is set; throws UsageError naming the flag.
-void check_model_files(const TrainConfig& cfg);
 
 }  // namespace fsdp::config

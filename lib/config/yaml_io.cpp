@@ -17,7 +17,6 @@
 #include "checkpoint/checkpoint_dir.h"
 #include "config/options.h"
 #include "config/run_config.h"
-#include "config/specforge_schema.h"
 #include "config/value_parse.h"
 #include "core/error.h"
 #include "core/fs_util.h"
@@ -57,8 +56,6 @@ OptionValue node_value(const YAML::Node& node, const OptionSpec& spec, const std
 }
 
 }  // namespace
-
-static std::string read_config_file(const std::string& path);
 
 std::vector<std::string> apply_yaml_text(const std::string& text, const std::string& source_name,
                                          TrainConfig* cfg) {
@@ -112,41 +109,11 @@ std::vector<std::string> apply_yaml_text(const std::string& text, const std::str
   return set;
 }
 
-ConfigFileLoad load_config_text(const std::string& text, const std::string& source_name,
-                                const std::vector<std::string>& overrides, TrainConfig* cfg,
-                                int world_size) {
-  ConfigFileLoad out;
-  if (detail::is_specforge_schema_text(text)) {
-    SchemaLoad sl = detail::apply_specforge_schema(text, source_name, overrides, world_size, cfg);
-    out.set_options = std::move(sl.set_options);
-    out.report.push_back(str(source_name,
-                             ": SpecForge's typed schema (specforge train -c): "
-                             "SpecForge's defaults and semantics apply "
-                             "(docs/migration-from-specforge.md)"));
-    for (auto& line : sl.report) out.report.push_back("  " + line);
-    out.specforge_schema = true;
-    return out;
-  }
-  FSDP_USAGE_CHECK(overrides.empty(),
-                   str("'", overrides.empty() ? "" : overrides.front(),
-                       "': section.key=value "
-                       "overrides need a --config file in SpecForge's typed schema, and ",
-                       source_name, " is an fsdp-train run file"),
-                   "override its keys with flags instead (--learning-rate 5e-5)");
-  out.set_options = apply_yaml_text(text, source_name, cfg);
-  return out;
-}
-
-ConfigFileLoad load_config_file(const std::string& path, const std::vector<std::string>& overrides,
-                                TrainConfig* cfg, int world_size) {
-  return load_config_text(read_config_file(path), path, overrides, cfg, world_size);
-}
-
 std::vector<std::string> apply_yaml_file(const std::string& path, TrainConfig* cfg) {
   return apply_yaml_text(read_config_file(path), path, cfg);
 }
 
-static std::string read_config_file(const std::string& path) {
+std::string read_config_file(const std::string& path) {
   std::error_code ec;
   FSDP_USAGE_CHECK(!std::filesystem::is_directory(path, ec),
                    str("--config '", path, "' is a directory"),

@@ -72,6 +72,18 @@ optim::LrDecay to_decay(config::LrScheduler s) {
   unknown("learning-rate scheduler", static_cast<int>(s));
 }
 
+model::LossOptions::LK to_lk(config::LkLossType t) {
+  switch (t) {
+    case config::LkLossType::kNone:
+      return model::LossOptions::LK::kNone;
+    case config::LkLossType::kLambda:
+      return model::LossOptions::LK::kLambda;
+    case config::LkLossType::kAlpha:
+      return model::LossOptions::LK::kAlpha;
+  }
+  unknown("LK loss type", static_cast<int>(t));
+}
+
 data::NoiseType to_noise(config::NoiseType t) {
   switch (t) {
     case config::NoiseType::kUniform:
@@ -130,9 +142,7 @@ model::LossOptions loss_options(const config::TrainConfig& cfg, int64_t accumula
   lo.head_chunk_rows = cfg.model.head_chunk_rows;
   lo.normalization = to_loss(cfg.loop.loss_normalization);
   lo.step_decay = cfg.loop.ttt_step_loss_decay;
-  lo.lk = cfg.loop.lk_loss_type == "lambda"  ? model::LossOptions::LK::kLambda
-          : cfg.loop.lk_loss_type == "alpha" ? model::LossOptions::LK::kAlpha
-                                             : model::LossOptions::LK::kNone;
+  lo.lk = to_lk(cfg.loop.lk_loss_type);
   lo.kl_scale = cfg.loop.kl_scale;
   lo.kl_decay = cfg.loop.kl_decay;
   // soft_ce alone keeps the fused (and, with activation checkpointing, recomputing) path.

@@ -29,6 +29,7 @@ shard::Strategy to_engine(config::ShardingStrategy s);
 shard::EngineOptions::StepScalars to_engine(config::StepScalars s);
 c10::ScalarType to_dtype(config::Precision p);  // --mixed-precision, --reduce-dtype, ...
 model::LossNormalization to_loss(config::LossNormalization n);
+model::LossOptions::LK to_lk(config::LkLossType t);
 optim::LrDecay to_decay(config::LrScheduler s);
 data::NoiseType to_noise(config::NoiseType t);
 

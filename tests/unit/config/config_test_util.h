@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "compat/resolve.h"
 #include "config/options.h"
 #include "config/train_config.h"
 #include "core/error.h"

@@ -1,6 +1,6 @@
 // ds_config translation (docs/migration-from-deepspeed.md) on realistic ZeRO-2, ZeRO-3 and
 // ZeRO-3-with-offload configs, "auto" values included, and the keys that must be rejected.
-#include "config/deepspeed.h"
+#include "compat/deepspeed.h"
 #include "config_test_util.h"
 
 using namespace fsdp::config;

@@ -8,8 +8,8 @@
 #include <fstream>
 #include <sstream>
 
-#include "config/draft_auto.h"
-#include "config/hf_cache.h"
+#include "config/discovery/draft_auto.h"
+#include "config/discovery/hf_cache.h"
 #include "config_test_util.h"
 #include "core/fs_util.h"
 #include "support/test_paths.h"

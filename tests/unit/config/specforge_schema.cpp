@@ -8,7 +8,8 @@
 #include <fstream>
 #include <sstream>
 
-#include "config/specforge_schema.h"
+#include "compat/config_file.h"
+#include "compat/specforge_schema.h"
 #include "config_test_util.h"
 #include "support/generated_doc.h"
 #include "support/test_paths.h"
@@ -140,7 +141,7 @@ TEST_CASE("keys not in the file take SpecForge's defaults", "[config]") {
   CHECK(cfg.metrics.log_steps == 50);
   CHECK(cfg.metrics.report_to.empty());
   CHECK(cfg.shard.strategy == ShardingStrategy::kShardGradOp);
-  CHECK(cfg.loop.lk_loss_type.empty());
+  CHECK(cfg.loop.lk_loss_type == LkLossType::kNone);
   CHECK(cfg.loop.kl_scale == 1.0);
   CHECK(cfg.loop.kl_decay == 1.0);
   CHECK_FALSE(cfg.loop.total_steps.has_value());
@@ -193,7 +194,7 @@ run_id: my-run
   CHECK(cfg.loop.total_steps == 300);
   CHECK(cfg.eval.eval_steps == 100);
   CHECK(cfg.checkpoint.keep_last == 3);
-  CHECK(cfg.loop.lk_loss_type == "lambda");
+  CHECK(cfg.loop.lk_loss_type == LkLossType::kLambda);
   CHECK(cfg.loop.kl_decay == 3.0);
   CHECK(cfg.checkpoint.resume == ResumeMode::kPath);
   CHECK(cfg.checkpoint.resume_path == "/ckpt/epoch_0_step_100");

@@ -1,5 +1,5 @@
 // Hugging Face cache lookup of repository ids (hf_cache.h).
-#include "config/hf_cache.h"
+#include "config/discovery/hf_cache.h"
 
 #include <algorithm>
 #include <cctype>

@@ -2,7 +2,7 @@
 // file and its dotted overrides, SpecForge's cross-key checks, and the mapping onto the option
 // table. Keys and defaults follow SpecForge's specforge/config/schema.py (its pydantic models
 // forbid extra keys, so an unknown key is an error here too).
-#include "config/specforge_schema.h"
+#include "compat/specforge_schema.h"
 
 #include <yaml-cpp/yaml.h>
 
@@ -508,8 +508,8 @@ std::vector<Key> build_keys() {
     k.apply = [](const Key&, const Value& v, TrainConfig& cfg, const std::string& src) {
       if (!v.is_null) {
         set_option("total-steps", option_value(v), cfg, src);
-      } else if (cfg.loop.max_steps) {
-        cfg.loop.total_steps = cfg.loop.max_steps;
+      } else if (const OptionValue max = option("max-steps").get(cfg); !max.is_null) {
+        set_option("total-steps", max, cfg, src);
       }
     };
     add(k);
@@ -650,9 +650,10 @@ std::vector<Key> build_keys() {
   // top level
   add(sets("run_id", T::kStr, "specforge-run", "",
            "the run's name: `--wandb-name` and `--mlflow-run-name` when those are not given"));
-  t.back().apply = [](const Key&, const Value& v, TrainConfig& cfg, const std::string&) {
-    if (cfg.metrics.wandb_name.empty()) cfg.metrics.wandb_name = v.text;
-    if (cfg.metrics.mlflow_run_name.empty()) cfg.metrics.mlflow_run_name = v.text;
+  t.back().apply = [](const Key&, const Value& v, TrainConfig& cfg, const std::string& src) {
+    for (const char* name : {"wandb-name", "mlflow-run-name"}) {
+      if (option(name).get(cfg).text.empty()) set_option(name, option_value(v), cfg, src);
+    }
   };
   add(sets("output_dir", T::kStr, "./output", "output-dir", "`--output-dir`"));
   return t;
@@ -1230,9 +1231,10 @@ SchemaLoad apply_specforge_schema(const std::string& text, const std::string& so
   // (docs/migration-from-specforge.md): no per-epoch checkpoints or evaluations (its counters
   // are optimizer updates: save_interval and eval_interval above), a draft config made from the
   // target's own fields. Flags after the file may still change them.
-  cfg->checkpoint.save_interval = 0;
-  cfg->eval.eval_interval = 0;
-  cfg->model.auto_draft_config = AutoDraftConfig::kTarget;
+  const std::string semantics = str(source_name, " (SpecForge's typed schema)");
+  set_option("save-interval", OptionValue{false, "0", {}}, *cfg, semantics);
+  set_option("eval-interval", OptionValue{false, "0", {}}, *cfg, semantics);
+  set_option("auto-draft-config", OptionValue{false, "target", {}}, *cfg, semantics);
   const int64_t ranks = static_cast<int64_t>(num("deployment.trainer.nnodes") *
                                              num("deployment.trainer.nproc_per_node"));
   if (world_size > 0 && ranks != world_size) {

@@ -2,7 +2,7 @@
 // docs/migration-from-deepspeed.md says. Every key the user wrote ends up in the report: mapped,
 // derived from "auto", accepted and ignored (with a warning), or rejected with a UsageError. Never
 // drops a key silently.
-#include "config/deepspeed.h"
+#include "compat/deepspeed.h"
 
 #include <nlohmann/json.hpp>
 

@@ -1,12 +1,12 @@
 // Start-up check that the draft config, the target model directory and the run's sizes agree
-// (train_config.h check_model_files), so a mismatch fails before any tensor is read with a
+// (discover.h check_model_files), so a mismatch fails before any tensor is read with a
 // message naming the flag. Reads only the two small JSON files; never opens safetensors.
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
 #include <fstream>
 
-#include "config/train_config.h"
+#include "config/discovery/discover.h"
 #include "core/error.h"
 
 namespace fsdp::config {

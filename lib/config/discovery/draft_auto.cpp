@@ -1,5 +1,5 @@
 // SpecForge-compatible draft config generation (draft_auto.h).
-#include "config/draft_auto.h"
+#include "config/discovery/draft_auto.h"
 
 #include <unistd.h>
 
