@@ -2,13 +2,14 @@
 // Collective: every rank calls these in the same order.
 #include "train/step_runner.h"
 
+#include <ATen/ATen.h>
 #include <ATen/record_function.h>
 
 #include <exception>
 #include <thread>
 
 #include "core/error.h"
-#include "model/flops.h"
+#include "shard/engine.h"
 
 namespace fsdp::train {
 
@@ -64,22 +65,6 @@ void stop_for_other_rank(const char* what, std::chrono::seconds wait) {
   std::abort();  // not reached: the check throws
 }
 
-model::LossRows batch_rows(const data::Batch& b, int64_t ttt_length, c10::Device device) {
-  if (b.sharded()) {
-    return model::LossRows::build_shard(b.full_loss_mask, ttt_length, device, b.shard_offset,
-                                        b.shard_local);
-  }
-  return model::LossRows::build(b.loss_mask, ttt_length, device, b.documents);
-}
-
-model::StepOutput forward_micro_batch(model::Eagle3DraftImpl& draft, const model::TargetHead& head,
-                                      const model::LossRows& rows, const data::Batch& b,
-                                      c10::Device device, const model::LossOptions& loss) {
-  return model::ttt_step(draft, head, rows, b.input_ids.to(device, true),
-                         b.attention_mask.to(device, true), b.loss_mask.to(device, true),
-                         b.aux_hidden.to(device, true), b.target_hidden.to(device, true), loss);
-}
-
 void StepRunner::micro_batch(const data::Batch& batch, bool last) {
   p_.engine->set_sync_gradients(!p_.accumulate_locally || last);
   ++micro_batches_;
@@ -87,49 +72,26 @@ void StepRunner::micro_batch(const data::Batch& batch, bool last) {
   // slice counts its own draft positions (the window's halo is the next rank's).
   const at::Tensor valid = (batch.sharded() ? batch.attention_mask.narrow(1, 0, batch.shard_local)
                                             : batch.attention_mask)
-                               .sum(1)
-                               .to(at::kLong)
-                               .contiguous();
-  tokens_ += valid.sum().item<int64_t>();
-  // Loss rows from the host copy of loss_mask: no device sync (see model::LossRows).
-  const auto rows = batch_rows(batch, p_.loss.ttt_length, p_.device);
-  if (batch.sharded()) {
-    // The group computes the sample's decoder layers together (each rank its positions, and
-    // heads / P of the attention over all of them) and the head on its own loss rows.
-    const int64_t P = p_.loss.seq_group ? p_.loss.seq_group->size() : 1;
-    const std::vector<int64_t> whole{rows.shard_total};
-    const auto with_rows =
-        model::count_step_flops(p_.draft_cfg, whole, p_.loss.ttt_length, rows.count);
-    const auto without =
-        model::count_step_flops(p_.draft_cfg, whole, p_.loss.ttt_length,
-                                std::vector<int64_t>(static_cast<size_t>(p_.loss.ttt_length), 0));
-    flops_ += without.total() / static_cast<double>(P) + (with_rows.total() - without.total());
-  } else {
-    std::vector<int64_t> lengths = batch.documents;
-    if (lengths.empty()) {
-      const int64_t* v = valid.data_ptr<int64_t>();
-      lengths.assign(v, v + valid.numel());
-    }
-    flops_ +=
-        model::count_step_flops(p_.draft_cfg, lengths, p_.loss.ttt_length, rows.count).total();
-  }
+                               .sum()
+                               .to(at::kLong);
+  tokens_ += valid.item<int64_t>();
   // fsdp:: scopes name the phases in --profile traces (free when not profiling).
   auto out = [&] {
     RECORD_USER_SCOPE("fsdp::forward");
     PhaseScope phase(p_.timer, PhaseTimer::kForward);
-    return forward_micro_batch(*p_.draft, *p_.head, rows, batch, p_.device, p_.loss);
+    return p_.algorithm->forward(batch, /*training=*/true);
   }();
+  flops_ += out.flops;
   {
     RECORD_USER_SCOPE("fsdp::backward");
     PhaseScope phase(p_.timer, PhaseTimer::kBackward);
     out.loss.backward();
   }
-  out.loss = at::Tensor();
-  outputs_.push_back(std::move(out));
+  outputs_.push_back(std::move(out.sums));
 }
 
-std::vector<model::StepOutput> StepRunner::take_outputs() {
-  std::vector<model::StepOutput> outs;
+std::vector<at::Tensor> StepRunner::take_outputs() {
+  std::vector<at::Tensor> outs;
   outs.swap(outputs_);
   return outs;
 }

@@ -10,10 +10,8 @@
 #include <vector>
 
 #include "data/loader.h"
-#include "model/draft_model.h"
-#include "model/target_head.h"
-#include "model/ttt_loss.h"
 #include "shard/engine.h"
+#include "train/algo/algorithm.h"
 #include "train/phase_timer.h"
 
 namespace fsdp::train {
@@ -45,26 +43,12 @@ std::optional<data::Batch> read_agreed(const std::function<std::optional<data::B
 // On a rank whose peer's `what` failed: waits `wait` for that rank's report, then throws.
 [[noreturn]] void stop_for_other_rank(const char* what, std::chrono::seconds wait);
 
-// The loss rows of a micro-batch from its host loss mask (model::LossRows::build: no device
-// sync); a sequence-parallel slice's from the whole sample's mask (LossRows::build_shard).
-model::LossRows batch_rows(const data::Batch& batch, int64_t ttt_length, c10::Device device);
-
-// The unrolled forward of one micro-batch on `device` (training and evaluation), over the
-// loss rows built from its host loss mask (model::LossRows::build: no device sync).
-model::StepOutput forward_micro_batch(model::Eagle3DraftImpl& draft, const model::TargetHead& head,
-                                      const model::LossRows& rows, const data::Batch& batch,
-                                      c10::Device device, const model::LossOptions& loss);
-
 // The micro-batches of one optimizer step: forward and backward of each, then the step.
 class StepRunner {
  public:
   struct Parts {
-    model::Eagle3DraftImpl* draft = nullptr;
-    const model::TargetHead* head = nullptr;
+    algo::Algorithm* algorithm = nullptr;  // the forward (losses divided by the accumulation)
     shard::ShardEngine* engine = nullptr;
-    c10::Device device = c10::Device(c10::kCPU);
-    model::DraftConfig draft_cfg;     // FLOP counts
-    model::LossOptions loss;          // divided by the accumulation steps
     bool accumulate_locally = false;  // --accumulate-locally: reduce at the step's end only
     PhaseTimer* timer = nullptr;      // times forward, backward and the optimizer step (or none)
   };
@@ -72,10 +56,11 @@ class StepRunner {
 
   // Forward and backward of one micro-batch; `last` is true for the step's last micro-batch.
   void micro_batch(const data::Batch& batch, bool last);
-  // The step's micro-batch outputs (losses released), in order; cleared by the call. Counted in
+  // The step's micro-batch metric sums (algo::MicroBatchResult::sums), in order; cleared by the
+  // call. Counted in
   // the metrics once the optimizer step completes: a checkpoint's metric sums then cover
   // exactly the steps it holds (a bad sample can stop the run inside a step).
-  std::vector<model::StepOutput> take_outputs();
+  std::vector<at::Tensor> take_outputs();
   // The optimizer step at learning rate `lr`.
   shard::StepResult optimizer_step(double lr, double max_grad_norm);
   // The step's valid tokens and FLOPs so far; reset by the call.
@@ -85,7 +70,7 @@ class StepRunner {
 
  private:
   Parts p_;
-  std::vector<model::StepOutput> outputs_;
+  std::vector<at::Tensor> outputs_;
   double flops_ = 0;
   int64_t tokens_ = 0;
   int64_t micro_batches_ = 0;

@@ -137,20 +137,13 @@ TrainLoop::TrainLoop(Trainer::Impl& t, data::DataLoader& loader, int64_t per_epo
       per_epoch_(per_epoch),
       cadence_(cadence),
       decay_(to_decay(t.cfg.optim.lr_scheduler)),
-      timer_(t.topo.device(), engine_communicators(*t.engine)),
-      runner_(StepRunner::Parts{
-          t.draft.get(), &t.head, t.engine.get(), t.topo.device(), t.draft_cfg,
-          // Packed, each sample weighs as a micro-batch of one.
-          loss_options(t.cfg,
-                       t.cfg.loop.packing ? t.plan.accumulation_steps * t.plan.micro_batch
-                                          : t.plan.accumulation_steps,
-                       t.topo.seq_group()),
-          t.cfg.shard.accumulate_locally, &timer_}),
+      timer_(t.topo.device(), engine_communicators(t.algo->engine())),
+      runner_(StepRunner::Parts{t.algo.get(), &t.algo->engine(), t.cfg.shard.accumulate_locally,
+                                &timer_}),
       agreement_{t.topo.world(), [&t](bool mine) { return t.topo.any_rank(mine); }},
       meter_(metrics::resolve_peak_tflops(t.cfg.metrics.mfu_peak_tflops, t.topo.device())),
-      window_(t.cfg.model.ttt_length, t.topo.metrics_device(), t.cfg.metrics.accuracy_aggregation),
-      epoch_metrics_(t.cfg.model.ttt_length, t.topo.metrics_device(),
-                     t.cfg.metrics.accuracy_aggregation),
+      window_(t.algo->metrics(), t.topo.metrics_device()),
+      epoch_metrics_(t.algo->metrics(), t.topo.metrics_device()),
       health_(Trainer::kMaxConsecutiveNonFinite, &t.state.skipped_steps) {
   t_.logger = metrics::make_logger(
       t.cfg.metrics, sink_context(t.cfg, t.topo.rank(), t.total_steps, t.config_json, t.state,
@@ -624,21 +617,13 @@ void Trainer::Impl::warn_resumed_schedule(int64_t per_epoch, int64_t steps_per_e
 
 void Trainer::Impl::log_run_start(int64_t per_epoch) const {
   config::write_run_config(cfg);  // checked: a full disk is an error naming the file
-  const auto counts = model::count_parameters(draft_cfg);
-  int64_t trained = 0;  // the LoRA adapters alone with --lora-rank
-  for (const auto& p : draft->trainable_parameters()) trained += p.numel();
-  FSDP_LOG0(kInfo) << "draft: " << trained << " trainable parameters (+" << counts.frozen_embedding
-                   << " frozen embedding"
-                   << (draft->lora_enabled()
-                           ? fsdp::str(", ", counts.trainable, " frozen base weights")
-                           : std::string())
-                   << "); " << train_ds->size() << " training samples (" << train_ds->format()
+  FSDP_LOG0(kInfo) << "draft: " << algo->describe_parameters() << "; " << train_ds->size() << " training samples (" << train_ds->format()
                    << "), " << per_epoch << " micro-batches per rank per epoch, accumulation "
                    << plan.accumulation_steps << ", " << total_steps << " optimizer steps (warmup "
                    << warmup << ")";
   // What the sharding costs each rank before any activation: the first thing to know when a
   // larger model or more ranks is planned.
-  const auto mem = engine->memory();
+  const auto mem = algo->engine().memory();
   FSDP_LOG0(kInfo) << "sharded state per rank: "
                    << metrics::format_bytes(mem.persistent_device_bytes) << " on "
                    << metrics::device_name(topo.device())

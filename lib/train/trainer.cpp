@@ -38,16 +38,12 @@
 #include "data/loader.h"
 #include "data/loss_mask_stats.h"
 #include "data/sampler.h"
-#include "data/vocab_mapping.h"
 #include "kernels/fused.h"
 #include "metrics/meters.h"
 #include "metrics/sinks.h"
-#include "model/draft_model.h"
-#include "model/flops.h"
-#include "model/target_head.h"
-#include "model/ttt_loss.h"
 #include "optim/lr_schedule.h"
 #include "shard/engine.h"
+#include "train/algo/registry.h"
 #include "train/component_options.h"
 #include "train/run_state.h"
 #include "train/signals.h"
@@ -102,7 +98,7 @@ void Trainer::Impl::setup() {
   const auto& machine = comm::topology();
   // Sequence-parallel groups of consecutive ranks (validate() checks that sp divides world).
   topo = RunTopology(machine.world_rank, machine.world_size, cfg.loop.sp_ulysses_size);
-  const int world = topo.world(), sp = topo.sp();
+  const int world = topo.world();
   comm::set_default_timeout(std::chrono::minutes(cfg.runtime.dist_timeout_minutes));
   config::ValidateOptions vo;
   vo.training = !cfg.loop.eval_only;
@@ -119,25 +115,14 @@ void Trainer::Impl::setup() {
                      << ", " << env::allocator_in_use() << "\n"
                      << config::to_display(cfg);
   }
-  draft_cfg = model::load_draft_config(cfg.model.draft_model_config);
-  if (cfg.model.lora_rank > 0)
-    model::check_lora_rank(draft_cfg, cfg.model.lora_rank, cfg.model.lora_targets);
-  if (sp > 1) {
-    // Ulysses gives each rank of a group heads / sp attention heads and key/value heads.
-    FSDP_USAGE_CHECK(
-        draft_cfg.num_attention_heads % sp == 0 && draft_cfg.num_key_value_heads % sp == 0,
-        fsdp::str("--sp-ulysses-size ", sp, ": the draft (", cfg.model.draft_model_config, ") has ",
-                  draft_cfg.num_attention_heads, " attention and ", draft_cfg.num_key_value_heads,
-                  " key/value heads; each must be a multiple of it"),
-        "choose a sequence-parallel size that divides both head counts (the "
-        "llama3-8B draft: 1, 2, 4 or 8)");
-  }
-  resolve_serving_export();
+  choose_algorithm();
+  algo->check_supported();
+  algo->plan_serving();
   // Before any data or weights are read: a run that cannot fit stops here with the numbers.
-  model::check_training_memory(
-      draft_cfg, memory_plan(cfg, device, plan.micro_batch, world, machine.local_size),
-      device.is_cpu() ? model::host_memory_bytes() : metrics::device_total_memory(device),
-      device.is_cpu() ? "this host's memory" : metrics::device_name(device));
+  algo->check_memory(memory_plan(cfg, device, plan.micro_batch, world, machine.local_size),
+                     device.is_cpu() ? model::host_memory_bytes()
+                                     : metrics::device_total_memory(device),
+                     device.is_cpu() ? "this host's memory" : metrics::device_name(device));
   open_data();
   check_loss_masks();
   // An evaluation set without one micro-batch per rank would only fail at the first
@@ -148,15 +133,16 @@ void Trainer::Impl::setup() {
   if (!cfg.model.init_checkpoint.empty()) {
     init_export = checkpoint::read_draft_export(cfg.model.init_checkpoint);
     have_init_export = true;
-    check_same_architecture(init_export.config_path, "--init-checkpoint");
+    algo->check_same_architecture(init_export.config_path, "--init-checkpoint");
   }
   if (!cfg.loop.eval_only && !cfg.checkpoint.output_dir.empty()) checkpointer.lock_output_dir();
   if (!cfg.loop.eval_only || cfg.checkpoint.resume != config::ResumeMode::kNone)
     checkpointer.plan_resume();
   if (checkpointer.resuming()) {
-    check_same_architecture(checkpoint::join_path(checkpointer.resume_candidates().front().path,
-                                                  checkpoint::layout::kConfig),
-                            "--resume");
+    algo->check_same_architecture(
+        checkpoint::join_path(checkpointer.resume_candidates().front().path,
+                              checkpoint::layout::kConfig),
+        "--resume");
   }
   build_model();
 }
@@ -204,36 +190,21 @@ std::string Trainer::Impl::set_threads(const comm::Topology& machine) const {
                                   : " (cores / ranks)");
 }
 
-void Trainer::Impl::resolve_serving_export() {
-  checkpoint::ServingRequest request;
-  request.draft_config_path = cfg.model.draft_model_config;
-  request.draft_config_json = draft_cfg.to_json();
-  request.num_aux_hidden_states = draft_cfg.num_aux_hidden_states;
-  request.convention = cfg.model.aux_layer_convention;
-  request.target_model_path = cfg.model.target_model_path;
-  request.export_for = cfg.checkpoint.export_for;
-  request.rope_scaling = cfg.checkpoint.export_rope_scaling;
-  request.max_length = cfg.data.max_length;
-  serving = checkpoint::plan_serving_export(request);
-  if (!topo.is_root()) return;
-  for (const auto& note : serving.notes) {
-    if (note.warn)
-      FSDP_LOG0(kWarn) << note.text;
-    else
-      FSDP_LOG0(kInfo) << note.text;
-  }
-}
-
-std::string Trainer::Impl::export_config_json() const {
-  return serving.config_json(draft_cfg.to_json());
+void Trainer::Impl::choose_algorithm() {
+  algo::Context ctx;
+  ctx.cfg = &cfg;
+  ctx.device = topo.device();
+  ctx.is_root = topo.is_root();
+  ctx.control = topo.control_ptr();
+  ctx.seq_group = topo.seq_group();
+  // Packed, each sample weighs as a micro-batch of one.
+  ctx.accumulation = cfg.loop.packing ? plan.accumulation_steps * plan.micro_batch
+                                      : plan.accumulation_steps;
+  algo = algo::make_algorithm(ctx);
 }
 
 void Trainer::Impl::open_data() {
-  data::DatasetOptions dso;
-  dso.vocab_size = draft_cfg.vocab_size;
-  dso.num_aux_layers = draft_cfg.num_aux_hidden_states;
-  dso.hidden_size =
-      draft_cfg.target_hidden_size ? *draft_cfg.target_hidden_size : draft_cfg.hidden_size;
+  const data::DatasetOptions dso = algo->dataset_options();
   if (!cfg.data.train_hidden_states_path.empty()) {
     train_ds = data::open_feature_dataset(cfg.data.train_hidden_states_path, dso);
   }
@@ -258,25 +229,9 @@ void Trainer::Impl::open_data() {
                      << norm->first.key << " (eps " << norm->first.eps << ") when reading";
     *ds = data::with_final_norm(*ds, norm->second, norm->first.eps);
   }
-  // A dump that records its layers (DeepSpec's manifest) must hold the layers the draft reads.
   for (const auto& [ds, flag] : {std::pair{train_ds, "--train-hidden-states-path"},
                                  std::pair{eval_ds, "--eval-hidden-states-path"}}) {
-    const auto& aux_layers = serving.aux_layers;
-    if (!ds || ds->captured_layer_ids().empty() || !aux_layers) continue;
-    std::vector<int64_t> hs;  // 0-based layer output id i is hidden_states[i + 1]
-    for (int64_t id : ds->captured_layer_ids()) hs.push_back(id + 1);
-    auto list = [](const std::vector<int64_t>& v) {
-      std::string out;
-      for (int64_t k : v) out += (out.empty() ? "" : ", ") + std::to_string(k);
-      return "[" + out + "]";
-    };
-    FSDP_USAGE_CHECK(hs == aux_layers->hidden_state_index,
-                     fsdp::str(flag, ": ", ds->root(), " holds target hidden_states ", list(hs),
-                               " (layer outputs ", list(ds->captured_layer_ids()),
-                               "), but the draft reads hidden_states ",
-                               list(aux_layers->hidden_state_index), " (", aux_layers->origin, ")"),
-                     "set eagle_aux_hidden_state_layer_ids in the draft config to the dump's "
-                     "layers, or use features dumped for this draft");
+    if (ds) algo->check_dataset(*ds, flag);
   }
   // One sample of each set read now: features of another target (hidden size, vocabulary) stop
   // the run before any work, not at the first evaluation hours later.
@@ -338,179 +293,11 @@ void Trainer::Impl::check_eval_set() const {
 }
 
 void Trainer::Impl::build_model() {
-  const c10::Device& device = topo.device();
-  choose_vocab_mapping();
-  const std::map<std::string, at::Tensor> target = read_target_tensors();
-  const at::Tensor& emb = target.at("embedding");
-  head = model::TargetHead(target.at("lm_head").to(c10::kBFloat16), mapping.t2d);
-  head.to(device);
-  // Identical initial weights on every rank: same seed before construction.
-  torch::manual_seed(static_cast<uint64_t>(cfg.loop.seed));
-  draft = model::Eagle3Draft(draft_cfg);
-  if (cfg.model.draft_init == config::DraftInit::kNormal)
-    draft->normal_init(draft_cfg.initializer_range);
-  draft->load_embedding(emb);
-  draft->set_vocab_mapping(mapping.d2t, mapping.t2d);
-  draft->set_checkpoint_layer(cfg.model.activation_checkpointing);
-  // --fused-cuda-kernels: the TTT steps' weight gradients summed inside their GEMMs (a
-  // checkpointed layer recomputes and differentiates each step on its own: nothing to sum).
-  draft->set_weight_grad_in_place(cfg.model.fused_cuda_kernels &&
-                                  !cfg.model.activation_checkpointing);
-  if (cfg.model.lora_rank > 0) {
-    // Before the engine exists: it puts the frozen base into its frozen buffers (no masters, no
-    // optimizer state) and only the adapters into the trainable ones.
-    FSDP_USAGE_CHECK(have_init_export,
-                     "--lora-rank adapts an existing draft, and no --init-checkpoint is given",
-                     "give --init-checkpoint BASE (an exported draft), or drop --lora-rank to "
-                     "train the whole draft");
-    draft->enable_lora(cfg.model.lora_rank, cfg.model.lora_alpha, cfg.model.lora_targets);
-    int64_t adapters = 0, frozen = 0;
-    for (const auto& p : draft->named_parameters())
-      (p.value().requires_grad() ? adapters : frozen) += p.value().numel();
-    std::string targets;
-    for (const auto& t : cfg.model.lora_targets) targets += (targets.empty() ? "" : ",") + t;
-    FSDP_LOG0(kInfo) << "LoRA: rank " << cfg.model.lora_rank << ", alpha " << cfg.model.lora_alpha
-                     << " (scale "
-                     << cfg.model.lora_alpha / static_cast<double>(cfg.model.lora_rank) << ") on "
-                     << targets << " of " << draft->num_layers() << " layer(s): " << adapters
-                     << " adapter parameters trained, " << frozen << " frozen (the base of "
-                     << cfg.model.init_checkpoint << "); checkpoints export the merged draft";
-  }
-  draft->to(device);
-
-  shard::EngineOptions eo = engine_options(cfg, device);
-  eo.units = draft->unit_names();  // one unit per decoder layer of a multi-layer draft
-  eo.validate();
-  auto groups = shard::make_comm_groups(eo.strategy, device);
-  engine = std::make_unique<shard::ShardEngine>(*draft, groups, eo);
-  draft->set_unit_hooks(engine.get());
-  if (have_init_export) load_init_weights();
-}
-
-void Trainer::Impl::choose_vocab_mapping() {
-  const int64_t V = draft_cfg.vocab_size, Vd = draft_cfg.draft_vocab();
-  // Vocabulary mapping: from the checkpoint a resume loads, else the initial checkpoint (each
-  // defines what its lm_head rows mean), else a mapping file, the cache, or the features.
-  if (cfg.model.lora_rank > 0) {
-    // The adapted draft keeps its base's lm_head rows, which mean the base's d2t/t2d: another
-    // mapping would make them mean other tokens.
-    FSDP_USAGE_CHECK(cfg.model.vocab_mapping_path.empty(),
-                     "--vocab-mapping-path with --lora-rank: LoRA keeps the base draft's lm_head, "
-                     "whose rows are the tokens of the base's own d2t/t2d",
-                     "drop --vocab-mapping-path (the base's mapping is used), or fine-tune the "
-                     "whole draft without --lora-rank");
-    FSDP_USAGE_CHECK(!have_init_export || (init_export.d2t.defined() && init_export.t2d.defined()),
-                     "--lora-rank: the --init-checkpoint " + cfg.model.init_checkpoint +
-                         " has no d2t/t2d, so its lm_head rows mean unknown tokens",
-                     "adapt an export that carries its vocabulary mapping (fsdp-train and "
-                     "SpecForge exports do)");
-  }
-  std::pair<at::Tensor, at::Tensor> resumed_mapping;
-  const auto& resume_candidates = checkpointer.resume_candidates();
-  if (!resume_candidates.empty()) {
-    resumed_mapping = checkpoint::read_export_mapping(resume_candidates.front().path);
-  }
-  if (resumed_mapping.first.defined() && resumed_mapping.second.defined()) {
-    FSDP_USAGE_CHECK(resumed_mapping.first.numel() == Vd && resumed_mapping.second.numel() == V,
-                     fsdp::str("--resume: d2t/t2d of ", resume_candidates.front().path, " have ",
-                               resumed_mapping.first.numel(), "/", resumed_mapping.second.numel(),
-                               " entries, the draft config says Vd=", Vd, " V=", V),
-                     "use the draft config the checkpoint was trained with");
-    mapping.d2t = resumed_mapping.first;
-    mapping.t2d = resumed_mapping.second;
-    FSDP_LOG0(kInfo) << "vocab mapping: the one of " << resume_candidates.front().path
-                     << " (resumed)";
-  } else if (have_init_export && init_export.d2t.defined() && init_export.t2d.defined()) {
-    FSDP_USAGE_CHECK(
-        init_export.d2t.numel() == Vd && init_export.t2d.numel() == V,
-        fsdp::str("--init-checkpoint: d2t/t2d have ", init_export.d2t.numel(), "/",
-                  init_export.t2d.numel(), " entries, the draft config says Vd=", Vd, " V=", V),
-        "use the draft config the checkpoint was trained with");
-    mapping.d2t = init_export.d2t;
-    mapping.t2d = init_export.t2d;
-  } else {
-    auto ds = train_ds ? train_ds : eval_ds;
-    FSDP_USAGE_CHECK(ds != nullptr || !cfg.model.vocab_mapping_path.empty(),
-                     "no data to build the vocabulary mapping from",
-                     "give --train-hidden-states-path, --eval-hidden-states-path or "
-                     "--vocab-mapping-path");
-    data::VocabMappingOptions vmo;
-    vmo.mapping_path = cfg.model.vocab_mapping_path;
-    vmo.cache_dir = cfg.data.cache_dir;
-    vmo.vocab_size = V;
-    vmo.draft_vocab_size = Vd;
-    vmo.max_length = cfg.data.max_length;
-    vmo.skip_bad_samples = cfg.data.skip_bad_samples;
-    mapping = data::build_vocab_mapping(*ds, vmo, topo.control_ptr());
-  }
-}
-
-std::map<std::string, at::Tensor> Trainer::Impl::read_target_tensors() const {
-  const int64_t V = draft_cfg.vocab_size;
-  const int64_t Ht =
-      draft_cfg.target_hidden_size ? *draft_cfg.target_hidden_size : draft_cfg.hidden_size;
-  // Only the embedding and the LM head are read out of the target checkpoint.
-  const config::ModelConfig defaults;
-  const checkpoint::TargetKeys keys = checkpoint::resolve_target_keys(
-      cfg.model.target_model_path, {cfg.model.embedding_key, cfg.model.lm_head_key,
-                                    cfg.model.embedding_key == defaults.embedding_key,
-                                    cfg.model.lm_head_key == defaults.lm_head_key});
-  if (!keys.note.empty())
-    FSDP_LOG0(kInfo) << "target " << cfg.model.target_model_path << ": " << keys.note;
-  auto target = checkpoint::read_model_tensors(
-      cfg.model.target_model_path,
-      keys.embedding_key == keys.lm_head_key
-          ? std::vector<std::string>{keys.embedding_key}
-          : std::vector<std::string>{keys.embedding_key, keys.lm_head_key});
-  const at::Tensor& emb = target.at(keys.embedding_key);
-  const at::Tensor& lmh = target.at(keys.lm_head_key);
-  for (const auto& [key, t, flag] : {std::tuple{keys.embedding_key, emb, "--embedding-key"},
-                                     std::tuple{keys.lm_head_key, lmh, "--lm-head-key"}}) {
-    FSDP_USAGE_CHECK(t.dim() == 2 && t.size(0) == V && t.size(1) == Ht,
-                     fsdp::str("target tensor '", key, "' in ", cfg.model.target_model_path,
-                               " has shape ", t.sizes(), ", the draft config (",
-                               cfg.model.draft_model_config, ") needs [", V, ", ", Ht, "]"),
-                     fsdp::str("check ", flag,
-                               " and that vocab_size/hidden_size of the draft config "
-                               "match the target model"));
-    // An fp8 checkpoint keeps its scales in other tensors: a plain cast would be silently wrong.
-    FSDP_USAGE_CHECK(t.scalar_type() != at::kFloat8_e4m3fn,
-                     fsdp::str("target tensor '", key, "' in ", cfg.model.target_model_path,
-                               " is fp8 (F8_E4M3): a quantised checkpoint"),
-                     "point --target-model-path at the bf16/fp16 checkpoint of the target model");
-    // NaN/Inf here would give a draft that trains on garbage (or a NaN loss blamed on the
-    // learning rate).
-    FSDP_USAGE_CHECK(all_finite(t),
-                     fsdp::str("target tensor '", key, "' in ", cfg.model.target_model_path,
-                               t.is_floating_point()
-                                   ? " contains NaN or Inf values"
-                                   : fsdp::str(" is ", t.scalar_type(), ", not floating point")),
-                     "the target checkpoint is damaged or not the model's weights; check it");
-  }
-  FSDP_USAGE_CHECK(
-      Ht == draft_cfg.hidden_size,
-      fsdp::str("draft hidden_size ", draft_cfg.hidden_size, " differs from the target's ", Ht,
-                "; the draft embeds target tokens with the target embedding"),
-      "set hidden_size in --draft-model-config to the target's hidden size");
-  return {{"embedding", emb}, {"lm_head", lmh}};
-}
-
-void Trainer::Impl::load_init_weights() {
-  std::map<std::string, at::Tensor> weights(init_export.weights.begin(), init_export.weights.end());
-  for (const auto& item : draft->named_parameters()) {
-    const std::string& name = item.key();
-    // LoRA adapters start fresh (B = 0: the adapted draft starts as the base).
-    if (name == "embed_tokens.weight" || model::is_lora_tensor(name)) continue;
-    FSDP_USAGE_CHECK(
-        weights.count(name),
-        fsdp::str("--init-checkpoint ", cfg.model.init_checkpoint, " lacks tensor '", name, "'"),
-        "use an export written by fsdp-train (or SpecForge) for this draft config");
-    FSDP_USAGE_CHECK(all_finite(weights.at(name)),
-                     fsdp::str("--init-checkpoint ", cfg.model.init_checkpoint, ": tensor '", name,
-                               "' contains NaN or Inf values"),
-                     "start from an earlier checkpoint of that run");
-  }
-  engine->load_full_state(weights, /*allow_missing=*/true);
+  algo::WeightSources weights;
+  if (have_init_export) weights.init = &init_export;
+  const auto& candidates = checkpointer.resume_candidates();
+  if (!candidates.empty()) weights.resume_dir = candidates.front().path;
+  algo->build(weights, train_ds ? train_ds.get() : eval_ds.get());
 }
 
 std::unique_ptr<data::DataLoader> Trainer::Impl::make_loader(
@@ -547,11 +334,9 @@ std::vector<std::pair<std::string, double>> Trainer::Impl::evaluate(
   check_eval_size(*ds);
   auto loader = make_loader(ds, /*training=*/false);
   loader->start({0, 0});
-  const c10::Device& device = topo.device();
-  StepMetrics m(cfg.model.ttt_length, topo.metrics_device(), cfg.metrics.accuracy_aggregation);
+  StepMetrics m(algo->metrics(), topo.metrics_device());
   at::NoGradGuard no_grad;
   int64_t zero_loss = 0, loss_tokens = 0;  // this rank's (samples without a loss token)
-  const model::LossOptions loss = loss_options(cfg, 1, topo.seq_group());
   const ReadAgreement agreement{topo.world(), [this](bool mine) { return topo.any_rank(mine); }};
   while (true) {
     auto b = read_agreed([&] { return loader->next(); }, agreement, "evaluation data loading",
@@ -562,8 +347,7 @@ std::vector<std::pair<std::string, double>> Trainer::Impl::evaluate(
     *b = topo.share(std::move(*b), cfg.model.ttt_length - 1);
     zero_loss += data::zero_loss_rows(*b);
     loss_tokens += b->num_loss_tokens();
-    const auto rows = batch_rows(*b, cfg.model.ttt_length, device);
-    m.add(forward_micro_batch(*draft, head, rows, *b, device, loss));
+    m.add(algo->forward(*b, /*training=*/false).sums);
   }
   auto r = m.report(topo.metrics(), prefix);
   at::Tensor counts = at::tensor({zero_loss, loss_tokens}, at::kLong);

@@ -21,9 +21,7 @@
 #include "core/fs_util.h"
 #include "core/log.h"
 #include "core/timer.h"
-#include "data/vocab_mapping.h"
 #include "metrics/sinks.h"
-#include "model/draft_model.h"
 #include "shard/engine.h"
 #include "train/component_options.h"
 #include "train/resume_plan.h"
@@ -33,81 +31,22 @@
 
 namespace fsdp::train {
 
-void Trainer::Impl::check_same_architecture(const std::string& saved_config,
-                                            const std::string& flag) const {
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(saved_config, ec)) return;  // weights-only exports
-  const model::DraftConfig saved = model::load_draft_config(saved_config);
-  const model::DraftConfig& now = draft_cfg;
-  // Keys that give the weights their shapes: a difference is an error naming them. Others change
-  // what the weights compute (RoPE, norm epsilon): a warning.
-  std::string shape_diff, other_diff;
-  const auto cmp = [](std::string& out, const char* key, const auto& a, const auto& b) {
-    if (a != b) out += fsdp::str(out.empty() ? "" : ", ", key, " ", a, " vs ", b);
-  };
-  cmp(shape_diff, "hidden_size", saved.hidden_size, now.hidden_size);
-  cmp(shape_diff, "intermediate_size", saved.intermediate_size, now.intermediate_size);
-  cmp(shape_diff, "num_attention_heads", saved.num_attention_heads, now.num_attention_heads);
-  cmp(shape_diff, "num_key_value_heads", saved.num_key_value_heads, now.num_key_value_heads);
-  cmp(shape_diff, "head_dim", saved.head_dim_value(), now.head_dim_value());
-  cmp(shape_diff, "vocab_size", saved.vocab_size, now.vocab_size);
-  cmp(shape_diff, "draft_vocab_size", saved.draft_vocab(), now.draft_vocab());
-  cmp(shape_diff, "target hidden size", saved.target_hidden(), now.target_hidden());
-  cmp(shape_diff, "captured target layers (num_aux_hidden_states)", saved.num_aux_hidden_states,
-      now.num_aux_hidden_states);
-  cmp(shape_diff, "decoder layers (num_hidden_layers)", saved.num_hidden_layers,
-      now.num_hidden_layers);
-  cmp(shape_diff, "fc_norm", saved.fc_norm, now.fc_norm);
-  cmp(shape_diff, "norm_before_fc", saved.norm_before_fc, now.norm_before_fc);
-  cmp(other_diff, "norm_output", saved.norm_output, now.norm_output);
-  cmp(other_diff, "norm_before_residual", saved.norm_before_residual, now.norm_before_residual);
-  cmp(other_diff, "rms_norm_eps", saved.rms_norm_eps, now.rms_norm_eps);
-  cmp(other_diff, "rope_theta", saved.rope_theta, now.rope_theta);
-  cmp(other_diff, "rope_scaling", saved.rope_scaling_json, now.rope_scaling_json);
-  cmp(other_diff, "max_position_embeddings", saved.max_position_embeddings,
-      now.max_position_embeddings);
-  cmp(other_diff, "hidden_act", saved.hidden_act, now.hidden_act);
-  FSDP_USAGE_CHECK(shape_diff.empty(),
-                   flag + ": the checkpoint's draft (" + saved_config +
-                       ") and --draft-model-config " + cfg.model.draft_model_config +
-                       " differ in " + shape_diff,
-                   "use the draft config the checkpoint was trained with");
-  if (!other_diff.empty()) {
-    FSDP_LOG0(kWarn) << flag << ": the checkpoint's draft config (" << saved_config
-                     << ") and --draft-model-config differ in " << other_diff
-                     << " (checkpoint vs now); the weights load, but compute differently";
-  }
-}
-
-checkpoint::CheckpointExport Trainer::Impl::checkpoint_export() const {
-  checkpoint::CheckpointExport e;
-  e.config_json = export_config_json();
-  e.d2t = mapping.d2t;
-  e.t2d = mapping.t2d;
-  e.dtype = to_dtype(cfg.checkpoint.export_dtype);
-  if (draft->lora_enabled()) {
-    e.lora = checkpoint::LoraRecord{cfg.model.lora_rank, cfg.model.lora_alpha,
-                                    cfg.model.lora_targets, cfg.model.init_checkpoint};
-    e.lora_adapters = cfg.checkpoint.export_lora_adapters;
-  }
-  if (serving.aux_layers) e.aux_layers_record = model::aux_layers_record(*serving.aux_layers);
-  return e;
-}
-
 std::string Trainer::Impl::save(int64_t epoch_for_name) {
   return checkpointer.save(epoch_for_name, state.step, [&](Checkpointer::SaveAttempt& s) {
     // The export leaves out the frozen embedding (docs/reference.md §7): it is neither gathered
     // nor copied (for the llama3-8B draft 2.1 GB of fp32 on the device and on rank 0's host per
     // save). A LoRA run exports the merged draft (docs/model.md "LoRA"): its frozen base weights
     // are gathered too (the embedding still is not), and the adapters folded into them.
-    const bool lora = draft->lora_enabled();
-    auto full = lora ? engine->full_state(/*rank0_only=*/true, /*include_frozen=*/true,
-                                          /*skip_frozen_units=*/{"embed_tokens"})
-                     : engine->full_state(/*rank0_only=*/true, /*include_frozen=*/false);
-    s.on_root([&] { checkpoint::write_checkpoint_export(s.dir(), full, checkpoint_export()); });
+    shard::ShardEngine& engine = algo->engine();
+    auto full = algo->exports_frozen_base()
+                    ? engine.full_state(/*rank0_only=*/true, /*include_frozen=*/true,
+                                        /*skip_frozen_units=*/{"embed_tokens"})
+                    : engine.full_state(/*rank0_only=*/true, /*include_frozen=*/false);
+    s.on_root(
+        [&] { checkpoint::write_checkpoint_export(s.dir(), full, algo->checkpoint_export()); });
     full.clear();  // not held through save_state's host copies (1.7 GB for the llama3-8B draft)
     s.on_every_rank([&] {
-      shard::save_state(*engine, checkpoint::join_path(s.dir(), checkpoint::layout::kTrainState));
+      shard::save_state(engine, checkpoint::join_path(s.dir(), checkpoint::layout::kTrainState));
     });
     s.on_root([&] { save_run_state(s.dir(), state); });
   });
@@ -152,17 +91,11 @@ void Trainer::Impl::report_changed_settings(const std::string& saved_json) const
 void Trainer::Impl::resume_if_asked() {
   const std::vector<checkpoint::CheckpointRef>& candidates = checkpointer.resume_candidates();
   if (candidates.empty()) return;
-  const auto [saved, loaded] = checkpointer.load_first_loadable(*engine);
-  // The mapping the model was built with came from the first candidate (build_model); a fallback
-  // to an older checkpoint must mean the same vocabulary.
-  if (loaded != candidates.front().path) {
-    const auto [d2t, t2d] = checkpoint::read_export_mapping(loaded);
-    FSDP_USAGE_CHECK(d2t.defined() && t2d.defined() && at::equal(d2t, mapping.d2t) &&
-                         at::equal(t2d, mapping.t2d),
-                     "--resume: " + loaded + " has another vocabulary mapping than " +
-                         candidates.front().path + " (the checkpoints are of different runs)",
-                     "resume one of them explicitly with --resume PATH");
-  }
+  const auto [saved, loaded] = checkpointer.load_first_loadable(algo->engine());
+  // The model was built for the first candidate (build_model): a fallback to an older
+  // checkpoint must mean the same to it.
+  if (loaded != candidates.front().path)
+    algo->check_resume_fallback(loaded, candidates.front().path);
   checkpointer.set_aside_newer(loaded, saved.step);
   topo.control().barrier();
   if (have_init_export && topo.is_root()) {

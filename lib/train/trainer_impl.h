@@ -15,19 +15,15 @@
 
 #include "checkpoint/checkpoint_dir.h"
 #include "checkpoint/export.h"
-#include "checkpoint/serving_contract.h"
 #include "comm/communicator.h"
 #include "comm/runtime.h"
 #include "config/options.h"
 #include "data/dataset.h"
 #include "data/loader.h"
-#include "data/vocab_mapping.h"
 #include "metrics/profiler.h"
 #include "metrics/sinks.h"
-#include "model/draft_model.h"
-#include "model/target_head.h"
-#include "model/ttt_loss.h"
 #include "shard/engine.h"
+#include "train/algo/algorithm.h"
 #include "train/checkpointer.h"
 #include "train/run_state.h"
 #include "train/run_topology.h"
@@ -41,15 +37,10 @@ struct Trainer::Impl {
   RunTopology topo;
   // The output directory's lock, saves and the resume candidates (over cfg and topo).
   Checkpointer checkpointer{cfg, topo};
-  model::DraftConfig draft_cfg;
-  // What the exports are for (target layers, RoPE, the engine), decided at start-up by the
-  // serving contract (checkpoint/serving_contract.h).
-  checkpoint::ServingPlan serving;
+  // The draft family (train/algo/algorithm.h): its model under the sharding engine, its step,
+  // metrics and exports. Chosen once from the draft config (train/algo/registry.h).
+  std::unique_ptr<algo::Algorithm> algo;
   std::shared_ptr<data::FeatureDataset> train_ds, eval_ds;
-  data::VocabMapping mapping;
-  model::TargetHead head;
-  model::Eagle3Draft draft{nullptr};
-  std::unique_ptr<shard::ShardEngine> engine;
   std::unique_ptr<metrics::MetricsLogger> logger;
   config::BatchPlan plan;
   int64_t total_steps = 0, warmup = 0;
@@ -67,19 +58,14 @@ struct Trainer::Impl {
   void plan_batches();
   // Sets the intra-op threads; returns "N thread(s) per rank (source)" for the start-up line.
   std::string set_threads(const comm::Topology& topo) const;
-  void resolve_serving_export();  // `serving`, from the serving contract
-  // The draft's config.json as exported: each engine's aux ids, RoPE in both schemas.
-  std::string export_config_json() const;
+  // The algorithm of the draft config, with the topology's parts it may use.
+  void choose_algorithm();
   void open_data();               // opens the feature sets and reads one sample of each
   void check_loss_masks() const;  // exit 2 for sets without (almost any) loss tokens
   void check_eval_set() const;    // one micro-batch per rank; warns about samples left out
-  // The draft under the sharding engine: vocabulary mapping, target head and embedding, the
-  // engine, and the initial weights of --init-checkpoint.
+  // The algorithm's model under the sharding engine, from the initial weights of
+  // --init-checkpoint and the newest resume candidate's vocabulary.
   void build_model();
-  void choose_vocab_mapping();
-  // The target's "embedding" and "lm_head", checked against the draft config.
-  std::map<std::string, at::Tensor> read_target_tensors() const;
-  void load_init_weights();
   // `training`: the training loader, shuffled and with the aux noise of --noise-std; otherwise
   // an evaluation loader in dataset order without noise.
   std::unique_ptr<data::DataLoader> make_loader(std::shared_ptr<data::FeatureDataset> ds,
@@ -94,13 +80,8 @@ struct Trainer::Impl {
   // state, the run state); returns its directory, or "" when a write failed on some rank (every
   // rank returns "" then; the earlier checkpoints are untouched). Collective.
   std::string save(int64_t epoch_for_name);
-  // The export a checkpoint carries (lib/checkpoint writes it).
-  checkpoint::CheckpointExport checkpoint_export() const;
   // UsageError unless the evaluation set gives every rank at least one micro-batch.
   void check_eval_size(const data::FeatureDataset& ds) const;
-  // The checkpoint's config.json (when it has one) against --draft-model-config: UsageError
-  // naming the keys that change parameter shapes, a warning for the others.
-  void check_same_architecture(const std::string& saved_config, const std::string& flag) const;
   // Loads the first loadable candidate (engine, run state), sets newer checkpoints aside.
   void resume_if_asked();
   // The resumed position when the checkpoint was saved with another ranks x micro-batch layout.

@@ -18,11 +18,11 @@
 #include "support/adding_comm.h"
 #include "support/random_draft.h"
 #include "support/small_draft.h"
-#include "train/step_metrics.h"
+#include "support/eagle3_step_metrics.h"
 
 using namespace fsdp::model;
 using fsdp::testing::AddingComm;
-using fsdp::train::StepMetrics;
+using StepMetrics = fsdp::test::Eagle3StepMetrics;
 
 namespace {
 

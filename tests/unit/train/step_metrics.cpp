@@ -14,11 +14,11 @@
 
 #include "model/ttt_loss.h"
 #include "support/adding_comm.h"
-#include "train/step_metrics.h"
+#include "support/eagle3_step_metrics.h"
 
 using fsdp::config::AccuracyAggregation;
 using fsdp::testing::AddingComm;
-using fsdp::train::StepMetrics;
+using StepMetrics = fsdp::test::Eagle3StepMetrics;
 
 namespace {
 
