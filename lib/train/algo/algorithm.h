@@ -7,7 +7,10 @@
 // An algorithm owns: its draft config contract, the feature contract a sample must meet, the
 // model (a torch module the engine shards, in units it names) with the frozen target tensors it
 // reads, the objective of one micro-batch, its metric sums and their meaning (each family's own
-// engine-faithful simulated acceptance), and the export each engine serves.
+// engine-faithful simulated acceptance), and the export each engine serves. It keeps no state
+// of its own across steps: whatever it draws at random is keyed by the run's seed and the
+// batch's samples (data::Batch::epoch, sample_indices), so a resume on any number of ranks
+// draws the same; the engine and the loop save everything else.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -132,10 +135,6 @@ class Algorithm {
   // (built for the newest) means the same there.
   virtual void check_resume_fallback(const std::string& loaded,
                                      const std::string& newest) const = 0;
-  // Algorithm state that is part of exact resume (e.g. a sampler's position), as JSON text; ""
-  // when there is none.
-  virtual std::string resume_state() const { return {}; }
-  virtual void restore(const std::string& /*state*/) {}
 };
 
 }  // namespace fsdp::algo
