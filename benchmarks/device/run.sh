@@ -319,6 +319,9 @@ for s in "${STAGES[@]}"; do
   { echo "stage $name, budget ${budget} s: $what"; echo "device $DEVICE, commit $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)"; } >"$f"
   timeout --kill-after=5 "$budget" bash -c "stage_${name//-/_}" >>"$f" 2>&1
   rc=$?
+  # A command inside the stage is limited to what is left of it (lim), so a stage that reaches its
+  # end may be stopped by that inner limit just before the outer one: that too is a cut.
+  [ $rc -ne 0 ] && [ "$(date +%s)" -ge "$STAGE_END" ] && rc=124
   case $rc in
     0) v="ok" ;;
     124|137) v="cut at its ${budget} s budget" ;;

@@ -16,7 +16,9 @@ void StepMetrics::accumulate(const at::Tensor& row, int64_t micro_batches) {
   micro_batches_ += micro_batches;
 }
 
-void StepMetrics::add(const at::Tensor& sums) { accumulate(sums.detach().to(at::kDouble), 1); }
+void StepMetrics::add(const at::Tensor& sums) {
+  accumulate(sums.detach().to(at::kDouble), 1);
+}
 
 void StepMetrics::clear() {
   micro_batches_ = 0;
@@ -25,10 +27,10 @@ void StepMetrics::clear() {
 
 at::Tensor StepMetrics::reduced(comm::Communicator& comm) const {
   // One buffer, one all-reduce; the communicator's device decides where the reduction runs.
-  at::Tensor buf = micro_batches_ > 0
-                       ? sums_.clone()
-                       : at::zeros({schema_->width()},
-                                   at::TensorOptions().dtype(at::kDouble).device(device_));
+  at::Tensor buf =
+      micro_batches_ > 0
+          ? sums_.clone()
+          : at::zeros({schema_->width()}, at::TensorOptions().dtype(at::kDouble).device(device_));
   buf = buf.contiguous();
   comm.all_reduce(buf, comm::ReduceOp::kSum)->wait();
   return buf.to(at::kCPU);

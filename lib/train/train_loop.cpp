@@ -23,6 +23,7 @@
 #include "train/best_checkpoint.h"
 #include "train/cadence.h"
 #include "train/component_options.h"
+#include "train/feature_loader.h"
 #include "train/signals.h"
 #include "train/step_health.h"
 #include "train/step_metrics.h"
@@ -470,8 +471,8 @@ void TrainLoop::evaluate_at(int64_t at, int64_t epoch) {
   if (last_eval_step_ == at) return;
   // Unreadable evaluation data ends the run like a bad training sample: the last completed step
   // is saved first.
-  last_eval_ =
-      t_.evaluate("eval", [&] { save_before_failure(epoch_now_, "evaluation data failed"); });
+  last_eval_ = t_.evaluator->evaluate(
+      "eval", [&] { save_before_failure(epoch_now_, "evaluation data failed"); });
   last_eval_step_ = at;
   t_.logger->log(at, last_eval_);
   const std::string stuck = eval_zero_.observe(last_eval_);
@@ -525,7 +526,7 @@ void TrainLoop::keep_best(int64_t epoch) {
 
 RunResult Trainer::Impl::train() {
   install_stop_handlers();
-  auto loader = make_loader(train_ds, /*training=*/true);
+  auto loader = make_feature_loader(cfg, topo, plan, train_ds, /*training=*/true);
   if (cfg.data.noise_std > 0) {
     FSDP_LOG0(kInfo) << "noise augmentation: " << config::to_string(cfg.data.noise_type)
                      << (cfg.data.noise_type == config::NoiseType::kUniform ? " U(-s, s)"
@@ -617,10 +618,10 @@ void Trainer::Impl::warn_resumed_schedule(int64_t per_epoch, int64_t steps_per_e
 
 void Trainer::Impl::log_run_start(int64_t per_epoch) const {
   config::write_run_config(cfg);  // checked: a full disk is an error naming the file
-  FSDP_LOG0(kInfo) << "draft: " << algo->describe_parameters() << "; " << train_ds->size() << " training samples (" << train_ds->format()
-                   << "), " << per_epoch << " micro-batches per rank per epoch, accumulation "
-                   << plan.accumulation_steps << ", " << total_steps << " optimizer steps (warmup "
-                   << warmup << ")";
+  FSDP_LOG0(kInfo) << "draft: " << algo->describe_parameters() << "; " << train_ds->size()
+                   << " training samples (" << train_ds->format() << "), " << per_epoch
+                   << " micro-batches per rank per epoch, accumulation " << plan.accumulation_steps
+                   << ", " << total_steps << " optimizer steps (warmup " << warmup << ")";
   // What the sharding costs each rank before any activation: the first thing to know when a
   // larger model or more ranks is planned.
   const auto mem = algo->engine().memory();

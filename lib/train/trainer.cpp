@@ -45,6 +45,7 @@
 #include "shard/engine.h"
 #include "train/algo/registry.h"
 #include "train/component_options.h"
+#include "train/evaluator.h"
 #include "train/run_state.h"
 #include "train/signals.h"
 #include "train/step_metrics.h"
@@ -119,16 +120,17 @@ void Trainer::Impl::setup() {
   algo->check_supported();
   algo->plan_serving();
   // Before any data or weights are read: a run that cannot fit stops here with the numbers.
-  algo->check_memory(memory_plan(cfg, device, plan.micro_batch, world, machine.local_size),
-                     device.is_cpu() ? model::host_memory_bytes()
-                                     : metrics::device_total_memory(device),
-                     device.is_cpu() ? "this host's memory" : metrics::device_name(device));
+  algo->check_memory(
+      memory_plan(cfg, device, plan.micro_batch, world, machine.local_size),
+      device.is_cpu() ? model::host_memory_bytes() : metrics::device_total_memory(device),
+      device.is_cpu() ? "this host's memory" : metrics::device_name(device));
   open_data();
   check_loss_masks();
   // An evaluation set without one micro-batch per rank would only fail at the first
   // evaluation, after the training before it.
   if (eval_ds && (cfg.loop.eval_only || cfg.eval.eval_interval > 0 || cfg.eval.eval_steps > 0)) {
-    check_eval_set();
+    Evaluator(cfg, topo, plan, *algo, eval_ds).check_size();
+    Evaluator(cfg, topo, plan, *algo, eval_ds).warn_left_out();
   }
   if (!cfg.model.init_checkpoint.empty()) {
     init_export = checkpoint::read_draft_export(cfg.model.init_checkpoint);
@@ -198,8 +200,8 @@ void Trainer::Impl::choose_algorithm() {
   ctx.control = topo.control_ptr();
   ctx.seq_group = topo.seq_group();
   // Packed, each sample weighs as a micro-batch of one.
-  ctx.accumulation = cfg.loop.packing ? plan.accumulation_steps * plan.micro_batch
-                                      : plan.accumulation_steps;
+  ctx.accumulation =
+      cfg.loop.packing ? plan.accumulation_steps * plan.micro_batch : plan.accumulation_steps;
   algo = algo::make_algorithm(ctx);
 }
 
@@ -273,94 +275,13 @@ void Trainer::Impl::check_loss_masks() const {
   }
 }
 
-void Trainer::Impl::check_eval_set() const {
-  check_eval_size(*eval_ds);
-  // Evaluation splits the set like training: whole micro-batches per rank (docs/data.md).
-  const int64_t n = eval_ds->size();
-  const int dp_world = topo.dp_world();
-  const int64_t used =
-      data::DistributedSampler(n, topo.dp_rank(), dp_world, plan.micro_batch, 0, false)
-          .batches_per_epoch() *
-      plan.micro_batch * dp_world;
-  if (used < n) {
-    FSDP_LOG0(kWarn) << "--eval-hidden-states-path: each evaluation uses " << used << " of the "
-                     << n
-                     << " samples (whole micro-batches on every data-parallel rank: " << dp_world
-                     << " x micro-batch " << plan.micro_batch << "): " << n - used
-                     << " sample(s) at its end are left out (a set size divisible by "
-                     << dp_world * plan.micro_batch << " evaluates all)";
-  }
-}
-
 void Trainer::Impl::build_model() {
   algo::WeightSources weights;
   if (have_init_export) weights.init = &init_export;
   const auto& candidates = checkpointer.resume_candidates();
   if (!candidates.empty()) weights.resume_dir = candidates.front().path;
   algo->build(weights, train_ds ? train_ds.get() : eval_ds.get());
-}
-
-std::unique_ptr<data::DataLoader> Trainer::Impl::make_loader(
-    std::shared_ptr<data::FeatureDataset> ds, bool training) const {
-  data::DistributedSampler sampler(ds->size(), topo.dp_rank(), topo.dp_world(), plan.micro_batch,
-                                   static_cast<uint64_t>(cfg.loop.seed), /*shuffle=*/training);
-  data::LoaderOptions lo = loader_options(cfg, topo.device());
-  if (training) lo.noise = noise_options(cfg);
-  // Sequence parallelism: the group's ranks read the same samples, each keeping its slice.
-  lo.sp_rank = topo.sp_rank();
-  lo.sp_size = topo.sp();
-  lo.sp_halo = cfg.model.ttt_length - 1;
-  // Packing trains a whole accumulation window at once: read one window ahead.
-  if (training && cfg.loop.packing)
-    lo.prefetch_depth =
-        static_cast<int>(std::clamp<int64_t>(plan.accumulation_steps, lo.prefetch_depth, 1024));
-  lo.validate();
-  return std::make_unique<data::DataLoader>(ds, sampler, lo);
-}
-
-void Trainer::Impl::check_eval_size(const data::FeatureDataset& ds) const {
-  const int dp_world = topo.dp_world();
-  FSDP_USAGE_CHECK(ds.size() >= static_cast<int64_t>(dp_world) * plan.micro_batch,
-                   fsdp::str("evaluation data (", ds.root(), ") has ", ds.size(),
-                             " samples: ", "fewer than one micro-batch per rank (", dp_world,
-                             " rank(s) x ", plan.micro_batch, ")"),
-                   "use more evaluation samples, fewer ranks or a smaller "
-                   "--draft-micro-batch-size");
-}
-
-std::vector<std::pair<std::string, double>> Trainer::Impl::evaluate(
-    const std::string& prefix, const std::function<void()>& before_failure) {
-  auto ds = eval_ds ? eval_ds : train_ds;
-  check_eval_size(*ds);
-  auto loader = make_loader(ds, /*training=*/false);
-  loader->start({0, 0});
-  StepMetrics m(algo->metrics(), topo.metrics_device());
-  at::NoGradGuard no_grad;
-  int64_t zero_loss = 0, loss_tokens = 0;  // this rank's (samples without a loss token)
-  const ReadAgreement agreement{topo.world(), [this](bool mine) { return topo.any_rank(mine); }};
-  while (true) {
-    auto b = read_agreed([&] { return loader->next(); }, agreement, "evaluation data loading",
-                         [&](ReadFailure) {
-                           if (before_failure) before_failure();
-                         });
-    if (!b) break;
-    *b = topo.share(std::move(*b), cfg.model.ttt_length - 1);
-    zero_loss += data::zero_loss_rows(*b);
-    loss_tokens += b->num_loss_tokens();
-    m.add(algo->forward(*b, /*training=*/false).sums);
-  }
-  auto r = m.report(topo.metrics(), prefix);
-  at::Tensor counts = at::tensor({zero_loss, loss_tokens}, at::kLong);
-  topo.reduce_counts(counts, comm::ReduceOp::kSum);
-  r.emplace_back(prefix + "/zero_loss_samples", static_cast<double>(counts[0].item<int64_t>()));
-  if (counts[1].item<int64_t>() == 0) {
-    FSDP_LOG0(kWarn) << prefix << ": the evaluation set had no loss tokens at all (every loss "
-                     << "mask all-zero): its metrics mean nothing (docs/data.md 'Loss masks')";
-  }
-  if (topo.is_root() && !loader->bad_sample_summary().empty()) {
-    FSDP_LOG0(kWarn) << loader->bad_sample_summary();
-  }
-  return r;
+  evaluator = std::make_unique<Evaluator>(cfg, topo, plan, *algo, eval_ds ? eval_ds : train_ds);
 }
 
 RunResult Trainer::run() {
@@ -373,7 +294,7 @@ RunResult Trainer::Impl::eval_only() {
   FSDP_USAGE_CHECK(have_init_export || state.step > 0, "--eval-only needs weights to evaluate",
                    "give --init-checkpoint DIR (an exported checkpoint) or --resume");
   RunResult r;
-  r.final_eval = evaluate("eval");
+  r.final_eval = evaluator->evaluate("eval");
   r.steps = state.step;
   if (topo.is_root()) {
     std::string line = "eval:";

@@ -25,6 +25,7 @@
 #include "shard/engine.h"
 #include "train/algo/algorithm.h"
 #include "train/checkpointer.h"
+#include "train/evaluator.h"
 #include "train/run_state.h"
 #include "train/run_topology.h"
 #include "train/trainer.h"
@@ -41,6 +42,8 @@ struct Trainer::Impl {
   // metrics and exports. Chosen once from the draft config (train/algo/registry.h).
   std::unique_ptr<algo::Algorithm> algo;
   std::shared_ptr<data::FeatureDataset> train_ds, eval_ds;
+  // Evaluations of the current weights (created with the model).
+  std::unique_ptr<Evaluator> evaluator;
   std::unique_ptr<metrics::MetricsLogger> logger;
   config::BatchPlan plan;
   int64_t total_steps = 0, warmup = 0;
@@ -62,26 +65,13 @@ struct Trainer::Impl {
   void choose_algorithm();
   void open_data();               // opens the feature sets and reads one sample of each
   void check_loss_masks() const;  // exit 2 for sets without (almost any) loss tokens
-  void check_eval_set() const;    // one micro-batch per rank; warns about samples left out
   // The algorithm's model under the sharding engine, from the initial weights of
   // --init-checkpoint and the newest resume candidate's vocabulary.
   void build_model();
-  // `training`: the training loader, shuffled and with the aux noise of --noise-std; otherwise
-  // an evaluation loader in dataset order without noise.
-  std::unique_ptr<data::DataLoader> make_loader(std::shared_ptr<data::FeatureDataset> ds,
-                                                bool training) const;
-  // Evaluates the current weights on the evaluation set (the training set without one). When
-  // reading a micro-batch fails on any rank, the ranks agree on it before its collectives, run
-  // before_failure (the loop saves the last completed step there), and the failing rank
-  // rethrows its error; the others stop with a usage error pointing at it.
-  std::vector<std::pair<std::string, double>> evaluate(
-      const std::string& prefix, const std::function<void()>& before_failure = {});
   // Saves a checkpoint (Checkpointer::save with this run's contents: the export, the sharded
   // state, the run state); returns its directory, or "" when a write failed on some rank (every
   // rank returns "" then; the earlier checkpoints are untouched). Collective.
   std::string save(int64_t epoch_for_name);
-  // UsageError unless the evaluation set gives every rank at least one micro-batch.
-  void check_eval_size(const data::FeatureDataset& ds) const;
   // Loads the first loadable candidate (engine, run state), sets newer checkpoints aside.
   void resume_if_asked();
   // The resumed position when the checkpoint was saved with another ranks x micro-batch layout.

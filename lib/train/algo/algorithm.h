@@ -86,8 +86,8 @@ class MetricSchema {
 
 // One micro-batch through the model.
 struct MicroBatchResult {
-  at::Tensor loss;  // scalar, requires grad while training: what backward runs
-  at::Tensor sums;  // float64 [schema width], detached, on the device: the metric sums
+  at::Tensor loss;   // scalar, requires grad while training: what backward runs
+  at::Tensor sums;   // float64 [schema width], detached, on the device: the metric sums
   double flops = 0;  // model FLOPs of the forward and backward (MFU accounting)
 };
 

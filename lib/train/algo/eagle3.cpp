@@ -14,11 +14,11 @@
 #include "model/aux_layers.h"
 #include "model/flops.h"
 #include "model/memory_estimate.h"
+#include "model/seq_parallel.h"
 #include "shard/engine.h"
 #include "train/algo/eagle3_metrics.h"
 #include "train/algo/target_tensors.h"
 #include "train/component_options.h"
-#include "model/seq_parallel.h"
 
 namespace fsdp::algo {
 
@@ -81,7 +81,8 @@ void Eagle3::check_supported() const {
         draft_cfg_.num_attention_heads % sp == 0 && draft_cfg_.num_key_value_heads % sp == 0,
         fsdp::str("--sp-ulysses-size ", sp, ": the draft (", cfg_.model.draft_model_config,
                   ") has ", draft_cfg_.num_attention_heads, " attention and ",
-                  draft_cfg_.num_key_value_heads, " key/value heads; each must be a multiple of it"),
+                  draft_cfg_.num_key_value_heads,
+                  " key/value heads; each must be a multiple of it"),
         "choose a sequence-parallel size that divides both head counts (the "
         "llama3-8B draft: 1, 2, 4 or 8)");
   }
@@ -131,13 +132,13 @@ void Eagle3::check_dataset(const data::FeatureDataset& ds, const std::string& fl
     for (int64_t k : v) out += (out.empty() ? "" : ", ") + std::to_string(k);
     return "[" + out + "]";
   };
-  FSDP_USAGE_CHECK(hs == aux_layers->hidden_state_index,
-                   fsdp::str(flag, ": ", ds.root(), " holds target hidden_states ", list(hs),
-                             " (layer outputs ", list(ds.captured_layer_ids()),
-                             "), but the draft reads hidden_states ",
-                             list(aux_layers->hidden_state_index), " (", aux_layers->origin, ")"),
-                   "set eagle_aux_hidden_state_layer_ids in the draft config to the dump's "
-                   "layers, or use features dumped for this draft");
+  FSDP_USAGE_CHECK(
+      hs == aux_layers->hidden_state_index,
+      fsdp::str(flag, ": ", ds.root(), " holds target hidden_states ", list(hs), " (layer outputs ",
+                list(ds.captured_layer_ids()), "), but the draft reads hidden_states ",
+                list(aux_layers->hidden_state_index), " (", aux_layers->origin, ")"),
+      "set eagle_aux_hidden_state_layer_ids in the draft config to the dump's "
+      "layers, or use features dumped for this draft");
 }
 
 void Eagle3::check_same_architecture(const std::string& saved_config,
@@ -269,13 +270,12 @@ void Eagle3::choose_vocab_mapping(const WeightSources& weights,
                      "use the draft config the checkpoint was trained with");
     mapping_.d2t = resumed_mapping.first;
     mapping_.t2d = resumed_mapping.second;
-    FSDP_LOG0(kInfo) << "vocab mapping: the one of " << weights.resume_dir
-                     << " (resumed)";
+    FSDP_LOG0(kInfo) << "vocab mapping: the one of " << weights.resume_dir << " (resumed)";
   } else if (init && init->d2t.defined() && init->t2d.defined()) {
     FSDP_USAGE_CHECK(
         init->d2t.numel() == Vd && init->t2d.numel() == V,
-        fsdp::str("--init-checkpoint: d2t/t2d have ", init->d2t.numel(), "/",
-                  init->t2d.numel(), " entries, the draft config says Vd=", Vd, " V=", V),
+        fsdp::str("--init-checkpoint: d2t/t2d have ", init->d2t.numel(), "/", init->t2d.numel(),
+                  " entries, the draft config says Vd=", Vd, " V=", V),
         "use the draft config the checkpoint was trained with");
     mapping_.d2t = init->d2t;
     mapping_.t2d = init->t2d;
@@ -317,11 +317,11 @@ std::string Eagle3::describe_parameters() const {
   const auto counts = model::count_parameters(draft_cfg_);
   int64_t trained = 0;  // the LoRA adapters alone with --lora-rank
   for (const auto& p : draft_->trainable_parameters()) trained += p.numel();
-  return fsdp::str(trained, " trainable parameters (+", counts.frozen_embedding,
-                   " frozen embedding",
-                   draft_->lora_enabled() ? fsdp::str(", ", counts.trainable, " frozen base weights")
-                                          : std::string(),
-                   ")");
+  return fsdp::str(
+      trained, " trainable parameters (+", counts.frozen_embedding, " frozen embedding",
+      draft_->lora_enabled() ? fsdp::str(", ", counts.trainable, " frozen base weights")
+                             : std::string(),
+      ")");
 }
 
 MicroBatchResult Eagle3::forward(const data::Batch& b, bool training) {
@@ -331,10 +331,10 @@ MicroBatchResult Eagle3::forward(const data::Batch& b, bool training) {
   const auto rows = batch_rows(b, loss.ttt_length, device);
   MicroBatchResult r;
   if (training) r.flops = step_flops(draft_cfg_, rows, b, loss);
-  model::StepOutput out = model::ttt_step(
-      *draft_, head_, rows, b.input_ids.to(device, true), b.attention_mask.to(device, true),
-      b.loss_mask.to(device, true), b.aux_hidden.to(device, true),
-      b.target_hidden.to(device, true), loss);
+  model::StepOutput out =
+      model::ttt_step(*draft_, head_, rows, b.input_ids.to(device, true),
+                      b.attention_mask.to(device, true), b.loss_mask.to(device, true),
+                      b.aux_hidden.to(device, true), b.target_hidden.to(device, true), loss);
   r.sums = static_cast<const Eagle3Metrics&>(*schema_).row(out);
   r.loss = std::move(out.loss);
   return r;

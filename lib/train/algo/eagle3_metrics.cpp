@@ -36,9 +36,15 @@ struct Layout {
 
 }  // namespace
 
-int64_t Eagle3Metrics::width() const { return Layout{ttt_}.size(); }
-int64_t Eagle3Metrics::units_index() const { return Layout{ttt_}.micro(); }
-int64_t Eagle3Metrics::valid_tokens_index() const { return Layout{ttt_}.valid(); }
+int64_t Eagle3Metrics::width() const {
+  return Layout{ttt_}.size();
+}
+int64_t Eagle3Metrics::units_index() const {
+  return Layout{ttt_}.micro();
+}
+int64_t Eagle3Metrics::valid_tokens_index() const {
+  return Layout{ttt_}.valid();
+}
 
 at::Tensor Eagle3Metrics::row(const model::StepOutput& out) const {
   auto as64 = [](const at::Tensor& t) { return t.detach().to(at::kDouble).reshape({-1}); };
@@ -67,8 +73,8 @@ std::vector<double> Eagle3Metrics::adopt(const std::vector<double>& saved) const
   return padded;
 }
 
-std::vector<std::pair<std::string, double>> Eagle3Metrics::report(
-    const double* v, const std::string& prefix) const {
+std::vector<std::pair<std::string, double>> Eagle3Metrics::report(const double* v,
+                                                                  const std::string& prefix) const {
   const int64_t T = ttt_;
   const Layout L{T};
   const double micro = v[L.micro()];

@@ -16,9 +16,9 @@
 #include "model/draft_model.h"
 #include "model/ttt_loss.h"
 #include "support/adding_comm.h"
+#include "support/eagle3_step_metrics.h"
 #include "support/random_draft.h"
 #include "support/small_draft.h"
-#include "support/eagle3_step_metrics.h"
 
 using namespace fsdp::model;
 using fsdp::testing::AddingComm;

@@ -1,0 +1,23 @@
+// The loaders of a run's feature sets: the sampler over this rank's data-parallel share and the
+// loader's options (noise for training only, the sequence-parallel slice, read-ahead for
+// packing). Used by the training loop and the evaluator alike.
+#pragma once
+
+#include <memory>
+
+#include "config/train_config.h"
+#include "data/dataset.h"
+#include "data/loader.h"
+#include "train/run_topology.h"
+
+namespace fsdp::train {
+
+// `training`: shuffled, with the aux noise of --noise-std and packing's read-ahead; otherwise
+// dataset order without noise. `plan`: micro-batch and accumulation.
+std::unique_ptr<data::DataLoader> make_feature_loader(const config::TrainConfig& cfg,
+                                                      const RunTopology& topo,
+                                                      const config::BatchPlan& plan,
+                                                      std::shared_ptr<data::FeatureDataset> ds,
+                                                      bool training);
+
+}  // namespace fsdp::train
