@@ -42,6 +42,22 @@ Sample process_sample(const RawSample& raw, int64_t max_length) {
   return out;
 }
 
+Sample process_block_sample(const RawSample& raw, int64_t max_length) {
+  FSDP_CHECK(max_length >= 1, str("max_length must be >= 1, got ", max_length), "set --max-length");
+  const int64_t s = std::min(raw.length(), max_length);
+  FSDP_CHECK(s >= 1, raw.source + ": sample has no tokens",
+             "regenerate this feature file (it has no input_ids) or remove it from the data set");
+  Sample out;
+  out.input_ids = raw.input_ids.narrow(0, 0, s).clone();
+  out.loss_mask = raw.loss_mask.narrow(0, 0, s).clone();
+  out.attention_mask = at::ones({s}, raw.input_ids.options());
+  out.aux_hidden = raw.aux_hidden_state.narrow(0, 0, s).contiguous();
+  out.target_hidden = raw.hidden_state.defined()
+                          ? raw.hidden_state.narrow(0, 0, s).contiguous()
+                          : at::empty({s, 0}, raw.aux_hidden_state.options());
+  return out;
+}
+
 Sample process_window(const RawSample& raw, int64_t max_length, int64_t offset, int64_t window) {
   FSDP_CHECK(
       max_length >= 1 && offset >= 0 && window >= 1,
@@ -83,7 +99,7 @@ Sample process_window(const RawSample& raw, int64_t max_length, int64_t offset, 
 }
 
 Sample empty_sample(int64_t hidden_size, int64_t aux_width) {
-  FSDP_CHECK(hidden_size > 0, "empty_sample needs the hidden size",
+  FSDP_CHECK(hidden_size > 0 || aux_width > 0, "empty_sample needs the hidden size",
              "this is a bug in fsdp-train: please report it with the command line and log");
   Sample s;
   const auto i64 = at::TensorOptions().dtype(at::kLong);

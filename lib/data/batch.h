@@ -43,6 +43,16 @@ struct Sample {
 
 Sample process_sample(const RawSample& raw, int64_t max_length);
 
+// The layout a draft family reads (LoaderOptions::layout): kShifted is process_sample's (EAGLE3),
+// kBlock process_block_sample's (DFlash, DSpark).
+enum class SampleLayout { kShifted, kBlock };
+
+// A block draft's sample, S' = min(S, max_length), nothing shifted (the draft's blocks index the
+// sequence themselves): input_ids, loss_mask and aux = the captured layers' hidden states
+// [:S'], target_hidden = the target's last hidden state [:S'] (DSpark), or [S', 0] when the
+// features have none (DFlash), attention_mask = ones(S').
+Sample process_block_sample(const RawSample& raw, int64_t max_length);
+
 // The window [offset, offset + window) of process_sample(raw, max_length), zeros past the
 // sample's S' = min(S, max_length) tokens, from a raw sample that holds at least the hidden rows
 // [offset, offset + window + 1) clipped to S' (FeatureDataset::read_rows; the + 1 is the shifted
@@ -51,7 +61,8 @@ Sample process_window(const RawSample& raw, int64_t max_length, int64_t offset, 
 
 // A sample that contributes nothing to the loss (loss_mask and attention all zero, one token).
 // Stands in for a skipped bad sample so every rank keeps the same batch count and shapes.
-// aux_width: the aux_hidden width n*H of the dataset (0: 3*H).
+// aux_width: the aux_hidden width n*H of the dataset (0: 3*H). hidden_size 0 (with aux_width):
+// a block draft's features without the target's last hidden state.
 Sample empty_sample(int64_t hidden_size, int64_t aux_width = 0);
 
 // A micro-batch, right-padded with zeros to the longest sample (B samples, S = max length):

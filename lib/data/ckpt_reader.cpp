@@ -83,12 +83,24 @@ TokenSample validate_tokens(const at::Tensor& input_ids, const at::Tensor& loss_
   return s;
 }
 
-constexpr const char* kKeys[4] = {"input_ids", "loss_mask", "hidden_state", "aux_hidden_state"};
+// The keys of a .ckpt in the order read: tokens first, then the dataset's feature contract
+// (DatasetOptions::hidden_key, aux_key). An optional key may be absent (an undefined tensor).
+struct CkptKey {
+  std::string name;
+  bool optional = false;
+};
+std::vector<CkptKey> ckpt_keys(const DatasetOptions& o, int count) {
+  std::vector<CkptKey> keys{
+      {"input_ids"}, {"loss_mask"}, {o.hidden_key, !o.hidden_required}, {o.aux_key}};
+  keys.resize(static_cast<size_t>(count));
+  return keys;
+}
 
-// The first `count` of kKeys from the .ckpt at `path`, read through a FileSource: the directory,
-// data.pkl and those keys' storages only. Throws BadSampleError naming the file (SampleReadError
-// for a failing file system).
-std::vector<at::Tensor> load_ckpt_tensors(const std::string& path, int count, uint64_t* bytes_read);
+// Those keys from the .ckpt at `path`, read through a FileSource: the directory, data.pkl and
+// those keys' storages only. Throws BadSampleError naming the file (SampleReadError for a
+// failing file system).
+std::vector<at::Tensor> load_ckpt_tensors(const std::string& path, const std::vector<CkptKey>& keys,
+                                          uint64_t* bytes_read);
 
 }  // namespace
 
@@ -100,10 +112,12 @@ RawSample validate_sample(at::Tensor input_ids, at::Tensor loss_mask, at::Tensor
   s.source = where;
   s.input_ids = std::move(tokens.input_ids);
   s.loss_mask = std::move(tokens.loss_mask);
-  s.hidden_state = hidden_tensor(hidden_state, "hidden_state", where);
+  // A contract without the last hidden state (DFlash): its width is the dataset's hidden size.
+  if (hidden_state.defined()) s.hidden_state = hidden_tensor(hidden_state, "hidden_state", where);
   s.aux_hidden_state = hidden_tensor(aux_hidden_state, "aux_hidden_state", where);
   const int64_t n = s.input_ids.size(0);
-  const int64_t hidden_rows = rows ? rows->hidden : s.hidden_state.size(0);
+  const int64_t hidden_rows =
+      rows ? rows->hidden : (s.hidden_state.defined() ? s.hidden_state.size(0) : n);
   const int64_t aux_rows = rows ? rows->aux : s.aux_hidden_state.size(0);
   if (hidden_rows != n || aux_rows != n)
     bad(where,
@@ -111,7 +125,7 @@ RawSample validate_sample(at::Tensor input_ids, at::Tensor loss_mask, at::Tensor
                   ", aux_hidden_state ", aux_rows),
         kRegenerate);
   if (rows) s.row_offset = rows->from;
-  const int64_t h = s.hidden_state.size(1);
+  const int64_t h = s.hidden_state.defined() ? s.hidden_state.size(1) : options.hidden_size;
   if (h == 0) bad(where, "hidden_state has hidden size 0", kRegenerate);
   const int64_t w = s.aux_hidden_state.size(1);
   // 0: any number of captured layers (convert keeps what the producer captured).
@@ -131,7 +145,8 @@ RawSample validate_sample(at::Tensor input_ids, at::Tensor loss_mask, at::Tensor
     bad(where, fsdp::str("hidden size ", h, " but the dataset/target has ", options.hidden_size),
         "all feature files must come from the same target model as --target-model-path");
   if (options.check_finite) {
-    if (!all_finite(s.hidden_state)) bad(where, "hidden_state contains NaN or Inf", kRegenerate);
+    if (s.hidden_state.defined() && !all_finite(s.hidden_state))
+      bad(where, "hidden_state contains NaN or Inf", kRegenerate);
     if (!all_finite(s.aux_hidden_state))
       bad(where, "aux_hidden_state contains NaN or Inf", kRegenerate);
   }
@@ -154,10 +169,10 @@ bool ends_with(const std::string& s, const char* suffix) {
   return s.size() >= n && s.compare(s.size() - n, n, suffix) == 0;
 }
 
-// The first `count` of kKeys from a torch.save zip held by `file` (`path` names it in errors;
-// `gz`: the bytes came out of a gzip file).
-std::vector<at::Tensor> load_from_source(const ZipSource& file, const std::string& path, int count,
-                                         bool gz) {
+// `keys` from a torch.save zip held by `file` (`path` names it in errors; `gz`: the bytes came
+// out of a gzip file).
+std::vector<at::Tensor> load_from_source(const ZipSource& file, const std::string& path,
+                                         const std::vector<CkptKey>& keys, bool gz) {
   char head[2] = {0, 0};
   if (file.size() < 4)
     bad(path, fsdp::str(gz ? "decompressed content" : "file", " has only ", file.size(), " bytes"),
@@ -183,27 +198,33 @@ std::vector<at::Tensor> load_from_source(const ZipSource& file, const std::strin
         if (key.kind == PickleNode::Kind::kString) present += (present.empty() ? "" : ", ") + key.s;
       }
     }
-    dict = load_torch_archive_keys(archive, std::vector<std::string>(kKeys, kKeys + count));
+    std::vector<std::string> names;
+    for (const auto& k : keys) names.push_back(k.name);
+    dict = load_torch_archive_keys(archive, names);
   } catch (const FormatError& e) {
     bad(path, std::string("cannot load torch.save archive: ") + e.what(), kRegenerate);
   }
   std::vector<at::Tensor> out;
-  for (int i = 0; i < count; ++i) {
-    const auto it = dict.find(kKeys[i]);
+  for (const auto& key : keys) {
+    const auto it = dict.find(key.name);
+    if (it == dict.end() && key.optional) {
+      out.emplace_back();
+      continue;
+    }
     if (it == dict.end())
       bad(path,
-          fsdp::str("missing key '", kKeys[i],
+          fsdp::str("missing key '", key.name,
                     "' (keys present: ", present.empty() ? "none" : present, ")"),
           kRegenerate);
     if (!it->value().isTensor())
-      bad(path, fsdp::str("key '", kKeys[i], "' is a ", it->value().tagKind(), ", not a tensor"),
+      bad(path, fsdp::str("key '", key.name, "' is a ", it->value().tagKind(), ", not a tensor"),
           kRegenerate);
     out.push_back(it->value().toTensor());
   }
   return out;
 }
 
-std::vector<at::Tensor> load_ckpt_tensors(const std::string& path, int count,
+std::vector<at::Tensor> load_ckpt_tensors(const std::string& path, const std::vector<CkptKey>& keys,
                                           uint64_t* bytes_read) {
   try {
     if (ends_with(path, ".gz")) {
@@ -217,12 +238,12 @@ std::vector<at::Tensor> load_ckpt_tensors(const std::string& path, int count,
             "prepare_hidden_states --compress, or run with --skip-bad-samples");
       }
       const MemorySource memory(bytes);
-      auto out = load_from_source(memory, path, count, true);
+      auto out = load_from_source(memory, path, keys, true);
       if (bytes_read) *bytes_read = compressed;
       return out;
     }
     FileSource file(path);
-    auto out = load_from_source(file, path, count, false);
+    auto out = load_from_source(file, path, keys, false);
     if (bytes_read) *bytes_read = file.bytes_read();
     return out;
   } catch (const ZipIoError& e) {
@@ -239,13 +260,13 @@ TokenSample validate_tokens_only(at::Tensor input_ids, at::Tensor loss_mask,
 
 RawSample read_ckpt_sample(const std::string& path, const DatasetOptions& options,
                            uint64_t* bytes_read) {
-  const std::vector<at::Tensor> t = load_ckpt_tensors(path, 4, bytes_read);
+  const std::vector<at::Tensor> t = load_ckpt_tensors(path, ckpt_keys(options, 4), bytes_read);
   return validate_sample(t[0], t[1], t[2], t[3], path, options);
 }
 
 TokenSample read_ckpt_tokens(const std::string& path, const DatasetOptions& options,
                              uint64_t* bytes_read) {
-  const std::vector<at::Tensor> t = load_ckpt_tensors(path, 2, bytes_read);
+  const std::vector<at::Tensor> t = load_ckpt_tensors(path, ckpt_keys(options, 2), bytes_read);
   return validate_tokens(t[0], t[1], path, options);
 }
 

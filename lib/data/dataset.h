@@ -40,6 +40,13 @@ struct DatasetOptions {
   // Number of captured target layers the draft reads: aux_hidden_state must be [S, n*H]
   // (0: any n >= 1, as convert keeps what the producer captured).
   int64_t num_aux_layers = 3;
+  // The feature contract of SpecForge's .ckpt files: the keys holding the target's last hidden
+  // state and the captured layers. EAGLE3: hidden_state, aux_hidden_state. Block drafts:
+  // target_last_hidden_states (DSpark; DFlash needs none: hidden_required false, the hidden
+  // size is then hidden_size) and hidden_states. Other formats keep their own names.
+  std::string hidden_key = "hidden_state";
+  std::string aux_key = "aux_hidden_state";
+  bool hidden_required = true;
 };
 
 // Token ids and loss mask of one sample (what vocab counting needs), both int64 [S].

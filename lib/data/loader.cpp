@@ -153,7 +153,7 @@ Batch DataLoader::awaiting_batch(int64_t epoch, int64_t batch) const {
 void DataLoader::note_read(const RawSample& raw, BatchRead& read) {
   read.bytes_read += raw.nbytes();
   std::lock_guard<std::mutex> lock(mu_);
-  if (hidden_size_ == 0) {
+  if (aux_width_ == 0) {
     hidden_size_ = raw.hidden_size();
     aux_width_ = raw.aux_hidden_state.size(1);
   }
@@ -162,7 +162,9 @@ void DataLoader::note_read(const RawSample& raw, BatchRead& read) {
 Sample DataLoader::read_whole(int64_t epoch, int64_t idx, BatchRead& read) {
   RawSample raw = read_with_retries(idx);
   note_read(raw, read);
-  Sample s = process_sample(raw, options_.max_length);
+  Sample s = options_.layout == SampleLayout::kBlock
+                 ? process_block_sample(raw, options_.max_length)
+                 : process_sample(raw, options_.max_length);
   // Here the sample's identity (epoch, dataset index) is known and the work stays off the
   // trainer's thread; stand-ins for bad samples get no noise.
   s.aux_hidden = add_aux_noise(s.aux_hidden, options_.noise, epoch, idx);
@@ -188,6 +190,8 @@ Sample DataLoader::read_window(int64_t idx, BatchRead& read) {
 // an earlier batch's, or else the next readable sample's).
 void DataLoader::fill_stand_ins(std::vector<Sample>& samples,
                                 const std::vector<int64_t>& bad_rows) {
+  // The widths of a good sample (w > 0 marks one found; h is 0 for a block draft's features
+  // without the target's last hidden state).
   int64_t h = 0, w = 0;
   for (const auto& s : samples) {
     if (s.target_hidden.defined()) {
@@ -195,13 +199,13 @@ void DataLoader::fill_stand_ins(std::vector<Sample>& samples,
       w = s.aux_hidden.size(1);
     }
   }
-  if (h == 0) {
+  if (w == 0) {
     std::lock_guard<std::mutex> lock(mu_);
     h = hidden_size_;
     w = aux_width_;
   }
-  // A whole batch of bad samples before any good one: find H from the next readable sample.
-  for (int64_t i = 0; h == 0 && i < dataset_->size(); ++i) {
+  // A whole batch of bad samples before any good one: the widths of the next readable sample.
+  for (int64_t i = 0; w == 0 && i < dataset_->size(); ++i) {
     try {
       const RawSample r = dataset_->read(i);
       h = r.hidden_size();
@@ -209,7 +213,7 @@ void DataLoader::fill_stand_ins(std::vector<Sample>& samples,
     } catch (const BadSampleError&) {
     }
   }
-  FSDP_USAGE_CHECK(h > 0, dataset_->root() + ": every sample is bad", "fix the hidden-state files");
+  FSDP_USAGE_CHECK(w > 0, dataset_->root() + ": every sample is bad", "fix the hidden-state files");
   for (int64_t k : bad_rows) samples[k] = empty_sample(h, w);
 }
 

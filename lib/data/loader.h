@@ -36,6 +36,9 @@ struct LoaderOptions {
   // Noise added to each good sample's aux hidden state (data/noise.h); off by default, and the
   // trainer turns it on for the training loader only, never for evaluation.
   NoiseOptions noise;
+  // How a sample is laid out for the draft (data/batch.h): shifted for EAGLE3, unshifted blocks
+  // for DFlash and DSpark (no sequence parallelism).
+  SampleLayout layout = SampleLayout::kShifted;
   // Sequence parallelism (data::slice_batch): this rank's place in its group and the window's
   // halo (ttt_length - 1); the sampler is then the data-parallel one, shared by the group.
   // Datasets that read rows alone (FeatureDataset::reads_rows, no noise): each rank reads its

@@ -10,18 +10,11 @@
 
 #include "config/options.h"
 #include "core/error.h"
+#include "core/hash.h"
 
 namespace fsdp::data {
 
 namespace {
-
-// splitmix64's finaliser: a bijection of 64-bit words that spreads every input bit.
-uint64_t mix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 
 // The top 24 bits of a 32-bit draw as a float in [0, 1): exact, 2^24 equally likely values.
 float unit_float(uint32_t x) {

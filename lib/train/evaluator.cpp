@@ -51,7 +51,8 @@ void Evaluator::warn_left_out() const {
 std::vector<std::pair<std::string, double>> Evaluator::evaluate(
     const std::string& prefix, const std::function<void()>& before_failure) {
   check_size();
-  auto loader = make_feature_loader(cfg_, topo_, plan_, set_, /*training=*/false);
+  auto loader = make_feature_loader(cfg_, topo_, plan_, set_, algorithm_.sample_layout(),
+                                    /*training=*/false);
   loader->start({0, 0});
   StepMetrics m(algorithm_.metrics(), topo_.metrics_device());
   at::NoGradGuard no_grad;

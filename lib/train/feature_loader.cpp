@@ -12,10 +12,11 @@ std::unique_ptr<data::DataLoader> make_feature_loader(const config::TrainConfig&
                                                       const RunTopology& topo,
                                                       const config::BatchPlan& plan,
                                                       std::shared_ptr<data::FeatureDataset> ds,
-                                                      bool training) {
+                                                      data::SampleLayout layout, bool training) {
   data::DistributedSampler sampler(ds->size(), topo.dp_rank(), topo.dp_world(), plan.micro_batch,
                                    static_cast<uint64_t>(cfg.loop.seed), /*shuffle=*/training);
   data::LoaderOptions lo = loader_options(cfg, topo.device());
+  lo.layout = layout;
   if (training) lo.noise = noise_options(cfg);
   // Sequence parallelism: the group's ranks read the same samples, each keeping its slice.
   lo.sp_rank = topo.sp_rank();

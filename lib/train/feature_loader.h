@@ -12,12 +12,13 @@
 
 namespace fsdp::train {
 
-// `training`: shuffled, with the aux noise of --noise-std and packing's read-ahead; otherwise
-// dataset order without noise. `plan`: micro-batch and accumulation.
+// `layout`: the algorithm's (Algorithm::sample_layout). `training`: shuffled, with the aux noise of
+// --noise-std and packing's read-ahead; otherwise dataset order without noise. `plan`: micro-batch
+// and accumulation.
 std::unique_ptr<data::DataLoader> make_feature_loader(const config::TrainConfig& cfg,
                                                       const RunTopology& topo,
                                                       const config::BatchPlan& plan,
                                                       std::shared_ptr<data::FeatureDataset> ds,
-                                                      bool training);
+                                                      data::SampleLayout layout, bool training);
 
 }  // namespace fsdp::train

@@ -526,7 +526,8 @@ void TrainLoop::keep_best(int64_t epoch) {
 
 RunResult Trainer::Impl::train() {
   install_stop_handlers();
-  auto loader = make_feature_loader(cfg, topo, plan, train_ds, /*training=*/true);
+  auto loader = make_feature_loader(cfg, topo, plan, train_ds, algo->sample_layout(),
+                                    /*training=*/true);
   if (cfg.data.noise_std > 0) {
     FSDP_LOG0(kInfo) << "noise augmentation: " << config::to_string(cfg.data.noise_type)
                      << (cfg.data.noise_type == config::NoiseType::kUniform ? " U(-s, s)"

@@ -107,6 +107,8 @@ class Algorithm {
   // The data: how datasets are opened for this draft, and the checks of an opened set against
   // the draft (`flag` names the set's option in messages).
   virtual data::DatasetOptions dataset_options() const = 0;
+  // How the loader lays a sample out for this draft (data/batch.h).
+  virtual data::SampleLayout sample_layout() const { return data::SampleLayout::kShifted; }
   virtual void check_dataset(const data::FeatureDataset& ds, const std::string& flag) const = 0;
 
   // A checkpoint's config.json against this draft's: UsageError naming the keys that change

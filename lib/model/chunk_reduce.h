@@ -1,0 +1,28 @@
+// Additive terms of an objective summed over chunks of aligned inputs (docs/model.md "Block
+// drafts"), memory-bounded: with a chunk size, forward keeps no chunk's intermediates (a block
+// draft's logits over the whole vocabulary) and backward recomputes them chunk by chunk. The sum
+// equals one call over the whole inputs up to the order of additions (fp32: within 1e-6).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <vector>
+
+namespace fsdp::model {
+
+// fn(slices, params): the terms (0-d tensors, a fixed count) of one chunk; slices are `sliced`
+// narrowed to the chunk along `dim`, params are passed whole (weights the terms may use; their
+// gradients are summed over chunks).
+using ChunkTermsFn = std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&,
+                                                           const std::vector<at::Tensor>&)>;
+
+// The terms summed over chunks of `chunk` along `dim` of sliced[0] (all sliced inputs the same
+// length there), as a 1-D tensor [terms]. chunk 0 (or >= the length): one call with an ordinary
+// graph. Otherwise, when grad mode is on and an input requires grad, forward runs without a
+// graph and backward recomputes each chunk; sliced inputs other than the first and any
+// undefined tensor are passed through untouched by autograd.
+at::Tensor chunk_reduce(const ChunkTermsFn& fn, const std::vector<at::Tensor>& sliced,
+                        const std::vector<at::Tensor>& params, int64_t chunk, int64_t dim);
+
+}  // namespace fsdp::model
