@@ -190,6 +190,24 @@ void DSparkHeadsConfig::validate() const {
   }
 }
 
+std::string DSparkHeadsConfig::keys_json() const {
+  json j = json::object();
+  j["markov_rank"] = markov_rank;
+  j["markov_head_type"] = markov_head_type_name(markov_head_type);
+  j["enable_confidence_head"] = enable_confidence_head;
+  j["confidence_head_with_markov"] = confidence_head_with_markov;
+  return j.dump();
+}
+
+std::string dspark_state_dict_name(const std::string& key) {
+  const std::string legacy = "logit_head.";
+  if (key.rfind(legacy, 0) != 0) return key;
+  const std::string rest = key.substr(legacy.size());
+  for (const char* head : {"markov_head.", "confidence_head.", "prefix_gru.", "embed_proj."})
+    if (rest.rfind(head, 0) == 0) return rest;
+  return key;
+}
+
 DSparkHeadsConfig parse_dspark_heads_config(const std::string& json_text,
                                             const std::string& source) {
   json top;

@@ -39,7 +39,17 @@ struct DSparkHeadsConfig {
   }
   // Throws fsdp::UsageError naming the key and `source` for anything the heads cannot run.
   void validate() const;
+  // The head keys as JSON object text: markov_rank, markov_head_type, enable_confidence_head,
+  // confidence_head_with_markov. SpecForge reads them in dflash_config, vLLM at the top level:
+  // an export writes them at both places (the parser accepts that when they agree).
+  std::string keys_json() const;
 };
+
+// Today's state-dict name of a DSpark head tensor: early SpecForge DSpark checkpoints kept the
+// heads under logit_head. (logit_head.markov_head.*, logit_head.confidence_head.*, and
+// logit_head.prefix_gru.* / logit_head.embed_proj.*, which SpecForge 0.2.0 maps to prefix_gru.* /
+// embed_proj.* but whose modules it no longer has); every other name is returned unchanged.
+std::string dspark_state_dict_name(const std::string& key);
 
 // Reads the DSpark keys from draft config JSON text. Where SpecForge reads them (dflash_config)
 // they win; a key only at the top level (vLLM's and speculators' spelling, where vLLM's

@@ -244,7 +244,8 @@ struct ChunkedObjective : torch::autograd::Function<ChunkedObjective> {
 
 void check_inputs(const DSparkHeadsImpl& heads, const DSparkObjectiveInputs& in, bool target) {
   const at::Tensor& h = in.hidden4d;
-  FSDP_CHECK(h.defined() && h.dim() == 4, "DSpark objective: hidden4d must be [B, N, bs, H]",
+  FSDP_CHECK(h.defined() && h.dim() == 4 && h.size(1) > 0,
+             "DSpark objective: hidden4d must be [B, N, bs, H] with N > 0 blocks",
              "reshape the backbone's output to [B, blocks, block_size, H]");
   const auto blocks = h.sizes().slice(0, 3);
   for (const at::Tensor* t : {&in.prev_token_ids, &in.target_ids, &in.eval_mask, &in.loss_weights})

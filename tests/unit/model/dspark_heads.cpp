@@ -126,6 +126,31 @@ TEST_CASE("dspark config: the top-level spelling vLLM reads", "[model][dspark]")
       Contains("dflash_config.markov_rank") && Contains("both.json") && Contains("'markov_rank'"));
 }
 
+TEST_CASE("dspark config: the keys an export writes, and early checkpoints' names",
+          "[model][dspark]") {
+  const DSparkHeadsConfig c = parse_dspark_heads_config(kConfig);
+  const auto keys = nlohmann::json::parse(c.keys_json());
+  CHECK(keys == nlohmann::json::parse(R"({"markov_rank": 6, "markov_head_type": "gated",
+      "enable_confidence_head": true, "confidence_head_with_markov": true})"));
+  // Written at both places, they parse back to the same heads.
+  auto j = nlohmann::json::parse(kConfig);
+  j.update(keys);
+  j["dflash_config"].update(keys);
+  const DSparkHeadsConfig back = parse_dspark_heads_config(j.dump());
+  CHECK(back.markov_rank == 6);
+  CHECK(back.markov_head_type == MarkovHeadType::kGated);
+  CHECK(back.confidence_input_dim() == c.confidence_input_dim());
+
+  CHECK(dspark_state_dict_name("logit_head.markov_head.markov_w1.weight") ==
+        "markov_head.markov_w1.weight");
+  CHECK(dspark_state_dict_name("logit_head.confidence_head.proj.bias") ==
+        "confidence_head.proj.bias");
+  CHECK(dspark_state_dict_name("logit_head.prefix_gru.weight_ih_l0") == "prefix_gru.weight_ih_l0");
+  CHECK(dspark_state_dict_name("logit_head.other.weight") == "logit_head.other.weight");
+  CHECK(dspark_state_dict_name("markov_head.markov_w2.weight") == "markov_head.markov_w2.weight");
+  CHECK(dspark_state_dict_name("layers.0.mlp.up_proj.weight") == "layers.0.mlp.up_proj.weight");
+}
+
 TEST_CASE("dspark config: bad values name the key and the file", "[model][dspark]") {
   const std::vector<std::pair<std::string, std::string>> bad = {
       {"markov_rank", "-1"},
