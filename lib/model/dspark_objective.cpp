@@ -18,29 +18,28 @@
 namespace fsdp::model {
 namespace {
 
-constexpr size_t kDifferentiable = 3;  // ce_num, l1_num, confidence_num lead the term list
+// Every term, in the order the chunked autograd function returns them; the differentiable ones
+// (ce_num, l1_num, confidence_num) first.
+constexpr at::Tensor DSparkTerms::*kFields[] = {
+    &DSparkTerms::ce_num,           &DSparkTerms::l1_num,
+    &DSparkTerms::confidence_num,   &DSparkTerms::confidence_error_num,
+    &DSparkTerms::correct_num,      &DSparkTerms::eval_den,
+    &DSparkTerms::ce_position_num,  &DSparkTerms::correct_position_num,
+    &DSparkTerms::position_den,     &DSparkTerms::teacher_agreement_num,
+    &DSparkTerms::teacher_top1_num, &DSparkTerms::draft_top1_num,
+    &DSparkTerms::tau_num,          &DSparkTerms::tau_den};
+constexpr size_t kDifferentiable = 3;
 
 std::vector<at::Tensor> term_list(const DSparkTerms& t) {
-  return {t.ce_num,           t.l1_num,
-          t.confidence_num,   t.confidence_error_num,
-          t.correct_num,      t.eval_den,
-          t.ce_position_num,  t.correct_position_num,
-          t.position_den,     t.teacher_agreement_num,
-          t.teacher_top1_num, t.draft_top1_num,
-          t.tau_num,          t.tau_den};
+  std::vector<at::Tensor> out;
+  for (auto field : kFields) out.push_back(t.*field);
+  return out;
 }
 
 DSparkTerms from_list(const std::vector<at::Tensor>& v, bool has_target) {
+  FSDP_ASSERT(v.size() == std::size(kFields), "DSpark term count");
   DSparkTerms t;
-  at::Tensor* fields[] = {&t.ce_num,           &t.l1_num,
-                          &t.confidence_num,   &t.confidence_error_num,
-                          &t.correct_num,      &t.eval_den,
-                          &t.ce_position_num,  &t.correct_position_num,
-                          &t.position_den,     &t.teacher_agreement_num,
-                          &t.teacher_top1_num, &t.draft_top1_num,
-                          &t.tau_num,          &t.tau_den};
-  FSDP_ASSERT(v.size() == std::size(fields), "DSpark term count");
-  for (size_t i = 0; i < v.size(); ++i) *fields[i] = v[i];
+  for (size_t i = 0; i < v.size(); ++i) t.*kFields[i] = v[i];
   t.has_target = has_target;
   return t;
 }
