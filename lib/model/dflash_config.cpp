@@ -124,7 +124,7 @@ void parse_block_keys(const json& j, DFlashConfig& c) {
   }
   const json dc = present(j, "dflash_config") ? j.at("dflash_config") : json::object();
   if (!dc.is_object())
-    bad(c.source, "dflash_config", "must be an object", "see docs/model.md \"Block drafts\"");
+    bad(c.source, "dflash_config", "must be an object", "see docs/block-drafts.md");
   if (present(dc, "target_layer_ids")) {
     const json& ids = dc.at("target_layer_ids");
     if (!ids.is_array() || ids.empty())

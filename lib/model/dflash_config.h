@@ -1,4 +1,4 @@
-// The block-draft configuration of DFlash and DSpark (docs/model.md "Block drafts"): a Qwen3-style
+// The block-draft configuration of DFlash and DSpark (docs/block-drafts.md): a Qwen3-style
 // config.json (architectures DFlashDraftModel or DSparkDraftModel) with block_size, the target
 // layers whose features the draft reads (dflash_config.target_layer_ids), the mask token and the
 // per-layer attention layout. The Llama/Qwen3 core keys (sizes, norm epsilon, RoPE) are read by

@@ -1,4 +1,4 @@
-// The DFlash block draft (docs/model.md "Block drafts"): Qwen3-style decoder layers that predict a
+// The DFlash block draft (docs/block-drafts.md): Qwen3-style decoder layers that predict a
 // block of tokens at once. The target's features at several layers, concatenated, pass through
 // fc and hidden_norm and enter every layer as extra keys/values (context); the block's own
 // positions (the anchor's embedding, then mask-token embeddings) are the queries and further

@@ -1,4 +1,4 @@
-// DFlash's objective over a micro-batch's blocks (docs/model.md "Block drafts"), as SpecForge
+// DFlash's objective over a micro-batch's blocks (docs/block-drafts.md), as SpecForge
 // 0.2.0's OnlineDFlashModel computes it: the target's frozen LM head over the draft's block
 // outputs, cross-entropy of each block position against its label, weighted by the label weights
 // (and an exponential decay over block positions), or one of the D-PACE weightings; summed over
