@@ -275,16 +275,19 @@ def cmd_load_check(a):
     parallel = ParallelConfig()
     spec = SpeculativeConfig(method=a.method, model=a.draft, num_speculative_tokens=k,
                              target_model_config=target, target_parallel_config=parallel)
-    vcfg = VllmConfig(model_config=target, parallel_config=parallel, speculative_config=spec,
-                      cache_config=CacheConfig(), load_config=LoadConfig(),
-                      device_config=DeviceConfig(device="cpu"))
+    vcfg = VllmConfig(model_config=target, parallel_config=parallel, cache_config=CacheConfig(),
+                      load_config=LoadConfig(), device_config=DeviceConfig(device="cpu"))
+    # Attached after validation: the CPU build's V1 model runner refuses method dspark when the
+    # config is validated ("Model Runner V1 does not support: dspark speculative decoding");
+    # the model class itself is the one vLLM's V2 runner (GPU) builds.
+    object.__setattr__(vcfg, "speculative_config", spec)
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
-    init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
-                                 distributed_init_method="env://")
-    ensure_model_parallel_initialized(1, 1)
     from vllm.model_executor.model_loader.utils import get_model_architecture
     with set_current_vllm_config(vcfg):
+        init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                     distributed_init_method="env://")
+        ensure_model_parallel_initialized(1, 1)
         cls, arch = get_model_architecture(spec.draft_model_config)
         model = cls(vllm_config=vcfg, prefix="draft")
     weights = load_file(str(Path(a.draft) / "model.safetensors"))
