@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/block_draft_contract.h"
+#include "checkpoint/export.h"
 #include "checkpoint/export_check.h"
 #include "checkpoint/safetensors.h"
 #include "core/error.h"
@@ -357,4 +358,29 @@ TEST_CASE("block export check: an EAGLE3 config is not read as a block draft", "
   INFO(dump(f));
   CHECK(has(f, Level::kError, "lm_head.weight", "missing"));  // the EAGLE3 rules apply
   CHECK(!has(f, Level::kOk, key("dflash_config.target_layer_ids")));
+}
+
+TEST_CASE("write_block_draft_export writes the layout, leaves the rest out, checks itself",
+          "[cpu]") {
+  const Export e = good(BlockDraftKind::kDSpark);
+  std::map<std::string, at::Tensor> state;
+  for (const auto& [name, t] : e.tensors) state[name] = t.to(at::kFloat);
+  state["target_embed_tokens.weight"] = at::zeros({kVocab, kHidden});  // the target's, not ours
+  const fs::path dir = write("writer", Export{});
+  fsdp::remove_tree(dir.string());
+  CHECK(write_block_draft_export(dir.string(), e.config, state, at::kBFloat16) > 0);
+  const DraftExport back = read_draft_export(dir.string());
+  CHECK(back.weights.size() == e.tensors.size());
+  CHECK(!back.weights.count("target_embed_tokens.weight"));
+  CHECK(back.weights.at("markov_head.markov_w1.weight").scalar_type() == at::kBFloat16);
+  CHECK(at::equal(back.weights.at("fc.weight"), state.at("fc.weight").to(at::kBFloat16)));
+  CHECK(!back.d2t.defined());
+  CHECK(json::parse(std::ifstream(dir / "config.json")) == e.config);
+
+  state.erase("layers.0.mlp.up_proj.weight");
+  CHECK_THROWS_WITH(write_block_draft_export(dir.string(), e.config, state),
+                    Catch::Contains("layers.0.mlp.up_proj.weight"));
+  state["layers.0.mlp.up_proj.weight"] = at::zeros({24, kHidden + 1});
+  CHECK_THROWS_WITH(write_block_draft_export(dir.string(), e.config, state),
+                    Catch::Contains("layers.0.mlp.up_proj.weight"));
 }
