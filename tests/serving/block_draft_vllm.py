@@ -8,10 +8,11 @@ torch, safetensors and transformers):
                  engine checks below run on before a trained draft exists
   generate       greedy generation with vLLM, with or without the draft (method dflash or
                  dspark); with the draft, the engine's acceptance counters
-  check          runs `generate` twice in fresh processes (the target alone, then with the
-                 draft), prints the engine's acceptance metrics and whether the greedy outputs
-                 are identical; exit 1 when they differ, or when the engine refuses the draft
-                 (its last error lines are printed)
+  check          runs `generate` in fresh processes (the target alone, unless --base gives the
+                 serving cache's outputs, then with the draft), prints the engine's acceptance
+                 metrics and whether the greedy outputs are identical; exit 1 when they differ,
+                 or when the engine refuses the draft (its last error lines are printed), or
+                 when `fsdp-train check-export` (--check-export) finds an ERROR
   load-check     builds vLLM's own model class for the draft (qwen3_dflash.py or
                  qwen3_dspark.py) beside the target's config and calls its load_weights on the
                  export: every tensor named and shaped as vLLM reads it, no tensor left random
@@ -233,29 +234,58 @@ def run_generate(a, out, draft, log):
     return rc, time.time() - t0
 
 
+def run_check_export(a, report):
+    """fsdp-train check-export on the draft for vLLM (--check-export BIN): its summary goes into
+    the report; its ERROR lines end the check before the engine starts."""
+    if not a.check_export:
+        return
+    cmd = [a.check_export, "check-export", a.draft, "--for", "vllm", "--target-model-path",
+           a.target]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    lines = p.stdout.splitlines()
+    report["check_export"] = next((l for l in reversed(lines) if l.startswith("check-export:")),
+                                  p.stderr.strip()[-500:])
+    if p.returncode != 0:
+        report["check_export_errors"] = [l for l in lines if l.startswith("ERROR")]
+        print(json.dumps(report, indent=1))
+        sys.exit(1)
+
+
+def base_outputs(a, work, report):
+    """The target's greedy outputs: the serving cache's base.json (--base: its `eval` set,
+    generated with the same prompts and --max-tokens), else a run of vLLM without the draft."""
+    if a.base:
+        return [r["generated_ids"] for r in read_json(a.base)["outputs"]["eval"]][: a.num_prompts]
+    rc, s = run_generate(a, work / "base.json", None, work / "base.log")
+    if rc:
+        print(Path(work / "base.log").read_text()[-3000:])
+        fail("vLLM without speculation failed", "see the log above")
+    report["base_s"] = round(s, 1)
+    return read_json(work / "base.json")["outputs"]
+
+
 def cmd_check(a):
     work = Path(a.work)
     work.mkdir(parents=True, exist_ok=True)
     draft_cfg = read_json(Path(a.draft) / "config.json")
     if a.k is None:
         a.k = engine_tokens(a.method, int(draft_cfg["block_size"]))
+    if a.base and not a.prompts:
+        fail("--base without --prompts", "give the prompts.json the base outputs were made from")
     report = {"draft": a.draft, "method": a.method, "k": a.k}
-    rc, s = run_generate(a, work / "base.json", None, work / "base.log")
-    if rc:
-        print(Path(work / "base.log").read_text()[-3000:])
-        fail("vLLM without speculation failed", "see the log above")
-    report["base_s"] = round(s, 1)
+    run_check_export(a, report)
+    base = base_outputs(a, work, report)
     rc, s = run_generate(a, work / "spec.json", a.draft, work / "spec.log")
     report["spec_s"] = round(s, 1)
     if rc:
         report["engine_refused"] = engine_errors((work / "spec.log").read_text())
         print(json.dumps(report, indent=1))
         sys.exit(1)
-    base, spec = read_json(work / "base.json"), read_json(work / "spec.json")
-    same = sum(x == y for x, y in zip(base["outputs"], spec["outputs"]))
-    report.update({"identical_outputs": f"{same}/{len(base['outputs'])}", **spec["spec"]})
+    spec = read_json(work / "spec.json")
+    same = sum(x == y for x, y in zip(base, spec["outputs"]))
+    report.update({"identical_outputs": f"{same}/{len(base)}", **spec["spec"]})
     print(json.dumps(report, indent=1))
-    sys.exit(0 if same == len(base["outputs"]) else 1)
+    sys.exit(0 if same == len(base) == len(spec["outputs"]) else 1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -270,6 +300,8 @@ def cmd_load_check(a):
                                   init_distributed_environment)
     draft_cfg = read_json(Path(a.draft) / "config.json")
     k = a.k or engine_tokens(a.method, int(draft_cfg["block_size"]))
+    pre = {"draft": a.draft, "method": a.method}
+    run_check_export(a, pre)
     target = ModelConfig(model=a.target, dtype="float32", max_model_len=a.max_model_len,
                          enforce_eager=True)
     parallel = ParallelConfig()
@@ -308,7 +340,7 @@ def cmd_load_check(a):
     shared = [n for n in untouched if any(s in n for s in ("embed_tokens", "lm_head",
                                                             "mask_embedding"))]
     missing = [n for n in untouched if n not in shared]
-    report = {"draft": a.draft, "method": a.method, "vllm_architecture": arch,
+    report = {**pre, "vllm_architecture": arch,
               "model_class": cls.__name__, "draft_tensors": len(weights),
               "parameters_loaded": len(changed), "parameters_shared_from_target": shared,
               "parameters_not_loaded": missing}
@@ -339,6 +371,9 @@ def main():
         p.add_argument("--k", type=int, default=None,
                        help="num_speculative_tokens (default: from block_size)")
         p.add_argument("--max-model-len", type=int, default=512)
+        if name != "generate":
+            p.add_argument("--check-export", default=None, metavar="FSDP_TRAIN",
+                           help="run FSDP_TRAIN check-export --for vllm on the draft first")
         if name == "load-check":
             continue
         p.add_argument("--prompts", default=None, help="a serving-cache prompts.json")
@@ -349,6 +384,8 @@ def main():
             p.add_argument("--out", required=True)
         else:
             p.add_argument("--work", required=True, help="logs and results go here")
+            p.add_argument("--base", default=None,
+                           help="the serving cache's base.json (no run without the draft)")
     a = ap.parse_args()
     {"random-export": cmd_random_export, "generate": cmd_generate, "check": cmd_check,
      "load-check": cmd_load_check}[a.cmd](a)
