@@ -66,9 +66,8 @@ std::string lower(std::string s) {
   return s;
 }
 
-// DSpark's heads as the draft means them: each key from the top level first, then dflash_config
-// (SpecForge's place), then SpecForge's default. The export writes both places alike, so a
-// config the engines read and one SpecForge reads cannot disagree.
+// DSpark's heads. The export writes each key in both places alike, so a config the engines read
+// and one SpecForge reads cannot disagree.
 struct DSparkHeads {
   int64_t markov_rank = 0;
   std::string markov_head_type = "vanilla";
@@ -76,29 +75,40 @@ struct DSparkHeads {
   bool confidence_with_markov = false;
 };
 
-template <typename T, typename Get>
-std::optional<T> either(const json& cfg, const std::string& key, Get get) {
-  if (auto v = get(cfg, key)) return v;
-  return get(section(cfg, "dflash_config"), key);
+// Where a head key is read first: the draft's own view (dflash_config, SpecForge's place; the top
+// level, where published drafts write it, when dflash_config lacks it; both given and different
+// is refused) or the engines' (the top level first).
+enum class HeadView { kDraft, kEngines };
+
+template <typename Get>
+auto head_key(const json& cfg, const std::string& key, HeadView view, Get get,
+              const std::string& where) {
+  const auto top = get(cfg, key), nested = get(section(cfg, "dflash_config"), key);
+  if (view == HeadView::kEngines) return top ? top : nested;
+  FSDP_USAGE_CHECK(!top || !nested || *top == *nested,
+                   where + ": " + key + " differs between the top level and dflash_config",
+                   "write it once (SpecForge reads dflash_config)");
+  return nested ? nested : top;
 }
 
-DSparkHeads dspark_heads(const json& cfg, const std::string& where) {
+DSparkHeads dspark_heads(const json& cfg, HeadView view, const std::string& where) {
   auto ints = [&](const json& o, const std::string& k) { return int_at(o, k, where); };
   auto bools = [&](const json& o, const std::string& k) { return bool_at(o, k, where); };
-  DSparkHeads h;
-  h.markov_rank = either<int64_t>(cfg, "markov_rank", ints).value_or(0);
-  const json* type = find(cfg, "markov_head_type");
-  if (!type) type = find(section(cfg, "dflash_config"), "markov_head_type");
-  if (type) {
-    FSDP_USAGE_CHECK(type->is_string(), where + ": markov_head_type is " + type->dump(),
+  auto names = [&](const json& o, const std::string& k) -> std::optional<std::string> {
+    const json* v = find(o, k);
+    if (!v) return std::nullopt;
+    FSDP_USAGE_CHECK(v->is_string(), where + ": " + k + " is " + v->dump(),
                      "write vanilla, gated or rnn");
-    h.markov_head_type = lower(type->get<std::string>());
-  }
+    return lower(v->get<std::string>());
+  };
+  DSparkHeads h;
+  h.markov_rank = head_key(cfg, "markov_rank", view, ints, where).value_or(0);
+  h.markov_head_type = head_key(cfg, "markov_head_type", view, names, where).value_or("vanilla");
   const auto alpha = number_at(section(cfg, "dflash_config"), "confidence_head_alpha", where);
-  h.confidence =
-      either<bool>(cfg, "enable_confidence_head", bools).value_or(alpha.value_or(0.0) > 0.0);
+  h.confidence = head_key(cfg, "enable_confidence_head", view, bools, where)
+                     .value_or(alpha.value_or(0.0) > 0.0);
   h.confidence_with_markov =
-      either<bool>(cfg, "confidence_head_with_markov", bools).value_or(false);
+      head_key(cfg, "confidence_head_with_markov", view, bools, where).value_or(false);
   return h;
 }
 
@@ -283,7 +293,7 @@ int64_t engine_draft_tokens(BlockDraftKind kind, int64_t block_size) {
 ServingEngines block_draft_engines(const json& cfg) {
   if (block_draft_kind(cfg) != BlockDraftKind::kDSpark) return {true, true};
   try {
-    const auto h = dspark_heads(cfg, "config.json");
+    const auto h = dspark_heads(cfg, HeadView::kEngines, "config.json");
     if (h.markov_head_type != "vanilla") return {false, true};
   } catch (const std::exception&) {  // malformed keys: the check reports them
   }
@@ -335,7 +345,7 @@ json block_draft_export_config(const json& draft, const BlockDraftTraining& t) {
   set_ids(draft, out, s, t, where);
   set_rope(draft, out, where);
   if (*kind == BlockDraftKind::kDSpark) {
-    const DSparkHeads h = dspark_heads(draft, where);
+    const DSparkHeads h = dspark_heads(draft, HeadView::kDraft, where);
     check_heads(h, where);
     set_heads(h, out, where);
   }
@@ -370,7 +380,7 @@ std::vector<BlockDraftTensor> block_draft_layout(const json& cfg) {
   }
   out.push_back({"norm.weight", {s.H}});
   if (*kind == BlockDraftKind::kDFlash) return out;
-  const DSparkHeads h = dspark_heads(cfg, where);
+  const DSparkHeads h = dspark_heads(cfg, HeadView::kEngines, where);
   check_heads(h, where);
   const int64_t r = h.markov_rank;
   out.push_back({"markov_head.markov_w1.weight", {s.V, r}});

@@ -72,7 +72,8 @@ struct BlockDraftTraining {
 // config's other keys kept. Throws fsdp::UsageError naming `training.source` and the key when
 // the draft cannot be exported as one the engines serve as trained (a missing or malformed
 // size, ids outside the target, a mask token outside the vocabulary, a vocabulary or width other
-// than the target's, a DSpark draft without a Markov head, layer_types of the wrong length).
+// than the target's, a DSpark draft without a Markov head or with a head key given differently at
+// the top level and in dflash_config, layer_types of the wrong length).
 nlohmann::json block_draft_export_config(const nlohmann::json& draft_config,
                                          const BlockDraftTraining& training);
 

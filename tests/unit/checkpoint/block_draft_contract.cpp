@@ -131,7 +131,7 @@ TEST_CASE("block draft export config: DSpark's heads where each engine reads the
   CHECK(engine_draft_tokens(BlockDraftKind::kDSpark, 4) == 4);
   CHECK(block_draft_engines(c).vllm);
   json gated = dspark_draft();
-  gated["markov_head_type"] = "Gated";  // top level wins, lower-cased
+  gated["markov_head_type"] = "Gated";  // read at the top level too, lower-cased
   const json g = block_draft_export_config(gated, training());
   CHECK(g["dflash_config"]["markov_head_type"] == "gated");
   CHECK(!block_draft_engines(g).vllm);
@@ -194,6 +194,11 @@ TEST_CASE("block draft export config: refused inputs name their key", "[cpu]") {
   s = dspark_draft();
   s["dflash_config"]["markov_head_type"] = "lstm";
   CHECK_THAT(refusal(s), Catch::Contains("lstm"));
+  s = dspark_draft();
+  s["markov_rank"] = 8;  // the top level says otherwise than dflash_config, which SpecForge reads
+  CHECK_THAT(refusal(s), Catch::Contains("markov_rank"));
+  s["markov_rank"] = 6;
+  CHECK(refusal(s).empty());
   s = dspark_draft();
   s["dflash_config"]["projector_type"] = "domino";
   CHECK_THAT(refusal(s), Catch::Contains("projector_type"));
