@@ -229,7 +229,9 @@ void set_heads(const DSparkHeads& h, json& out, const std::string& where) {
   out["sample_from_anchor"] = true;
 }
 
-void check_target(const Sizes& s, const BlockDraftTraining& t, const std::string& where) {
+// Sizes the engines would build otherwise: the target's vocabulary and width, no reduced head.
+void check_sizes(const json& draft, const Sizes& s, const BlockDraftTraining& t,
+                 const std::string& where) {
   FSDP_USAGE_CHECK(t.target_vocab_size == 0 || s.V == t.target_vocab_size,
                    str(where, ": vocab_size ", s.V, " but the target's is ", t.target_vocab_size,
                        ": the draft embeds and predicts with the target's embedding and LM head"),
@@ -238,6 +240,29 @@ void check_target(const Sizes& s, const BlockDraftTraining& t, const std::string
                    str(where, ": hidden_size ", s.H, " but the target's is ", t.target_hidden_size,
                        ": the draft's input is the target's embedding"),
                    "write the target's hidden_size in the draft config");
+  const auto vd = int_at(draft, "draft_vocab_size", where);
+  FSDP_USAGE_CHECK(!vd || *vd == s.V,
+                   str(where, ": draft_vocab_size ", *vd, " but vocab_size ", s.V,
+                       ": a block draft predicts with the target's LM head"),
+                   "drop draft_vocab_size");
+  const auto ht = int_at(draft, "target_hidden_size", where);
+  FSDP_USAGE_CHECK(!ht || *ht == s.H,
+                   str(where, ": target_hidden_size ", *ht, " but hidden_size ", s.H,
+                       ": fc reads features of the draft's width (SpecForge, SGLang)"),
+                   "drop target_hidden_size");
+}
+
+// layer_types, use_sliding_window and sliding_window as the draft trains them.
+void set_layer_types(const json& draft, json& out, int64_t L, const std::string& where) {
+  const json types = layer_types(draft, L, where);
+  const bool sliding = std::count(types.begin(), types.end(), "sliding_attention") > 0;
+  const auto window = int_at(draft, "sliding_window", where);
+  FSDP_USAGE_CHECK(!sliding || (window && *window > 0),
+                   where + ": sliding_attention layers without a positive sliding_window",
+                   "write sliding_window (the window, the current token included)");
+  out["layer_types"] = types;
+  out["use_sliding_window"] = sliding;
+  out["sliding_window"] = sliding ? json(*window) : json();
 }
 
 void set_ids(const json& in, json& out, const Sizes& s, const BlockDraftTraining& t,
@@ -310,17 +335,7 @@ json block_draft_export_config(const json& draft, const BlockDraftTraining& t) {
                        " names no block draft",
                    "write [\"DFlashDraftModel\"] or [\"DSparkDraftModel\"]");
   const Sizes s = sizes(draft, where);
-  check_target(s, t, where);
-  const auto vd = int_at(draft, "draft_vocab_size", where);
-  FSDP_USAGE_CHECK(!vd || *vd == s.V,
-                   str(where, ": draft_vocab_size ", *vd, " but vocab_size ", s.V,
-                       ": a block draft predicts with the target's LM head"),
-                   "drop draft_vocab_size");
-  const auto ht = int_at(draft, "target_hidden_size", where);
-  FSDP_USAGE_CHECK(!ht || *ht == s.H,
-                   str(where, ": target_hidden_size ", *ht, " but hidden_size ", s.H,
-                       ": fc reads features of the draft's width (SpecForge, SGLang)"),
-                   "drop target_hidden_size");
+  check_sizes(draft, s, t, where);
   const auto block = int_at(draft, "block_size", where);
   FSDP_USAGE_CHECK(block && *block >= 2,
                    where + ": block_size is " + (block ? std::to_string(*block) : "missing"),
@@ -333,15 +348,7 @@ json block_draft_export_config(const json& draft, const BlockDraftTraining& t) {
   out["tie_word_embeddings"] = false;
   out["torch_dtype"] = t.torch_dtype;
   if (out.contains("dtype")) out["dtype"] = t.torch_dtype;
-  const json types = layer_types(draft, s.L, where);
-  const bool sliding = std::count(types.begin(), types.end(), "sliding_attention") > 0;
-  const auto window = int_at(draft, "sliding_window", where);
-  FSDP_USAGE_CHECK(!sliding || (window && *window > 0),
-                   where + ": sliding_attention layers without a positive sliding_window",
-                   "write sliding_window (the window, the current token included)");
-  out["layer_types"] = types;
-  out["use_sliding_window"] = sliding;
-  out["sliding_window"] = sliding ? json(*window) : json();
+  set_layer_types(draft, out, s.L, where);
   set_ids(draft, out, s, t, where);
   set_rope(draft, out, where);
   if (*kind == BlockDraftKind::kDSpark) {
