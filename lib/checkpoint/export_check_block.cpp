@@ -166,8 +166,9 @@ void check_layer_ids(const json& cfg, const ExportCheckOptions& o, Facts& f, Rep
   for (int64_t id : f.ids) {
     if (id < 0 || (f.target_layers > 0 && id >= f.target_layers)) {
       r.error(subject,
-              str("id ", id, " is not a layer of a ", f.target_layers, "-layer target (",
-                  "SpecForge's ids count layer outputs from 0)"),
+              id < 0 ? str("id ", id, " is negative (SpecForge's ids count layer outputs from 0)")
+                     : str("id ", id, " is not a layer of a ", f.target_layers,
+                           "-layer target (SpecForge's ids count layer outputs from 0)"),
               "list layers of the target the features were dumped from");
       return;
     }
