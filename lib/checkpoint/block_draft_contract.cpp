@@ -129,6 +129,9 @@ struct Sizes {
   bool bias = false;
 };
 
+// The sizes as every reader of the config builds them: transformers' Qwen3Config (SpecForge, and
+// the engines through AutoConfig) fills an absent head_dim with 128 and an absent
+// num_key_value_heads with 32.
 Sizes sizes(const json& cfg, const std::string& where) {
   Sizes s;
   s.H = positive(cfg, "hidden_size", where);
@@ -136,16 +139,12 @@ Sizes sizes(const json& cfg, const std::string& where) {
   s.L = positive(cfg, "num_hidden_layers", where);
   s.nh = positive(cfg, "num_attention_heads", where);
   s.V = positive(cfg, "vocab_size", where);
-  s.nkv = find(cfg, "num_key_value_heads") ? positive(cfg, "num_key_value_heads", where) : s.nh;
+  s.nkv = find(cfg, "num_key_value_heads") ? positive(cfg, "num_key_value_heads", where) : 32;
   FSDP_USAGE_CHECK(s.nh % s.nkv == 0,
                    str(where, ": num_key_value_heads ", s.nkv, " does not divide ",
                        "num_attention_heads ", s.nh),
                    "give a key/value head count that divides the attention heads");
-  FSDP_USAGE_CHECK(find(cfg, "head_dim") || s.H % s.nh == 0,
-                   str(where, ": hidden_size ", s.H, " is not a multiple of num_attention_heads ",
-                       s.nh, " and head_dim is not given"),
-                   "write head_dim");
-  s.d = find(cfg, "head_dim") ? positive(cfg, "head_dim", where) : s.H / s.nh;
+  s.d = find(cfg, "head_dim") ? positive(cfg, "head_dim", where) : 128;
   s.bias = bool_at(cfg, "attention_bias", where).value_or(false);
   return s;
 }
@@ -170,7 +169,14 @@ std::vector<int64_t> layer_ids(const json& cfg, const std::string& where) {
 // default); sliding layers need a window.
 json layer_types(const json& cfg, int64_t L, const std::string& where) {
   const json* t = find(cfg, "layer_types");
-  if (!t) return json(std::vector<std::string>(static_cast<size_t>(L), "full_attention"));
+  if (!t) {
+    // Qwen3Config then derives them from use_sliding_window and max_window_layers: the export
+    // names them instead of repeating that rule.
+    FSDP_USAGE_CHECK(!bool_at(cfg, "use_sliding_window", where).value_or(false),
+                     where + ": use_sliding_window without layer_types",
+                     "write layer_types (full_attention or sliding_attention per layer)");
+    return json(std::vector<std::string>(static_cast<size_t>(L), "full_attention"));
+  }
   FSDP_USAGE_CHECK(t->is_array() && static_cast<int64_t>(t->size()) == L,
                    str(where, ": layer_types ", t->dump(), " needs one entry per layer (",
                        "num_hidden_layers ", L, ")"),
@@ -334,6 +340,9 @@ json block_draft_export_config(const json& draft, const BlockDraftTraining& t) {
                                                      : std::string("missing")) +
                        " names no block draft",
                    "write [\"DFlashDraftModel\"] or [\"DSparkDraftModel\"]");
+  FSDP_USAGE_CHECK(find(draft, "num_key_value_heads"),
+                   where + ": num_key_value_heads is missing (Qwen3Config would make it 32)",
+                   "write the draft's key/value head count");
   const Sizes s = sizes(draft, where);
   check_sizes(draft, s, t, where);
   const auto block = int_at(draft, "block_size", where);

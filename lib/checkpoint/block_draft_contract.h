@@ -73,7 +73,8 @@ struct BlockDraftTraining {
 // the draft cannot be exported as one the engines serve as trained (a missing or malformed
 // size, ids outside the target, a mask token outside the vocabulary, a vocabulary or width other
 // than the target's, a DSpark draft without a Markov head or with a head key given differently at
-// the top level and in dflash_config, layer_types of the wrong length).
+// the top level and in dflash_config, layer_types of the wrong length, no num_key_value_heads,
+// use_sliding_window without layer_types). An absent head_dim is Qwen3Config's 128, written out.
 nlohmann::json block_draft_export_config(const nlohmann::json& draft_config,
                                          const BlockDraftTraining& training);
 
@@ -88,7 +89,8 @@ struct BlockDraftTensor {
 // DSpark the Markov head (markov_w1 [V, r], markov_w2 [V, r], and gate_proj or joint_proj with
 // biases for the gated and rnn heads) and the confidence head when enabled. No embedding, no LM
 // head, no d2t/t2d: the engines take the target's. Throws fsdp::UsageError naming the key when
-// the config lacks a size.
+// the config lacks a size. Absent head_dim and num_key_value_heads are Qwen3Config's defaults
+// (128, 32), as SpecForge and the engines read them.
 std::vector<BlockDraftTensor> block_draft_layout(const nlohmann::json& export_config);
 
 }  // namespace fsdp::checkpoint

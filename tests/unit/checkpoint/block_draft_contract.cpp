@@ -33,6 +33,7 @@ json dflash_draft() {
           {"num_hidden_layers", 2},
           {"num_attention_heads", 4},
           {"num_key_value_heads", 2},
+          {"head_dim", 4},
           {"vocab_size", 40},
           {"rms_norm_eps", 1e-6},
           {"max_position_embeddings", 256},
@@ -103,7 +104,10 @@ TEST_CASE("block draft export config: a DFlash draft", "[cpu]") {
   CHECK(c["num_target_layers"] == 12);
   CHECK(c["block_size"] == 4);
   CHECK(c["num_key_value_heads"] == 2);
-  CHECK(c["head_dim"] == 4);  // hidden_size / heads, written for every engine
+  CHECK(c["head_dim"] == 4);
+  json no_head_dim = dflash_draft();
+  no_head_dim.erase("head_dim");  // Qwen3Config's default, written for every engine
+  CHECK(block_draft_export_config(no_head_dim, training())["head_dim"] == 128);
   CHECK(c["rope_theta"] == 500000.0);
   CHECK(c["rope_parameters"] == json({{"rope_type", "default"}, {"rope_theta", 500000.0}}));
   CHECK(c["rope_scaling"].is_null());
@@ -175,6 +179,13 @@ TEST_CASE("block draft export config: refused inputs name their key", "[cpu]") {
   CHECK_THAT(refusal(with("block_size", 1)), Catch::Contains("block_size"));
   CHECK_THAT(refusal(with("intermediate_size", "24")), Catch::Contains("intermediate_size"));
   CHECK_THAT(refusal(with("num_key_value_heads", 3)), Catch::Contains("num_key_value_heads"));
+  json no_kv = dflash_draft();
+  no_kv.erase("num_key_value_heads");
+  CHECK_THAT(refusal(no_kv), Catch::Contains("num_key_value_heads"));
+  json implicit_sliding = dflash_draft();
+  implicit_sliding.erase("layer_types");
+  implicit_sliding["use_sliding_window"] = true;
+  CHECK_THAT(refusal(implicit_sliding), Catch::Contains("layer_types"));
   CHECK_THAT(refusal(with("layer_types", {"full_attention"})), Catch::Contains("layer_types"));
   CHECK_THAT(refusal(with("layer_types", {"full_attention", "linear_attention"})),
              Catch::Contains("layer_types"));

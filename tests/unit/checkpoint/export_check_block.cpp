@@ -37,6 +37,7 @@ json draft_config(BlockDraftKind kind) {
             {"num_hidden_layers", 2},
             {"num_attention_heads", 4},
             {"num_key_value_heads", 2},
+            {"head_dim", 4},
             {"vocab_size", kVocab},
             {"rms_norm_eps", 1e-6},
             {"rope_theta", 10000.0},
