@@ -113,15 +113,15 @@ DSparkHeads dspark_heads(const json& cfg, HeadView view, const std::string& wher
 }
 
 void check_heads(const DSparkHeads& h, const std::string& where) {
-  FSDP_USAGE_CHECK(h.markov_rank > 0,
-                   where + ": markov_rank is " + std::to_string(h.markov_rank) +
-                       ": vLLM and SGLang serve a DSpark draft only with its Markov head",
-                   "set dflash_config.markov_rank (e.g. 256), or train a DFlash draft "
-                   "(architectures DFlashDraftModel)");
+  FSDP_USAGE_CHECK(h.markov_rank >= 0, where + ": markov_rank is " + std::to_string(h.markov_rank),
+                   "write the Markov head's rank (0: none)");
   FSDP_USAGE_CHECK(h.markov_head_type == "vanilla" || h.markov_head_type == "gated" ||
                        h.markov_head_type == "rnn",
                    where + ": markov_head_type '" + h.markov_head_type + "' is not a DSpark head",
                    "write vanilla, gated or rnn");
+  FSDP_USAGE_CHECK(h.markov_rank > 0 || !(h.confidence && h.confidence_with_markov),
+                   where + ": confidence_head_with_markov without a Markov head (markov_rank 0)",
+                   "set markov_rank, or confidence_head_with_markov false");
 }
 
 struct Sizes {
@@ -325,6 +325,7 @@ ServingEngines block_draft_engines(const json& cfg) {
   if (block_draft_kind(cfg) != BlockDraftKind::kDSpark) return {true, true};
   try {
     const auto h = dspark_heads(cfg, HeadView::kEngines, "config.json");
+    if (h.markov_rank == 0) return {true, false};
     if (h.markov_head_type != "vanilla") return {false, true};
   } catch (const std::exception&) {  // malformed keys: the check reports them
   }
@@ -368,6 +369,24 @@ json block_draft_export_config(const json& draft, const BlockDraftTraining& t) {
   return out;
 }
 
+namespace {
+
+// markov_w1 [V, r], markov_w2 [V, r], and the gated or rnn head's projection (SpecForge 0.2.0).
+void push_markov_head(const DSparkHeads& h, const Sizes& s, std::vector<BlockDraftTensor>& out) {
+  const int64_t r = h.markov_rank;
+  out.push_back({"markov_head.markov_w1.weight", {s.V, r}});
+  out.push_back({"markov_head.markov_w2.weight", {s.V, r}});
+  if (h.markov_head_type == "gated") {
+    out.push_back({"markov_head.gate_proj.weight", {r, s.H + r}});
+    out.push_back({"markov_head.gate_proj.bias", {r}});
+  } else if (h.markov_head_type == "rnn") {
+    out.push_back({"markov_head.joint_proj.weight", {3 * r, 2 * r + s.H}});
+    out.push_back({"markov_head.joint_proj.bias", {3 * r}});
+  }
+}
+
+}  // namespace
+
 std::vector<BlockDraftTensor> block_draft_layout(const json& cfg) {
   const std::string where = "config.json";
   const auto kind = block_draft_kind(cfg);
@@ -399,15 +418,7 @@ std::vector<BlockDraftTensor> block_draft_layout(const json& cfg) {
   const DSparkHeads h = dspark_heads(cfg, HeadView::kEngines, where);
   check_heads(h, where);
   const int64_t r = h.markov_rank;
-  out.push_back({"markov_head.markov_w1.weight", {s.V, r}});
-  out.push_back({"markov_head.markov_w2.weight", {s.V, r}});
-  if (h.markov_head_type == "gated") {
-    out.push_back({"markov_head.gate_proj.weight", {r, s.H + r}});
-    out.push_back({"markov_head.gate_proj.bias", {r}});
-  } else if (h.markov_head_type == "rnn") {
-    out.push_back({"markov_head.joint_proj.weight", {3 * r, 2 * r + s.H}});
-    out.push_back({"markov_head.joint_proj.bias", {3 * r}});
-  }
+  if (r > 0) push_markov_head(h, s, out);
   if (h.confidence) {
     out.push_back({"confidence_head.proj.weight", {1, s.H + (h.confidence_with_markov ? r : 0)}});
     out.push_back({"confidence_head.proj.bias", {1}});

@@ -52,7 +52,8 @@ const char* block_draft_architecture(BlockDraftKind kind);
 int64_t engine_draft_tokens(BlockDraftKind kind, int64_t block_size);
 
 // The engines that can serve the draft as trained: both, but SGLang alone for a DSpark Markov
-// head other than vanilla (vLLM 0.32's Qwen3DSparkModel builds only the vanilla head).
+// head other than vanilla (vLLM 0.32's Qwen3DSparkModel builds only the vanilla head), vLLM
+// alone for a DSpark draft without a Markov head (markov_rank 0: SGLang refuses it).
 ServingEngines block_draft_engines(const nlohmann::json& export_config);
 
 // What training adds to the draft config when it exports.
@@ -72,9 +73,9 @@ struct BlockDraftTraining {
 // config's other keys kept. Throws fsdp::UsageError naming `training.source` and the key when
 // the draft cannot be exported as one the engines serve as trained (a missing or malformed
 // size, ids outside the target, a mask token outside the vocabulary, a vocabulary or width other
-// than the target's, a DSpark draft without a Markov head or with a head key given differently at
-// the top level and in dflash_config, layer_types of the wrong length, no num_key_value_heads,
-// use_sliding_window without layer_types). An absent head_dim is Qwen3Config's 128, written out.
+// than the target's, a DSpark head key given differently at the top level and in dflash_config,
+// layer_types of the wrong length, no num_key_value_heads, use_sliding_window without layer_types).
+// An absent head_dim is Qwen3Config's 128, written out.
 nlohmann::json block_draft_export_config(const nlohmann::json& draft_config,
                                          const BlockDraftTraining& training);
 
@@ -86,8 +87,9 @@ struct BlockDraftTensor {
 };
 // Every tensor an export of this config holds, in a fixed order: fc, hidden_norm, each layer's
 // attention (q/k/v/o, with biases when attention_bias, q_norm, k_norm), MLP and norms, norm; for
-// DSpark the Markov head (markov_w1 [V, r], markov_w2 [V, r], and gate_proj or joint_proj with
-// biases for the gated and rnn heads) and the confidence head when enabled. No embedding, no LM
+// DSpark the Markov head when markov_rank r > 0 (markov_w1 [V, r], markov_w2 [V, r], and
+// gate_proj or joint_proj with biases for the gated and rnn heads) and the confidence head when
+// enabled. No embedding, no LM
 // head, no d2t/t2d: the engines take the target's. Throws fsdp::UsageError naming the key when
 // the config lacks a size. Absent head_dim and num_key_value_heads are Qwen3Config's defaults
 // (128, 32), as SpecForge and the engines read them.

@@ -269,17 +269,23 @@ void check_heads_config(const json& cfg, const std::set<std::string>& names, con
               cfg.at(key).dump() + " but dflash_config." + key + " " + dc.at(key).dump() +
                   ": the engines read the first, SpecForge the second",
               "write the same value in both places");
-  const auto rank = positive_int(cfg, "markov_rank", r);
-  if (!rank)
+  const json rank = cfg.value("markov_rank", dc.value("markov_rank", json()));
+  const bool markov = rank.is_number_integer() && rank.get<int64_t>() > 0;
+  if (!has(cfg, "markov_rank"))
     r.error(key_of("markov_rank"),
-            "missing at the top level: vLLM's Qwen3DSparkModel and "
-            "SGLang read it there (not in dflash_config); SGLang refuses a draft without it",
+            "missing at the top level: vLLM's Qwen3DSparkModel and SGLang read it there (not in "
+            "dflash_config); vLLM fails with an AttributeError, SGLang refuses a draft without it",
             "write markov_rank at the top level too (fsdp-train's export does)");
+  else if (!rank.is_number_integer() || rank.get<int64_t>() < 0)
+    r.error(key_of("markov_rank"), "is " + rank.dump(), "write the Markov head's rank (0: none)");
+  else if (!markov && f.e.sglang)
+    r.error(key_of("markov_rank"), "0: SGLang refuses a DSpark draft without its Markov head",
+            "serve it with vLLM (check with --for vllm)");
   const std::string type = lower_string(text_at(cfg, "markov_head_type"));
-  if (type.empty() && f.e.sglang)
+  if (type.empty() && markov && f.e.sglang)
     r.error(key_of("markov_head_type"), "missing at the top level: SGLang requires it",
             "write markov_head_type (vanilla, gated or rnn) at the top level");
-  else if (!type.empty() && type != "vanilla" && f.e.vllm)
+  else if (markov && !type.empty() && type != "vanilla" && f.e.vllm)
     r.error(key_of("markov_head_type"),
             "\"" + type + "\": vLLM 0.32's Qwen3DSparkModel builds only the vanilla head",
             "serve it with SGLang (check with --for sglang)");

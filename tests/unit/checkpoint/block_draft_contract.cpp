@@ -142,6 +142,18 @@ TEST_CASE("block draft export config: DSpark's heads where each engine reads the
   CHECK(block_draft_engines(g).sglang);
 }
 
+TEST_CASE("block draft export config: DSpark without a Markov head is vLLM's only", "[cpu]") {
+  json d = dspark_draft();
+  d["dflash_config"]["markov_rank"] = 0;
+  d["dflash_config"]["confidence_head_with_markov"] = false;
+  const json c = block_draft_export_config(d, training());
+  CHECK(c["markov_rank"] == 0);
+  CHECK(block_draft_engines(c).vllm);
+  CHECK(!block_draft_engines(c).sglang);
+  for (const auto& x : block_draft_layout(c)) CHECK(x.name.rfind("markov_head.", 0) != 0);
+  CHECK(block_draft_layout(c).back().shape == std::vector<int64_t>{1});  // the confidence bias
+}
+
 TEST_CASE("block draft export config: RoPE scaling and sliding layers", "[cpu]") {
   json d = dflash_draft();
   d.erase("rope_theta");
@@ -200,8 +212,8 @@ TEST_CASE("block draft export config: refused inputs name their key", "[cpu]") {
   t.mask_token_id = 40;
   CHECK_THAT(refusal(dflash_draft(), t), Catch::Contains("mask_token_id 40"));
   json s = dspark_draft();
-  s["dflash_config"].erase("markov_rank");
-  CHECK_THAT(refusal(s), Catch::Contains("markov_rank"));
+  s["dflash_config"].erase("markov_rank");  // no Markov head: the confidence head cannot read it
+  CHECK_THAT(refusal(s), Catch::Contains("confidence_head_with_markov"));
   s = dspark_draft();
   s["dflash_config"]["markov_head_type"] = "lstm";
   CHECK_THAT(refusal(s), Catch::Contains("lstm"));

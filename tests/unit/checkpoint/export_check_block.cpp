@@ -352,6 +352,19 @@ TEST_CASE("block export check: DSpark's heads where each engine reads them", "[c
   CHECK_NOTHROW(verify_export(write("gated_verify", e).string()));
 }
 
+TEST_CASE("block export check: DSpark without a Markov head is vLLM's only", "[cpu]") {
+  json d = draft_config(BlockDraftKind::kDSpark);
+  d["dflash_config"]["markov_rank"] = 0;
+  d["dflash_config"]["confidence_head_with_markov"] = false;
+  const Export e = good(d);
+  auto f = check("rank0_sglang", e, ExportTarget::kSglang);
+  INFO(dump(f));
+  CHECK(has(f, Level::kError, key("markov_rank"), "SGLang"));
+  f = check("rank0_vllm", e, ExportTarget::kVllm);
+  CHECK(count(f, Level::kError) == 0);
+  CHECK_NOTHROW(verify_export(write("rank0_verify", e).string()));
+}
+
 TEST_CASE("block export check: an EAGLE3 config is not read as a block draft", "[cpu]") {
   Export e = good(BlockDraftKind::kDFlash);
   e.config["architectures"] = {"LlamaForCausalLMEagle3"};
