@@ -1,6 +1,7 @@
-// `fsdp-train check-export DIR`: what vLLM and SGLang need from an EAGLE3 draft directory (ours or
-// another trainer's), one line per finding (lib/checkpoint/export_check.h). Exit 0 without
-// ERROR, 1 with one, 2 for bad flags. One process, no MPI; reads headers only, writes nothing.
+// `fsdp-train check-export DIR`: what vLLM and SGLang need from a draft directory (EAGLE3, DFlash
+// or DSpark; ours or another trainer's), one line per finding (lib/checkpoint/export_check.h). Exit
+// 0 without ERROR, 1 with one, 2 for bad flags. One process, no MPI; reads headers only, writes
+// nothing.
 #include <CLI/CLI.hpp>
 
 #include <chrono>
@@ -36,8 +37,12 @@ int run_check_export(const CheckExportFlags& f) {
                    "<output-dir>/epoch_<E>_step_<S> checkpoint");
   checkpoint::ExportCheckOptions o;
   o.engines = *target;
-  if (!f.target_model_path.empty())
-    o.target_num_layers = checkpoint::target_num_hidden_layers(f.target_model_path);
+  if (!f.target_model_path.empty()) {
+    const auto t = checkpoint::read_target_facts(f.target_model_path);
+    o.target_num_layers = t.num_layers;
+    o.target_vocab_size = t.vocab_size;
+    o.target_hidden_size = t.hidden_size;
+  }
   const auto start = std::chrono::steady_clock::now();
   const auto findings = checkpoint::check_export(f.dir, o);
   const double ms =
@@ -66,14 +71,16 @@ void add_check_export(CLI::App& root, Action* action) {
   auto f = std::make_shared<CheckExportFlags>();
   CLI::App* sub = root.add_subcommand(
       "check-export",
-      "check an EAGLE3 draft directory (ours or another trainer's) for what vLLM and SGLang "
-      "need: tensors, shapes, dtypes, d2t/t2d, aux-layer ids, config fields; exit 1 on an ERROR");
+      "check a draft directory (EAGLE3, DFlash or DSpark; ours or another trainer's) for what "
+      "vLLM and SGLang need: tensors, shapes, dtypes, d2t/t2d, target-layer ids, mask token, "
+      "config fields; exit 1 on an ERROR");
   sub->add_option("dir", f->dir, "the draft directory (config.json + model.safetensors)")
       ->required();
   sub->add_option("--for", f->engines,
                   "engines (default: vLLM and SGLang must read it alike), vllm or sglang");
   sub->add_option("--target-model-path", f->target_model_path,
-                  "the target model's directory: its num_hidden_layers bounds the aux-layer ids");
+                  "the target model's directory: its num_hidden_layers bounds the target-layer "
+                  "ids, its vocab_size and hidden_size are a block draft's");
   sub->callback([action, f]() {
     action->run = [f]() { return run_check_export(*f); };
     action->needs_mpi = false;

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "checkpoint/block_draft_contract.h"
 #include "checkpoint/checkpoint_dir.h"
 #include "checkpoint/export_check.h"
 #include "checkpoint/safetensors.h"
@@ -16,6 +17,7 @@
 #include "model/draft_model.h"
 
 namespace fs = std::filesystem;
+using json = nlohmann::json;
 
 namespace fsdp::checkpoint {
 
@@ -41,6 +43,28 @@ uint64_t write_draft_export(const std::string& dir, const std::string& config_js
                                            {{"format", "pt"}, {"producer", "fsdp-train"}});
   // What the serving engines need, checked on the files as written (headers, d2t and t2d only:
   // milliseconds for any draft) before the caller can mark the checkpoint complete.
+  verify_export(dir);
+  return bytes;
+}
+
+uint64_t write_block_draft_export(const std::string& dir, const nlohmann::json& config,
+                                  const std::map<std::string, at::Tensor>& full_state,
+                                  c10::ScalarType dtype) {
+  NamedTensors tensors;
+  for (const auto& x : block_draft_layout(config)) {
+    auto it = full_state.find(x.name);
+    FSDP_CHECK(it != full_state.end() && it->second.sizes().vec() == x.shape,
+               "block draft export: tensor " + x.name +
+                   (it == full_state.end() ? std::string(" missing from the model")
+                                           : " of shape " + json(it->second.sizes().vec()).dump() +
+                                                 ", config.json implies " + json(x.shape).dump()),
+               "this is a bug in fsdp-train: please report it with the draft config");
+    tensors.emplace_back(x.name, it->second.detach().to(at::kCPU).to(dtype).contiguous());
+  }
+  ensure_directory(dir);
+  write_file_durably(join_path(dir, layout::kConfig), config.dump(2) + "\n");
+  const uint64_t bytes = write_safetensors(join_path(dir, layout::kModel), tensors,
+                                           {{"format", "pt"}, {"producer", "fsdp-train"}});
   verify_export(dir);
   return bytes;
 }

@@ -7,6 +7,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <map>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
 #include <utility>
@@ -22,6 +23,17 @@ uint64_t write_draft_export(const std::string& dir, const std::string& config_js
                             const std::map<std::string, at::Tensor>& full_state,
                             const at::Tensor& d2t, const at::Tensor& t2d,
                             c10::ScalarType dtype = c10::kBFloat16);
+
+// A block draft's export (DFlash, DSpark: checkpoint/block_draft_contract.h): `dir`/config.json
+// (`config`, from block_draft_export_config) and model.safetensors with exactly the tensors of
+// block_draft_layout(config), taken by name from `full_state` and stored as `dtype`; anything
+// else in `full_state` (the target's frozen embedding and LM head a model may hold) is not the
+// draft's and is left out. Then the export's check on itself (verify_export). Throws fsdp::Error
+// when a layout tensor is missing or misshapen (a bug) or the check fails. Returns the bytes of
+// model.safetensors.
+uint64_t write_block_draft_export(const std::string& dir, const nlohmann::json& config,
+                                  const std::map<std::string, at::Tensor>& full_state,
+                                  c10::ScalarType dtype = c10::kBFloat16);
 
 struct DraftExport {
   std::map<std::string, at::Tensor> weights;  // trainable tensors as stored (bf16)

@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 
+#include "checkpoint/block_draft_contract.h"
 #include "checkpoint/checkpoint_dir.h"
 #include "checkpoint/export_check_internal.h"
 #include "checkpoint/safetensors.h"
@@ -45,11 +46,7 @@ using export_check::list_text;
 using export_check::Report;
 using export_check::what_of;
 
-struct Tensor {
-  std::shared_ptr<SafetensorsFile> file;
-  const TensorInfo* info = nullptr;
-  std::string name;  // as stored
-};
+using Tensor = export_check::StoredTensor;
 
 // Config-derived shapes. `ok` false when a required key is missing (shapes are then not checked).
 struct Dims {
@@ -105,8 +102,9 @@ std::shared_ptr<SafetensorsFile> open_checked(const fs::path& path, const std::s
   return nullptr;
 }
 
-// Opens the weights: model.safetensors, or the shards of model.safetensors.index.json.
-std::map<std::string, Tensor> open_weights(const fs::path& dir, Report& r) {
+}  // namespace
+
+std::map<std::string, Tensor> export_check::open_weights(const fs::path& dir, Report& r) {
   std::map<std::string, Tensor> out;
   std::error_code ec;
   const fs::path single = dir / layout::kModel;
@@ -170,6 +168,8 @@ std::map<std::string, Tensor> open_weights(const fs::path& dir, Report& r) {
   }
   return out;
 }
+
+namespace {
 
 // The name every engine means: "model." dropped, "layers.0." (speculators) read as "midlayer.".
 std::string canonical(const std::string& name) {
@@ -475,6 +475,10 @@ std::vector<ExportFinding> check_export(const std::string& dir, const ExportChec
   const auto cfg =
       export_check::read_json(fs::path(dir) / layout::kConfig, layout::kConfig, r, &text);
   const auto tensors = open_weights(dir, r);
+  if (cfg && block_draft_kind(*cfg)) {
+    export_check::check_block_draft(dir, *cfg, tensors, options, r);
+    return r.out;
+  }
   const json cfg_or_empty = cfg ? *cfg : json::object();
   const export_check::Engines e = export_check::engines_for(cfg_or_empty, options);
   const Dims d = cfg ? config_dims(*cfg, r) : Dims{};
@@ -551,7 +555,10 @@ void verify_export(const std::string& dir) {
               "fsdp-train check-export DIR prints the whole report");
 }
 
-int64_t target_num_hidden_layers(const std::string& target_dir) {
+namespace {
+
+// config.json of a target: the top level, then text_config (multimodal targets).
+json target_config(const std::string& target_dir) {
   const fs::path path = fs::path(target_dir) / "config.json";
   export_check::Report r;
   const auto cfg = export_check::read_json(path, "config.json", r, nullptr);
@@ -559,15 +566,35 @@ int64_t target_num_hidden_layers(const std::string& target_dir) {
                    "--target-model-path " + target_dir + ": config.json " +
                        (r.out.empty() ? std::string("unreadable") : r.out.back().message),
                    "give the target model's directory (it holds config.json)");
-  for (const json* c : {&*cfg, cfg->contains("text_config") ? &cfg->at("text_config") : nullptr}) {
-    if (c && c->is_object() && c->contains("num_hidden_layers") &&
-        c->at("num_hidden_layers").is_number_integer() &&
-        c->at("num_hidden_layers").get<int64_t>() > 0)
-      return c->at("num_hidden_layers").get<int64_t>();
+  return *cfg;
+}
+
+int64_t target_value(const json& cfg, const char* key) {
+  for (const json* c : {&cfg, cfg.contains("text_config") ? &cfg.at("text_config") : nullptr}) {
+    if (c && c->is_object() && c->contains(key) && c->at(key).is_number_integer() &&
+        c->at(key).get<int64_t>() > 0)
+      return c->at(key).get<int64_t>();
   }
-  FSDP_USAGE_FAIL("--target-model-path " + target_dir +
-                      ": config.json has no num_hidden_layers (nor text_config.num_hidden_layers)",
-                  "give the target model's directory");
+  return 0;
+}
+
+}  // namespace
+
+int64_t target_num_hidden_layers(const std::string& target_dir) {
+  return read_target_facts(target_dir).num_layers;
+}
+
+TargetFacts read_target_facts(const std::string& target_dir) {
+  const json cfg = target_config(target_dir);
+  TargetFacts t;
+  t.num_layers = target_value(cfg, "num_hidden_layers");
+  t.vocab_size = target_value(cfg, "vocab_size");
+  t.hidden_size = target_value(cfg, "hidden_size");
+  FSDP_USAGE_CHECK(t.num_layers > 0,
+                   "--target-model-path " + target_dir +
+                       ": config.json has no num_hidden_layers (nor text_config.num_hidden_layers)",
+                   "give the target model's directory");
+  return t;
 }
 
 }  // namespace fsdp::checkpoint

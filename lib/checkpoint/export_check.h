@@ -1,8 +1,9 @@
-// `fsdp-train check-export`: what a serving engine needs from an EAGLE3 draft directory (ours or
+// `fsdp-train check-export`: what a serving engine needs from a draft directory (ours or
 // another trainer's), checked without loading the weights: config.json, the safetensors headers,
 // d2t and t2d, and the aux-layer ids as vLLM 0.32 and SGLang read them (docs/usage.md "Checking
-// an export"). Reads only headers and the two mapping tensors; never throws for a bad directory
-// (every problem is a finding), never writes.
+// an export"); an EAGLE3 draft, or a block draft (DFlash, DSpark: the config's architectures
+// choose, checkpoint/block_draft_contract.h). Reads only headers and the two mapping tensors; never
+// throws for a bad directory (every problem is a finding), never writes.
 #pragma once
 
 #include <cstdint>
@@ -36,6 +37,10 @@ struct ExportCheckOptions {
   bool engines_from_config = false;
   // Decoder layers of the target (num_hidden_layers); 0: unknown, the aux-id range is not checked.
   int64_t target_num_layers = 0;
+  // The target's vocab_size and hidden_size (block drafts share its embedding and LM head); 0:
+  // unknown, not compared.
+  int64_t target_vocab_size = 0;
+  int64_t target_hidden_size = 0;
 };
 
 // Every finding for the draft directory `dir`, in a fixed order (files, config, tensors, vocabulary
@@ -58,5 +63,13 @@ void verify_export(const std::string& dir);
 // A target model's decoder-layer count: num_hidden_layers of `target_dir`/config.json, or of its
 // text_config (multimodal targets). Throws fsdp::UsageError naming --target-model-path.
 int64_t target_num_hidden_layers(const std::string& target_dir);
+
+// What check-export compares a draft with: the target's num_hidden_layers (required, as above),
+// vocab_size and hidden_size (0 when its config.json lacks them), from the top level or
+// text_config.
+struct TargetFacts {
+  int64_t num_layers = 0, vocab_size = 0, hidden_size = 0;
+};
+TargetFacts read_target_facts(const std::string& target_dir);
 
 }  // namespace fsdp::checkpoint

@@ -84,7 +84,8 @@ bool same_value(const json& a, const json& b) {
   return a == b;
 }
 
-// rope_theta + rope_scaling (transformers v4 readers) against rope_parameters (v5 readers).
+}  // namespace
+
 void check_rope(const json& cfg, Report& r) {
   const json scaling = cfg.contains("rope_scaling") ? cfg.at("rope_scaling") : json();
   const bool v4 = cfg.contains("rope_theta") || !scaling.is_null();
@@ -160,8 +161,6 @@ void check_rope(const json& cfg, Report& r) {
     r.ok("config.json:rope_parameters",
          str("agrees with rope_theta ", theta4, " and rope_scaling (", type4, ")"));
 }
-
-}  // namespace
 
 Engines engines_for(const json& cfg, const ExportCheckOptions& o) {
   return o.engines_from_config ? engines_from_config(cfg) : engines_named(o.engines);

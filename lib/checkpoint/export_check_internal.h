@@ -3,6 +3,8 @@
 #pragma once
 
 #include <filesystem>
+#include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -11,6 +13,11 @@
 
 #include "checkpoint/export_check.h"
 #include "checkpoint/serving_contract.h"
+
+namespace fsdp::checkpoint {
+class SafetensorsFile;  // checkpoint/safetensors.h (kept out: this header stays torch-free)
+struct TensorInfo;
+}  // namespace fsdp::checkpoint
 
 namespace fsdp::checkpoint::export_check {
 
@@ -30,6 +37,16 @@ struct Report {
     add(ExportFinding::Level::kError, std::move(s), std::move(m), std::move(h));
   }
 };
+
+// One tensor of the directory: its file (kept open) and header entry.
+struct StoredTensor {
+  std::shared_ptr<SafetensorsFile> file;
+  const TensorInfo* info = nullptr;
+  std::string name;  // as stored
+};
+// The weights of `dir`: model.safetensors, or the shards of model.safetensors.index.json, by
+// stored name; an ERROR for a missing, pickled or corrupt file.
+std::map<std::string, StoredTensor> open_weights(const std::filesystem::path& dir, Report& r);
 
 // The engines that must read the draft right (ExportCheckOptions; the rules are
 // checkpoint/serving_contract.h's).
@@ -55,5 +72,13 @@ void check_aux(const std::string& config_text, const nlohmann::json& cfg, const 
 // architectures, draft_vocab_size, tie_word_embeddings, RoPE in both schemas, torch_dtype.
 void check_config_fields(const nlohmann::json& cfg, const Engines& e,
                          std::optional<int64_t> lm_head_rows, Report& r);
+// RoPE: rope_theta + rope_scaling (transformers v4 readers) against rope_parameters (v5).
+void check_rope(const nlohmann::json& cfg, Report& r);
+
+// A DFlash or DSpark draft (checkpoint/block_draft_contract.h), after the config and the weights
+// were read: every finding of export_check_block.cpp.
+void check_block_draft(const std::filesystem::path& dir, const nlohmann::json& cfg,
+                       const std::map<std::string, StoredTensor>& tensors,
+                       const ExportCheckOptions& options, Report& r);
 
 }  // namespace fsdp::checkpoint::export_check
