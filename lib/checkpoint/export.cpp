@@ -164,6 +164,10 @@ void write_peft_adapter(const std::string& dir, const std::map<std::string, at::
 
 void write_checkpoint_export(const std::string& dir, std::map<std::string, at::Tensor>& full_state,
                              const CheckpointExport& e) {
+  if (e.block_draft) {
+    write_block_draft_export(dir, nlohmann::json::parse(e.config_json), full_state, e.dtype);
+    return;
+  }
   if (e.lora) {
     if (e.lora_adapters) {
       std::map<std::string, at::Tensor> adapters;

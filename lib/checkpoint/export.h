@@ -80,6 +80,9 @@ struct CheckpointExport {
   std::optional<LoraRecord> lora;  // a LoRA run
   bool lora_adapters = false;      // also write <dir>/adapter (--export-lora-adapters)
   std::string aux_layers_record;   // "" when the features' layers are unknown
+  // A block draft (DFlash, DSpark): config_json is block_draft_export_config's, the weights are
+  // written by write_block_draft_export (no vocabulary mapping, no LoRA).
+  bool block_draft = false;
 };
 void write_checkpoint_export(const std::string& dir, std::map<std::string, at::Tensor>& full_state,
                              const CheckpointExport& e);

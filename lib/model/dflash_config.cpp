@@ -51,6 +51,11 @@ DraftConfig parse_core(const json& j, const std::string& source) {
   core["architectures"] = json::array({"LlamaForCausalLMEagle3"});  // the shared parser's own
   for (const char* k : kCore)
     if (j.contains(k)) core[k] = j.at(k);
+  // Qwen3Config's num_key_value_heads default is 32, not the head count the shared parser would
+  // take: a config must say it.
+  if (!present(core, "num_key_value_heads"))
+    bad(source, "num_key_value_heads", "is missing",
+        "write the draft's key/value head count (Qwen3Config would take 32, whatever the heads)");
   if (!present(core, "head_dim")) core["head_dim"] = 128;
   if (!present(core, "max_position_embeddings")) core["max_position_embeddings"] = 32768;
   return parse_draft_config(core.dump(), source);

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # fsdp-train's DFlash draft and objective against SpecForge 0.2.0's own DFlashDraftModel and
 # OnlineDFlashModel: the same weights, features and anchors; loss, terms, block outputs and every
-# gradient within 1e-6 relative in float32, for full and sliding attention, the decay, chunking and
+# gradient within 1e-6 relative in float64, for full and sliding attention, the decay, chunking and
 # the D-PACE losses (tests/e2e/specforge_dflash.py says how). A negative control checks that the
 # comparison can fail.
 set -uo pipefail

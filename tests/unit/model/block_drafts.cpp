@@ -18,7 +18,7 @@ namespace {
 
 std::string config_json(const std::string& extra) {
   return R"({"architectures": ["DFlashDraftModel"], "hidden_size": 16, "intermediate_size": 32,
-    "num_attention_heads": 2, "num_hidden_layers": 2, "vocab_size": 40, "block_size": 4,
+    "num_attention_heads": 2, "num_key_value_heads": 1, "num_hidden_layers": 2, "vocab_size": 40, "block_size": 4,
     "num_target_layers": 12)" +
          extra + "}";
 }
@@ -117,6 +117,10 @@ TEST_CASE("the block draft config: defaults and errors naming the key") {
     }
   };
   refused(R"(, "block_size": 1)", "block_size");
+  CHECK_THROWS_AS(parse_dflash_config(R"({"architectures": ["DFlashDraftModel"], "hidden_size": 16,
+    "intermediate_size": 32, "num_attention_heads": 2, "num_hidden_layers": 2, "vocab_size": 40,
+    "block_size": 4, "num_target_layers": 12})"),
+                  fsdp::UsageError);
   refused(R"(, "dflash_config": {"mask_token_id": 40})", "mask_token_id");
   refused(R"(, "dflash_config": {"target_layer_ids": [3, 12]})", "target_layer_ids");
   refused(R"(, "layer_types": ["full_attention"])", "layer_types");
