@@ -9,6 +9,7 @@
 #include "config/options.h"
 #include "config/value_parse.h"
 #include "core/error.h"
+#include "data/loader_options.h"
 
 namespace fsdp::config {
 
@@ -621,9 +622,11 @@ void add_data_rows(std::vector<OptionSpec>& t) {
                                "SpecForge chat template name" + unused, FIELD(data.chat_template)));
   t.push_back(row<int64_t>("max-length", K::kInt, da, "truncate samples to this many tokens",
                            FIELD(data.max_length)));
+  using data::LoaderOptions;
   t.back().bounds =
-      whole(2, 1 << 20, "",
-            "give --max-length a whole number from 2 (a token and its successor) to 1048576");
+      whole(LoaderOptions::kMinMaxLength, LoaderOptions::kMaxMaxLength, "",
+            str("give --max-length a whole number from ", LoaderOptions::kMinMaxLength,
+                " (a token and its successor) to ", LoaderOptions::kMaxMaxLength));
   t.push_back(row<std::string>("cache-dir", K::kPath, da,
                                "where the vocab mapping and other derived data are cached",
                                FIELD(data.cache_dir)));
@@ -634,7 +637,7 @@ void add_data_rows(std::vector<OptionSpec>& t) {
                            "threads per rank that read and collate micro-batches ahead of the "
                            "trainer (0: 1 on the CPU, 4 on a GPU)",
                            FIELD(data.loader_threads)));
-  t.back().bounds = whole(0, 64, " (0: 1 on the CPU, 4 on a GPU)");
+  t.back().bounds = whole(0, LoaderOptions::kMaxThreads, " (0: 1 on the CPU, 4 on a GPU)");
   t.push_back(row<double>(
       "noise-std", K::kFloat, da,
       "noise added to the aux hidden states (the fc input) of training samples, never to "
@@ -642,9 +645,10 @@ void add_data_rows(std::vector<OptionSpec>& t) {
       "The noise of a sample depends only on --seed, the epoch and the sample (docs/usage.md)",
       FIELD(data.noise_std)));
   t.back().bounds = at_least(0, false,
-                             "give --noise-std 0 (off) or a small positive value, e.g. 0.05 "
-                             "(speculators' default); at most 100",
-                             100);
+                             str("give --noise-std 0 (off) or a small positive value, e.g. 0.05 "
+                                 "(speculators' default); at most ",
+                                 data::NoiseOptions::kMaxStd),
+                             data::NoiseOptions::kMaxStd);
   t.push_back(
       row<NoiseType>("noise-type", K::kEnum, da,
                      "distribution of --noise-std's noise: uniform, U(-std, std) as speculators' "
@@ -1028,7 +1032,9 @@ void add_specforge_alias_rows(std::vector<OptionSpec>& t) {
   t.push_back(alias_row(t, "dataloader-num-workers", "loader-threads",
                         "SpecForge's DataLoader workers: sets --loader-threads (0, SpecForge's "
                         "'load in the main process', means one reader thread)"));
-  t.back().bounds = whole(0, 64, "", "give 0 to 64 reader threads (0: one)");
+  t.back().bounds =
+      whole(0, data::LoaderOptions::kMaxThreads, "",
+            str("give 0 to ", data::LoaderOptions::kMaxThreads, " reader threads (0: one)"));
   t.back().set = [](TrainConfig& c, const OptionValue& v, const std::string& src) {
     const int64_t n = parse_int(v.text, src);
     option("dataloader-num-workers").check_int(n, src);
