@@ -542,16 +542,6 @@ void DraftConfig::validate() const {
   check_fits_in_memory(*this, host_memory_bytes());
 }
 
-std::string DraftConfig::vllm_only_variants() const {
-  std::string out = num_hidden_layers > 1 ? str("num_hidden_layers ", num_hidden_layers) : "";
-  for (auto [key, on] : {std::pair<const char*, bool>{"fc_norm", fc_norm},
-                         {"norm_before_fc", norm_before_fc},
-                         {"norm_output", norm_output},
-                         {"norm_before_residual", norm_before_residual}})
-    if (on) out += (out.empty() ? "" : ", ") + std::string(key);
-  return out;
-}
-
 std::string DraftConfig::to_json() const {
   ordered_json j;
   j["architectures"] = json::array({kArchitecture});
