@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <iterator>
+#include <optional>
 #include <type_traits>
 
 #include "config/options.h"
@@ -73,9 +75,27 @@ struct EnumNames<LrScheduler> {
   static constexpr const char* names[] = {"cosine", "linear", "constant"};
 };
 
+template <>
+struct EnumNames<MetricSink> {
+  static constexpr const char* names[] = {"tensorboard", "wandb", "mlflow"};
+};
+
 template <class E>
 std::vector<std::string> enum_choices() {
   return {std::begin(EnumNames<E>::names), std::end(EnumNames<E>::names)};
+}
+
+// The value named `text` exactly; nullopt for anything else.
+template <class E>
+std::optional<E> enum_value(const std::string& text) {
+  for (size_t i = 0; i < std::size(EnumNames<E>::names); ++i)
+    if (text == EnumNames<E>::names[i]) return static_cast<E>(i);
+  return std::nullopt;
+}
+
+template <class E>
+const char* enum_name(E value) {
+  return EnumNames<E>::names[static_cast<size_t>(value)];
 }
 
 std::string one_of(const std::vector<std::string>& choices) {
@@ -240,6 +260,25 @@ OptionSpec exact_choice_row(std::string name, std::string group, std::string hel
   return s;
 }
 
+// The words of a list option's value: each item (a YAML sequence, or the words on the command
+// line) split at commas, lower-cased.
+std::vector<std::string> list_words(const OptionValue& v) {
+  std::vector<std::string> words;
+  for (const auto& raw : v.list.empty() ? std::vector<std::string>{v.text} : v.list) {
+    for (const auto& part : detail::split_list(raw)) words.push_back(detail::to_lower(part));
+  }
+  return words;
+}
+
+// A list option bound to a vector of enum values: the saved text is the values' names.
+template <class E>
+OptionValue enum_list_value(const std::vector<E>& values, const std::string& empty_text) {
+  OptionValue v;
+  for (E e : values) v.list.emplace_back(enum_name(e));
+  v.text = v.list.empty() ? empty_text : one_of(v.list);
+  return v;
+}
+
 // --report-to: several of tensorboard, wandb, mlflow; "jsonl" (always on) and "none" are accepted.
 OptionSpec report_to_row() {
   OptionSpec s;
@@ -251,14 +290,10 @@ OptionSpec report_to_row() {
       "'jsonl' and 'none' are accepted)";
   s.choices = {"jsonl", "tensorboard", "wandb", "mlflow", "none"};
   s.set = [](TrainConfig& c, const OptionValue& v, const std::string& src) {
-    std::vector<std::string> items;
-    for (const auto& raw : v.list.empty() ? std::vector<std::string>{v.text} : v.list) {
-      for (const auto& part : detail::split_list(raw)) items.push_back(detail::to_lower(part));
-    }
-    std::vector<std::string> out;
+    std::vector<MetricSink> out;
     bool none = false;
-    for (const auto& it : items) {
-      const bool sink = it == "tensorboard" || it == "wandb" || it == "mlflow";
+    for (const auto& it : list_words(v)) {
+      const std::optional<MetricSink> sink = enum_value<MetricSink>(it);
       FSDP_USAGE_CHECK(
           sink || it == "jsonl" || it == "none",
           str(src, ": '", it, "' is not one of jsonl, tensorboard, wandb, mlflow, none"),
@@ -266,25 +301,18 @@ OptionSpec report_to_row() {
                             "mlflow and/or tensorboard"
                           : "list any of tensorboard, wandb and mlflow, or none");
       if (it == "none") none = true;
-      if (sink && std::find(out.begin(), out.end(), it) == out.end()) {
-        out.push_back(it);
-      }
+      if (sink && std::find(out.begin(), out.end(), *sink) == out.end()) out.push_back(*sink);
     }
     FSDP_USAGE_CHECK(!(none && !out.empty()),
-                     str(src, ": 'none' cannot be combined with ", one_of(out)),
+                     str(src, ": 'none' cannot be combined with ", enum_list_value(out, "").text),
                      "drop 'none' or the other sinks");
     c.metrics.report_to = out;
   };
-  s.get = [](const TrainConfig& c) {
-    OptionValue v;
-    v.list = c.metrics.report_to;
-    v.text = c.metrics.report_to.empty() ? "none" : one_of(c.metrics.report_to);
-    return v;
-  };
+  s.get = [](const TrainConfig& c) { return enum_list_value(c.metrics.report_to, "none"); };
   return s;
 }
 
-// --lora-targets: a comma list of the draft's projections (model::lora_target_names()).
+// --lora-targets: a comma list of the draft's projections (model/lora_target.h).
 OptionSpec lora_targets_row() {
   OptionSpec s;
   s.name = "lora-targets";
@@ -293,18 +321,16 @@ OptionSpec lora_targets_row() {
   s.help =
       "projections of every decoder layer that get a LoRA adapter with --lora-rank, any of: "
       "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj";
-  s.choices = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
-  s.set = [choices = s.choices](TrainConfig& c, const OptionValue& v, const std::string& src) {
-    std::vector<std::string> out;
-    for (const auto& raw : v.list.empty() ? std::vector<std::string>{v.text} : v.list) {
-      for (const auto& part : detail::split_list(raw)) {
-        const std::string it = detail::to_lower(part);
-        FSDP_USAGE_CHECK(std::find(choices.begin(), choices.end(), it) != choices.end(),
-                         str(src, ": '", it, "' is not a projection of the draft"),
-                         "list any of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, "
-                         "down_proj");
-        if (std::find(out.begin(), out.end(), it) == out.end()) out.push_back(it);
-      }
+  s.choices = model::lora_target_names(model::all_lora_targets());
+  s.set = [](TrainConfig& c, const OptionValue& v, const std::string& src) {
+    std::vector<model::LoraTarget> out;
+    for (const auto& it : list_words(v)) {
+      const std::optional<model::LoraTarget> target = model::parse_lora_target(it);
+      FSDP_USAGE_CHECK(target.has_value(),
+                       str(src, ": '", it, "' is not a projection of the draft"),
+                       "list any of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, "
+                       "down_proj");
+      if (std::find(out.begin(), out.end(), *target) == out.end()) out.push_back(*target);
     }
     FSDP_USAGE_CHECK(!out.empty(), str(src, ": no projection given"),
                      "list at least one, e.g. q_proj,v_proj");
@@ -312,8 +338,8 @@ OptionSpec lora_targets_row() {
   };
   s.get = [](const TrainConfig& c) {
     OptionValue v;
-    v.list = c.model.lora_targets;
-    v.text = one_of(c.model.lora_targets);
+    v.list = model::lora_target_names(c.model.lora_targets);
+    v.text = one_of(v.list);
     return v;
   };
   return s;
@@ -1047,8 +1073,8 @@ void add_specforge_alias_rows(std::vector<OptionSpec>& t) {
   t.back().set = [](TrainConfig& c, const OptionValue& v, const std::string& src) {
     auto& sinks = c.metrics.report_to;
     const bool on = parse_bool(v.text, src);
-    const auto it = std::find(sinks.begin(), sinks.end(), "wandb");
-    if (on && it == sinks.end()) sinks.push_back("wandb");
+    const auto it = std::find(sinks.begin(), sinks.end(), MetricSink::kWandb);
+    if (on && it == sinks.end()) sinks.push_back(MetricSink::kWandb);
     if (!on && it != sinks.end()) sinks.erase(it);
   };
   t.push_back(alias_row(t, "verbose", "log-level", "SpecForge's switch for --log-level debug"));

@@ -11,6 +11,7 @@
 
 #include "core/log.h"
 #include "model/aux_layers.h"
+#include "model/lora_target.h"
 
 namespace fsdp::config {
 
@@ -51,6 +52,9 @@ enum class AutoDraftConfig { kTemplate, kTarget };
 // kNone is written "" (or "none").
 enum class LkLossType { kNone, kLambda, kAlpha };
 
+// --report-to: the metric sinks besides metrics.jsonl (always written), in the order given.
+enum class MetricSink { kTensorBoard, kWandb, kMlflow };
+
 const char* to_string(ShardingStrategy v);
 const char* to_string(Precision v);
 const char* to_string(LossNormalization v);
@@ -78,8 +82,7 @@ struct ModelConfig {
   // fine-tuning); the adapters' scale is alpha / rank.
   int64_t lora_rank = 0;
   double lora_alpha = 16.0;
-  std::vector<std::string> lora_targets = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
-                                           "gate_proj", "up_proj", "down_proj"};
+  std::vector<model::LoraTarget> lora_targets = model::all_lora_targets();
   // What the draft config's eagle_config.eagle_aux_hidden_state_layer_ids mean (the features'
   // producer's convention; model/aux_layers.h). SpecForge's: id i = output of layer i.
   model::AuxIdConvention aux_layer_convention = model::AuxIdConvention::kLayerOutput;
@@ -195,9 +198,9 @@ struct EvalConfig {
 
 struct MetricsConfig {
   int64_t log_steps = 50;
-  // Extra sinks: any of "tensorboard", "wandb", "mlflow"; metrics.jsonl is always written.
-  // "none" and "jsonl" are accepted on input and normalised away.
-  std::vector<std::string> report_to;
+  // Extra sinks, each once; metrics.jsonl is always written. "none" and "jsonl" are accepted on
+  // input and normalised away.
+  std::vector<MetricSink> report_to;
   std::string tensorboard_dir;  // empty: <output-dir>/tensorboard
   std::string wandb_project;
   std::string wandb_name;
@@ -245,7 +248,7 @@ struct TrainConfig {
   // (options.h OptionDependency) checks only these; never saved.
   std::map<std::string, std::string> given_options;
 
-  bool reports_to(const std::string& sink) const;
+  bool reports_to(MetricSink sink) const;
 };
 
 // Batch arithmetic (docs/reference.md §6) for a data-parallel size.

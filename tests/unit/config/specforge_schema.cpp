@@ -198,7 +198,7 @@ run_id: my-run
   CHECK(cfg.loop.kl_decay == 3.0);
   CHECK(cfg.checkpoint.resume == ResumeMode::kPath);
   CHECK(cfg.checkpoint.resume_path == "/ckpt/epoch_0_step_100");
-  CHECK(cfg.metrics.report_to == std::vector<std::string>{"mlflow"});
+  CHECK(cfg.metrics.report_to == std::vector<MetricSink>{MetricSink::kMlflow});
   CHECK(cfg.metrics.mlflow_experiment_name == "exp");
   CHECK(cfg.metrics.wandb_offline);
   CHECK(cfg.profile.enabled);
