@@ -986,6 +986,251 @@ std::string value_text(const Value& v) {
   return v.is_null ? "null" : (v.text.empty() ? "\"\"" : v.text);
 }
 
+// ---- applying a typed file ---------------------------------------------------------------------
+
+// Every key's value after the file and the overrides: given, else SpecForge's default, type- and
+// range-checked. deployment.disaggregated's keys are there only when the file has that section.
+struct Resolved {
+  std::map<std::string, Value> all;
+  std::string source;       // the file's name, for messages about no single key
+  bool has_disagg = false;  // the file has a deployment.disaggregated section
+
+  const Value& val(const std::string& p) const { return all.at(p); }
+  const std::string& text(const std::string& p) const { return val(p).text; }
+  double num(const std::string& p) const { return parse_float(val(p).text, p); }
+  bool is_set(const std::string& p) const { return !val(p).is_null && !val(p).text.empty(); }
+  // Where a key's value came from, for messages: "run.yaml:12 training.seed".
+  std::string at(const std::string& p) const {
+    const Value& v = val(p);
+    return v.given ? str(v.where, " ", p) : str(source, " ", p);
+  }
+};
+
+Resolved resolve_values(const std::string& text, const std::string& source,
+                        const std::vector<std::string>& overrides) {
+  const std::map<std::string, Value> given = read_values(text, source, overrides);
+  Resolved r;
+  r.source = source;
+  r.has_disagg = std::any_of(given.begin(), given.end(), [](const auto& kv) {
+    return kv.first.rfind("deployment.disaggregated.", 0) == 0;
+  });
+  for (const auto& k : keys()) {
+    auto it = given.find(k.path);
+    if (it == given.end()) {
+      if (k.path.rfind("deployment.disaggregated.", 0) == 0 && !r.has_disagg) continue;
+      FSDP_USAGE_CHECK(!k.required, str(source, ": ", k.path, " is required"),
+                       str("add ", k.path.substr(k.path.rfind('.') + 1), ": <", type_text(k), ">"));
+      r.all[k.path] = default_value(k);
+      continue;
+    }
+    Value v = it->second;
+    check_value(k, v);
+    r.all[k.path] = v;
+  }
+  return r;
+}
+
+// SpecForge's cross-key checks (schema.py's validators), the offline subset plus topology, one
+// function per section. deployment (and training.role, whose default it decides):
+void check_deployment(Resolved& r) {
+  const std::string mode = r.text("deployment.mode");
+  FSDP_USAGE_CHECK(
+      mode != "disaggregated" || r.has_disagg,
+      str(r.at("deployment.mode"), ": disaggregated needs a deployment.disaggregated section"),
+      "add deployment.disaggregated (control_dir, backend) or use local_colocated");
+  FSDP_USAGE_CHECK(
+      mode == "disaggregated" || !r.has_disagg,
+      str(r.source, ": deployment.disaggregated requires deployment.mode=disaggregated"),
+      "set deployment.mode: disaggregated or drop the section");
+  Value& role = r.all["training.role"];
+  if (!role.given) role.text = mode == "disaggregated" ? "auto" : "all";
+  FSDP_USAGE_CHECK(
+      role.text == "all" || mode == "disaggregated",
+      str(r.at("training.role"), ": role ", role.text, " requires deployment.mode=disaggregated"),
+      "drop training.role (all is the colocated default)");
+  FSDP_USAGE_CHECK(role.text != "all" || mode != "disaggregated",
+                   str(r.at("training.role"),
+                       ": deployment.mode=disaggregated requires role auto, producer or consumer"),
+                   "set training.role: auto");
+  if (!r.val("deployment.trainer.node_rank").is_null) {
+    FSDP_USAGE_CHECK(r.num("deployment.trainer.node_rank") < r.num("deployment.trainer.nnodes"),
+                     str(r.at("deployment.trainer.node_rank"), ": must be smaller than nnodes"),
+                     "fix node_rank");
+  }
+  FSDP_USAGE_CHECK(
+      r.num("deployment.trainer.nnodes") <= 1 || r.is_set("deployment.trainer.master_addr"),
+      str(r.at("deployment.trainer.nnodes"), ": master_addr is required when nnodes > 1"),
+      "set deployment.trainer.master_addr");
+  if (r.has_disagg) {
+    FSDP_USAGE_CHECK(r.text("deployment.disaggregated.backend") != "shared_dir" ||
+                         r.is_set("deployment.disaggregated.store_root"),
+                     str(r.source,
+                         ": deployment.disaggregated.store_root is required for "
+                         "shared_dir"),
+                     "set store_root");
+  }
+}
+
+// data: one source (offline: the hidden states), evaluation features with an interval. (An
+// online evaluation path, data.eval_data_path, is a refused key of the table.)
+void check_data(const Resolved& r) {
+  const int sources = (r.is_set("data.train_data_path") ? 1 : 0) +
+                      (r.is_set("data.prompts_path") ? 1 : 0) +
+                      (r.is_set("data.hidden_states_path") ? 1 : 0);
+  FSDP_USAGE_CHECK(sources == 1,
+                   str(r.source,
+                       ": set exactly one of data.train_data_path, data.prompts_path or "
+                       "data.hidden_states_path"),
+                   "fsdp-train trains offline: set data.hidden_states_path to the dumped "
+                   "hidden states");
+  FSDP_USAGE_CHECK(
+      r.is_set("data.eval_hidden_states_path") == (r.num("training.eval_interval") > 0),
+      str(r.source,
+          ": data.eval_hidden_states_path and training.eval_interval must be configured "
+          "together (SpecForge's rule)"),
+      "give both, or neither");
+}
+
+// training's sequence-parallel layout: USP needs batch 1 and more than one rank per sample, and
+// sequence-parallel sizes need USP.
+void check_sequence_parallel(const Resolved& r) {
+  const double sp = r.num("training.sp_ulysses_size") * r.num("training.sp_ring_size");
+  if (r.text("training.attention_backend") == "usp") {
+    FSDP_USAGE_CHECK(
+        r.num("training.batch_size") == 1,
+        str(r.at("training.attention_backend"), ": USP attention requires training.batch_size=1"),
+        "set batch_size: 1");
+    FSDP_USAGE_CHECK(sp > 1,
+                     str(r.at("training.attention_backend"),
+                         ": USP attention requires sp_ulysses_size * sp_ring_size > 1"),
+                     "set the sequence-parallel sizes, or another attention_backend");
+  } else {
+    FSDP_USAGE_CHECK(sp == 1,
+                     str(r.source,
+                         ": training.sp_ulysses_size/sp_ring_size require "
+                         "training.attention_backend=usp"),
+                     "set attention_backend: usp, or the sizes to 1");
+  }
+}
+
+// training. (tp_size other than 1 is refused by --tp-size's row, which the key sets.)
+void check_training(const Resolved& r) {
+  FSDP_USAGE_CHECK(
+      r.val("training.compact_teacher_chunk_size").is_null ||
+          r.text("training.compact_teacher") == "true",
+      str(r.at("training.compact_teacher_chunk_size"), ": requires training.compact_teacher=true"),
+      "drop compact_teacher_chunk_size");
+  check_sequence_parallel(r);
+  FSDP_USAGE_CHECK(
+      r.val("model.draft_checkpoint_path").is_null || r.val("training.resume_from").is_null,
+      str(r.source,
+          ": model.draft_checkpoint_path (weights-only warm start) and "
+          "training.resume_from (full resume) are mutually exclusive"),
+      "keep one of them");
+  FSDP_USAGE_CHECK(
+      r.num("training.down_sample_ratio_min") > 0 &&
+          r.num("training.down_sample_ratio_min") <= r.num("training.down_sample_ratio"),
+      str(r.at("training.down_sample_ratio_min"), ": must be in (0, training.down_sample_ratio]"),
+      "fix the ratio");
+}
+
+void check_runtime(const Resolved& r) {
+  FSDP_USAGE_CHECK(
+      r.num("runtime.in_flight_low_watermark") <= r.num("runtime.in_flight_high_watermark"),
+      str(r.source,
+          ": runtime.in_flight_low_watermark must be <= runtime.in_flight_high_watermark"),
+      "fix the watermarks");
+}
+
+void check_model(const Resolved& r) {
+  const std::string& mod = r.text("model.input_modality");
+  FSDP_USAGE_CHECK(
+      !mod.empty() && mod.find_first_of(" \t\n") == std::string::npos,
+      str(r.at("model.input_modality"), ": must be a non-empty identifier without whitespace"),
+      "write input_modality: text");
+}
+
+// Refused keys that differ from SpecForge's default fail with the reason; refused keys at their
+// default and recorded keys given are recorded (specforge_flags, and a report line).
+void apply_refusals_and_records(const Resolved& r, TrainConfig* cfg, SchemaLoad* out) {
+  for (const auto& k : keys()) {
+    auto it = r.all.find(k.path);
+    if (it == r.all.end()) continue;
+    const Value& v = it->second;
+    if (k.use == SchemaUse::kRefused) {
+      const std::string reason =
+          k.refusal ? k.refusal(v) : (same_as_default(k, v) ? std::string() : k.effect);
+      FSDP_USAGE_CHECK(reason.empty(),
+                       str(r.at(k.path), ": ", value_text(v), " is not supported: ",
+                           k.refusal ? reason : k.effect.substr(k.effect.find(": ") + 2)),
+                       k.hint);
+      if (v.given && !same_as_default(k, v)) cfg->specforge_flags[k.path] = value_text(v);
+    } else if (k.use == SchemaUse::kRecorded && v.given && !same_as_default(k, v)) {
+      cfg->specforge_flags[k.path] = value_text(v);
+      out->report.push_back(str(k.path, " = ", value_text(v), ": ", k.effect));
+    }
+  }
+}
+
+// The keys that set options, in table order but for those that read others' results:
+// torch_dtype after fsdp_sharding, run_id after the tracking names it fills.
+std::vector<const Key*> settings_order() {
+  const std::set<std::string> late = {"model.torch_dtype", "run_id"};
+  std::vector<const Key*> order;
+  for (const auto& k : keys())
+    if (k.use == SchemaUse::kSets && !late.count(k.path)) order.push_back(&k);
+  for (const auto& p : late) order.push_back(find_key(p));
+  return order;
+}
+
+// Every key that sets an option writes it through the option table (its value, or SpecForge's
+// default); the options the file gave are listed in out->set_options.
+void apply_settings(const Resolved& r, TrainConfig* cfg, SchemaLoad* out) {
+  for (const Key* kp : settings_order()) {
+    const Key& k = *kp;
+    auto it = r.all.find(k.path);
+    if (it == r.all.end()) continue;
+    const Value& v = it->second;
+    const std::string src = r.at(k.path);
+    // SpecForge's flags without effect here (tp_size, chat_template, ...): recorded when given.
+    if (!v.given && !k.option.empty() && option(k.option).cli_only) continue;
+    if (k.apply) {
+      k.apply(k, v, *cfg, src);
+    } else if (!v.is_null) {
+      set_option(k.option, option_value(v), *cfg, src);
+    }
+    if (v.given && !k.option.empty()) {
+      const OptionSpec& spec = option(k.option);
+      out->set_options.push_back(spec.alias_of.empty() ? spec.name : spec.alias_of);
+    }
+  }
+}
+
+// specforge train's semantics where they differ from the offline script's defaults
+// (docs/migration-from-specforge.md): no per-epoch checkpoints or evaluations (its counters
+// are optimizer updates: save_interval and eval_interval above), a draft config made from the
+// target's own fields. Flags after the file may still change them.
+void apply_typed_semantics(const std::string& source, TrainConfig* cfg) {
+  const std::string semantics = str(source, " (SpecForge's typed schema)");
+  set_option("save-interval", OptionValue{false, "0", {}}, *cfg, semantics);
+  set_option("eval-interval", OptionValue{false, "0", {}}, *cfg, semantics);
+  set_option("auto-draft-config", OptionValue{false, "target", {}}, *cfg, semantics);
+}
+
+// deployment.trainer's rank count against the run's (a report line when they differ: the global
+// batch then differs from SpecForge's).
+void note_world_size(const Resolved& r, int world_size, SchemaLoad* out) {
+  const int64_t ranks = static_cast<int64_t>(r.num("deployment.trainer.nnodes") *
+                                             r.num("deployment.trainer.nproc_per_node"));
+  if (world_size <= 0 || ranks == world_size) return;
+  out->report.push_back(str("warning: deployment.trainer asks for ", ranks, " rank(s) (nnodes ",
+                            r.text("deployment.trainer.nnodes"), " x nproc_per_node ",
+                            r.text("deployment.trainer.nproc_per_node"), "); this run has ",
+                            world_size, ": the global batch is batch_size x ", world_size,
+                            " x accumulation_steps (launch with fsdp-train --nproc-per-node ",
+                            ranks, " or mpirun -np ", ranks, " for SpecForge's)"));
+}
+
 }  // namespace
 
 const std::vector<SchemaKeyDoc>& specforge_schema_keys() {
@@ -1033,218 +1278,17 @@ bool is_specforge_schema_text(const std::string& text) {
 SchemaLoad apply_specforge_schema(const std::string& text, const std::string& source_name,
                                   const std::vector<std::string>& overrides, int world_size,
                                   TrainConfig* cfg) {
-  std::map<std::string, Value> values = read_values(text, source_name, overrides);
-  const bool has_disagg_section = std::any_of(values.begin(), values.end(), [](const auto& kv) {
-    return kv.first.rfind("deployment.disaggregated.", 0) == 0;
-  });
-  // Every key's value: given, else SpecForge's default; type and range checks.
-  std::map<std::string, Value> all;
-  for (const auto& k : keys()) {
-    auto it = values.find(k.path);
-    const bool disagg_key = k.path.rfind("deployment.disaggregated.", 0) == 0;
-    if (it == values.end()) {
-      if (disagg_key && !has_disagg_section) continue;
-      FSDP_USAGE_CHECK(!k.required, str(source_name, ": ", k.path, " is required"),
-                       str("add ", k.path.substr(k.path.rfind('.') + 1), ": <", type_text(k), ">"));
-      all[k.path] = default_value(k);
-      continue;
-    }
-    Value v = it->second;
-    check_value(k, v);
-    all[k.path] = v;
-  }
-  auto val = [&](const std::string& p) -> const Value& { return all.at(p); };
-  auto text_of = [&](const std::string& p) { return val(p).text; };
-  auto num = [&](const std::string& p) { return parse_float(val(p).text, p); };
-  auto is_set = [&](const std::string& p) { return !val(p).is_null && !val(p).text.empty(); };
-  auto at = [&](const std::string& p) {
-    const Value& v = val(p);
-    return v.given ? str(v.where, " ", p) : str(source_name, " ", p);
-  };
-
-  // SpecForge's own cross-key checks (schema.py validators), offline subset plus topology.
-  const std::string mode = text_of("deployment.mode");
-  FSDP_USAGE_CHECK(
-      mode != "disaggregated" || has_disagg_section,
-      str(at("deployment.mode"), ": disaggregated needs a deployment.disaggregated section"),
-      "add deployment.disaggregated (control_dir, backend) or use local_colocated");
-  FSDP_USAGE_CHECK(mode == "disaggregated" || !has_disagg_section,
-                   str(source_name,
-                       ": deployment.disaggregated requires "
-                       "deployment.mode=disaggregated"),
-                   "set deployment.mode: disaggregated or drop the section");
-  {
-    Value& role = all["training.role"];
-    if (!role.given) role.text = mode == "disaggregated" ? "auto" : "all";
-    FSDP_USAGE_CHECK(
-        role.text == "all" || mode == "disaggregated",
-        str(at("training.role"), ": role ", role.text, " requires deployment.mode=disaggregated"),
-        "drop training.role (all is the colocated default)");
-    FSDP_USAGE_CHECK(role.text != "all" || mode != "disaggregated",
-                     str(at("training.role"),
-                         ": deployment.mode=disaggregated requires role auto, producer or "
-                         "consumer"),
-                     "set training.role: auto");
-  }
-  {
-    const int sources = (is_set("data.train_data_path") ? 1 : 0) +
-                        (is_set("data.prompts_path") ? 1 : 0) +
-                        (is_set("data.hidden_states_path") ? 1 : 0);
-    FSDP_USAGE_CHECK(sources == 1,
-                     str(source_name,
-                         ": set exactly one of data.train_data_path, data.prompts_path or "
-                         "data.hidden_states_path"),
-                     "fsdp-train trains offline: set data.hidden_states_path to the dumped "
-                     "hidden states");
-  }
-  FSDP_USAGE_CHECK(is_set("data.eval_hidden_states_path") == (num("training.eval_interval") > 0),
-                   str(source_name,
-                       ": data.eval_hidden_states_path and training.eval_interval must be "
-                       "configured together (SpecForge's rule)"),
-                   "give both, or neither");
-  FSDP_USAGE_CHECK(
-      val("training.compact_teacher_chunk_size").is_null ||
-          text_of("training.compact_teacher") == "true",
-      str(at("training.compact_teacher_chunk_size"), ": requires training.compact_teacher=true"),
-      "drop compact_teacher_chunk_size");
-  {
-    const double sp = num("training.sp_ulysses_size") * num("training.sp_ring_size");
-    if (text_of("training.attention_backend") == "usp") {
-      FSDP_USAGE_CHECK(
-          num("training.batch_size") == 1,
-          str(at("training.attention_backend"), ": USP attention requires training.batch_size=1"),
-          "set batch_size: 1");
-      FSDP_USAGE_CHECK(sp > 1,
-                       str(at("training.attention_backend"),
-                           ": USP attention requires sp_ulysses_size * sp_ring_size > 1"),
-                       "set the sequence-parallel sizes, or another attention_backend");
-    } else {
-      FSDP_USAGE_CHECK(sp == 1,
-                       str(source_name,
-                           ": training.sp_ulysses_size/sp_ring_size require "
-                           "training.attention_backend=usp"),
-                       "set attention_backend: usp, or the sizes to 1");
-    }
-  }
-  FSDP_USAGE_CHECK(
-      val("model.draft_checkpoint_path").is_null || val("training.resume_from").is_null,
-      str(source_name,
-          ": model.draft_checkpoint_path (weights-only warm start) and "
-          "training.resume_from (full resume) are mutually exclusive"),
-      "keep one of them");
-  FSDP_USAGE_CHECK(text_of("training.tp_size") == "1",
-                   str(at("training.tp_size"),
-                       ": offline feature consumers do not implement trainer tensor parallelism"),
-                   "set tp_size: 1 (SpecForge's rule)");
-  FSDP_USAGE_CHECK(!is_set("data.eval_data_path"),
-                   str(at("data.eval_data_path"), ": is unsupported (no online evaluation)"),
-                   "use data.eval_hidden_states_path");
-  if (!val("deployment.trainer.node_rank").is_null) {
-    FSDP_USAGE_CHECK(num("deployment.trainer.node_rank") < num("deployment.trainer.nnodes"),
-                     str(at("deployment.trainer.node_rank"), ": must be smaller than nnodes"),
-                     "fix node_rank");
-  }
-  FSDP_USAGE_CHECK(
-      num("deployment.trainer.nnodes") <= 1 || is_set("deployment.trainer.master_addr"),
-      str(at("deployment.trainer.nnodes"),
-          ": master_addr is required when nnodes "
-          "> 1"),
-      "set deployment.trainer.master_addr");
-  FSDP_USAGE_CHECK(
-      num("runtime.in_flight_low_watermark") <= num("runtime.in_flight_high_watermark"),
-      str(source_name,
-          ": runtime.in_flight_low_watermark must be <= "
-          "runtime.in_flight_high_watermark"),
-      "fix the watermarks");
-  FSDP_USAGE_CHECK(
-      num("training.down_sample_ratio_min") > 0 &&
-          num("training.down_sample_ratio_min") <= num("training.down_sample_ratio"),
-      str(at("training.down_sample_ratio_min"), ": must be in (0, training.down_sample_ratio]"),
-      "fix the ratio");
-  if (has_disagg_section) {
-    FSDP_USAGE_CHECK(text_of("deployment.disaggregated.backend") != "shared_dir" ||
-                         is_set("deployment.disaggregated.store_root"),
-                     str(source_name,
-                         ": deployment.disaggregated.store_root is required for "
-                         "shared_dir"),
-                     "set store_root");
-  }
-  {
-    const std::string mod = text_of("model.input_modality");
-    FSDP_USAGE_CHECK(
-        !mod.empty() && mod.find_first_of(" \t\n") == std::string::npos,
-        str(at("model.input_modality"), ": must be a non-empty identifier without whitespace"),
-        "write input_modality: text");
-  }
-
-  // Refusals, then the mapping.
+  Resolved r = resolve_values(text, source_name, overrides);
+  check_deployment(r);
+  check_data(r);
+  check_training(r);
+  check_runtime(r);
+  check_model(r);
   SchemaLoad out;
-  for (const auto& k : keys()) {
-    auto it = all.find(k.path);
-    if (it == all.end()) continue;
-    const Value& v = it->second;
-    if (k.use == SchemaUse::kRefused) {
-      const std::string reason =
-          k.refusal ? k.refusal(v) : (same_as_default(k, v) ? std::string() : k.effect);
-      FSDP_USAGE_CHECK(reason.empty(),
-                       str(at(k.path), ": ", value_text(v), " is not supported: ",
-                           k.refusal ? reason : k.effect.substr(k.effect.find(": ") + 2)),
-                       k.hint);
-      if (v.given && !same_as_default(k, v)) cfg->specforge_flags[k.path] = value_text(v);
-      continue;
-    }
-    if (k.use == SchemaUse::kRecorded) {
-      if (v.given && !same_as_default(k, v)) {
-        cfg->specforge_flags[k.path] = value_text(v);
-        out.report.push_back(str(k.path, " = ", value_text(v), ": ", k.effect));
-      }
-      continue;
-    }
-  }
-  // Keys that set options, in table order; torch_dtype after fsdp_sharding (it depends on
-  // it) and run_id after the tracking keys (it fills the names they left empty).
-  const std::set<std::string> late = {"model.torch_dtype", "run_id"};
-  std::vector<const Key*> order;
-  for (const auto& k : keys())
-    if (!late.count(k.path)) order.push_back(&k);
-  for (const auto& p : late) order.push_back(find_key(p));
-  for (const Key* kp : order) {
-    const Key& k = *kp;
-    if (k.use != SchemaUse::kSets) continue;
-    auto it = all.find(k.path);
-    if (it == all.end()) continue;
-    const Value& v = it->second;
-    const std::string src = at(k.path);
-    // SpecForge's flags without effect here (tp_size, chat_template, ...): recorded when given.
-    if (!v.given && !k.option.empty() && option(k.option).cli_only) continue;
-    if (k.apply) {
-      k.apply(k, v, *cfg, src);
-    } else if (!v.is_null) {
-      set_option(k.option, option_value(v), *cfg, src);
-    }
-    if (v.given && !k.option.empty()) {
-      const OptionSpec& spec = option(k.option);
-      out.set_options.push_back(spec.alias_of.empty() ? spec.name : spec.alias_of);
-    }
-  }
-  // specforge train's semantics where they differ from the offline script's defaults
-  // (docs/migration-from-specforge.md): no per-epoch checkpoints or evaluations (its counters
-  // are optimizer updates: save_interval and eval_interval above), a draft config made from the
-  // target's own fields. Flags after the file may still change them.
-  const std::string semantics = str(source_name, " (SpecForge's typed schema)");
-  set_option("save-interval", OptionValue{false, "0", {}}, *cfg, semantics);
-  set_option("eval-interval", OptionValue{false, "0", {}}, *cfg, semantics);
-  set_option("auto-draft-config", OptionValue{false, "target", {}}, *cfg, semantics);
-  const int64_t ranks = static_cast<int64_t>(num("deployment.trainer.nnodes") *
-                                             num("deployment.trainer.nproc_per_node"));
-  if (world_size > 0 && ranks != world_size) {
-    out.report.push_back(str("warning: deployment.trainer asks for ", ranks, " rank(s) (nnodes ",
-                             text_of("deployment.trainer.nnodes"), " x nproc_per_node ",
-                             text_of("deployment.trainer.nproc_per_node"), "); this run has ",
-                             world_size, ": the global batch is batch_size x ", world_size,
-                             " x accumulation_steps (launch with fsdp-train --nproc-per-node ",
-                             ranks, " or mpirun -np ", ranks, " for SpecForge's)"));
-  }
+  apply_refusals_and_records(r, cfg, &out);
+  apply_settings(r, cfg, &out);
+  apply_typed_semantics(source_name, cfg);
+  note_world_size(r, world_size, &out);
   return out;
 }
 
