@@ -155,7 +155,7 @@ std::string type_text(const Key& k) {
 const char* const kNoTarget =
     "no target model runs in offline training (fsdp-train reads the dumped hidden states)";
 const char* const kOnline = "online capture (fsdp-train trains from precomputed hidden states)";
-const char* const kDFlash = "a DFlash/DSpark/DPace objective or model knob, not EAGLE3's";
+const char* const kDomino = "a Domino objective knob (fsdp-train does not train Domino drafts)";
 const char* const kPEagle = "a P-EAGLE knob, not EAGLE3's";
 const char* const kStream =
     "a streaming bound of SpecForge's disaggregated producer (fsdp-train reads the features "
@@ -281,7 +281,9 @@ std::vector<Key> build_keys() {
     };
     add(k);
   }
-  add(with_range(recorded("model.draft_block_size", T::kOptInt, "null", kDFlash), gt(0)));
+  add(with_range(sets("model.draft_block_size", T::kOptInt, "null", "draft-block-size",
+                      "`--draft-block-size` (DFlash drafts)"),
+                 gt(0)));
   add(with_choices(recorded("model.target_backend", T::kEnum, "sglang", kNoTarget), {"sglang"}));
   add(recorded("model.shard_target_output", T::kBool, "false", kNoTarget));
   {
@@ -293,7 +295,9 @@ std::vector<Key> build_keys() {
   add(recorded("model.trust_remote_code", T::kBool, "false",
                "fsdp-train runs no model code of the target (it reads config.json and the "
                "safetensors)"));
-  add(recorded("model.use_liger_kernel", T::kBool, "false", kDFlash));
+  add(recorded("model.use_liger_kernel", T::kBool, "false",
+               "Liger's fused RMSNorm and SwiGLU kernels for DFlash drafts in SpecForge, a speed "
+               "choice of its own"));
   add(sets("model.embedding_key", T::kStr, "model.embed_tokens.weight", "embedding-key",
            "`--embedding-key`"));
   add(sets("model.lm_head_key", T::kStr, "lm_head.weight", "lm-head-key", "`--lm-head-key`"));
@@ -331,7 +335,8 @@ std::vector<Key> build_keys() {
   }
   add(sets("model.cache_dir", T::kOptStr, "null", "model-download-dir",
            "`--model-download-dir` (where a Hugging Face cache id is looked up)"));
-  add(recorded("model.mask_token_id", T::kOptInt, "null", kDFlash));
+  add(sets("model.mask_token_id", T::kOptInt, "null", "mask-token-id",
+           "`--mask-token-id` (DFlash and DSpark drafts)"));
   add(with_range(recorded("model.tokenizer_pad_token_id", T::kOptInt, "null",
                           "a tokenizer setting of online capture"),
                  ge(0)));
@@ -491,10 +496,24 @@ std::vector<Key> build_keys() {
               "drop deployment.disaggregated.managed_local"));
 
   // training
-  add(refused("training.strategy", T::kStr, "eagle3",
-              "fsdp-train trains EAGLE3 drafts (DFlash, P-EAGLE, Domino and DSpark are other "
-              "draft families)",
-              "write strategy: eagle3, or train that family with SpecForge"));
+  {
+    Key k = with_choices(
+        sets("training.strategy", T::kEnum, "eagle3", "strategy",
+             "`--strategy` (SpecForge's default eagle3 when not given: a DFlash or DSpark draft "
+             "config needs strategy dflash or dspark, as in SpecForge); peagle and domino are "
+             "refused: fsdp-train does not train those families"),
+        {"eagle3", "dflash", "dspark", "peagle", "domino"});
+    k.apply = [](const Key&, const Value& v, TrainConfig& cfg, const std::string& src) {
+      FSDP_USAGE_CHECK(v.text != "peagle" && v.text != "domino",
+                       str(src, ": ", v.text,
+                           " is not supported: fsdp-train trains EAGLE3, DFlash and DSpark "
+                           "drafts (P-EAGLE and Domino are other draft families)"),
+                       "write strategy: eagle3, dflash or dspark, or train that family with "
+                       "SpecForge");
+      set_option("strategy", option_value(v), cfg, src);
+    };
+    add(k);
+  }
   add(with_range(sets("training.num_epochs", T::kInt, "1", "num-epochs", "`--num-epochs`"), gt(0)));
   add(with_range(sets("training.max_steps", T::kOptInt, "null", "max-steps",
                       "`--max-steps` (optimizer updates)"),
@@ -581,20 +600,40 @@ std::vector<Key> build_keys() {
                    {"lambda", "alpha"}));
   add(sets("training.kl_scale", T::kFloat, "1.0", "kl-scale", "`--kl-scale`"));
   add(sets("training.kl_decay", T::kFloat, "1.0", "kl-decay", "`--kl-decay`"));
-  add(with_range(recorded("training.num_anchors", T::kInt, "512", kDFlash), gt(0)));
-  add(recorded("training.loss_decay_gamma", T::kOptFloat, "null", kDFlash));
-  add(with_range(recorded("training.objective_chunk_blocks", T::kInt, "128", kDFlash), ge(0)));
+  add(with_range(sets("training.num_anchors", T::kInt, "512", "num-anchors",
+                      "`--num-anchors` (DFlash and DSpark drafts)"),
+                 gt(0)));
+  {
+    Key k = sets("training.loss_decay_gamma", T::kOptFloat, "null", "loss-decay-gamma",
+                 "`--loss-decay-gamma` (DFlash and DSpark drafts); a value <= 0, no decay in "
+                 "SpecForge, sets none");
+    k.apply = [](const Key&, const Value& v, TrainConfig& cfg, const std::string& src) {
+      const bool off = v.is_null || parse_float(v.text, src) <= 0;
+      set_option("loss-decay-gamma", off ? OptionValue{true, "none", {}} : option_value(v), cfg,
+                 src);
+    };
+    add(k);
+  }
+  add(with_range(sets("training.objective_chunk_blocks", T::kInt, "128", "objective-chunk-blocks",
+                      "`--objective-chunk-blocks` (DFlash and DSpark drafts)"),
+                 ge(0)));
   add(with_choices(
-      recorded("training.loss_type", T::kEnum, "dflash", kDFlash),
+      sets("training.loss_type", T::kEnum, "dflash", "block-loss-type",
+           "`--block-loss-type` (DFlash drafts)"),
       {"dflash", "dpace", "dpace-cumulative-confidence-only", "dpace-continuation-value-only"}));
-  add(with_range(recorded("training.dpace_alpha", T::kFloat, "0.5", kDFlash), ge_le(0, 1)));
+  add(with_range(sets("training.dpace_alpha", T::kFloat, "0.5", "dpace-alpha",
+                      "`--dpace-alpha` (DFlash drafts)"),
+                 ge_le(0, 1)));
+  add(recorded("training.lambda_base_start", T::kFloat, "1.0", kDomino));
+  add(recorded("training.lambda_base_decay_ratio", T::kFloat, "0.5", kDomino));
   for (const auto& [name, def] :
-       std::vector<std::pair<const char*, const char*>>{{"lambda_base_start", "1.0"},
-                                                        {"lambda_base_decay_ratio", "0.5"},
-                                                        {"dspark_ce_loss_alpha", "0.1"},
+       std::vector<std::pair<const char*, const char*>>{{"dspark_ce_loss_alpha", "0.1"},
                                                         {"dspark_l1_loss_alpha", "0.9"},
-                                                        {"dspark_confidence_head_alpha", "1.0"}})
-    add(recorded(str("training.", name), T::kFloat, def, kDFlash));
+                                                        {"dspark_confidence_head_alpha", "1.0"}}) {
+    std::string flag = name;
+    std::replace(flag.begin(), flag.end(), '_', '-');
+    add(sets(str("training.", name), T::kFloat, def, flag, str("`--", flag, "` (DSpark drafts)")));
+  }
   add(with_range(recorded("training.num_depths", T::kInt, "8", kPEagle), gt(0)));
   add(with_range(recorded("training.down_sample_ratio", T::kFloat, "0.8", kPEagle), gt_le(0, 1)));
   add(recorded("training.down_sample_ratio_min", T::kFloat, "0.2", kPEagle));

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <iterator>
 #include <optional>
+#include <tuple>
 #include <type_traits>
 
 #include "config/options.h"
@@ -75,6 +76,15 @@ struct EnumNames<LrScheduler> {
   static constexpr const char* names[] = {"cosine", "linear", "constant"};
 };
 
+template <>
+struct EnumNames<TrainingStrategy> {
+  static constexpr const char* names[] = {"eagle3", "dflash", "dspark"};
+};
+template <>
+struct EnumNames<BlockLossType> {
+  static constexpr const char* names[] = {"dflash", "dpace", "dpace-cumulative-confidence-only",
+                                          "dpace-continuation-value-only"};
+};
 template <>
 struct EnumNames<MetricSink> {
   static constexpr const char* names[] = {"tensorboard", "wandb", "mlflow"};
@@ -345,6 +355,37 @@ OptionSpec lora_targets_row() {
   return s;
 }
 
+// --strategy: a draft family of EnumNames<TrainingStrategy>, or none (chosen later from the draft
+// config's architectures).
+OptionSpec strategy_row() {
+  OptionSpec s;
+  s.name = "strategy";
+  s.kind = OptionKind::kEnum;
+  s.group = "Model";
+  s.help =
+      "the draft family trained (SpecForge's training.strategy): eagle3, dflash or dspark; none: "
+      "the family the draft config's architectures names";
+  s.choices = enum_choices<TrainingStrategy>();
+  s.choices.insert(s.choices.begin(), "none");
+  s.set = [choices = s.choices](TrainConfig& c, const OptionValue& v, const std::string& src) {
+    if (v.is_null || is_null_text(v.text)) {
+      c.strategy.reset();
+      return;
+    }
+    const std::optional<TrainingStrategy> e =
+        enum_value<TrainingStrategy>(detail::to_lower(v.text));
+    FSDP_USAGE_CHECK(e.has_value(), str(src, ": '", v.text, "' is not one of ", one_of(choices)),
+                     "pick eagle3, dflash or dspark (fsdp-train trains no other SpecForge "
+                     "strategy), or none to follow the draft config");
+    c.strategy = *e;
+  };
+  s.get = [](const TrainConfig& c) {
+    return c.strategy ? OptionValue{false, enum_name(*c.strategy), {}}
+                      : OptionValue{true, "none", {}};
+  };
+  return s;
+}
+
 // --resume [auto|none|PATH]; a bare --resume (SpecForge's store_true) means auto.
 OptionSpec resume_row() {
   OptionSpec s;
@@ -546,6 +587,7 @@ void add_model_rows(std::vector<OptionSpec>& t) {
                                "template with the target's sizes, written to "
                                "<cache-dir>/draft_configs/)",
                                FIELD(model.draft_model_config)));
+  t.push_back(strategy_row());
   t.push_back(row<model::AuxIdConvention>(
       "aux-layer-convention", K::kEnum, md,
       "what the draft config's eagle_config.eagle_aux_hidden_state_layer_ids mean: "
@@ -779,6 +821,70 @@ void add_training_rows(std::vector<OptionSpec>& t) {
   t.push_back(row<bool>("eval-only", K::kBool, tr,
                         "evaluate the initial or resumed weights, print the metrics and exit",
                         FIELD(loop.eval_only)));
+}
+
+// The training knobs of DFlash-family drafts (DFlash, DSpark): SpecForge 0.2.0's training and
+// model keys. They are accepted whatever the draft; the algorithm that reads them checks what it
+// needs.
+void add_dflash_rows(std::vector<OptionSpec>& t) {
+  const std::string df = "DFlash and DSpark";
+  using data::LoaderOptions;  // a sample has at most LoaderOptions::kMaxMaxLength positions
+  t.push_back(row<std::optional<int64_t>>(
+      "draft-block-size", K::kOptInt, df,
+      "DFlash drafts: tokens per block (an anchor and the positions predicted from it), "
+      "replacing the draft config's block_size (SpecForge's model.draft_block_size); none: the "
+      "draft config's",
+      FIELD(dflash.block_size)));
+  t.back().bounds = whole(1, LoaderOptions::kMaxMaxLength);
+  t.push_back(row<std::optional<int64_t>>(
+      "mask-token-id", K::kOptInt, df,
+      "DFlash and DSpark drafts: the token id fed at the masked positions of a block "
+      "(SpecForge's model.mask_token_id); none: the draft config's",
+      FIELD(dflash.mask_token_id)));
+  t.back().bounds = whole(0, (int64_t{1} << 31) - 1);
+  t.push_back(row<int64_t>("num-anchors", K::kInt, df,
+                           "DFlash and DSpark drafts: anchor positions sampled per sample, each "
+                           "starting a block (SpecForge's training.num_anchors)",
+                           FIELD(dflash.num_anchors)));
+  t.back().bounds = whole(1, LoaderOptions::kMaxMaxLength);
+  t.push_back(row<std::optional<double>>(
+      "loss-decay-gamma", K::kOptFloat, df,
+      "DFlash and DSpark drafts: the loss weight decays exponentially over a block's positions "
+      "with this length (SpecForge's training.loss_decay_gamma); none or 0: equal weights",
+      FIELD(dflash.loss_decay_gamma)));
+  t.back().bounds = at_least(0, false,
+                             "give --loss-decay-gamma a decay length > 0, e.g. 7, or 0 or none "
+                             "for equal weights");
+  t.push_back(row<int64_t>(
+      "objective-chunk-blocks", K::kInt, df,
+      "DFlash and DSpark drafts: anchor blocks per slice of the objective, whose logits are "
+      "recomputed in backward (SpecForge's training.objective_chunk_blocks); 0: all blocks at once",
+      FIELD(dflash.objective_chunk_blocks)));
+  t.back().bounds = whole(0, LoaderOptions::kMaxMaxLength, " (0: all blocks at once)");
+  t.push_back(row<BlockLossType>(
+      "block-loss-type", K::kEnum, df,
+      "DFlash drafts: the objective over a block (SpecForge's training.loss_type): dflash "
+      "(cross-entropy), dpace (D-PACE's weights from --dpace-alpha), or one of D-PACE's factors "
+      "alone",
+      FIELD(dflash.loss_type)));
+  t.push_back(row<double>("dpace-alpha", K::kFloat, df,
+                          "DFlash drafts with a dpace --block-loss-type: D-PACE's smoothing of "
+                          "the draft's probabilities (SpecForge's training.dpace_alpha)",
+                          FIELD(dflash.dpace_alpha)));
+  t.back().bounds = interval(0, false, 1, false, "give --dpace-alpha a number in [0, 1], e.g. 0.5");
+  for (const auto& [name, term, acc] :
+       std::vector<std::tuple<const char*, const char*, Accessor<double>>>{
+           {"dspark-ce-loss-alpha", "cross-entropy", FIELD(dflash.dspark_ce_loss_alpha)},
+           {"dspark-l1-loss-alpha", "L1", FIELD(dflash.dspark_l1_loss_alpha)},
+           {"dspark-confidence-head-alpha", "confidence-head",
+            FIELD(dflash.dspark_confidence_head_alpha)}}) {
+    std::string key = name;  // SpecForge's spelling: the YAML key
+    std::replace(key.begin(), key.end(), '-', '_');
+    t.push_back(row<double>(
+        name, K::kFloat, df,
+        str("DSpark drafts: weight of its ", term, " term (SpecForge's training.", key, ")"), acc));
+    t.back().bounds = at_least(0, false, str("give --", name, " a weight >= 0"));
+  }
 }
 
 // AdamW and the learning-rate schedule.
@@ -1144,6 +1250,7 @@ std::vector<OptionSpec> build_table() {
   add_model_rows(t);
   add_data_rows(t);
   add_training_rows(t);
+  add_dflash_rows(t);
   add_optimizer_rows(t);
   add_sharding_rows(t);
   add_checkpoint_rows(t);
@@ -1159,6 +1266,10 @@ std::vector<OptionSpec> build_table() {
 #undef FIELD
 
 }  // namespace
+
+const char* to_string(TrainingStrategy v) {
+  return enum_name(v);
+}
 
 std::string OptionSpec::yaml_key() const {
   std::string k = name;

@@ -55,12 +55,26 @@ enum class LkLossType { kNone, kLambda, kAlpha };
 // --report-to: the metric sinks besides metrics.jsonl (always written), in the order given.
 enum class MetricSink { kTensorBoard, kWandb, kMlflow };
 
+// --strategy (SpecForge's training.strategy): the draft family a run trains. Unset, the family is
+// the one the draft config's architectures names.
+enum class TrainingStrategy { kEagle3, kDFlash, kDSpark };
+// --block-loss-type (SpecForge's training.loss_type): a DFlash draft's objective over its blocks:
+// DFlash's cross-entropy, D-PACE's weighted one, or one of D-PACE's two factors alone.
+enum class BlockLossType {
+  kDFlash,
+  kDPace,
+  kDPaceCumulativeConfidenceOnly,
+  kDPaceContinuationValueOnly
+};
+
 const char* to_string(ShardingStrategy v);
 const char* to_string(Precision v);
 const char* to_string(LossNormalization v);
 const char* to_string(DeviceKind v);
 const char* to_string(LrScheduler v);
 const char* to_string(NoiseType v);
+// "eagle3", "dflash", "dspark": the --strategy row's spelling (option_table.cpp).
+const char* to_string(TrainingStrategy v);
 
 // Where the model comes from.
 struct ModelConfig {
@@ -151,6 +165,29 @@ struct LoopConfig {
   bool eval_only = false;
 };
 
+// The training knobs of DFlash-family drafts (DFlash, DSpark), with SpecForge 0.2.0's names and
+// defaults (its training and model sections); EAGLE3 runs do not read them.
+struct DFlashConfig {
+  // Anchor positions sampled per sample, each starting a block the draft predicts.
+  int64_t num_anchors = 512;
+  // The loss weight decays exponentially over a block's positions with this length; unset or
+  // <= 0: equal weights.
+  std::optional<double> loss_decay_gamma;
+  // Anchor blocks per slice of the objective (their logits are recomputed in backward); 0: all
+  // blocks at once.
+  int64_t objective_chunk_blocks = 128;
+  BlockLossType loss_type = BlockLossType::kDFlash;
+  double dpace_alpha = 0.5;  // D-PACE's smoothing of the draft's probabilities, in [0, 1]
+  // DSpark's weights of its cross-entropy, L1 and confidence-head terms.
+  double dspark_ce_loss_alpha = 0.1;
+  double dspark_l1_loss_alpha = 0.9;
+  double dspark_confidence_head_alpha = 1.0;
+  // Overrides of the draft config: its block_size (tokens per block), and the token id of the
+  // masked positions of a block. Unset: the draft config's.
+  std::optional<int64_t> block_size;
+  std::optional<int64_t> mask_token_id;
+};
+
 // The sharding engine's policy.
 struct ShardConfig {
   ShardingStrategy strategy = ShardingStrategy::kFullShard;
@@ -228,7 +265,10 @@ struct ProfileConfig {
 };
 
 struct TrainConfig {
+  // The draft family trained; unset: chosen from the draft config's architectures.
+  std::optional<TrainingStrategy> strategy;
   ModelConfig model;
+  DFlashConfig dflash;
   DataConfig data;
   OptimConfig optim;
   LoopConfig loop;
