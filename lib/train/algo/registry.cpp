@@ -62,7 +62,8 @@ void check_strategy(const config::TrainConfig& cfg, const Registration& r) {
   const Registration* wanted = registration_named(name);
   FSDP_USAGE_FAIL(
       fsdp::str("--strategy ", name, " (SpecForge's training.strategy), but the draft config ",
-                cfg.model.draft_model_config, " is a ", r.name, " draft (", r.architecture, ")"),
+                cfg.model.draft_model_config, " is a ", r.architecture, " (the ", r.name,
+                " family)"),
       wanted ? fsdp::str("give a ", wanted->architecture, " draft config, or --strategy ", r.name)
              : fsdp::str("fsdp-train does not train ", name, " drafts yet: give --strategy ",
                          r.name, " or leave it out"));
