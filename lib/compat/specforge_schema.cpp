@@ -247,11 +247,9 @@ void set_option(const std::string& name, const OptionValue& v, TrainConfig& cfg,
   option(name).set(cfg, v, src);
 }
 
-std::vector<Key> build_keys() {
-  std::vector<Key> t;
+// The model section: the target and the draft, their tensors and dtype.
+void add_model_keys(std::vector<Key>& t) {
   const auto add = [&](Key k) { t.push_back(std::move(k)); };
-
-  // model
   {
     Key k = sets("model.target_model_path", T::kStr, "required", "target-model-path",
                  "`--target-model-path` (a directory or a Hugging Face cache id, as the flag)");
@@ -340,6 +338,11 @@ std::vector<Key> build_keys() {
   add(with_range(recorded("model.tokenizer_pad_token_id", T::kOptInt, "null",
                           "a tokenizer setting of online capture"),
                  ge(0)));
+}
+
+// The model section's settings of SGLang's capture server (online capture: recorded).
+void add_model_capture_server_keys(std::vector<Key>& t) {
+  const auto add = [&](Key k) { t.push_back(std::move(k)); };
   const std::string sg = "an SGLang capture-server setting: ";
   add(recorded("model.sglang_attention_backend", T::kStr, "flashinfer", sg + kNoTarget));
   add(with_range(recorded("model.sglang_mem_fraction_static", T::kFloat, "0.4", sg + kNoTarget),
@@ -366,8 +369,11 @@ std::vector<Key> build_keys() {
   for (const char* name : {"sglang_swa_full_tokens_ratio", "sglang_mamba_full_memory_ratio"})
     add(with_range(recorded(str("model.", name), T::kOptFloat, "null", sg + kNoTarget),
                    gt_le(0, 1)));
+}
 
-  // data
+// The data section: offline features only (online sources are refused).
+void add_data_keys(std::vector<Key>& t) {
+  const auto add = [&](Key k) { t.push_back(std::move(k)); };
   add(refused("data.train_data_path", T::kStr, "\"\"", kOnline,
               "dump the hidden states first (SpecForge's offline capture) and set "
               "data.hidden_states_path"));
@@ -401,8 +407,11 @@ std::vector<Key> build_keys() {
                           "caps the prompts of online "
                           "capture"),
                  ge(0)));
+}
 
-  // tracking
+// The tracking section: W&B and MLflow (SwanLab is refused).
+void add_tracking_keys(std::vector<Key>& t) {
+  const auto add = [&](Key k) { t.push_back(std::move(k)); };
   add(with_choices(sets("tracking.report_to", T::kEnum, "none", "report-to",
                         "`--report-to` (swanlab is refused: use wandb, mlflow or tensorboard)"),
                    {"none", "wandb", "tensorboard", "swanlab", "mlflow"}));
@@ -423,8 +432,11 @@ std::vector<Key> build_keys() {
            "`--mlflow-experiment-name`"));
   add(sets("tracking.mlflow_run_name", T::kOptStr, "null", "mlflow-run-name",
            "`--mlflow-run-name`"));
+}
 
-  // profiling
+// The profiling section.
+void add_profiling_keys(std::vector<Key>& t) {
+  const auto add = [&](Key k) { t.push_back(std::move(k)); };
   add(sets("profiling.enabled", T::kBool, "false", "profile", "`--profile`"));
   add(with_range(sets("profiling.start_step", T::kInt, "30", "profile-start-step",
                       "`--profile-start-step` (completed optimizer steps)"),
@@ -434,8 +446,11 @@ std::vector<Key> build_keys() {
       gt(0)));
   add(sets("profiling.record_shapes", T::kBool, "false", "profile-record-shapes",
            "`--profile-record-shapes`"));
+}
 
-  // runtime
+// The runtime section: the disaggregated producer's streaming bounds (recorded).
+void add_runtime_keys(std::vector<Key>& t) {
+  const auto add = [&](Key k) { t.push_back(std::move(k)); };
   add(with_range(recorded("runtime.producer_lease", T::kInt, "8", kStream), gt(0)));
   add(with_range(recorded("runtime.producer_concurrency", T::kInt, "1", kStream), gt(0)));
   add(with_range(recorded("runtime.in_flight_high_watermark", T::kInt, "256", kStream), gt(0)));
@@ -446,8 +461,11 @@ std::vector<Key> build_keys() {
                  ge(0)));
   add(with_range(recorded("runtime.feature_store_max_resident_bytes", T::kOptInt, "null", kStream),
                  gt(0)));
+}
 
-  // deployment
+// The deployment section: topology and the disaggregated feature store (recorded).
+void add_deployment_keys(std::vector<Key>& t) {
+  const auto add = [&](Key k) { t.push_back(std::move(k)); };
   add(with_choices(recorded("deployment.mode", T::kEnum, "local_colocated",
                             "local_colocated is what fsdp-train does; disaggregated (offline) "
                             "trains the same way: " +
@@ -494,8 +512,11 @@ std::vector<Key> build_keys() {
   add(refused("deployment.disaggregated.managed_local", T::kMap, "null",
               "a managed online capture stack (SpecForge allows it for online capture only)",
               "drop deployment.disaggregated.managed_local"));
+}
 
-  // training
+// The training section, part 1: the draft family, the loop, the optimizer and parallelism.
+void add_training_loop_keys(std::vector<Key>& t) {
+  const auto add = [&](Key k) { t.push_back(std::move(k)); };
   {
     Key k = with_choices(
         sets("training.strategy", T::kEnum, "eagle3", "strategy",
@@ -595,6 +616,12 @@ std::vector<Key> build_keys() {
   add(with_range(
       sets("training.dist_timeout", T::kInt, "10", "dist-timeout", "`--dist-timeout` (minutes)"),
       gt(0)));
+}
+
+// The training section, part 2: the objectives (EAGLE3's, the DFlash family's; P-EAGLE's and
+// Domino's recorded).
+void add_training_objective_keys(std::vector<Key>& t) {
+  const auto add = [&](Key k) { t.push_back(std::move(k)); };
   add(with_choices(sets("training.lk_loss_type", T::kOptEnum, "null", "lk-loss-type",
                         "`--lk-loss-type` (null: the soft cross-entropy)"),
                    {"lambda", "alpha"}));
@@ -640,6 +667,11 @@ std::vector<Key> build_keys() {
   add(recorded("training.norm_before_residual", T::kOptBool, "null",
                "a P-EAGLE model knob; an EAGLE3 draft takes norm_before_residual from its "
                "config JSON (docs/model.md)"));
+}
+
+// The training section, part 3: checkpoints, evaluation, logging, resume, role and seeds.
+void add_training_run_keys(std::vector<Key>& t) {
+  const auto add = [&](Key k) { t.push_back(std::move(k)); };
   add(with_range(sets("training.save_interval", T::kInt, "0", "save-steps",
                       "`--save-steps` (optimizer updates; 0: only the final checkpoint)"),
                  ge(0)));
@@ -685,8 +717,11 @@ std::vector<Key> build_keys() {
   }
   add(sets("training.seed", T::kInt, "42", "seed", "`--seed`"));
   add(recorded("training.prompt_seed", T::kOptInt, "null", "orders the prompts of online capture"));
+}
 
-  // top level
+// The top-level keys.
+void add_top_level_keys(std::vector<Key>& t) {
+  const auto add = [&](Key k) { t.push_back(std::move(k)); };
   add(sets("run_id", T::kStr, "specforge-run", "",
            "the run's name: `--wandb-name` and `--mlflow-run-name` when those are not given"));
   t.back().apply = [](const Key&, const Value& v, TrainConfig& cfg, const std::string& src) {
@@ -695,6 +730,21 @@ std::vector<Key> build_keys() {
     }
   };
   add(sets("output_dir", T::kStr, "./output", "output-dir", "`--output-dir`"));
+}
+
+std::vector<Key> build_keys() {
+  std::vector<Key> t;
+  add_model_keys(t);
+  add_model_capture_server_keys(t);
+  add_data_keys(t);
+  add_tracking_keys(t);
+  add_profiling_keys(t);
+  add_runtime_keys(t);
+  add_deployment_keys(t);
+  add_training_loop_keys(t);
+  add_training_objective_keys(t);
+  add_training_run_keys(t);
+  add_top_level_keys(t);
   return t;
 }
 
