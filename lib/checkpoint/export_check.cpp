@@ -335,88 +335,104 @@ std::vector<int64_t> read_ints(const Tensor& t) {
   return v;
 }
 
-// d2t (int64 [Vd]: target id of draft index j is j + d2t[j]) and t2d (bool [V], its inverse).
-void check_mapping(const std::map<std::string, Tensor>& by_canon, const Dims& d,
-                   const export_check::Engines& e, Report& r) {
-  auto d2t_it = by_canon.find("d2t"), t2d_it = by_canon.find("t2d");
-  const bool smaller = d.ok && d.Vd < d.V;
-  const std::string why =
-      "while the draft vocabulary (" + std::to_string(d.Vd) + ") is smaller than the target's (" +
-      std::to_string(d.V) +
-      "): the draft loads and serves at acceptance ~1 (Automodel#2447, sglang#27908)";
-  const std::string hint =
-      "export the training's vocabulary mapping: d2t int64 [draft_vocab_size] "
-      "and t2d bool [vocab_size]";
-  std::vector<int64_t> targets;  // j + d2t[j], when d2t is usable
-  if (d2t_it == by_canon.end()) {
-    if (smaller)
-      r.error("d2t", "missing " + why, hint);
-    else
-      r.ok("d2t", "absent: the draft and target vocabularies are the same");
-  } else {
-    const Tensor& t = d2t_it->second;
-    const std::string& dt = t.info->dtype_str;
-    if (dt != "I64" && dt != "I32") {
-      r.error(t.name, "dtype " + dt + ", expected I64 (int64)", hint);
-    } else if (d.ok && t.info->shape != std::vector<int64_t>{d.Vd}) {
-      r.error(t.name,
-              "shape " + list_text(t.info->shape) + ", expected [" + std::to_string(d.Vd) +
-                  "] (draft_vocab_size)",
-              hint);
-    } else if (t.info->numel() > kMaxVocab) {
-      r.error(t.name, str(t.info->numel(), " entries: no vocabulary is that large"), hint);
-    } else if (t.info->shape.size() == 1) {
-      if (dt != "I64") r.warn(t.name, "dtype " + dt + ": engines expect I64", "store d2t as int64");
-      const auto v = read_ints(t);
-      std::string bad;
-      for (size_t j = 0; j < v.size() && bad.empty(); ++j) {
-        const int64_t id = static_cast<int64_t>(j) + v[j];
-        if (id < 0 || (d.ok && id >= d.V))
-          bad = str("j + d2t[j] = ", id, " at j = ", j, " is outside the target vocabulary [0, ",
-                    d.V, ")");
-        else if (!targets.empty() && id <= targets.back())
-          bad = str("j + d2t[j] is not strictly increasing at j = ", j, " (", targets.back(),
-                    " then ", id, ")");
-        targets.push_back(id);
-      }
-      if (bad.empty()) {
-        r.ok(t.name, str("[", v.size(), "] maps the draft ids to increasing target ids"));
-      } else {
-        targets.clear();
-        r.error(t.name, bad,
-                "d2t[j] is the offset target_id - j of draft index j, for draft ids sorted by "
-                "target id: rebuild the vocabulary mapping");
-      }
-      if (d.ok && d.Vd == d.V && e.vllm)
-        r.warn(t.name,
-               "present although draft_vocab_size equals vocab_size: vLLM 0.32 then has no "
-               "draft_id_to_target_id and refuses the tensor",
-               "leave d2t and t2d out when the draft predicts the whole target vocabulary");
-    }
+// What a missing mapping means for this draft, and what to do about a bad one.
+struct MappingRule {
+  bool required = false;  // the draft vocabulary is smaller than the target's
+  std::string why;        // what a missing tensor does then
+  std::string hint;
+};
+
+MappingRule mapping_rule(const Dims& d) {
+  return {d.ok && d.Vd < d.V,
+          "while the draft vocabulary (" + std::to_string(d.Vd) +
+              ") is smaller than the target's (" + std::to_string(d.V) +
+              "): the draft loads and serves at acceptance ~1 (Automodel#2447, sglang#27908)",
+          "export the training's vocabulary mapping: d2t int64 [draft_vocab_size] "
+          "and t2d bool [vocab_size]"};
+}
+
+// A missing d2t or t2d: an ERROR when the mapping is required, else fine.
+void check_absent(const char* name, const MappingRule& rule, Report& r) {
+  if (rule.required)
+    r.error(name, "missing " + rule.why, rule.hint);
+  else
+    r.ok(name, "absent: the draft and target vocabularies are the same");
+}
+
+// d2t's values: j + d2t[j] strictly increasing inside the target vocabulary. Returns those
+// target ids, empty when they are not.
+std::vector<int64_t> check_d2t_values(const Tensor& t, const Dims& d, Report& r) {
+  const auto v = read_ints(t);
+  std::vector<int64_t> targets;
+  std::string bad;
+  for (size_t j = 0; j < v.size() && bad.empty(); ++j) {
+    const int64_t id = static_cast<int64_t>(j) + v[j];
+    if (id < 0 || (d.ok && id >= d.V))
+      bad = str("j + d2t[j] = ", id, " at j = ", j, " is outside the target vocabulary [0, ", d.V,
+                ")");
+    else if (!targets.empty() && id <= targets.back())
+      bad = str("j + d2t[j] is not strictly increasing at j = ", j, " (", targets.back(), " then ",
+                id, ")");
+    targets.push_back(id);
   }
-  if (t2d_it == by_canon.end()) {
-    if (smaller)
-      r.error("t2d", "missing " + why, hint);
-    else
-      r.ok("t2d", "absent: the draft and target vocabularies are the same");
-    return;
+  if (bad.empty()) {
+    r.ok(t.name, str("[", v.size(), "] maps the draft ids to increasing target ids"));
+    return targets;
   }
-  const Tensor& t = t2d_it->second;
+  r.error(t.name, bad,
+          "d2t[j] is the offset target_id - j of draft index j, for draft ids sorted by "
+          "target id: rebuild the vocabulary mapping");
+  return {};
+}
+
+// d2t (int64 [Vd]: target id of draft index j is j + d2t[j]). Returns its target ids when usable.
+std::vector<int64_t> check_d2t(const Tensor& t, const Dims& d, const export_check::Engines& e,
+                               const MappingRule& rule, Report& r) {
+  const std::string& dt = t.info->dtype_str;
+  if (dt != "I64" && dt != "I32") {
+    r.error(t.name, "dtype " + dt + ", expected I64 (int64)", rule.hint);
+    return {};
+  }
+  if (d.ok && t.info->shape != std::vector<int64_t>{d.Vd}) {
+    r.error(t.name,
+            "shape " + list_text(t.info->shape) + ", expected [" + std::to_string(d.Vd) +
+                "] (draft_vocab_size)",
+            rule.hint);
+    return {};
+  }
+  if (t.info->numel() > kMaxVocab) {
+    r.error(t.name, str(t.info->numel(), " entries: no vocabulary is that large"), rule.hint);
+    return {};
+  }
+  if (t.info->shape.size() != 1) return {};
+  if (dt != "I64") r.warn(t.name, "dtype " + dt + ": engines expect I64", "store d2t as int64");
+  std::vector<int64_t> targets = check_d2t_values(t, d, r);
+  if (d.ok && d.Vd == d.V && e.vllm)
+    r.warn(t.name,
+           "present although draft_vocab_size equals vocab_size: vLLM 0.32 then has no "
+           "draft_id_to_target_id and refuses the tensor",
+           "leave d2t and t2d out when the draft predicts the whole target vocabulary");
+  return targets;
+}
+
+// t2d (bool [V]): true exactly at the Vd target ids d2t maps to (`targets`, when known).
+void check_t2d(const Tensor& t, const Dims& d, const MappingRule& rule,
+               const std::vector<int64_t>& targets, Report& r) {
   const std::string& dt = t.info->dtype_str;
   if (dt != "BOOL" && dt != "U8") {
-    r.error(t.name, "dtype " + dt + ", expected BOOL", hint);
+    r.error(t.name, "dtype " + dt + ", expected BOOL", rule.hint);
     return;
   }
   if (d.ok && t.info->shape != std::vector<int64_t>{d.V}) {
     r.error(t.name,
             "shape " + list_text(t.info->shape) + ", expected [" + std::to_string(d.V) +
                 "] (vocab_size)",
-            hint);
+            rule.hint);
     return;
   }
   if (t.info->shape.size() != 1) return;
   if (t.info->numel() > kMaxVocab) {
-    r.error(t.name, str(t.info->numel(), " entries: no vocabulary is that large"), hint);
+    r.error(t.name, str(t.info->numel(), " entries: no vocabulary is that large"), rule.hint);
     return;
   }
   const auto v = read_ints(t);
@@ -435,6 +451,22 @@ void check_mapping(const std::map<std::string, Tensor>& by_canon, const Dims& d,
     }
   }
   r.ok(t.name, str("[", v.size(), "] with ", count, " true entries, the inverse of d2t"));
+}
+
+// The vocabulary mapping: d2t and t2d, each the inverse of the other.
+void check_mapping(const std::map<std::string, Tensor>& by_canon, const Dims& d,
+                   const export_check::Engines& e, Report& r) {
+  const MappingRule rule = mapping_rule(d);
+  const auto d2t = by_canon.find("d2t"), t2d = by_canon.find("t2d");
+  std::vector<int64_t> targets;  // j + d2t[j], when d2t is usable
+  if (d2t == by_canon.end())
+    check_absent("d2t", rule, r);
+  else
+    targets = check_d2t(d2t->second, d, e, rule, r);
+  if (t2d == by_canon.end())
+    check_absent("t2d", rule, r);
+  else
+    check_t2d(t2d->second, d, rule, targets, r);
 }
 
 Dims config_dims(const json& cfg, Report& r) {

@@ -217,97 +217,126 @@ int64_t config_aux_count(const json& cfg) {
   return kSglangFcLayers;
 }
 
-void check_aux(const std::string& text, const json& cfg, const Engines& e, int64_t L,
-               std::optional<int64_t> fc_layers, Report& r) {
-  const bool top = has_ids(cfg), nested = nested_ids(cfg);
-  const std::string subject =
-      std::string("config.json:") + (!top && nested ? "eagle_config." : "") + kAuxKey;
-  Ids rv, rs, rl;
-  try {
-    rv = model::vllm_reads(text);
-    rs = model::sglang_reads(text, /*legacy=*/false);
-    rl = model::sglang_reads(text, /*legacy=*/true);
-  } catch (const std::exception& ex) {
-    r.error(subject, what_of(ex), "write the ids as a list of whole layer numbers");
-    return;
-  }
-  const Ids def = L > 0 ? Ids(model::default_hidden_state_index(L)) : std::nullopt;
-  const Ids ev = rv ? rv : def, es = rs ? rs : def, el = rl ? rl : def;
-  auto says = [&](const Ids& raw) {
+namespace {
+
+// The aux ids of a config.json as each engine reads them: as written (nullopt: the engine's
+// default capture) and resolved (that default filled in when the target's layer count is known).
+struct AuxReadings {
+  std::string subject;  // the key the findings name
+  bool nested = false;  // eagle_config holds ids
+  Ids def;              // the engines' default capture (nullopt: the target's layers unknown)
+  Ids vllm, sglang, sglang_legacy;
+  Ids vllm_hs, sglang_hs, legacy_hs;
+
+  std::string says(const Ids& raw) const {
     if (raw) return "hidden_states " + list_text(*raw);
     return def ? "its default capture, hidden_states " + list_text(*def)
                : std::string(
                      "its default capture (hidden_states [2, L/2, L-3] of an L-layer "
                      "target)");
-  };
-  const int vs = same_reading(rv, rs, ev, es);
+  }
+};
+
+// nullopt (and an ERROR) when the ids are not a list of layer numbers.
+std::optional<AuxReadings> read_aux(const std::string& text, const json& cfg, int64_t L,
+                                    Report& r) {
+  AuxReadings a;
+  const bool top = has_ids(cfg);
+  a.nested = nested_ids(cfg);
+  a.subject = std::string("config.json:") + (!top && a.nested ? "eagle_config." : "") + kAuxKey;
+  try {
+    a.vllm = model::vllm_reads(text);
+    a.sglang = model::sglang_reads(text, /*legacy=*/false);
+    a.sglang_legacy = model::sglang_reads(text, /*legacy=*/true);
+  } catch (const std::exception& ex) {
+    r.error(a.subject, what_of(ex), "write the ids as a list of whole layer numbers");
+    return std::nullopt;
+  }
+  a.def = L > 0 ? Ids(model::default_hidden_state_index(L)) : std::nullopt;
+  a.vllm_hs = a.vllm ? a.vllm : a.def;
+  a.sglang_hs = a.sglang ? a.sglang : a.def;
+  a.legacy_hs = a.sglang_legacy ? a.sglang_legacy : a.def;
+  return a;
+}
+
+// Whether the engines the export is for read the same layers (and what the other would read).
+void check_engines_agree(const AuxReadings& a, const Engines& e, Report& r) {
+  const int vs = same_reading(a.vllm, a.sglang, a.vllm_hs, a.sglang_hs);
   const std::string both_hint =
       "write the top-level eagle_aux_hidden_state_layer_ids for vLLM (hidden_states indices) and "
       "eagle_config's for SGLang so that both name the layers of the features (fsdp-train "
       "export --for engines does; docs/serving.md)";
   if (e.vllm && e.sglang) {
     if (vs == 1)
-      r.ok(subject, "vLLM and SGLang both read " + says(rv ? rv : rs));
+      r.ok(a.subject, "vLLM and SGLang both read " + a.says(a.vllm ? a.vllm : a.sglang));
     else if (vs == 0)
-      r.error(subject, "vLLM reads " + says(rv) + " but SGLang reads " + says(rs), both_hint);
+      r.error(a.subject, "vLLM reads " + a.says(a.vllm) + " but SGLang reads " + a.says(a.sglang),
+              both_hint);
     else
-      r.warn(subject,
-             "vLLM reads " + says(rv) + " and SGLang " + says(rs) +
+      r.warn(a.subject,
+             "vLLM reads " + a.says(a.vllm) + " and SGLang " + a.says(a.sglang) +
                  ": the same only for the right target",
              "give --target-model-path to compare them, or write the ids explicitly");
   } else {
     const bool v = e.vllm;
-    r.ok(subject, std::string(v ? "vLLM" : "SGLang") + " reads " + says(v ? rv : rs));
+    r.ok(a.subject, std::string(v ? "vLLM" : "SGLang") + " reads " + a.says(v ? a.vllm : a.sglang));
     if (vs == 0)
-      r.warn(subject,
-             std::string(v ? "SGLang" : "vLLM") + " would read " + says(v ? rs : rv) +
+      r.warn(a.subject,
+             std::string(v ? "SGLang" : "vLLM") + " would read " + a.says(v ? a.sglang : a.vllm) +
                  " instead (not checked for: --for " + (v ? "vllm" : "sglang") + ")",
              both_hint);
   }
-  if (e.sglang && same_reading(rs, rl, es, el) == 0)
-    r.warn(subject,
+  if (e.sglang && same_reading(a.sglang, a.sglang_legacy, a.sglang_hs, a.legacy_hs) == 0)
+    r.warn(a.subject,
            "an SGLang from before its PR #25454 adds one to every eagle_config id and reads " +
-               says(rl),
+               a.says(a.sglang_legacy),
            "serve with an SGLang that has PR #25454, or use ids whose first is 1 (read alike by "
            "both)");
-  // Range, once per distinct reading.
+}
+
+// The layers each engine reads exist in an L-layer target; once per distinct reading.
+void check_aux_range(const AuxReadings& a, const Engines& e, int64_t L, Report& r) {
   std::vector<std::pair<std::string, Ids>> readings;
-  if (e.vllm) readings.push_back({"vLLM", ev});
+  if (e.vllm) readings.push_back({"vLLM", a.vllm_hs});
   if (e.sglang) {
-    if (!readings.empty() && readings.front().second == es)
+    if (!readings.empty() && readings.front().second == a.sglang_hs)
       readings.front().first = "vLLM and SGLang";
     else
-      readings.push_back({"SGLang", es});
+      readings.push_back({"SGLang", a.sglang_hs});
   }
   const size_t before = r.out.size();
   for (const auto& [who, hs] : readings) {
     if (!hs) continue;
-    const bool is_default = who == "SGLang" ? !rs : (who == "vLLM" ? !rv : !rv && !rs);
-    check_range(subject, who, *hs, is_default, L, r);
+    const bool is_default = who == "SGLang" ? !a.sglang
+                            : who == "vLLM" ? !a.vllm
+                                            : !a.vllm && !a.sglang;
+    check_range(a.subject, who, *hs, is_default, L, r);
   }
   if (r.out.size() == before)
-    r.ok(subject, L > 0 ? "in range for a " + std::to_string(L) + "-layer target"
-                        : "range not checked: give --target-model-path for the target's layers");
-  // The number of layers each engine captures and builds fc for, against fc.weight.
-  if (!fc_layers) return;
-  const int64_t n = *fc_layers;
+    r.ok(a.subject, L > 0 ? "in range for a " + std::to_string(L) + "-layer target"
+                          : "range not checked: give --target-model-path for the target's layers");
+}
+
+// The number of layers each engine captures and builds fc for, against fc.weight's `n`.
+void check_fc_width(const AuxReadings& a, const json& cfg, const Engines& e, int64_t n, Report& r) {
   if (e.vllm) {
     const bool explicit_count = cfg.contains("num_aux_hidden_states") &&
                                 cfg.at("num_aux_hidden_states").is_number_integer();
     const int64_t built = explicit_count ? cfg.at("num_aux_hidden_states").get<int64_t>()
-                          : nested ? static_cast<int64_t>(cfg.at("eagle_config").at(kAuxKey).size())
-                                   : kSglangFcLayers;
+                          : a.nested
+                              ? static_cast<int64_t>(cfg.at("eagle_config").at(kAuxKey).size())
+                              : kSglangFcLayers;
     if (built != n)
-      r.error(explicit_count ? "config.json:num_aux_hidden_states" : subject,
+      r.error(explicit_count ? "config.json:num_aux_hidden_states" : a.subject,
               str("vLLM 0.32 builds fc for ", built,
                   " aux layers (num_aux_hidden_states, else the number of eagle_config's ids, "
                   "else 3) but fc.weight takes ",
                   n),
               "write eagle_config.eagle_aux_hidden_state_layer_ids (or num_aux_hidden_states) "
               "with as many layers as the features hold");
-    const int64_t captured = rv ? static_cast<int64_t>(rv->size()) : kSglangFcLayers;
+    const int64_t captured = a.vllm ? static_cast<int64_t>(a.vllm->size()) : kSglangFcLayers;
     if (captured != n)
-      r.error(subject, str("vLLM captures ", captured, " target layers but fc.weight takes ", n),
+      r.error(a.subject, str("vLLM captures ", captured, " target layers but fc.weight takes ", n),
               "list as many ids as the features hold layers");
   }
   if (e.sglang) {
@@ -317,11 +346,23 @@ void check_aux(const std::string& text, const json& cfg, const Engines& e, int64
                   "takes ",
                   n),
               "serve this draft with vLLM (--for vllm)");
-    const int64_t captured = rs ? static_cast<int64_t>(rs->size()) : kSglangFcLayers;
+    const int64_t captured = a.sglang ? static_cast<int64_t>(a.sglang->size()) : kSglangFcLayers;
     if (captured != n)
-      r.error(subject, str("SGLang captures ", captured, " target layers but fc.weight takes ", n),
+      r.error(a.subject,
+              str("SGLang captures ", captured, " target layers but fc.weight takes ", n),
               "list as many ids as the features hold layers");
   }
+}
+
+}  // namespace
+
+void check_aux(const std::string& text, const json& cfg, const Engines& e, int64_t L,
+               std::optional<int64_t> fc_layers, Report& r) {
+  const std::optional<AuxReadings> a = read_aux(text, cfg, L, r);
+  if (!a) return;
+  check_engines_agree(*a, e, r);
+  check_aux_range(*a, e, L, r);
+  if (fc_layers) check_fc_width(*a, cfg, e, *fc_layers, r);
 }
 
 void check_config_fields(const json& cfg, const Engines& e, std::optional<int64_t> lm_head_rows,

@@ -487,7 +487,7 @@ class Translator {
     sink("wandb", "wandb");
     sink("csv_monitor", "");
     if (!sinks_.empty()) {
-      std::vector<std::string> all = ctx_.base->metrics.report_to;
+      std::vector<std::string> all = option("report-to").get(*ctx_.base).list;
       for (const auto& s : sinks_)
         if (std::find(all.begin(), all.end(), s) == all.end()) all.push_back(s);
       OptionValue v;

@@ -155,7 +155,7 @@ std::string type_text(const Key& k) {
 const char* const kNoTarget =
     "no target model runs in offline training (fsdp-train reads the dumped hidden states)";
 const char* const kOnline = "online capture (fsdp-train trains from precomputed hidden states)";
-const char* const kDFlash = "a DFlash/DSpark/DPace objective or model knob, not EAGLE3's";
+const char* const kDomino = "a Domino objective knob (fsdp-train does not train Domino drafts)";
 const char* const kPEagle = "a P-EAGLE knob, not EAGLE3's";
 const char* const kStream =
     "a streaming bound of SpecForge's disaggregated producer (fsdp-train reads the features "
@@ -247,11 +247,9 @@ void set_option(const std::string& name, const OptionValue& v, TrainConfig& cfg,
   option(name).set(cfg, v, src);
 }
 
-std::vector<Key> build_keys() {
-  std::vector<Key> t;
+// The model section: the target and the draft, their tensors and dtype.
+void add_model_keys(std::vector<Key>& t) {
   const auto add = [&](Key k) { t.push_back(std::move(k)); };
-
-  // model
   {
     Key k = sets("model.target_model_path", T::kStr, "required", "target-model-path",
                  "`--target-model-path` (a directory or a Hugging Face cache id, as the flag)");
@@ -281,7 +279,9 @@ std::vector<Key> build_keys() {
     };
     add(k);
   }
-  add(with_range(recorded("model.draft_block_size", T::kOptInt, "null", kDFlash), gt(0)));
+  add(with_range(sets("model.draft_block_size", T::kOptInt, "null", "draft-block-size",
+                      "`--draft-block-size` (DFlash drafts)"),
+                 gt(0)));
   add(with_choices(recorded("model.target_backend", T::kEnum, "sglang", kNoTarget), {"sglang"}));
   add(recorded("model.shard_target_output", T::kBool, "false", kNoTarget));
   {
@@ -293,7 +293,9 @@ std::vector<Key> build_keys() {
   add(recorded("model.trust_remote_code", T::kBool, "false",
                "fsdp-train runs no model code of the target (it reads config.json and the "
                "safetensors)"));
-  add(recorded("model.use_liger_kernel", T::kBool, "false", kDFlash));
+  add(recorded("model.use_liger_kernel", T::kBool, "false",
+               "Liger's fused RMSNorm and SwiGLU kernels for DFlash drafts in SpecForge, a speed "
+               "choice of its own"));
   add(sets("model.embedding_key", T::kStr, "model.embed_tokens.weight", "embedding-key",
            "`--embedding-key`"));
   add(sets("model.lm_head_key", T::kStr, "lm_head.weight", "lm-head-key", "`--lm-head-key`"));
@@ -331,10 +333,16 @@ std::vector<Key> build_keys() {
   }
   add(sets("model.cache_dir", T::kOptStr, "null", "model-download-dir",
            "`--model-download-dir` (where a Hugging Face cache id is looked up)"));
-  add(recorded("model.mask_token_id", T::kOptInt, "null", kDFlash));
+  add(sets("model.mask_token_id", T::kOptInt, "null", "mask-token-id",
+           "`--mask-token-id` (DFlash and DSpark drafts)"));
   add(with_range(recorded("model.tokenizer_pad_token_id", T::kOptInt, "null",
                           "a tokenizer setting of online capture"),
                  ge(0)));
+}
+
+// The model section's settings of SGLang's capture server (online capture: recorded).
+void add_model_capture_server_keys(std::vector<Key>& t) {
+  const auto add = [&](Key k) { t.push_back(std::move(k)); };
   const std::string sg = "an SGLang capture-server setting: ";
   add(recorded("model.sglang_attention_backend", T::kStr, "flashinfer", sg + kNoTarget));
   add(with_range(recorded("model.sglang_mem_fraction_static", T::kFloat, "0.4", sg + kNoTarget),
@@ -361,8 +369,11 @@ std::vector<Key> build_keys() {
   for (const char* name : {"sglang_swa_full_tokens_ratio", "sglang_mamba_full_memory_ratio"})
     add(with_range(recorded(str("model.", name), T::kOptFloat, "null", sg + kNoTarget),
                    gt_le(0, 1)));
+}
 
-  // data
+// The data section: offline features only (online sources are refused).
+void add_data_keys(std::vector<Key>& t) {
+  const auto add = [&](Key k) { t.push_back(std::move(k)); };
   add(refused("data.train_data_path", T::kStr, "\"\"", kOnline,
               "dump the hidden states first (SpecForge's offline capture) and set "
               "data.hidden_states_path"));
@@ -396,8 +407,11 @@ std::vector<Key> build_keys() {
                           "caps the prompts of online "
                           "capture"),
                  ge(0)));
+}
 
-  // tracking
+// The tracking section: W&B and MLflow (SwanLab is refused).
+void add_tracking_keys(std::vector<Key>& t) {
+  const auto add = [&](Key k) { t.push_back(std::move(k)); };
   add(with_choices(sets("tracking.report_to", T::kEnum, "none", "report-to",
                         "`--report-to` (swanlab is refused: use wandb, mlflow or tensorboard)"),
                    {"none", "wandb", "tensorboard", "swanlab", "mlflow"}));
@@ -418,8 +432,11 @@ std::vector<Key> build_keys() {
            "`--mlflow-experiment-name`"));
   add(sets("tracking.mlflow_run_name", T::kOptStr, "null", "mlflow-run-name",
            "`--mlflow-run-name`"));
+}
 
-  // profiling
+// The profiling section.
+void add_profiling_keys(std::vector<Key>& t) {
+  const auto add = [&](Key k) { t.push_back(std::move(k)); };
   add(sets("profiling.enabled", T::kBool, "false", "profile", "`--profile`"));
   add(with_range(sets("profiling.start_step", T::kInt, "30", "profile-start-step",
                       "`--profile-start-step` (completed optimizer steps)"),
@@ -429,8 +446,11 @@ std::vector<Key> build_keys() {
       gt(0)));
   add(sets("profiling.record_shapes", T::kBool, "false", "profile-record-shapes",
            "`--profile-record-shapes`"));
+}
 
-  // runtime
+// The runtime section: the disaggregated producer's streaming bounds (recorded).
+void add_runtime_keys(std::vector<Key>& t) {
+  const auto add = [&](Key k) { t.push_back(std::move(k)); };
   add(with_range(recorded("runtime.producer_lease", T::kInt, "8", kStream), gt(0)));
   add(with_range(recorded("runtime.producer_concurrency", T::kInt, "1", kStream), gt(0)));
   add(with_range(recorded("runtime.in_flight_high_watermark", T::kInt, "256", kStream), gt(0)));
@@ -441,8 +461,11 @@ std::vector<Key> build_keys() {
                  ge(0)));
   add(with_range(recorded("runtime.feature_store_max_resident_bytes", T::kOptInt, "null", kStream),
                  gt(0)));
+}
 
-  // deployment
+// The deployment section: topology and the disaggregated feature store (recorded).
+void add_deployment_keys(std::vector<Key>& t) {
+  const auto add = [&](Key k) { t.push_back(std::move(k)); };
   add(with_choices(recorded("deployment.mode", T::kEnum, "local_colocated",
                             "local_colocated is what fsdp-train does; disaggregated (offline) "
                             "trains the same way: " +
@@ -489,12 +512,29 @@ std::vector<Key> build_keys() {
   add(refused("deployment.disaggregated.managed_local", T::kMap, "null",
               "a managed online capture stack (SpecForge allows it for online capture only)",
               "drop deployment.disaggregated.managed_local"));
+}
 
-  // training
-  add(refused("training.strategy", T::kStr, "eagle3",
-              "fsdp-train trains EAGLE3 drafts (DFlash, P-EAGLE, Domino and DSpark are other "
-              "draft families)",
-              "write strategy: eagle3, or train that family with SpecForge"));
+// The training section, part 1: the draft family, the loop, the optimizer and parallelism.
+void add_training_loop_keys(std::vector<Key>& t) {
+  const auto add = [&](Key k) { t.push_back(std::move(k)); };
+  {
+    Key k = with_choices(
+        sets("training.strategy", T::kEnum, "eagle3", "strategy",
+             "`--strategy` (SpecForge's default eagle3 when not given: a DFlash or DSpark draft "
+             "config needs strategy dflash or dspark, as in SpecForge); peagle and domino are "
+             "refused: fsdp-train does not train those families"),
+        {"eagle3", "dflash", "dspark", "peagle", "domino"});
+    k.apply = [](const Key&, const Value& v, TrainConfig& cfg, const std::string& src) {
+      FSDP_USAGE_CHECK(v.text != "peagle" && v.text != "domino",
+                       str(src, ": ", v.text,
+                           " is not supported: fsdp-train trains EAGLE3, DFlash and DSpark "
+                           "drafts (P-EAGLE and Domino are other draft families)"),
+                       "write strategy: eagle3, dflash or dspark, or train that family with "
+                       "SpecForge");
+      set_option("strategy", option_value(v), cfg, src);
+    };
+    add(k);
+  }
   add(with_range(sets("training.num_epochs", T::kInt, "1", "num-epochs", "`--num-epochs`"), gt(0)));
   add(with_range(sets("training.max_steps", T::kOptInt, "null", "max-steps",
                       "`--max-steps` (optimizer updates)"),
@@ -576,31 +616,62 @@ std::vector<Key> build_keys() {
   add(with_range(
       sets("training.dist_timeout", T::kInt, "10", "dist-timeout", "`--dist-timeout` (minutes)"),
       gt(0)));
+}
+
+// The training section, part 2: the objectives (EAGLE3's, the DFlash family's; P-EAGLE's and
+// Domino's recorded).
+void add_training_objective_keys(std::vector<Key>& t) {
+  const auto add = [&](Key k) { t.push_back(std::move(k)); };
   add(with_choices(sets("training.lk_loss_type", T::kOptEnum, "null", "lk-loss-type",
                         "`--lk-loss-type` (null: the soft cross-entropy)"),
                    {"lambda", "alpha"}));
   add(sets("training.kl_scale", T::kFloat, "1.0", "kl-scale", "`--kl-scale`"));
   add(sets("training.kl_decay", T::kFloat, "1.0", "kl-decay", "`--kl-decay`"));
-  add(with_range(recorded("training.num_anchors", T::kInt, "512", kDFlash), gt(0)));
-  add(recorded("training.loss_decay_gamma", T::kOptFloat, "null", kDFlash));
-  add(with_range(recorded("training.objective_chunk_blocks", T::kInt, "128", kDFlash), ge(0)));
+  add(with_range(sets("training.num_anchors", T::kInt, "512", "num-anchors",
+                      "`--num-anchors` (DFlash and DSpark drafts)"),
+                 gt(0)));
+  {
+    Key k = sets("training.loss_decay_gamma", T::kOptFloat, "null", "loss-decay-gamma",
+                 "`--loss-decay-gamma` (DFlash and DSpark drafts); a value <= 0, no decay in "
+                 "SpecForge, sets none");
+    k.apply = [](const Key&, const Value& v, TrainConfig& cfg, const std::string& src) {
+      const bool off = v.is_null || parse_float(v.text, src) <= 0;
+      set_option("loss-decay-gamma", off ? OptionValue{true, "none", {}} : option_value(v), cfg,
+                 src);
+    };
+    add(k);
+  }
+  add(with_range(sets("training.objective_chunk_blocks", T::kInt, "128", "objective-chunk-blocks",
+                      "`--objective-chunk-blocks` (DFlash and DSpark drafts)"),
+                 ge(0)));
   add(with_choices(
-      recorded("training.loss_type", T::kEnum, "dflash", kDFlash),
+      sets("training.loss_type", T::kEnum, "dflash", "block-loss-type",
+           "`--block-loss-type` (DFlash drafts)"),
       {"dflash", "dpace", "dpace-cumulative-confidence-only", "dpace-continuation-value-only"}));
-  add(with_range(recorded("training.dpace_alpha", T::kFloat, "0.5", kDFlash), ge_le(0, 1)));
+  add(with_range(sets("training.dpace_alpha", T::kFloat, "0.5", "dpace-alpha",
+                      "`--dpace-alpha` (DFlash drafts)"),
+                 ge_le(0, 1)));
+  add(recorded("training.lambda_base_start", T::kFloat, "1.0", kDomino));
+  add(recorded("training.lambda_base_decay_ratio", T::kFloat, "0.5", kDomino));
   for (const auto& [name, def] :
-       std::vector<std::pair<const char*, const char*>>{{"lambda_base_start", "1.0"},
-                                                        {"lambda_base_decay_ratio", "0.5"},
-                                                        {"dspark_ce_loss_alpha", "0.1"},
+       std::vector<std::pair<const char*, const char*>>{{"dspark_ce_loss_alpha", "0.1"},
                                                         {"dspark_l1_loss_alpha", "0.9"},
-                                                        {"dspark_confidence_head_alpha", "1.0"}})
-    add(recorded(str("training.", name), T::kFloat, def, kDFlash));
+                                                        {"dspark_confidence_head_alpha", "1.0"}}) {
+    std::string flag = name;
+    std::replace(flag.begin(), flag.end(), '_', '-');
+    add(sets(str("training.", name), T::kFloat, def, flag, str("`--", flag, "` (DSpark drafts)")));
+  }
   add(with_range(recorded("training.num_depths", T::kInt, "8", kPEagle), gt(0)));
   add(with_range(recorded("training.down_sample_ratio", T::kFloat, "0.8", kPEagle), gt_le(0, 1)));
   add(recorded("training.down_sample_ratio_min", T::kFloat, "0.2", kPEagle));
   add(recorded("training.norm_before_residual", T::kOptBool, "null",
                "a P-EAGLE model knob; an EAGLE3 draft takes norm_before_residual from its "
                "config JSON (docs/model.md)"));
+}
+
+// The training section, part 3: checkpoints, evaluation, logging, resume, role and seeds.
+void add_training_run_keys(std::vector<Key>& t) {
+  const auto add = [&](Key k) { t.push_back(std::move(k)); };
   add(with_range(sets("training.save_interval", T::kInt, "0", "save-steps",
                       "`--save-steps` (optimizer updates; 0: only the final checkpoint)"),
                  ge(0)));
@@ -646,8 +717,11 @@ std::vector<Key> build_keys() {
   }
   add(sets("training.seed", T::kInt, "42", "seed", "`--seed`"));
   add(recorded("training.prompt_seed", T::kOptInt, "null", "orders the prompts of online capture"));
+}
 
-  // top level
+// The top-level keys.
+void add_top_level_keys(std::vector<Key>& t) {
+  const auto add = [&](Key k) { t.push_back(std::move(k)); };
   add(sets("run_id", T::kStr, "specforge-run", "",
            "the run's name: `--wandb-name` and `--mlflow-run-name` when those are not given"));
   t.back().apply = [](const Key&, const Value& v, TrainConfig& cfg, const std::string& src) {
@@ -656,6 +730,21 @@ std::vector<Key> build_keys() {
     }
   };
   add(sets("output_dir", T::kStr, "./output", "output-dir", "`--output-dir`"));
+}
+
+std::vector<Key> build_keys() {
+  std::vector<Key> t;
+  add_model_keys(t);
+  add_model_capture_server_keys(t);
+  add_data_keys(t);
+  add_tracking_keys(t);
+  add_profiling_keys(t);
+  add_runtime_keys(t);
+  add_deployment_keys(t);
+  add_training_loop_keys(t);
+  add_training_objective_keys(t);
+  add_training_run_keys(t);
+  add_top_level_keys(t);
   return t;
 }
 
@@ -986,6 +1075,251 @@ std::string value_text(const Value& v) {
   return v.is_null ? "null" : (v.text.empty() ? "\"\"" : v.text);
 }
 
+// ---- applying a typed file ---------------------------------------------------------------------
+
+// Every key's value after the file and the overrides: given, else SpecForge's default, type- and
+// range-checked. deployment.disaggregated's keys are there only when the file has that section.
+struct Resolved {
+  std::map<std::string, Value> all;
+  std::string source;       // the file's name, for messages about no single key
+  bool has_disagg = false;  // the file has a deployment.disaggregated section
+
+  const Value& val(const std::string& p) const { return all.at(p); }
+  const std::string& text(const std::string& p) const { return val(p).text; }
+  double num(const std::string& p) const { return parse_float(val(p).text, p); }
+  bool is_set(const std::string& p) const { return !val(p).is_null && !val(p).text.empty(); }
+  // Where a key's value came from, for messages: "run.yaml:12 training.seed".
+  std::string at(const std::string& p) const {
+    const Value& v = val(p);
+    return v.given ? str(v.where, " ", p) : str(source, " ", p);
+  }
+};
+
+Resolved resolve_values(const std::string& text, const std::string& source,
+                        const std::vector<std::string>& overrides) {
+  const std::map<std::string, Value> given = read_values(text, source, overrides);
+  Resolved r;
+  r.source = source;
+  r.has_disagg = std::any_of(given.begin(), given.end(), [](const auto& kv) {
+    return kv.first.rfind("deployment.disaggregated.", 0) == 0;
+  });
+  for (const auto& k : keys()) {
+    auto it = given.find(k.path);
+    if (it == given.end()) {
+      if (k.path.rfind("deployment.disaggregated.", 0) == 0 && !r.has_disagg) continue;
+      FSDP_USAGE_CHECK(!k.required, str(source, ": ", k.path, " is required"),
+                       str("add ", k.path.substr(k.path.rfind('.') + 1), ": <", type_text(k), ">"));
+      r.all[k.path] = default_value(k);
+      continue;
+    }
+    Value v = it->second;
+    check_value(k, v);
+    r.all[k.path] = v;
+  }
+  return r;
+}
+
+// SpecForge's cross-key checks (schema.py's validators), the offline subset plus topology, one
+// function per section. deployment (and training.role, whose default it decides):
+void check_deployment(Resolved& r) {
+  const std::string mode = r.text("deployment.mode");
+  FSDP_USAGE_CHECK(
+      mode != "disaggregated" || r.has_disagg,
+      str(r.at("deployment.mode"), ": disaggregated needs a deployment.disaggregated section"),
+      "add deployment.disaggregated (control_dir, backend) or use local_colocated");
+  FSDP_USAGE_CHECK(
+      mode == "disaggregated" || !r.has_disagg,
+      str(r.source, ": deployment.disaggregated requires deployment.mode=disaggregated"),
+      "set deployment.mode: disaggregated or drop the section");
+  Value& role = r.all["training.role"];
+  if (!role.given) role.text = mode == "disaggregated" ? "auto" : "all";
+  FSDP_USAGE_CHECK(
+      role.text == "all" || mode == "disaggregated",
+      str(r.at("training.role"), ": role ", role.text, " requires deployment.mode=disaggregated"),
+      "drop training.role (all is the colocated default)");
+  FSDP_USAGE_CHECK(role.text != "all" || mode != "disaggregated",
+                   str(r.at("training.role"),
+                       ": deployment.mode=disaggregated requires role auto, producer or consumer"),
+                   "set training.role: auto");
+  if (!r.val("deployment.trainer.node_rank").is_null) {
+    FSDP_USAGE_CHECK(r.num("deployment.trainer.node_rank") < r.num("deployment.trainer.nnodes"),
+                     str(r.at("deployment.trainer.node_rank"), ": must be smaller than nnodes"),
+                     "fix node_rank");
+  }
+  FSDP_USAGE_CHECK(
+      r.num("deployment.trainer.nnodes") <= 1 || r.is_set("deployment.trainer.master_addr"),
+      str(r.at("deployment.trainer.nnodes"), ": master_addr is required when nnodes > 1"),
+      "set deployment.trainer.master_addr");
+  if (r.has_disagg) {
+    FSDP_USAGE_CHECK(r.text("deployment.disaggregated.backend") != "shared_dir" ||
+                         r.is_set("deployment.disaggregated.store_root"),
+                     str(r.source,
+                         ": deployment.disaggregated.store_root is required for "
+                         "shared_dir"),
+                     "set store_root");
+  }
+}
+
+// data: one source (offline: the hidden states), evaluation features with an interval. (An
+// online evaluation path, data.eval_data_path, is a refused key of the table.)
+void check_data(const Resolved& r) {
+  const int sources = (r.is_set("data.train_data_path") ? 1 : 0) +
+                      (r.is_set("data.prompts_path") ? 1 : 0) +
+                      (r.is_set("data.hidden_states_path") ? 1 : 0);
+  FSDP_USAGE_CHECK(sources == 1,
+                   str(r.source,
+                       ": set exactly one of data.train_data_path, data.prompts_path or "
+                       "data.hidden_states_path"),
+                   "fsdp-train trains offline: set data.hidden_states_path to the dumped "
+                   "hidden states");
+  FSDP_USAGE_CHECK(
+      r.is_set("data.eval_hidden_states_path") == (r.num("training.eval_interval") > 0),
+      str(r.source,
+          ": data.eval_hidden_states_path and training.eval_interval must be configured "
+          "together (SpecForge's rule)"),
+      "give both, or neither");
+}
+
+// training's sequence-parallel layout: USP needs batch 1 and more than one rank per sample, and
+// sequence-parallel sizes need USP.
+void check_sequence_parallel(const Resolved& r) {
+  const double sp = r.num("training.sp_ulysses_size") * r.num("training.sp_ring_size");
+  if (r.text("training.attention_backend") == "usp") {
+    FSDP_USAGE_CHECK(
+        r.num("training.batch_size") == 1,
+        str(r.at("training.attention_backend"), ": USP attention requires training.batch_size=1"),
+        "set batch_size: 1");
+    FSDP_USAGE_CHECK(sp > 1,
+                     str(r.at("training.attention_backend"),
+                         ": USP attention requires sp_ulysses_size * sp_ring_size > 1"),
+                     "set the sequence-parallel sizes, or another attention_backend");
+  } else {
+    FSDP_USAGE_CHECK(sp == 1,
+                     str(r.source,
+                         ": training.sp_ulysses_size/sp_ring_size require "
+                         "training.attention_backend=usp"),
+                     "set attention_backend: usp, or the sizes to 1");
+  }
+}
+
+// training. (tp_size other than 1 is refused by --tp-size's row, which the key sets.)
+void check_training(const Resolved& r) {
+  FSDP_USAGE_CHECK(
+      r.val("training.compact_teacher_chunk_size").is_null ||
+          r.text("training.compact_teacher") == "true",
+      str(r.at("training.compact_teacher_chunk_size"), ": requires training.compact_teacher=true"),
+      "drop compact_teacher_chunk_size");
+  check_sequence_parallel(r);
+  FSDP_USAGE_CHECK(
+      r.val("model.draft_checkpoint_path").is_null || r.val("training.resume_from").is_null,
+      str(r.source,
+          ": model.draft_checkpoint_path (weights-only warm start) and "
+          "training.resume_from (full resume) are mutually exclusive"),
+      "keep one of them");
+  FSDP_USAGE_CHECK(
+      r.num("training.down_sample_ratio_min") > 0 &&
+          r.num("training.down_sample_ratio_min") <= r.num("training.down_sample_ratio"),
+      str(r.at("training.down_sample_ratio_min"), ": must be in (0, training.down_sample_ratio]"),
+      "fix the ratio");
+}
+
+void check_runtime(const Resolved& r) {
+  FSDP_USAGE_CHECK(
+      r.num("runtime.in_flight_low_watermark") <= r.num("runtime.in_flight_high_watermark"),
+      str(r.source,
+          ": runtime.in_flight_low_watermark must be <= runtime.in_flight_high_watermark"),
+      "fix the watermarks");
+}
+
+void check_model(const Resolved& r) {
+  const std::string& mod = r.text("model.input_modality");
+  FSDP_USAGE_CHECK(
+      !mod.empty() && mod.find_first_of(" \t\n") == std::string::npos,
+      str(r.at("model.input_modality"), ": must be a non-empty identifier without whitespace"),
+      "write input_modality: text");
+}
+
+// Refused keys that differ from SpecForge's default fail with the reason; refused keys at their
+// default and recorded keys given are recorded (specforge_flags, and a report line).
+void apply_refusals_and_records(const Resolved& r, TrainConfig* cfg, SchemaLoad* out) {
+  for (const auto& k : keys()) {
+    auto it = r.all.find(k.path);
+    if (it == r.all.end()) continue;
+    const Value& v = it->second;
+    if (k.use == SchemaUse::kRefused) {
+      const std::string reason =
+          k.refusal ? k.refusal(v) : (same_as_default(k, v) ? std::string() : k.effect);
+      FSDP_USAGE_CHECK(reason.empty(),
+                       str(r.at(k.path), ": ", value_text(v), " is not supported: ",
+                           k.refusal ? reason : k.effect.substr(k.effect.find(": ") + 2)),
+                       k.hint);
+      if (v.given && !same_as_default(k, v)) cfg->specforge_flags[k.path] = value_text(v);
+    } else if (k.use == SchemaUse::kRecorded && v.given && !same_as_default(k, v)) {
+      cfg->specforge_flags[k.path] = value_text(v);
+      out->report.push_back(str(k.path, " = ", value_text(v), ": ", k.effect));
+    }
+  }
+}
+
+// The keys that set options, in table order but for those that read others' results:
+// torch_dtype after fsdp_sharding, run_id after the tracking names it fills.
+std::vector<const Key*> settings_order() {
+  const std::set<std::string> late = {"model.torch_dtype", "run_id"};
+  std::vector<const Key*> order;
+  for (const auto& k : keys())
+    if (k.use == SchemaUse::kSets && !late.count(k.path)) order.push_back(&k);
+  for (const auto& p : late) order.push_back(find_key(p));
+  return order;
+}
+
+// Every key that sets an option writes it through the option table (its value, or SpecForge's
+// default); the options the file gave are listed in out->set_options.
+void apply_settings(const Resolved& r, TrainConfig* cfg, SchemaLoad* out) {
+  for (const Key* kp : settings_order()) {
+    const Key& k = *kp;
+    auto it = r.all.find(k.path);
+    if (it == r.all.end()) continue;
+    const Value& v = it->second;
+    const std::string src = r.at(k.path);
+    // SpecForge's flags without effect here (tp_size, chat_template, ...): recorded when given.
+    if (!v.given && !k.option.empty() && option(k.option).cli_only) continue;
+    if (k.apply) {
+      k.apply(k, v, *cfg, src);
+    } else if (!v.is_null) {
+      set_option(k.option, option_value(v), *cfg, src);
+    }
+    if (v.given && !k.option.empty()) {
+      const OptionSpec& spec = option(k.option);
+      out->set_options.push_back(spec.alias_of.empty() ? spec.name : spec.alias_of);
+    }
+  }
+}
+
+// specforge train's semantics where they differ from the offline script's defaults
+// (docs/migration-from-specforge.md): no per-epoch checkpoints or evaluations (its counters
+// are optimizer updates: save_interval and eval_interval above), a draft config made from the
+// target's own fields. Flags after the file may still change them.
+void apply_typed_semantics(const std::string& source, TrainConfig* cfg) {
+  const std::string semantics = str(source, " (SpecForge's typed schema)");
+  set_option("save-interval", OptionValue{false, "0", {}}, *cfg, semantics);
+  set_option("eval-interval", OptionValue{false, "0", {}}, *cfg, semantics);
+  set_option("auto-draft-config", OptionValue{false, "target", {}}, *cfg, semantics);
+}
+
+// deployment.trainer's rank count against the run's (a report line when they differ: the global
+// batch then differs from SpecForge's).
+void note_world_size(const Resolved& r, int world_size, SchemaLoad* out) {
+  const int64_t ranks = static_cast<int64_t>(r.num("deployment.trainer.nnodes") *
+                                             r.num("deployment.trainer.nproc_per_node"));
+  if (world_size <= 0 || ranks == world_size) return;
+  out->report.push_back(str("warning: deployment.trainer asks for ", ranks, " rank(s) (nnodes ",
+                            r.text("deployment.trainer.nnodes"), " x nproc_per_node ",
+                            r.text("deployment.trainer.nproc_per_node"), "); this run has ",
+                            world_size, ": the global batch is batch_size x ", world_size,
+                            " x accumulation_steps (launch with fsdp-train --nproc-per-node ",
+                            ranks, " or mpirun -np ", ranks, " for SpecForge's)"));
+}
+
 }  // namespace
 
 const std::vector<SchemaKeyDoc>& specforge_schema_keys() {
@@ -1033,218 +1367,17 @@ bool is_specforge_schema_text(const std::string& text) {
 SchemaLoad apply_specforge_schema(const std::string& text, const std::string& source_name,
                                   const std::vector<std::string>& overrides, int world_size,
                                   TrainConfig* cfg) {
-  std::map<std::string, Value> values = read_values(text, source_name, overrides);
-  const bool has_disagg_section = std::any_of(values.begin(), values.end(), [](const auto& kv) {
-    return kv.first.rfind("deployment.disaggregated.", 0) == 0;
-  });
-  // Every key's value: given, else SpecForge's default; type and range checks.
-  std::map<std::string, Value> all;
-  for (const auto& k : keys()) {
-    auto it = values.find(k.path);
-    const bool disagg_key = k.path.rfind("deployment.disaggregated.", 0) == 0;
-    if (it == values.end()) {
-      if (disagg_key && !has_disagg_section) continue;
-      FSDP_USAGE_CHECK(!k.required, str(source_name, ": ", k.path, " is required"),
-                       str("add ", k.path.substr(k.path.rfind('.') + 1), ": <", type_text(k), ">"));
-      all[k.path] = default_value(k);
-      continue;
-    }
-    Value v = it->second;
-    check_value(k, v);
-    all[k.path] = v;
-  }
-  auto val = [&](const std::string& p) -> const Value& { return all.at(p); };
-  auto text_of = [&](const std::string& p) { return val(p).text; };
-  auto num = [&](const std::string& p) { return parse_float(val(p).text, p); };
-  auto is_set = [&](const std::string& p) { return !val(p).is_null && !val(p).text.empty(); };
-  auto at = [&](const std::string& p) {
-    const Value& v = val(p);
-    return v.given ? str(v.where, " ", p) : str(source_name, " ", p);
-  };
-
-  // SpecForge's own cross-key checks (schema.py validators), offline subset plus topology.
-  const std::string mode = text_of("deployment.mode");
-  FSDP_USAGE_CHECK(
-      mode != "disaggregated" || has_disagg_section,
-      str(at("deployment.mode"), ": disaggregated needs a deployment.disaggregated section"),
-      "add deployment.disaggregated (control_dir, backend) or use local_colocated");
-  FSDP_USAGE_CHECK(mode == "disaggregated" || !has_disagg_section,
-                   str(source_name,
-                       ": deployment.disaggregated requires "
-                       "deployment.mode=disaggregated"),
-                   "set deployment.mode: disaggregated or drop the section");
-  {
-    Value& role = all["training.role"];
-    if (!role.given) role.text = mode == "disaggregated" ? "auto" : "all";
-    FSDP_USAGE_CHECK(
-        role.text == "all" || mode == "disaggregated",
-        str(at("training.role"), ": role ", role.text, " requires deployment.mode=disaggregated"),
-        "drop training.role (all is the colocated default)");
-    FSDP_USAGE_CHECK(role.text != "all" || mode != "disaggregated",
-                     str(at("training.role"),
-                         ": deployment.mode=disaggregated requires role auto, producer or "
-                         "consumer"),
-                     "set training.role: auto");
-  }
-  {
-    const int sources = (is_set("data.train_data_path") ? 1 : 0) +
-                        (is_set("data.prompts_path") ? 1 : 0) +
-                        (is_set("data.hidden_states_path") ? 1 : 0);
-    FSDP_USAGE_CHECK(sources == 1,
-                     str(source_name,
-                         ": set exactly one of data.train_data_path, data.prompts_path or "
-                         "data.hidden_states_path"),
-                     "fsdp-train trains offline: set data.hidden_states_path to the dumped "
-                     "hidden states");
-  }
-  FSDP_USAGE_CHECK(is_set("data.eval_hidden_states_path") == (num("training.eval_interval") > 0),
-                   str(source_name,
-                       ": data.eval_hidden_states_path and training.eval_interval must be "
-                       "configured together (SpecForge's rule)"),
-                   "give both, or neither");
-  FSDP_USAGE_CHECK(
-      val("training.compact_teacher_chunk_size").is_null ||
-          text_of("training.compact_teacher") == "true",
-      str(at("training.compact_teacher_chunk_size"), ": requires training.compact_teacher=true"),
-      "drop compact_teacher_chunk_size");
-  {
-    const double sp = num("training.sp_ulysses_size") * num("training.sp_ring_size");
-    if (text_of("training.attention_backend") == "usp") {
-      FSDP_USAGE_CHECK(
-          num("training.batch_size") == 1,
-          str(at("training.attention_backend"), ": USP attention requires training.batch_size=1"),
-          "set batch_size: 1");
-      FSDP_USAGE_CHECK(sp > 1,
-                       str(at("training.attention_backend"),
-                           ": USP attention requires sp_ulysses_size * sp_ring_size > 1"),
-                       "set the sequence-parallel sizes, or another attention_backend");
-    } else {
-      FSDP_USAGE_CHECK(sp == 1,
-                       str(source_name,
-                           ": training.sp_ulysses_size/sp_ring_size require "
-                           "training.attention_backend=usp"),
-                       "set attention_backend: usp, or the sizes to 1");
-    }
-  }
-  FSDP_USAGE_CHECK(
-      val("model.draft_checkpoint_path").is_null || val("training.resume_from").is_null,
-      str(source_name,
-          ": model.draft_checkpoint_path (weights-only warm start) and "
-          "training.resume_from (full resume) are mutually exclusive"),
-      "keep one of them");
-  FSDP_USAGE_CHECK(text_of("training.tp_size") == "1",
-                   str(at("training.tp_size"),
-                       ": offline feature consumers do not implement trainer tensor parallelism"),
-                   "set tp_size: 1 (SpecForge's rule)");
-  FSDP_USAGE_CHECK(!is_set("data.eval_data_path"),
-                   str(at("data.eval_data_path"), ": is unsupported (no online evaluation)"),
-                   "use data.eval_hidden_states_path");
-  if (!val("deployment.trainer.node_rank").is_null) {
-    FSDP_USAGE_CHECK(num("deployment.trainer.node_rank") < num("deployment.trainer.nnodes"),
-                     str(at("deployment.trainer.node_rank"), ": must be smaller than nnodes"),
-                     "fix node_rank");
-  }
-  FSDP_USAGE_CHECK(
-      num("deployment.trainer.nnodes") <= 1 || is_set("deployment.trainer.master_addr"),
-      str(at("deployment.trainer.nnodes"),
-          ": master_addr is required when nnodes "
-          "> 1"),
-      "set deployment.trainer.master_addr");
-  FSDP_USAGE_CHECK(
-      num("runtime.in_flight_low_watermark") <= num("runtime.in_flight_high_watermark"),
-      str(source_name,
-          ": runtime.in_flight_low_watermark must be <= "
-          "runtime.in_flight_high_watermark"),
-      "fix the watermarks");
-  FSDP_USAGE_CHECK(
-      num("training.down_sample_ratio_min") > 0 &&
-          num("training.down_sample_ratio_min") <= num("training.down_sample_ratio"),
-      str(at("training.down_sample_ratio_min"), ": must be in (0, training.down_sample_ratio]"),
-      "fix the ratio");
-  if (has_disagg_section) {
-    FSDP_USAGE_CHECK(text_of("deployment.disaggregated.backend") != "shared_dir" ||
-                         is_set("deployment.disaggregated.store_root"),
-                     str(source_name,
-                         ": deployment.disaggregated.store_root is required for "
-                         "shared_dir"),
-                     "set store_root");
-  }
-  {
-    const std::string mod = text_of("model.input_modality");
-    FSDP_USAGE_CHECK(
-        !mod.empty() && mod.find_first_of(" \t\n") == std::string::npos,
-        str(at("model.input_modality"), ": must be a non-empty identifier without whitespace"),
-        "write input_modality: text");
-  }
-
-  // Refusals, then the mapping.
+  Resolved r = resolve_values(text, source_name, overrides);
+  check_deployment(r);
+  check_data(r);
+  check_training(r);
+  check_runtime(r);
+  check_model(r);
   SchemaLoad out;
-  for (const auto& k : keys()) {
-    auto it = all.find(k.path);
-    if (it == all.end()) continue;
-    const Value& v = it->second;
-    if (k.use == SchemaUse::kRefused) {
-      const std::string reason =
-          k.refusal ? k.refusal(v) : (same_as_default(k, v) ? std::string() : k.effect);
-      FSDP_USAGE_CHECK(reason.empty(),
-                       str(at(k.path), ": ", value_text(v), " is not supported: ",
-                           k.refusal ? reason : k.effect.substr(k.effect.find(": ") + 2)),
-                       k.hint);
-      if (v.given && !same_as_default(k, v)) cfg->specforge_flags[k.path] = value_text(v);
-      continue;
-    }
-    if (k.use == SchemaUse::kRecorded) {
-      if (v.given && !same_as_default(k, v)) {
-        cfg->specforge_flags[k.path] = value_text(v);
-        out.report.push_back(str(k.path, " = ", value_text(v), ": ", k.effect));
-      }
-      continue;
-    }
-  }
-  // Keys that set options, in table order; torch_dtype after fsdp_sharding (it depends on
-  // it) and run_id after the tracking keys (it fills the names they left empty).
-  const std::set<std::string> late = {"model.torch_dtype", "run_id"};
-  std::vector<const Key*> order;
-  for (const auto& k : keys())
-    if (!late.count(k.path)) order.push_back(&k);
-  for (const auto& p : late) order.push_back(find_key(p));
-  for (const Key* kp : order) {
-    const Key& k = *kp;
-    if (k.use != SchemaUse::kSets) continue;
-    auto it = all.find(k.path);
-    if (it == all.end()) continue;
-    const Value& v = it->second;
-    const std::string src = at(k.path);
-    // SpecForge's flags without effect here (tp_size, chat_template, ...): recorded when given.
-    if (!v.given && !k.option.empty() && option(k.option).cli_only) continue;
-    if (k.apply) {
-      k.apply(k, v, *cfg, src);
-    } else if (!v.is_null) {
-      set_option(k.option, option_value(v), *cfg, src);
-    }
-    if (v.given && !k.option.empty()) {
-      const OptionSpec& spec = option(k.option);
-      out.set_options.push_back(spec.alias_of.empty() ? spec.name : spec.alias_of);
-    }
-  }
-  // specforge train's semantics where they differ from the offline script's defaults
-  // (docs/migration-from-specforge.md): no per-epoch checkpoints or evaluations (its counters
-  // are optimizer updates: save_interval and eval_interval above), a draft config made from the
-  // target's own fields. Flags after the file may still change them.
-  const std::string semantics = str(source_name, " (SpecForge's typed schema)");
-  set_option("save-interval", OptionValue{false, "0", {}}, *cfg, semantics);
-  set_option("eval-interval", OptionValue{false, "0", {}}, *cfg, semantics);
-  set_option("auto-draft-config", OptionValue{false, "target", {}}, *cfg, semantics);
-  const int64_t ranks = static_cast<int64_t>(num("deployment.trainer.nnodes") *
-                                             num("deployment.trainer.nproc_per_node"));
-  if (world_size > 0 && ranks != world_size) {
-    out.report.push_back(str("warning: deployment.trainer asks for ", ranks, " rank(s) (nnodes ",
-                             text_of("deployment.trainer.nnodes"), " x nproc_per_node ",
-                             text_of("deployment.trainer.nproc_per_node"), "); this run has ",
-                             world_size, ": the global batch is batch_size x ", world_size,
-                             " x accumulation_steps (launch with fsdp-train --nproc-per-node ",
-                             ranks, " or mpirun -np ", ranks, " for SpecForge's)"));
-  }
+  apply_refusals_and_records(r, cfg, &out);
+  apply_settings(r, cfg, &out);
+  apply_typed_semantics(source_name, cfg);
+  note_world_size(r, world_size, &out);
   return out;
 }
 

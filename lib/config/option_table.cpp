@@ -4,11 +4,15 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <iterator>
+#include <optional>
+#include <tuple>
 #include <type_traits>
 
 #include "config/options.h"
 #include "config/value_parse.h"
 #include "core/error.h"
+#include "data/loader_options.h"
 
 namespace fsdp::config {
 
@@ -72,9 +76,36 @@ struct EnumNames<LrScheduler> {
   static constexpr const char* names[] = {"cosine", "linear", "constant"};
 };
 
+template <>
+struct EnumNames<TrainingStrategy> {
+  static constexpr const char* names[] = {"eagle3", "dflash", "dspark"};
+};
+template <>
+struct EnumNames<BlockLossType> {
+  static constexpr const char* names[] = {"dflash", "dpace", "dpace-cumulative-confidence-only",
+                                          "dpace-continuation-value-only"};
+};
+template <>
+struct EnumNames<MetricSink> {
+  static constexpr const char* names[] = {"tensorboard", "wandb", "mlflow"};
+};
+
 template <class E>
 std::vector<std::string> enum_choices() {
   return {std::begin(EnumNames<E>::names), std::end(EnumNames<E>::names)};
+}
+
+// The value named `text` exactly; nullopt for anything else.
+template <class E>
+std::optional<E> enum_value(const std::string& text) {
+  for (size_t i = 0; i < std::size(EnumNames<E>::names); ++i)
+    if (text == EnumNames<E>::names[i]) return static_cast<E>(i);
+  return std::nullopt;
+}
+
+template <class E>
+const char* enum_name(E value) {
+  return EnumNames<E>::names[static_cast<size_t>(value)];
 }
 
 std::string one_of(const std::vector<std::string>& choices) {
@@ -239,6 +270,25 @@ OptionSpec exact_choice_row(std::string name, std::string group, std::string hel
   return s;
 }
 
+// The words of a list option's value: each item (a YAML sequence, or the words on the command
+// line) split at commas, lower-cased.
+std::vector<std::string> list_words(const OptionValue& v) {
+  std::vector<std::string> words;
+  for (const auto& raw : v.list.empty() ? std::vector<std::string>{v.text} : v.list) {
+    for (const auto& part : detail::split_list(raw)) words.push_back(detail::to_lower(part));
+  }
+  return words;
+}
+
+// A list option bound to a vector of enum values: the saved text is the values' names.
+template <class E>
+OptionValue enum_list_value(const std::vector<E>& values, const std::string& empty_text) {
+  OptionValue v;
+  for (E e : values) v.list.emplace_back(enum_name(e));
+  v.text = v.list.empty() ? empty_text : one_of(v.list);
+  return v;
+}
+
 // --report-to: several of tensorboard, wandb, mlflow; "jsonl" (always on) and "none" are accepted.
 OptionSpec report_to_row() {
   OptionSpec s;
@@ -250,14 +300,10 @@ OptionSpec report_to_row() {
       "'jsonl' and 'none' are accepted)";
   s.choices = {"jsonl", "tensorboard", "wandb", "mlflow", "none"};
   s.set = [](TrainConfig& c, const OptionValue& v, const std::string& src) {
-    std::vector<std::string> items;
-    for (const auto& raw : v.list.empty() ? std::vector<std::string>{v.text} : v.list) {
-      for (const auto& part : detail::split_list(raw)) items.push_back(detail::to_lower(part));
-    }
-    std::vector<std::string> out;
+    std::vector<MetricSink> out;
     bool none = false;
-    for (const auto& it : items) {
-      const bool sink = it == "tensorboard" || it == "wandb" || it == "mlflow";
+    for (const auto& it : list_words(v)) {
+      const std::optional<MetricSink> sink = enum_value<MetricSink>(it);
       FSDP_USAGE_CHECK(
           sink || it == "jsonl" || it == "none",
           str(src, ": '", it, "' is not one of jsonl, tensorboard, wandb, mlflow, none"),
@@ -265,25 +311,18 @@ OptionSpec report_to_row() {
                             "mlflow and/or tensorboard"
                           : "list any of tensorboard, wandb and mlflow, or none");
       if (it == "none") none = true;
-      if (sink && std::find(out.begin(), out.end(), it) == out.end()) {
-        out.push_back(it);
-      }
+      if (sink && std::find(out.begin(), out.end(), *sink) == out.end()) out.push_back(*sink);
     }
     FSDP_USAGE_CHECK(!(none && !out.empty()),
-                     str(src, ": 'none' cannot be combined with ", one_of(out)),
+                     str(src, ": 'none' cannot be combined with ", enum_list_value(out, "").text),
                      "drop 'none' or the other sinks");
     c.metrics.report_to = out;
   };
-  s.get = [](const TrainConfig& c) {
-    OptionValue v;
-    v.list = c.metrics.report_to;
-    v.text = c.metrics.report_to.empty() ? "none" : one_of(c.metrics.report_to);
-    return v;
-  };
+  s.get = [](const TrainConfig& c) { return enum_list_value(c.metrics.report_to, "none"); };
   return s;
 }
 
-// --lora-targets: a comma list of the draft's projections (model::lora_target_names()).
+// --lora-targets: a comma list of the draft's projections (model/lora_target.h).
 OptionSpec lora_targets_row() {
   OptionSpec s;
   s.name = "lora-targets";
@@ -292,18 +331,16 @@ OptionSpec lora_targets_row() {
   s.help =
       "projections of every decoder layer that get a LoRA adapter with --lora-rank, any of: "
       "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj";
-  s.choices = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
-  s.set = [choices = s.choices](TrainConfig& c, const OptionValue& v, const std::string& src) {
-    std::vector<std::string> out;
-    for (const auto& raw : v.list.empty() ? std::vector<std::string>{v.text} : v.list) {
-      for (const auto& part : detail::split_list(raw)) {
-        const std::string it = detail::to_lower(part);
-        FSDP_USAGE_CHECK(std::find(choices.begin(), choices.end(), it) != choices.end(),
-                         str(src, ": '", it, "' is not a projection of the draft"),
-                         "list any of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, "
-                         "down_proj");
-        if (std::find(out.begin(), out.end(), it) == out.end()) out.push_back(it);
-      }
+  s.choices = model::lora_target_names(model::all_lora_targets());
+  s.set = [](TrainConfig& c, const OptionValue& v, const std::string& src) {
+    std::vector<model::LoraTarget> out;
+    for (const auto& it : list_words(v)) {
+      const std::optional<model::LoraTarget> target = model::parse_lora_target(it);
+      FSDP_USAGE_CHECK(target.has_value(),
+                       str(src, ": '", it, "' is not a projection of the draft"),
+                       "list any of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, "
+                       "down_proj");
+      if (std::find(out.begin(), out.end(), *target) == out.end()) out.push_back(*target);
     }
     FSDP_USAGE_CHECK(!out.empty(), str(src, ": no projection given"),
                      "list at least one, e.g. q_proj,v_proj");
@@ -311,9 +348,40 @@ OptionSpec lora_targets_row() {
   };
   s.get = [](const TrainConfig& c) {
     OptionValue v;
-    v.list = c.model.lora_targets;
-    v.text = one_of(c.model.lora_targets);
+    v.list = model::lora_target_names(c.model.lora_targets);
+    v.text = one_of(v.list);
     return v;
+  };
+  return s;
+}
+
+// --strategy: a draft family of EnumNames<TrainingStrategy>, or none (chosen later from the draft
+// config's architectures).
+OptionSpec strategy_row() {
+  OptionSpec s;
+  s.name = "strategy";
+  s.kind = OptionKind::kEnum;
+  s.group = "Model";
+  s.help =
+      "the draft family trained (SpecForge's training.strategy): eagle3, dflash or dspark; none: "
+      "the family the draft config's architectures names";
+  s.choices = enum_choices<TrainingStrategy>();
+  s.choices.insert(s.choices.begin(), "none");
+  s.set = [choices = s.choices](TrainConfig& c, const OptionValue& v, const std::string& src) {
+    if (v.is_null || is_null_text(v.text)) {
+      c.strategy.reset();
+      return;
+    }
+    const std::optional<TrainingStrategy> e =
+        enum_value<TrainingStrategy>(detail::to_lower(v.text));
+    FSDP_USAGE_CHECK(e.has_value(), str(src, ": '", v.text, "' is not one of ", one_of(choices)),
+                     "pick eagle3, dflash or dspark (fsdp-train trains no other SpecForge "
+                     "strategy), or none to follow the draft config");
+    c.strategy = *e;
+  };
+  s.get = [](const TrainConfig& c) {
+    return c.strategy ? OptionValue{false, enum_name(*c.strategy), {}}
+                      : OptionValue{true, "none", {}};
   };
   return s;
 }
@@ -519,6 +587,7 @@ void add_model_rows(std::vector<OptionSpec>& t) {
                                "template with the target's sizes, written to "
                                "<cache-dir>/draft_configs/)",
                                FIELD(model.draft_model_config)));
+  t.push_back(strategy_row());
   t.push_back(row<model::AuxIdConvention>(
       "aux-layer-convention", K::kEnum, md,
       "what the draft config's eagle_config.eagle_aux_hidden_state_layer_ids mean: "
@@ -621,9 +690,11 @@ void add_data_rows(std::vector<OptionSpec>& t) {
                                "SpecForge chat template name" + unused, FIELD(data.chat_template)));
   t.push_back(row<int64_t>("max-length", K::kInt, da, "truncate samples to this many tokens",
                            FIELD(data.max_length)));
+  using data::LoaderOptions;
   t.back().bounds =
-      whole(2, 1 << 20, "",
-            "give --max-length a whole number from 2 (a token and its successor) to 1048576");
+      whole(LoaderOptions::kMinMaxLength, LoaderOptions::kMaxMaxLength, "",
+            str("give --max-length a whole number from ", LoaderOptions::kMinMaxLength,
+                " (a token and its successor) to ", LoaderOptions::kMaxMaxLength));
   t.push_back(row<std::string>("cache-dir", K::kPath, da,
                                "where the vocab mapping and other derived data are cached",
                                FIELD(data.cache_dir)));
@@ -634,7 +705,7 @@ void add_data_rows(std::vector<OptionSpec>& t) {
                            "threads per rank that read and collate micro-batches ahead of the "
                            "trainer (0: 1 on the CPU, 4 on a GPU)",
                            FIELD(data.loader_threads)));
-  t.back().bounds = whole(0, 64, " (0: 1 on the CPU, 4 on a GPU)");
+  t.back().bounds = whole(0, LoaderOptions::kMaxThreads, " (0: 1 on the CPU, 4 on a GPU)");
   t.push_back(row<double>(
       "noise-std", K::kFloat, da,
       "noise added to the aux hidden states (the fc input) of training samples, never to "
@@ -642,9 +713,10 @@ void add_data_rows(std::vector<OptionSpec>& t) {
       "The noise of a sample depends only on --seed, the epoch and the sample (docs/usage.md)",
       FIELD(data.noise_std)));
   t.back().bounds = at_least(0, false,
-                             "give --noise-std 0 (off) or a small positive value, e.g. 0.05 "
-                             "(speculators' default); at most 100",
-                             100);
+                             str("give --noise-std 0 (off) or a small positive value, e.g. 0.05 "
+                                 "(speculators' default); at most ",
+                                 data::NoiseOptions::kMaxStd),
+                             data::NoiseOptions::kMaxStd);
   t.push_back(
       row<NoiseType>("noise-type", K::kEnum, da,
                      "distribution of --noise-std's noise: uniform, U(-std, std) as speculators' "
@@ -749,6 +821,70 @@ void add_training_rows(std::vector<OptionSpec>& t) {
   t.push_back(row<bool>("eval-only", K::kBool, tr,
                         "evaluate the initial or resumed weights, print the metrics and exit",
                         FIELD(loop.eval_only)));
+}
+
+// The training knobs of DFlash-family drafts (DFlash, DSpark): SpecForge 0.2.0's training and
+// model keys. They are accepted whatever the draft; the algorithm that reads them checks what it
+// needs.
+void add_dflash_rows(std::vector<OptionSpec>& t) {
+  const std::string df = "DFlash and DSpark";
+  using data::LoaderOptions;  // a sample has at most LoaderOptions::kMaxMaxLength positions
+  t.push_back(row<std::optional<int64_t>>(
+      "draft-block-size", K::kOptInt, df,
+      "DFlash drafts: tokens per block (an anchor and the positions predicted from it), "
+      "replacing the draft config's block_size (SpecForge's model.draft_block_size); none: the "
+      "draft config's",
+      FIELD(dflash.block_size)));
+  t.back().bounds = whole(1, LoaderOptions::kMaxMaxLength);
+  t.push_back(row<std::optional<int64_t>>(
+      "mask-token-id", K::kOptInt, df,
+      "DFlash and DSpark drafts: the token id fed at the masked positions of a block "
+      "(SpecForge's model.mask_token_id); none: the draft config's",
+      FIELD(dflash.mask_token_id)));
+  t.back().bounds = whole(0, (int64_t{1} << 31) - 1);
+  t.push_back(row<int64_t>("num-anchors", K::kInt, df,
+                           "DFlash and DSpark drafts: anchor positions sampled per sample, each "
+                           "starting a block (SpecForge's training.num_anchors)",
+                           FIELD(dflash.num_anchors)));
+  t.back().bounds = whole(1, LoaderOptions::kMaxMaxLength);
+  t.push_back(row<std::optional<double>>(
+      "loss-decay-gamma", K::kOptFloat, df,
+      "DFlash and DSpark drafts: the loss weight decays exponentially over a block's positions "
+      "with this length (SpecForge's training.loss_decay_gamma); none or 0: equal weights",
+      FIELD(dflash.loss_decay_gamma)));
+  t.back().bounds = at_least(0, false,
+                             "give --loss-decay-gamma a decay length > 0, e.g. 7, or 0 or none "
+                             "for equal weights");
+  t.push_back(row<int64_t>(
+      "objective-chunk-blocks", K::kInt, df,
+      "DFlash and DSpark drafts: anchor blocks per slice of the objective, whose logits are "
+      "recomputed in backward (SpecForge's training.objective_chunk_blocks); 0: all blocks at once",
+      FIELD(dflash.objective_chunk_blocks)));
+  t.back().bounds = whole(0, LoaderOptions::kMaxMaxLength, " (0: all blocks at once)");
+  t.push_back(row<BlockLossType>(
+      "block-loss-type", K::kEnum, df,
+      "DFlash drafts: the objective over a block (SpecForge's training.loss_type): dflash "
+      "(cross-entropy), dpace (D-PACE's weights from --dpace-alpha), or one of D-PACE's factors "
+      "alone",
+      FIELD(dflash.loss_type)));
+  t.push_back(row<double>("dpace-alpha", K::kFloat, df,
+                          "DFlash drafts with a dpace --block-loss-type: D-PACE's smoothing of "
+                          "the draft's probabilities (SpecForge's training.dpace_alpha)",
+                          FIELD(dflash.dpace_alpha)));
+  t.back().bounds = interval(0, false, 1, false, "give --dpace-alpha a number in [0, 1], e.g. 0.5");
+  for (const auto& [name, term, acc] :
+       std::vector<std::tuple<const char*, const char*, Accessor<double>>>{
+           {"dspark-ce-loss-alpha", "cross-entropy", FIELD(dflash.dspark_ce_loss_alpha)},
+           {"dspark-l1-loss-alpha", "L1", FIELD(dflash.dspark_l1_loss_alpha)},
+           {"dspark-confidence-head-alpha", "confidence-head",
+            FIELD(dflash.dspark_confidence_head_alpha)}}) {
+    std::string key = name;  // SpecForge's spelling: the YAML key
+    std::replace(key.begin(), key.end(), '-', '_');
+    t.push_back(row<double>(
+        name, K::kFloat, df,
+        str("DSpark drafts: weight of its ", term, " term (SpecForge's training.", key, ")"), acc));
+    t.back().bounds = at_least(0, false, str("give --", name, " a weight >= 0"));
+  }
 }
 
 // AdamW and the learning-rate schedule.
@@ -1028,7 +1164,9 @@ void add_specforge_alias_rows(std::vector<OptionSpec>& t) {
   t.push_back(alias_row(t, "dataloader-num-workers", "loader-threads",
                         "SpecForge's DataLoader workers: sets --loader-threads (0, SpecForge's "
                         "'load in the main process', means one reader thread)"));
-  t.back().bounds = whole(0, 64, "", "give 0 to 64 reader threads (0: one)");
+  t.back().bounds =
+      whole(0, data::LoaderOptions::kMaxThreads, "",
+            str("give 0 to ", data::LoaderOptions::kMaxThreads, " reader threads (0: one)"));
   t.back().set = [](TrainConfig& c, const OptionValue& v, const std::string& src) {
     const int64_t n = parse_int(v.text, src);
     option("dataloader-num-workers").check_int(n, src);
@@ -1041,8 +1179,8 @@ void add_specforge_alias_rows(std::vector<OptionSpec>& t) {
   t.back().set = [](TrainConfig& c, const OptionValue& v, const std::string& src) {
     auto& sinks = c.metrics.report_to;
     const bool on = parse_bool(v.text, src);
-    const auto it = std::find(sinks.begin(), sinks.end(), "wandb");
-    if (on && it == sinks.end()) sinks.push_back("wandb");
+    const auto it = std::find(sinks.begin(), sinks.end(), MetricSink::kWandb);
+    if (on && it == sinks.end()) sinks.push_back(MetricSink::kWandb);
     if (!on && it != sinks.end()) sinks.erase(it);
   };
   t.push_back(alias_row(t, "verbose", "log-level", "SpecForge's switch for --log-level debug"));
@@ -1112,6 +1250,7 @@ std::vector<OptionSpec> build_table() {
   add_model_rows(t);
   add_data_rows(t);
   add_training_rows(t);
+  add_dflash_rows(t);
   add_optimizer_rows(t);
   add_sharding_rows(t);
   add_checkpoint_rows(t);
@@ -1127,6 +1266,10 @@ std::vector<OptionSpec> build_table() {
 #undef FIELD
 
 }  // namespace
+
+const char* to_string(TrainingStrategy v) {
+  return enum_name(v);
+}
 
 std::string OptionSpec::yaml_key() const {
   std::string k = name;

@@ -71,7 +71,7 @@ const char* to_string(NoiseType v) {
   return "?";
 }
 
-bool TrainConfig::reports_to(const std::string& sink) const {
+bool TrainConfig::reports_to(MetricSink sink) const {
   return std::find(metrics.report_to.begin(), metrics.report_to.end(), sink) !=
          metrics.report_to.end();
 }

@@ -11,6 +11,7 @@
 
 #include "core/log.h"
 #include "model/aux_layers.h"
+#include "model/lora_target.h"
 
 namespace fsdp::config {
 
@@ -51,12 +52,29 @@ enum class AutoDraftConfig { kTemplate, kTarget };
 // kNone is written "" (or "none").
 enum class LkLossType { kNone, kLambda, kAlpha };
 
+// --report-to: the metric sinks besides metrics.jsonl (always written), in the order given.
+enum class MetricSink { kTensorBoard, kWandb, kMlflow };
+
+// --strategy (SpecForge's training.strategy): the draft family a run trains. Unset, the family is
+// the one the draft config's architectures names.
+enum class TrainingStrategy { kEagle3, kDFlash, kDSpark };
+// --block-loss-type (SpecForge's training.loss_type): a DFlash draft's objective over its blocks:
+// DFlash's cross-entropy, D-PACE's weighted one, or one of D-PACE's two factors alone.
+enum class BlockLossType {
+  kDFlash,
+  kDPace,
+  kDPaceCumulativeConfidenceOnly,
+  kDPaceContinuationValueOnly
+};
+
 const char* to_string(ShardingStrategy v);
 const char* to_string(Precision v);
 const char* to_string(LossNormalization v);
 const char* to_string(DeviceKind v);
 const char* to_string(LrScheduler v);
 const char* to_string(NoiseType v);
+// "eagle3", "dflash", "dspark": the --strategy row's spelling (option_table.cpp).
+const char* to_string(TrainingStrategy v);
 
 // Where the model comes from.
 struct ModelConfig {
@@ -78,8 +96,7 @@ struct ModelConfig {
   // fine-tuning); the adapters' scale is alpha / rank.
   int64_t lora_rank = 0;
   double lora_alpha = 16.0;
-  std::vector<std::string> lora_targets = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
-                                           "gate_proj", "up_proj", "down_proj"};
+  std::vector<model::LoraTarget> lora_targets = model::all_lora_targets();
   // What the draft config's eagle_config.eagle_aux_hidden_state_layer_ids mean (the features'
   // producer's convention; model/aux_layers.h). SpecForge's: id i = output of layer i.
   model::AuxIdConvention aux_layer_convention = model::AuxIdConvention::kLayerOutput;
@@ -148,6 +165,29 @@ struct LoopConfig {
   bool eval_only = false;
 };
 
+// The training knobs of DFlash-family drafts (DFlash, DSpark), with SpecForge 0.2.0's names and
+// defaults (its training and model sections); EAGLE3 runs do not read them.
+struct DFlashConfig {
+  // Anchor positions sampled per sample, each starting a block the draft predicts.
+  int64_t num_anchors = 512;
+  // The loss weight decays exponentially over a block's positions with this length; unset or
+  // <= 0: equal weights.
+  std::optional<double> loss_decay_gamma;
+  // Anchor blocks per slice of the objective (their logits are recomputed in backward); 0: all
+  // blocks at once.
+  int64_t objective_chunk_blocks = 128;
+  BlockLossType loss_type = BlockLossType::kDFlash;
+  double dpace_alpha = 0.5;  // D-PACE's smoothing of the draft's probabilities, in [0, 1]
+  // DSpark's weights of its cross-entropy, L1 and confidence-head terms.
+  double dspark_ce_loss_alpha = 0.1;
+  double dspark_l1_loss_alpha = 0.9;
+  double dspark_confidence_head_alpha = 1.0;
+  // Overrides of the draft config: its block_size (tokens per block), and the token id of the
+  // masked positions of a block. Unset: the draft config's.
+  std::optional<int64_t> block_size;
+  std::optional<int64_t> mask_token_id;
+};
+
 // The sharding engine's policy.
 struct ShardConfig {
   ShardingStrategy strategy = ShardingStrategy::kFullShard;
@@ -195,9 +235,9 @@ struct EvalConfig {
 
 struct MetricsConfig {
   int64_t log_steps = 50;
-  // Extra sinks: any of "tensorboard", "wandb", "mlflow"; metrics.jsonl is always written.
-  // "none" and "jsonl" are accepted on input and normalised away.
-  std::vector<std::string> report_to;
+  // Extra sinks, each once; metrics.jsonl is always written. "none" and "jsonl" are accepted on
+  // input and normalised away.
+  std::vector<MetricSink> report_to;
   std::string tensorboard_dir;  // empty: <output-dir>/tensorboard
   std::string wandb_project;
   std::string wandb_name;
@@ -225,7 +265,10 @@ struct ProfileConfig {
 };
 
 struct TrainConfig {
+  // The draft family trained; unset: chosen from the draft config's architectures.
+  std::optional<TrainingStrategy> strategy;
   ModelConfig model;
+  DFlashConfig dflash;
   DataConfig data;
   OptimConfig optim;
   LoopConfig loop;
@@ -245,7 +288,7 @@ struct TrainConfig {
   // (options.h OptionDependency) checks only these; never saved.
   std::map<std::string, std::string> given_options;
 
-  bool reports_to(const std::string& sink) const;
+  bool reports_to(MetricSink sink) const;
 };
 
 // Batch arithmetic (docs/reference.md §6) for a data-parallel size.

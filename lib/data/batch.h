@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "data/loader_options.h"
+
 namespace fsdp::data {
 
 // A sample exactly as stored (after validation and dtype normalisation), S tokens:
@@ -42,10 +44,6 @@ struct Sample {
 };
 
 Sample process_sample(const RawSample& raw, int64_t max_length);
-
-// The layout a draft family reads (LoaderOptions::layout): kShifted is process_sample's (EAGLE3),
-// kBlock process_block_sample's (DFlash, DSpark).
-enum class SampleLayout { kShifted, kBlock };
 
 // A block draft's sample, S' = min(S, max_length), nothing shifted (the draft's blocks index the
 // sequence themselves): input_ids, loss_mask and aux = the captured layers' hidden states

@@ -10,30 +10,10 @@
 #include <chrono>
 #include <sstream>
 
-#include "config/options.h"
 #include "core/log.h"
 #include "core/timer.h"
 
 namespace fsdp::data {
-
-void LoaderOptions::validate() const {
-  // The flags' bounds are the option table's; the rest are set by code, not by users.
-  config::option("max-length").check_int(max_length);
-  config::option("loader-threads").check_int(prefetch_threads);
-  // --loader-threads 0 means "chosen by the trainer"; the loader gets the chosen count.
-  FSDP_CHECK(prefetch_threads >= 1,
-             str("loader: --loader-threads resolved to ", prefetch_threads, " reader threads"),
-             "this is a bug in fsdp-train (0 is resolved before the loader starts): please "
-             "report it with the command line and log");
-  FSDP_CHECK(prefetch_depth >= 1 && prefetch_depth <= 1024,
-             str("loader: prefetch depth ", prefetch_depth, " is outside [1, 1024]"),
-             "this is a bug in fsdp-train: please report it with the command line and log");
-  FSDP_USAGE_CHECK(read_retries >= 0 && retry_delay_s >= 0,
-                   str("loader read retries ", read_retries, " / delay ", retry_delay_s,
-                       " must not be negative"),
-                   "this is a bug in fsdp-train: please report it with the command line and log");
-  noise.validate();
-}
 
 DataLoader::DataLoader(std::shared_ptr<FeatureDataset> dataset, DistributedSampler sampler,
                        LoaderOptions options)

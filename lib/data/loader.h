@@ -17,37 +17,11 @@
 
 #include "data/batch.h"
 #include "data/dataset.h"
+#include "data/loader_options.h"
 #include "data/noise.h"
 #include "data/sampler.h"
 
 namespace fsdp::data {
-
-struct LoaderOptions {
-  int64_t max_length = 2048;      // --max-length: samples are truncated to this many tokens
-  int prefetch_threads = 1;       // --loader-threads, resolved: background reader threads (>= 1)
-  int prefetch_depth = 4;         // micro-batches read ahead of the trainer (>= 1)
-  bool skip_bad_samples = false;  // --skip-bad-samples: replace bad samples by empty rows
-  bool pin_memory = false;        // pin batch tensors (GPU hosts only)
-  // A sample whose file cannot be opened or read (SampleReadError) is read again this many
-  // times, after retry_delay_s, then twice that, ..., before it counts as bad: shared
-  // filesystems have transient failures, and a multi-day run should not end on one.
-  int read_retries = 3;
-  double retry_delay_s = 1.0;
-  // Noise added to each good sample's aux hidden state (data/noise.h); off by default, and the
-  // trainer turns it on for the training loader only, never for evaluation.
-  NoiseOptions noise;
-  // How a sample is laid out for the draft (data/batch.h): shifted for EAGLE3, unshifted blocks
-  // for DFlash and DSpark (no sequence parallelism).
-  SampleLayout layout = SampleLayout::kShifted;
-  // Sequence parallelism (data::slice_batch): this rank's place in its group and the window's
-  // halo (ttt_length - 1); the sampler is then the data-parallel one, shared by the group.
-  // Datasets that read rows alone (FeatureDataset::reads_rows, no noise): each rank reads its
-  // window. Others: group rank 0 reads the sample whole and the others read nothing
-  // (Batch::awaits_share), so a sample is read once per group.
-  int sp_rank = 0, sp_size = 1;
-  int64_t sp_halo = 0;
-  void validate() const;  // throws UsageError naming the option
-};
 
 struct BadSampleRecord {
   int64_t index = 0;

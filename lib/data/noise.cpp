@@ -8,7 +8,6 @@
 
 #include <cmath>
 
-#include "config/options.h"
 #include "core/error.h"
 #include "core/hash.h"
 
@@ -22,13 +21,6 @@ float unit_float(uint32_t x) {
 }
 
 }  // namespace
-
-void NoiseOptions::validate() const {
-  // The flag's parser refuses non-finite text; this catches values set by code or a YAML file.
-  FSDP_USAGE_CHECK(std::isfinite(std), str("--noise-std ", std, " is not a finite number"),
-                   "give --noise-std 0 (off) or a small positive value, e.g. 0.05");
-  config::option("noise-std").check_float(std);
-}
 
 NoiseStream noise_stream(uint64_t seed, int64_t epoch, int64_t sample_index) {
   // A domain constant keeps these keys apart from anything else seeded with --seed.

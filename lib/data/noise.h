@@ -9,19 +9,9 @@
 
 #include <cstdint>
 
+#include "data/loader_options.h"
+
 namespace fsdp::data {
-
-// kUniform: U(-std, std), speculators' AddUniformNoise (2 * (rand - 0.5) * std), whose standard
-// deviation is std / sqrt(3); kGaussian: N(0, std^2), speculators' AddGaussianNoise.
-enum class NoiseType { kUniform, kGaussian };
-
-struct NoiseOptions {
-  double std = 0;  // --noise-std: 0 turns noise off
-  NoiseType type = NoiseType::kUniform;
-  uint64_t seed = 0;  // the run's --seed
-  bool enabled() const { return std > 0; }
-  void validate() const;  // throws UsageError naming --noise-std
-};
 
 // The counter-based stream of one sample: Philox4x32-10 keyed by a hash of (seed, epoch) with the
 // dataset index as its subsequence, so distinct samples of an epoch never share a stream.

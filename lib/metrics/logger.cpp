@@ -64,6 +64,20 @@ MlflowOptions mlflow_options(const config::MetricsConfig& cfg, const SinkContext
   return m;
 }
 
+// --report-to wandb: the flags, and the run id of the checkpoint resumed from.
+WandbOptions wandb_options(const config::MetricsConfig& cfg, const SinkContext& ctx) {
+  WandbOptions w;
+  w.project = cfg.wandb_project;
+  w.name = cfg.wandb_name;
+  w.dir = cfg.wandb_dir.empty() ? ctx.output_dir : cfg.wandb_dir;
+  w.offline = cfg.wandb_offline;
+  w.config_json = ctx.config_json;
+  w.api_key = cfg.wandb_key;
+  // WANDB_RUN_ID in the environment is the user's explicit choice: W&B reads it itself.
+  if (!env::is_set("WANDB_RUN_ID")) w.resume_run_id = ctx.wandb_run_id;
+  return w;
+}
+
 }  // namespace
 
 std::unique_ptr<MetricsLogger> make_logger(const config::MetricsConfig& cfg,
@@ -74,24 +88,19 @@ std::unique_ptr<MetricsLogger> make_logger(const config::MetricsConfig& cfg,
                    "give --output-dir");
   logger->add(std::make_unique<ConsoleSink>(ctx.total_steps));
   logger->add(std::make_unique<JsonlSink>(ctx.output_dir + "/metrics.jsonl", ctx.resumed_step));
-  for (const auto& sink : cfg.report_to) {
-    if (sink == "tensorboard") {
-      logger->add(std::make_unique<TensorBoardSink>(
-          cfg.tensorboard_dir.empty() ? ctx.output_dir + "/tensorboard" : cfg.tensorboard_dir,
-          ctx.tensorboard_resumed_step));
-    } else if (sink == "wandb") {
-      WandbOptions w;
-      w.project = cfg.wandb_project;
-      w.name = cfg.wandb_name;
-      w.dir = cfg.wandb_dir.empty() ? ctx.output_dir : cfg.wandb_dir;
-      w.offline = cfg.wandb_offline;
-      w.config_json = ctx.config_json;
-      w.api_key = cfg.wandb_key;
-      // WANDB_RUN_ID in the environment is the user's explicit choice: W&B reads it itself.
-      if (!env::is_set("WANDB_RUN_ID")) w.resume_run_id = ctx.wandb_run_id;
-      logger->add(std::make_unique<WandbSink>(w));
-    } else if (sink == "mlflow") {
-      logger->add(std::make_unique<MlflowSink>(mlflow_options(cfg, ctx)));
+  for (const config::MetricSink sink : cfg.report_to) {
+    switch (sink) {
+      case config::MetricSink::kTensorBoard:
+        logger->add(std::make_unique<TensorBoardSink>(
+            cfg.tensorboard_dir.empty() ? ctx.output_dir + "/tensorboard" : cfg.tensorboard_dir,
+            ctx.tensorboard_resumed_step));
+        break;
+      case config::MetricSink::kWandb:
+        logger->add(std::make_unique<WandbSink>(wandb_options(cfg, ctx)));
+        break;
+      case config::MetricSink::kMlflow:
+        logger->add(std::make_unique<MlflowSink>(mlflow_options(cfg, ctx)));
+        break;
     }
   }
   return logger;

@@ -444,112 +444,138 @@ void check_fits_in_memory(const DraftConfig& c, uint64_t memory_bytes) {
 }
 }  // namespace
 
-void DraftConfig::validate() const {
-  auto positive = [&](const char* key, int64_t v) {
-    if (v <= 0) bad_key(source, key, str("must be positive, got ", v), "fix the value");
-  };
+namespace {
+
+void positive(const DraftConfig& c, const char* key, int64_t v) {
+  if (v <= 0) bad_key(c.source, key, str("must be positive, got ", v), "fix the value");
+}
+
+void check_architecture_and_sizes(const DraftConfig& c) {
   FSDP_USAGE_CHECK(
-      architectures.size() == 1 && architectures[0] == kArchitecture,
-      str("draft config ", source, ": key 'architectures' must be [\"", kArchitecture, "\"]"),
+      c.architectures.size() == 1 && c.architectures[0] == kArchitecture,
+      str("draft config ", c.source, ": key 'architectures' must be [\"", kArchitecture, "\"]"),
       "use a SpecForge EAGLE3 draft config");
-  positive("hidden_size", hidden_size);
-  positive("intermediate_size", intermediate_size);
-  positive("num_attention_heads", num_attention_heads);
-  positive("num_key_value_heads", num_key_value_heads);
-  positive("vocab_size", vocab_size);
-  positive("max_position_embeddings", max_position_embeddings);
-  if (num_hidden_layers < 1 || num_hidden_layers > 64) {
-    bad_key(source, "num_hidden_layers", str("is ", num_hidden_layers, ", not in [1, 64]"),
+  positive(c, "hidden_size", c.hidden_size);
+  positive(c, "intermediate_size", c.intermediate_size);
+  positive(c, "num_attention_heads", c.num_attention_heads);
+  positive(c, "num_key_value_heads", c.num_key_value_heads);
+  positive(c, "vocab_size", c.vocab_size);
+  positive(c, "max_position_embeddings", c.max_position_embeddings);
+}
+
+// The decoder layers and the fc variants (docs/model.md "Draft variants").
+void check_layers(const DraftConfig& c) {
+  if (c.num_hidden_layers < 1 || c.num_hidden_layers > 64) {
+    bad_key(c.source, "num_hidden_layers", str("is ", c.num_hidden_layers, ", not in [1, 64]"),
             "EAGLE3 drafts have one decoder layer (\"num_hidden_layers\": 1) or a few");
   }
-  if (fc_norm && norm_before_fc) {
-    bad_key(source, "norm_before_fc",
+  if (c.fc_norm && c.norm_before_fc) {
+    bad_key(c.source, "norm_before_fc",
             "and fc_norm are both true: one RMSNorm over all captured layers and one per layer "
             "are alternatives (speculators refuses the pair too)",
             "keep fc_norm (EAGLE3.1) or norm_before_fc, not both");
   }
-  if (num_attention_heads % num_key_value_heads != 0) {
-    bad_key(source, "num_key_value_heads",
-            str("(", num_key_value_heads, ") must divide num_attention_heads (",
-                num_attention_heads, ")"),
+}
+
+// Grouped-query attention with whole groups and an even (rotary) head dimension.
+void check_attention_shape(const DraftConfig& c) {
+  if (c.num_attention_heads % c.num_key_value_heads != 0) {
+    bad_key(c.source, "num_key_value_heads",
+            str("(", c.num_key_value_heads, ") must divide num_attention_heads (",
+                c.num_attention_heads, ")"),
             "grouped-query attention needs whole groups");
   }
-  if (head_dim) {
-    positive("head_dim", *head_dim);
-  } else if (hidden_size % num_attention_heads != 0) {
-    bad_key(source, "hidden_size",
-            str("(", hidden_size, ") is not divisible by num_attention_heads (",
-                num_attention_heads, ")"),
+  if (c.head_dim) {
+    positive(c, "head_dim", *c.head_dim);
+  } else if (c.hidden_size % c.num_attention_heads != 0) {
+    bad_key(c.source, "hidden_size",
+            str("(", c.hidden_size, ") is not divisible by num_attention_heads (",
+                c.num_attention_heads, ")"),
             "set \"head_dim\" explicitly");
   }
-  if (head_dim_value() % 2 != 0) {
-    bad_key(source, head_dim ? "head_dim" : "hidden_size",
-            str("gives an odd head dimension ", head_dim_value()),
+  if (c.head_dim_value() % 2 != 0) {
+    bad_key(c.source, c.head_dim ? "head_dim" : "hidden_size",
+            str("gives an odd head dimension ", c.head_dim_value()),
             "rotary embedding needs an even head_dim");
   }
-  if (draft_vocab_size) {
-    positive("draft_vocab_size", *draft_vocab_size);
-    if (*draft_vocab_size > vocab_size) {
-      bad_key(source, "draft_vocab_size",
-              str("(", *draft_vocab_size, ") exceeds vocab_size (", vocab_size, ")"),
+}
+
+// The draft vocabulary (a subset of the target's) and the target's hidden width.
+void check_vocab_and_target_width(const DraftConfig& c) {
+  if (c.draft_vocab_size) {
+    positive(c, "draft_vocab_size", *c.draft_vocab_size);
+    if (*c.draft_vocab_size > c.vocab_size) {
+      bad_key(c.source, "draft_vocab_size",
+              str("(", *c.draft_vocab_size, ") exceeds vocab_size (", c.vocab_size, ")"),
               "the draft vocabulary is a subset of the target vocabulary");
     }
   }
-  if (target_hidden_size) positive("target_hidden_size", *target_hidden_size);
-  if (!(rms_norm_eps > 0)) bad_key(source, "rms_norm_eps", "must be > 0", "use e.g. 1e-05");
-  if (!(rope_theta > 0)) bad_key(source, "rope_theta", "must be > 0", "use e.g. 10000");
-  if (!(initializer_range > 0) || !std::isfinite(initializer_range))
-    bad_key(source, "initializer_range", "must be a positive number", "use e.g. 0.02");
-  if (hidden_act != "silu") {
-    bad_key(source, "hidden_act", str("is '", hidden_act, "'; only 'silu' is supported"),
+  if (c.target_hidden_size) positive(c, "target_hidden_size", *c.target_hidden_size);
+}
+
+void check_scalars(const DraftConfig& c) {
+  if (!(c.rms_norm_eps > 0)) bad_key(c.source, "rms_norm_eps", "must be > 0", "use e.g. 1e-05");
+  if (!(c.rope_theta > 0)) bad_key(c.source, "rope_theta", "must be > 0", "use e.g. 10000");
+  if (!(c.initializer_range > 0) || !std::isfinite(c.initializer_range))
+    bad_key(c.source, "initializer_range", "must be a positive number", "use e.g. 0.02");
+  if (c.hidden_act != "silu") {
+    bad_key(c.source, "hidden_act", str("is '", c.hidden_act, "'; only 'silu' is supported"),
             "set \"hidden_act\": \"silu\"");
   }
+}
+
+// Keys that change the model and are not implemented here: trained as plain EAGLE3 they would
+// be exported as they are, and an engine would build (and look for weights of) parts that were
+// never trained. Refused by name (docs/model.md lists which keys are which).
+void check_untrained_keys(const DraftConfig& c) {
   // The draft's projections have no bias terms; a config saying otherwise would be exported
   // as is and make the serving engine look for bias weights that were never trained.
   for (const char* key : {"attention_bias", "mlp_bias"}) {
-    const auto it = extra_json.find(key);
+    const auto it = c.extra_json.find(key);
     // Anything but false, 0 or null would make Hugging Face's config truthy.
-    if (it != extra_json.end() && it->second != "false" && it->second != "0" &&
+    if (it != c.extra_json.end() && it->second != "false" && it->second != "0" &&
         it->second != "null")
-      bad_key(source, key, str("is ", it->second, ", but the EAGLE3 draft has no bias terms"),
+      bad_key(c.source, key, str("is ", it->second, ", but the EAGLE3 draft has no bias terms"),
               str("write \"", key, "\": false"));
   }
-  // Keys that change the model and are not implemented here: trained as plain EAGLE3 they would
-  // be exported as they are, and an engine would build (and look for weights of) parts that were
-  // never trained. Refused by name (docs/model.md lists which keys are which).
-  const json eagle = eagle_config_json.empty() ? json::object() : json::parse(eagle_config_json);
-  {
-    const auto it = extra_json.find("logit_scale");
-    if (it != extra_json.end() && it->second != "1" && it->second != "1.0" && it->second != "null")
-      bad_key(source, "logit_scale",
-              str("is ", it->second,
-                  " (vLLM scales the draft's logits by it), which fsdp-train "
-                  "does not train"),
-              "remove the key (or write 1.0)");
-  }
+  const auto scale = c.extra_json.find("logit_scale");
+  if (scale != c.extra_json.end() && scale->second != "1" && scale->second != "1.0" &&
+      scale->second != "null")
+    bad_key(c.source, "logit_scale",
+            str("is ", scale->second,
+                " (vLLM scales the draft's logits by it), which fsdp-train "
+                "does not train"),
+            "remove the key (or write 1.0)");
+  const json eagle =
+      c.eagle_config_json.empty() ? json::object() : json::parse(c.eagle_config_json);
   if (eagle.is_object() && eagle.contains("use_aux_hidden_state") &&
       eagle.at("use_aux_hidden_state") == false) {
-    bad_key(source, "eagle_config.use_aux_hidden_state",
+    bad_key(c.source, "eagle_config.use_aux_hidden_state",
             "is false (a draft without the target's captured layers), which fsdp-train does not "
             "train",
             "remove the key (EAGLE3 reads the captured target layers)");
   }
-  if (rope_scaling.type == RopeType::kLlama3 &&
-      rope_scaling.original_max_position_embeddings <= 0) {
-    bad_key(source, "rope_scaling.original_max_position_embeddings", "must be positive for llama3",
-            "copy rope_scaling from the target model's config.json");
-  }
-  check_fits_in_memory(*this, host_memory_bytes());
 }
 
-std::string DraftConfig::vllm_only_variants() const {
-  std::string out = num_hidden_layers > 1 ? str("num_hidden_layers ", num_hidden_layers) : "";
-  for (auto [key, on] : {std::pair<const char*, bool>{"fc_norm", fc_norm},
-                         {"norm_before_fc", norm_before_fc},
-                         {"norm_output", norm_output},
-                         {"norm_before_residual", norm_before_residual}})
-    if (on) out += (out.empty() ? "" : ", ") + std::string(key);
-  return out;
+void check_rope_scaling(const DraftConfig& c) {
+  if (c.rope_scaling.type == RopeType::kLlama3 &&
+      c.rope_scaling.original_max_position_embeddings <= 0) {
+    bad_key(c.source, "rope_scaling.original_max_position_embeddings",
+            "must be positive for llama3", "copy rope_scaling from the target model's config.json");
+  }
+}
+
+}  // namespace
+
+void DraftConfig::validate() const {
+  check_architecture_and_sizes(*this);
+  check_layers(*this);
+  check_attention_shape(*this);
+  check_vocab_and_target_width(*this);
+  check_scalars(*this);
+  check_untrained_keys(*this);
+  check_rope_scaling(*this);
+  check_fits_in_memory(*this, host_memory_bytes());
 }
 
 std::string DraftConfig::to_json() const {

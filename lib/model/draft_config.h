@@ -89,10 +89,6 @@ struct DraftConfig {
   int64_t q_out_features() const { return num_attention_heads * head_dim_value(); }
   int64_t kv_out_features() const { return num_key_value_heads * head_dim_value(); }
 
-  // The variants set (docs/model.md "Draft variants") that only vLLM serves as trained: "" for a
-  // plain EAGLE3 draft, else e.g. "num_hidden_layers 2, fc_norm, norm_output".
-  std::string vllm_only_variants() const;
-
   // Throws fsdp::UsageError naming the key and `source` for anything the model cannot run.
   void validate() const;
   // Pretty-printed JSON for config.json in checkpoints: every known key, eagle_config and the

@@ -460,42 +460,47 @@ bool is_lora_tensor(const std::string& name) {
   return name.find(".lora_A.") != std::string::npos || name.find(".lora_B.") != std::string::npos;
 }
 
-const std::vector<std::string>& lora_target_names() {
-  static const std::vector<std::string> names = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
-                                                 "gate_proj", "up_proj", "down_proj"};
-  return names;
-}
-
-ProjectionShape projection_shape(const DraftConfig& cfg, const std::string& target, int64_t layer) {
+ProjectionShape projection_shape(const DraftConfig& cfg, LoraTarget target, int64_t layer) {
   const int64_t H = cfg.hidden_size, I = cfg.intermediate_size;
   const int64_t attn_in = layer == 0 ? 2 * H : H;  // the first layer's attention reads [e; h]
-  if (target == "q_proj") return {attn_in, cfg.q_out_features()};
-  if (target == "k_proj" || target == "v_proj") return {attn_in, cfg.kv_out_features()};
-  if (target == "o_proj") return {cfg.q_out_features(), H};
-  if (target == "gate_proj" || target == "up_proj") return {H, I};
-  FSDP_CHECK(target == "down_proj", fsdp::str("unknown LoRA target '", target, "'"),
-             "name a projection of lora_target_names()");
-  return {I, H};
+  switch (target) {
+    case LoraTarget::kQProj:
+      return {attn_in, cfg.q_out_features()};
+    case LoraTarget::kKProj:
+    case LoraTarget::kVProj:
+      return {attn_in, cfg.kv_out_features()};
+    case LoraTarget::kOProj:
+      return {cfg.q_out_features(), H};
+    case LoraTarget::kGateProj:
+    case LoraTarget::kUpProj:
+      return {H, I};
+    case LoraTarget::kDownProj:
+      return {I, H};
+  }
+  FSDP_FAIL(fsdp::str("unknown LoRA target ", static_cast<int>(target)),
+            "this is a bug in fsdp-train: please report it");
+  return {};
 }
 
-void check_lora_rank(const DraftConfig& cfg, int64_t rank,
-                     const std::vector<std::string>& targets) {
+void check_lora_rank(const DraftConfig& cfg, int64_t rank, const std::vector<LoraTarget>& targets) {
   // Every later layer has the same shapes, so layers 0 and 1 cover the draft.
   for (int64_t layer = 0; layer < std::min<int64_t>(cfg.num_hidden_layers, 2); ++layer) {
-    for (const auto& t : targets) {
+    for (const LoraTarget t : targets) {
       const ProjectionShape p = projection_shape(cfg, t, layer);
       const int64_t limit = std::min(p.in, p.out);
+      const char* name = lora_target_name(t);
       FSDP_USAGE_CHECK(
           rank <= limit,
-          fsdp::str("--lora-rank ", rank, " is above min(in, out) = ", limit, " of ", t, " (", p.in,
-                    " -> ", p.out, " features in decoder layer ", layer, " of this draft)"),
-          fsdp::str("give --lora-rank at most ", limit, ", or drop ", t, " from --lora-targets"));
+          fsdp::str("--lora-rank ", rank, " is above min(in, out) = ", limit, " of ", name, " (",
+                    p.in, " -> ", p.out, " features in decoder layer ", layer, " of this draft)"),
+          fsdp::str("give --lora-rank at most ", limit, ", or drop ", name,
+                    " from --lora-targets"));
     }
   }
 }
 
 void Eagle3DraftImpl::enable_lora(int64_t rank, double alpha,
-                                  const std::vector<std::string>& targets) {
+                                  const std::vector<LoraTarget>& targets) {
   FSDP_USAGE_CHECK(rank >= 1, fsdp::str("LoRA rank must be >= 1, got ", rank),
                    "use --lora-rank 8, 16 or 32");
   FSDP_USAGE_CHECK(std::isfinite(alpha) && alpha > 0,
@@ -504,17 +509,10 @@ void Eagle3DraftImpl::enable_lora(int64_t rank, double alpha,
   FSDP_CHECK(lora_rank_ == 0, "LoRA enabled twice", "call enable_lora once");
   FSDP_USAGE_CHECK(!targets.empty(), "no LoRA targets given",
                    "list them with --lora-targets, e.g. q_proj,k_proj,v_proj,o_proj");
-  const auto& known = lora_target_names();
-  for (const auto& t : targets) {
-    std::string all;
-    for (const auto& k : known) all += (all.empty() ? "" : ",") + k;
-    FSDP_USAGE_CHECK(std::find(known.begin(), known.end(), t) != known.end(),
-                     fsdp::str("unknown LoRA target '", t, "'"),
-                     fsdp::str("--lora-targets takes names from: ", all));
-  }
   const double scale = alpha / static_cast<double>(rank);
-  auto want = [&](const char* name) {
-    return std::find(targets.begin(), targets.end(), name) != targets.end();
+  auto want = [&](const std::string& leaf) {
+    const std::optional<LoraTarget> t = parse_lora_target(leaf);
+    return t && std::find(targets.begin(), targets.end(), *t) != targets.end();
   };
   for (const auto& layer : layers_) {
     for (const auto& child : layer->named_modules("", /*include_self=*/false)) {
@@ -522,7 +520,7 @@ void Eagle3DraftImpl::enable_lora(int64_t rank, double alpha,
       if (!lin) continue;
       const std::string& path = child.key();  // self_attn.q_proj, mlp.down_proj, ...
       const std::string leaf = path.substr(path.rfind('.') + 1);
-      if (want(leaf.c_str())) lin->add_lora(rank, scale);
+      if (want(leaf)) lin->add_lora(rank, scale);
     }
   }
   for (auto& p : named_parameters(true)) p.value().set_requires_grad(is_lora_tensor(p.key()));

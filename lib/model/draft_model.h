@@ -19,6 +19,7 @@
 #include "core/unit_hooks.h"
 #include "model/draft_config.h"
 #include "model/linear_grad.h"
+#include "model/lora_target.h"
 #include "model/rope.h"
 #include "model/ttt_attention.h"
 
@@ -239,11 +240,10 @@ class Eagle3DraftImpl : public torch::nn::Module {
   void to(torch::Device device, bool non_blocking = false) override;
 
   // LoRA adaptation (docs/model.md "LoRA"): adds an adapter of `rank` with scale alpha / rank to
-  // every projection of every decoder layer whose name is in `targets` (q_proj, k_proj, v_proj,
-  // o_proj, gate_proj, up_proj, down_proj) and freezes every other parameter. Call before the
-  // sharding engine is built (it splits units by requires_grad). Throws UsageError naming an
-  // unknown target.
-  void enable_lora(int64_t rank, double alpha, const std::vector<std::string>& targets);
+  // every projection of every decoder layer that `targets` names (model/lora_target.h) and
+  // freezes every other parameter. Call before the sharding engine is built (it splits units by
+  // requires_grad). Throws UsageError for a rank below 1, a non-positive alpha or no target.
+  void enable_lora(int64_t rank, double alpha, const std::vector<LoraTarget>& targets);
   bool lora_enabled() const { return lora_rank_ > 0; }
 
   // Trainable parameters (those requiring a gradient: everything except embed_tokens, or the
@@ -282,20 +282,17 @@ namespace fsdp::model {
 // Whether a parameter name is a LoRA adapter's ("<module>.lora_A.weight" / ".lora_B.weight").
 bool is_lora_tensor(const std::string& name);
 
-// The LoRA target names enable_lora accepts, in PEFT's usual order.
-const std::vector<std::string>& lora_target_names();
-
-// In and out features of the projection `target` (a lora_target_names() name) in decoder layer
+// In and out features of the projection `target` in decoder layer
 // `layer` of a draft built from `cfg`: the first layer's q/k/v read the 2H concatenation of
 // embedding and hidden state, every later layer's read H.
 struct ProjectionShape {
   int64_t in = 0, out = 0;
 };
-ProjectionShape projection_shape(const DraftConfig& cfg, const std::string& target, int64_t layer);
+ProjectionShape projection_shape(const DraftConfig& cfg, LoraTarget target, int64_t layer);
 // A LoRA rank above min(in, out) of a targeted projection in any layer is no low-rank update
 // (and PEFT refuses to load it): a UsageError naming --lora-rank, the projection and both
 // numbers. Run at start-up, from the draft config alone, before anything is loaded.
-void check_lora_rank(const DraftConfig& cfg, int64_t rank, const std::vector<std::string>& targets);
+void check_lora_rank(const DraftConfig& cfg, int64_t rank, const std::vector<LoraTarget>& targets);
 
 // Folds LoRA adapters into their base weights in `state` (a full state dict by parameter name):
 // for every "<p>.lora_A.weight" with "<p>.lora_B.weight", "<p>.weight" becomes

@@ -230,7 +230,8 @@ void Eagle3::enable_lora(const WeightSources& weights) {
   for (const auto& p : draft_->named_parameters())
     (p.value().requires_grad() ? adapters : frozen) += p.value().numel();
   std::string targets;
-  for (const auto& t : cfg_.model.lora_targets) targets += (targets.empty() ? "" : ",") + t;
+  for (const auto t : cfg_.model.lora_targets)
+    targets += (targets.empty() ? "" : ",") + std::string(model::lora_target_name(t));
   FSDP_LOG0(kInfo) << "LoRA: rank " << cfg_.model.lora_rank << ", alpha " << cfg_.model.lora_alpha
                    << " (scale "
                    << cfg_.model.lora_alpha / static_cast<double>(cfg_.model.lora_rank) << ") on "
@@ -348,7 +349,8 @@ checkpoint::CheckpointExport Eagle3::checkpoint_export() const {
   e.dtype = train::to_dtype(cfg_.checkpoint.export_dtype);
   if (draft_->lora_enabled()) {
     e.lora = checkpoint::LoraRecord{cfg_.model.lora_rank, cfg_.model.lora_alpha,
-                                    cfg_.model.lora_targets, cfg_.model.init_checkpoint};
+                                    model::lora_target_names(cfg_.model.lora_targets),
+                                    cfg_.model.init_checkpoint};
     e.lora_adapters = cfg_.checkpoint.export_lora_adapters;
   }
   if (serving_.aux_layers) e.aux_layers_record = model::aux_layers_record(*serving_.aux_layers);

@@ -55,8 +55,24 @@ const Registration* registration_named(const std::string& name) {
   return nullptr;
 }
 
+void check_strategy(const config::TrainConfig& cfg, const Registration& r) {
+  if (!cfg.strategy) return;
+  const std::string name = config::to_string(*cfg.strategy);
+  if (name == r.name) return;
+  const Registration* wanted = registration_named(name);
+  FSDP_USAGE_FAIL(
+      fsdp::str("--strategy ", name, " (SpecForge's training.strategy), but the draft config ",
+                cfg.model.draft_model_config, " is a ", r.architecture, " (the ", r.name,
+                " family)"),
+      wanted ? fsdp::str("give a ", wanted->architecture, " draft config, or --strategy ", r.name)
+             : fsdp::str("fsdp-train does not train ", name, " drafts yet: give --strategy ",
+                         r.name, " or leave it out"));
+}
+
 std::unique_ptr<Algorithm> make_algorithm(const Context& ctx) {
-  return registration_for_draft_config(ctx.cfg->model.draft_model_config).make(ctx);
+  const Registration& r = registration_for_draft_config(ctx.cfg->model.draft_model_config);
+  check_strategy(*ctx.cfg, r);
+  return r.make(ctx);
 }
 
 }  // namespace fsdp::algo

@@ -27,7 +27,11 @@ const Registration& registration_for_draft_config(const std::string& path);
 // The family of `name` (SpecForge's training.strategy), or nullptr.
 const Registration* registration_named(const std::string& name);
 
-// The algorithm of the run's draft config.
+// --strategy, when given, must name the family of the draft config (SpecForge's rule: a strategy
+// requires its draft architecture): a UsageError naming both otherwise.
+void check_strategy(const config::TrainConfig& cfg, const Registration& r);
+
+// The algorithm of the run's draft config (its --strategy checked against it).
 std::unique_ptr<Algorithm> make_algorithm(const Context& ctx);
 
 }  // namespace fsdp::algo

@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 #include <catch2/catch.hpp>
 
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -86,3 +87,23 @@ inline void write_file(const std::string& path, const std::string& text) {
 }
 
 }  // namespace fsdp::config::test
+
+// How Catch2 prints the closed sets held in lists when a check fails (found by argument-dependent
+// lookup; LibTorch's operator<< for std::vector prints the items with it).
+namespace fsdp::config {
+inline std::ostream& operator<<(std::ostream& os, MetricSink s) {
+  return os << option("report-to")
+                   .get([&] {
+                     TrainConfig c;
+                     c.metrics.report_to = {s};
+                     return c;
+                   }())
+                   .text;
+}
+}  // namespace fsdp::config
+
+namespace fsdp::model {
+inline std::ostream& operator<<(std::ostream& os, LoraTarget t) {
+  return os << lora_target_name(t);
+}
+}  // namespace fsdp::model

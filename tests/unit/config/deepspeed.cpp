@@ -132,7 +132,7 @@ TEST_CASE("ZeRO-3 with explicit values maps every key", "[config]") {
   CHECK(c.optim.warmup_steps == 100);
   CHECK(c.loop.total_steps == 5000);
   CHECK(c.shard.reduce_dtype == Precision::kFP32);
-  CHECK(c.reports_to("tensorboard"));
+  CHECK(c.reports_to(MetricSink::kTensorBoard));
   CHECK(c.metrics.tensorboard_dir == "tb_logs/eagle3");
   // "auto" bucket sizes derived from the hidden size as the HF integration does.
   CHECK(has_line(report, "reduce_bucket_size: auto = 16777216 (from hidden size 4096)"));
@@ -167,7 +167,7 @@ TEST_CASE("ZeRO-3 with optimizer and parameter offload and auto batch", "[config
   CHECK(c.shard.strategy == ShardingStrategy::kHybridShard);
   CHECK(c.loop.draft_global_batch_size == 16);  // auto = 1 x 2 x 8
   CHECK(c.loop.gradient_accumulation_steps == 2);
-  CHECK(c.reports_to("wandb"));
+  CHECK(c.reports_to(MetricSink::kWandb));
   CHECK(c.metrics.wandb_project == "eagle3-draft");
   CHECK(c.model.activation_checkpointing);
   CHECK(has_line(

@@ -6,6 +6,7 @@
 
 using namespace fsdp::config;
 using fsdp::config::test::parse_args;
+using fsdp::config::test::require_usage_error;
 using fsdp::config::test::resolve_args;
 
 TEST_CASE("every option row is complete and names are unique", "[config]") {
@@ -120,8 +121,9 @@ TEST_CASE("command line values reach the typed config", "[config]") {
   CHECK(c.shard.strategy == ShardingStrategy::kHybridShard);
   CHECK(c.shard.mixed_precision == Precision::kFP32);
   CHECK(c.shard.cpu_offload);
-  CHECK(c.metrics.report_to == std::vector<std::string>{"wandb", "tensorboard"});
-  CHECK(c.reports_to("wandb"));
+  CHECK(c.metrics.report_to ==
+        std::vector<MetricSink>{MetricSink::kWandb, MetricSink::kTensorBoard});
+  CHECK(c.reports_to(MetricSink::kWandb));
   CHECK(c.checkpoint.resume == ResumeMode::kAuto);
   CHECK(c.metrics.wandb_key == "sekret");
   CHECK(c.metrics.mfu_peak_tflops == 989.0);
@@ -138,12 +140,13 @@ TEST_CASE("resume takes auto, none or a path; booleans take =false", "[config]")
   CHECK(resolve_args({"--cpu-offload=true"}).shard.cpu_offload);
   CHECK(resolve_args({"--report-to", "none"}).metrics.report_to.empty());
   CHECK(resolve_args({"--report-to", "jsonl,tensorboard"}).metrics.report_to ==
-        std::vector<std::string>{"tensorboard"});
+        std::vector<MetricSink>{MetricSink::kTensorBoard});
   // Several trackers at once, duplicates dropped; MLflow's flags land in the metrics section.
   const TrainConfig m = resolve_args({"--report-to", "wandb,tensorboard,MLflow,mlflow",
                                       "--mlflow-tracking-uri", "file:///tmp/mlruns",
                                       "--mlflow-experiment-name", "e", "--mlflow-run-name", "r"});
-  CHECK(m.metrics.report_to == std::vector<std::string>{"wandb", "tensorboard", "mlflow"});
+  CHECK(m.metrics.report_to ==
+        std::vector<MetricSink>{MetricSink::kWandb, MetricSink::kTensorBoard, MetricSink::kMlflow});
   CHECK(m.metrics.mlflow_tracking_uri == "file:///tmp/mlruns");
   CHECK(m.metrics.mlflow_experiment_name == "e");
   CHECK(m.metrics.mlflow_run_name == "r");
@@ -184,4 +187,26 @@ TEST_CASE("--help lists every option with its group and default", "[config]") {
   }
   CHECK(help.find("Sharding") != std::string::npos);
   CHECK(help.find("[default: 16]") != std::string::npos);
+}
+
+TEST_CASE("--lora-targets is parsed once into the draft's projections", "[config]") {
+  using fsdp::model::LoraTarget;
+  CHECK(TrainConfig{}.model.lora_targets == fsdp::model::all_lora_targets());
+  CHECK(resolve_args(
+            {"--lora-rank", "4", "--lora-targets", "Q_proj,down_proj", "--lora-targets", "q_proj"})
+            .model.lora_targets ==
+        std::vector<LoraTarget>{LoraTarget::kQProj, LoraTarget::kDownProj});
+  CHECK(option("lora-targets")
+            .get(resolve_args({"--lora-rank", "4", "--lora-targets", "v_proj"}))
+            .list == std::vector<std::string>{"v_proj"});
+  require_usage_error(
+      [] {
+        resolve_args({"--lora-rank", "4", "--lora-targets", "qkv_proj"});
+      },
+      "qkv_proj");
+  require_usage_error(
+      [] {
+        resolve_args({"--lora-rank", "4", "--lora-targets", "qkv_proj"});
+      },
+      "--lora-targets");
 }

@@ -26,7 +26,7 @@ TEST_CASE("SpecForge aliases set our options", "[config]") {
   CHECK(c.model.init_checkpoint == "/some/draft");
   CHECK(c.loop.gradient_accumulation_steps == 2);
   CHECK(c.data.loader_threads == 6);
-  CHECK(c.metrics.report_to == std::vector<std::string>{"wandb"});
+  CHECK(c.metrics.report_to == std::vector<MetricSink>{MetricSink::kWandb});
   CHECK(c.runtime.log_level == fsdp::log::Level::kDebug);
   // SpecForge's 0 workers (load in the main process) is one reader thread here.
   CHECK(resolve_args({"--dataloader-num-workers", "0"}).data.loader_threads == 1);

@@ -198,7 +198,7 @@ run_id: my-run
   CHECK(cfg.loop.kl_decay == 3.0);
   CHECK(cfg.checkpoint.resume == ResumeMode::kPath);
   CHECK(cfg.checkpoint.resume_path == "/ckpt/epoch_0_step_100");
-  CHECK(cfg.metrics.report_to == std::vector<std::string>{"mlflow"});
+  CHECK(cfg.metrics.report_to == std::vector<MetricSink>{MetricSink::kMlflow});
   CHECK(cfg.metrics.mlflow_experiment_name == "exp");
   CHECK(cfg.metrics.wandb_offline);
   CHECK(cfg.profile.enabled);
@@ -289,7 +289,8 @@ TEST_CASE("unknown keys are errors naming the key and the closest one", "[config
 TEST_CASE("keys fsdp-train does not offer are refused with the reason", "[config]") {
   TrainConfig cfg;
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {"training:\n  strategy: dflash\n", "EAGLE3"},
+      {"training:\n  strategy: peagle\n", "P-EAGLE"},
+      {"training:\n  strategy: domino\n", "Domino"},
       {"training:\n  role: producer\n", "producer"},
       {"training:\n  attention_backend: eager\n", "eager"},
       {"training:\n  attention_backend: usp\n  sp_ring_size: 2\n", "ring attention"},
@@ -349,7 +350,7 @@ TEST_CASE("recorded keys are listed at start-up, and SpecForge's topology is che
   sglang_ep_size: 4
   trust_remote_code: true
 training:
-  num_anchors: 256
+  num_depths: 4
   compact_teacher: true
 runtime:
   producer_lease: 16
@@ -363,11 +364,11 @@ deployment:
   for (const auto& line : r.report) all += line + "\n";
   INFO(all);
   for (const char* key :
-       {"model.sglang_ep_size = 4", "model.trust_remote_code = true", "training.num_anchors = 256",
+       {"model.sglang_ep_size = 4", "model.trust_remote_code = true", "training.num_depths = 4",
         "training.compact_teacher = true", "runtime.producer_lease = 16"})
     CHECK(all.find(key) != std::string::npos);
   CHECK(all.find("asks for 8 rank(s)") != std::string::npos);
-  CHECK(cfg.specforge_flags.at("training.num_anchors") == "256");
+  CHECK(cfg.specforge_flags.at("training.num_depths") == "4");
   // The model section's torch_dtype under FSDP: recorded, compute stays bf16.
   TrainConfig c2;
   load(with("model:\n  torch_dtype: float32\n"), &c2);

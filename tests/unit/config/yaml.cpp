@@ -64,7 +64,7 @@ TEST_CASE("flags override the YAML file; dashed keys are accepted", "[config]") 
   CHECK(c.optim.learning_rate == 2e-4);
   CHECK(c.loop.draft_global_batch_size == 32);
   CHECK(c.loop.num_epochs == 5);
-  CHECK(c.metrics.report_to == std::vector<std::string>{"wandb"});
+  CHECK(c.metrics.report_to == std::vector<MetricSink>{MetricSink::kWandb});
   CHECK(c.shard.cpu_offload);
   CHECK(c.config_file == dir + "/run.yaml");
 }

@@ -295,7 +295,7 @@ TEST_CASE("a full disk loses metrics records, never the run or the files' format
 TEST_CASE("--report-to picks the sinks; other ranks get none", "[metrics]") {
   const std::string dir = scratch_dir("factory");
   fsdp::config::MetricsConfig cfg;
-  cfg.report_to = {"tensorboard"};
+  cfg.report_to = {fsdp::config::MetricSink::kTensorBoard};
   SinkContext ctx;
   ctx.output_dir = dir;
   ctx.total_steps = 10;

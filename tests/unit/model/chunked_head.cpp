@@ -179,7 +179,7 @@ TEST_CASE("chunked head: norm_output, recompute_loss, frozen head weights, the t
     torch::manual_seed(23);
     Eagle3Draft m(c);
     fsdp::testing::randomise_draft(m);
-    m->enable_lora(2, 4.0, {"q_proj", "down_proj"});
+    m->enable_lora(2, 4.0, {LoraTarget::kQProj, LoraTarget::kDownProj});
     {
       torch::NoGradGuard g;
       for (const auto& kv : m->named_parameters())

@@ -51,7 +51,7 @@ double rel(const at::Tensor& a, const at::Tensor& b) {
 
 TEST_CASE("LoRA: adapters on the targets of every layer, everything else frozen", "[model][lora]") {
   Eagle3Draft m(config(2));
-  m->enable_lora(4, 8.0, {"q_proj", "v_proj", "down_proj"});
+  m->enable_lora(4, 8.0, {LoraTarget::kQProj, LoraTarget::kVProj, LoraTarget::kDownProj});
   CHECK(m->lora_enabled());
   std::vector<std::string> trained;
   for (const auto& p : m->named_parameters())
@@ -69,11 +69,12 @@ TEST_CASE("LoRA: adapters on the targets of every layer, everything else frozen"
   CHECK(params["layers.1.self_attn.q_proj.lora_A.weight"].sizes() == at::IntArrayRef({4, 16}));
   CHECK(params["layers.0.mlp.down_proj.lora_B.weight"].sizes() == at::IntArrayRef({16, 4}));
   CHECK(m->trainable_parameters().size() == trained.size());
-  // Unknown targets and bad values are refused by name.
+  // Bad values are refused (an unknown target name is refused where --lora-targets is parsed:
+  // tests/unit/config).
   Eagle3Draft other(config(1));
-  CHECK_THROWS_WITH(other->enable_lora(4, 8.0, {"qkv_proj"}), Catch::Contains("qkv_proj"));
-  CHECK_THROWS_AS(other->enable_lora(0, 8.0, {"q_proj"}), fsdp::UsageError);
-  CHECK_THROWS_AS(other->enable_lora(4, 0.0, {"q_proj"}), fsdp::UsageError);
+  CHECK_THROWS_AS(other->enable_lora(4, 8.0, {}), fsdp::UsageError);
+  CHECK_THROWS_AS(other->enable_lora(0, 8.0, {LoraTarget::kQProj}), fsdp::UsageError);
+  CHECK_THROWS_AS(other->enable_lora(4, 0.0, {LoraTarget::kQProj}), fsdp::UsageError);
 }
 
 TEST_CASE("LoRA: the adapted draft starts as its base; gradients reach the adapters only",
@@ -83,7 +84,7 @@ TEST_CASE("LoRA: the adapted draft starts as its base; gradients reach the adapt
   Eagle3Draft base(c);
   torch::manual_seed(1);
   Eagle3Draft m(c);
-  m->enable_lora(4, 8.0, lora_target_names());
+  m->enable_lora(4, 8.0, all_lora_targets());
   const Inputs in = inputs(c, at::kFloat);
   const auto a = ttt_logits(*base, in.ids, in.mask, in.aux, 3, AttentionImpl::kEfficient);
   const auto b = ttt_logits(*m, in.ids, in.mask, in.aux, 3, AttentionImpl::kEfficient);
@@ -113,7 +114,7 @@ TEST_CASE("LoRA: the merged weights compute the adapted draft (float32 1e-6, flo
       const DraftConfig c = config(layers);
       torch::manual_seed(2);
       Eagle3Draft m(c);
-      m->enable_lora(4, 8.0, lora_target_names());
+      m->enable_lora(4, 8.0, all_lora_targets());
       m->to(dtype);
       {
         torch::NoGradGuard g;  // adapters as training would leave them: B no longer zero
@@ -158,8 +159,9 @@ TEST_CASE("LoRA: a rank above min(in, out) of a target is refused naming both nu
   for (const auto& p : m->named_parameters()) {
     const std::string& name = p.key();
     const int64_t layer = name.rfind("layers.", 0) == 0 ? std::stoll(name.substr(7)) : 0;
-    for (const auto& t : lora_target_names()) {
-      if (name.find("." + t + ".weight") == std::string::npos) continue;
+    for (const LoraTarget t : all_lora_targets()) {
+      if (name.find("." + std::string(lora_target_name(t)) + ".weight") == std::string::npos)
+        continue;
       INFO(name);
       const ProjectionShape s = projection_shape(c, t, layer);
       CHECK(p.value().size(0) == s.out);
@@ -167,13 +169,15 @@ TEST_CASE("LoRA: a rank above min(in, out) of a target is refused naming both nu
       ++checked;
     }
   }
-  CHECK(checked == 3 * static_cast<int64_t>(lora_target_names().size()));
+  CHECK(checked == 3 * static_cast<int64_t>(all_lora_targets().size()));
   // small_draft: k_proj and v_proj are 32 -> 8 (16 -> 8 after layer 0), every other projection
   // has min(in, out) 16.
-  check_lora_rank(c, 8, {"k_proj", "v_proj"});
-  check_lora_rank(c, 16, {"q_proj", "o_proj", "gate_proj", "up_proj", "down_proj"});
+  check_lora_rank(c, 8, {LoraTarget::kKProj, LoraTarget::kVProj});
+  check_lora_rank(c, 16,
+                  {LoraTarget::kQProj, LoraTarget::kOProj, LoraTarget::kGateProj,
+                   LoraTarget::kUpProj, LoraTarget::kDownProj});
   const auto refused = [](const DraftConfig& cfg, int64_t rank,
-                          const std::vector<std::string>& targets, const std::string& projection,
+                          const std::vector<LoraTarget>& targets, const std::string& projection,
                           const std::string& limit) {
     try {
       check_lora_rank(cfg, rank, targets);
@@ -186,16 +190,16 @@ TEST_CASE("LoRA: a rank above min(in, out) of a target is refused naming both nu
       CHECK(text.find(projection) != std::string::npos);
     }
   };
-  refused(c, 9, {"q_proj", "k_proj"}, "k_proj", "8");
-  refused(c, 17, {"down_proj"}, "down_proj", "16");
+  refused(c, 9, {LoraTarget::kQProj, LoraTarget::kKProj}, "k_proj", "8");
+  refused(c, 17, {LoraTarget::kDownProj}, "down_proj", "16");
   // Wider attention (4 heads of 8 over H 16): q_proj is 32 -> 32 in layer 0 but 16 -> 32 in
   // every later layer, which sets the limit of a deeper draft.
   DraftConfig wide = config(1);
   wide.head_dim = 8;
   wide.validate();
-  check_lora_rank(wide, 32, {"q_proj"});
+  check_lora_rank(wide, 32, {LoraTarget::kQProj});
   wide.num_hidden_layers = 3;
   wide.fc_norm = true;
   wide.validate();
-  refused(wide, 17, {"q_proj"}, "layer 1", "16");
+  refused(wide, 17, {LoraTarget::kQProj}, "layer 1", "16");
 }
