@@ -24,10 +24,11 @@ export REPO
 STAGES=(
   "setup:30:Debian libraries, the prebuilt executables (or a build), the machine"
   "cuda-tests:70:[cuda] tests (fused kernels at draft vocabularies 32000/151936/262144, engine on CUDA), the NCCL backend at 1 rank, mpi_comm at 2 ranks sharing the GPU"
-  "fixed-length:160:llama3-8B-eagle3 draft, S=2048, bf16: fsdp-train with and without --fused-cuda-kernels against the PyTorch FSDP2 reference (tokens/s, MFU, peak memory, time breakdown)"
+  "fixed-length:130:llama3-8B-eagle3 draft, S=2048, bf16: fsdp-train with and without --fused-cuda-kernels against the PyTorch FSDP2 reference (tokens/s, MFU, peak memory, time breakdown)"
   "packing:80:chat-length samples, global batch 16: --packing against unpacked and the fixed-length run"
   "offload:60:--cpu-offload: tokens/s, peak GPU memory and host RSS"
   "longctx:80:one step per length (16k, 32k, 64k): peak GPU memory against fsdp-train memory-plan"
+  "dflash:30:a 1-layer DFlash draft (block 16, 512 anchors) on the fixed-length features: tokens/s and peak memory against the EAGLE3 run"
 )
 if [ "${1:-}" = --plan ]; then
   total=0
@@ -65,15 +66,17 @@ export PY
 # Sizes: the GPU's, or the dry run's tiny ones (the toy draft gen-toy-data writes).
 if [ "$DEVICE" = cpu ]; then
   SEQ="${FSDP_DEVICE_SEQ:-64}" STEPS="${FSDP_DEVICE_STEPS:-4}" LOG=1 SAMPLES=8 PSTEPS=2 OSTEPS=3
+  BLOCK=4 ANCHORS=8
   SIZES="--hidden-size 64 --vocab-size 512 --draft-vocab-size 256" DRAFT="" REF_WORKERS=1
   LONG="${FSDP_DEVICE_LONG_LENGTHS:-128 256}" PRECISION=fp32 LOOP_THREADS="--threads 1"
 else
   SEQ="${FSDP_DEVICE_SEQ:-2048}" STEPS="${FSDP_DEVICE_STEPS:-30}" LOG=5 SAMPLES=34 PSTEPS=10 OSTEPS=10
+  BLOCK=16 ANCHORS=512
   SIZES="--hidden-size 4096 --vocab-size 128256 --draft-vocab-size 32000" REF_WORKERS=4
   DRAFT="$REPO/configs/models/llama3-8B-eagle3.json"
   LONG="${FSDP_DEVICE_LONG_LENGTHS:-16384 32768 65536}" PRECISION=bf16 LOOP_THREADS=""
 fi
-export SEQ STEPS LOG SAMPLES PSTEPS OSTEPS DRAFT LONG PRECISION SIZES LOOP_THREADS REF_WORKERS
+export SEQ STEPS LOG SAMPLES PSTEPS OSTEPS DRAFT LONG PRECISION SIZES LOOP_THREADS REF_WORKERS BLOCK ANCHORS
 
 # ---- stage functions (each runs in its own shell under its budget; B is the build directory) ----
 
@@ -254,6 +257,20 @@ stage_offload() {
   "$PY" "$REPO/benchmarks/device/summary.py" offload "$M/offload-metrics.jsonl" "$M/plain-metrics.jsonl"
 }
 
+stage_dflash() {
+  local data dd="/tmp/fsdp-device-data-dflash-$SEQ"
+  data="$(gen "fixed-$SEQ" --num-samples "$SAMPLES" --min-len "$SEQ" --max-len "$SEQ" --samples-per-dir 64)" || return 1
+  if [ ! -f "$dd/draft_config.json" ]; then
+    stamp "DFlash features from the fixed-length ones (3 layers as target layers 1, 3, 5)"
+    rm -rf "$dd"
+    timeout "$(lim 60)" "$PY" "$REPO/benchmarks/data/dflash_features.py" "$data" "$dd" --layers 1 \
+      --block-size "$BLOCK" || { echo "dflash_features.py: failed"; rm -rf "$dd"; return 1; }
+  fi
+  stamp "fsdp-train, DFlash draft: $STEPS steps"
+  DRAFT="$dd/draft_config.json" fsdp_run dflash 60 "$dd" 1 "$STEPS" --num-anchors "$ANCHORS" || return 1
+  "$PY" "$REPO/benchmarks/device/summary.py" dflash "$M/dflash-metrics.jsonl" "$M/plain-metrics.jsonl"
+}
+
 stage_longctx() {
   local L data rc=0
   for L in $LONG; do
@@ -267,7 +284,7 @@ stage_longctx() {
   done
   return $rc
 }
-export -f stage_setup stage_cuda_tests stage_fixed_length stage_packing stage_offload stage_longctx
+export -f stage_setup stage_cuda_tests stage_fixed_length stage_packing stage_offload stage_longctx stage_dflash
 
 # ---- the Debian libraries the machine lacks (carried as .deb, unpacked here) ----
 if [ -d "$REPO/.deb" ] && [ "$DEVICE" != cpu ]; then

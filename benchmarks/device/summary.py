@@ -6,7 +6,8 @@ summary.py fused FUSED.jsonl PLAIN.jsonl          --fused-cuda-kernels against t
 summary.py breakdown RUN.jsonl                    where a step's time goes (perf/<phase>_s)
 summary.py packing FIXED.jsonl UNPACKED.jsonl PACKED.jsonl
 summary.py offload OFFLOAD.jsonl PLAIN.jsonl
-summary.py longctx RUN.jsonl LENGTH"""
+summary.py longctx RUN.jsonl LENGTH
+summary.py dflash DFLASH.jsonl PLAIN.jsonl         a DFlash draft's step against the EAGLE3 run"""
 import json
 import os
 import sys
@@ -83,6 +84,15 @@ def main(argv):
             print(f"S = {argv[3]}: no logged step (see runs.log)")
         else:
             print(f"S = {argv[3]}: peak device memory {peak:.1f} GiB, {tps[-1]:.0f} tokens/s")
+    elif kind == "dflash":
+        d, p = steady(argv[2]), steady(argv[3])
+        show("dflash", d)
+        rows = [json.loads(line) for line in open(argv[2])] if os.path.exists(argv[2]) else []
+        rows = [r for r in rows if "train/loss" in r]
+        if rows:
+            print(f"dflash train/loss {rows[0]['train/loss']:.3f} -> {rows[-1]['train/loss']:.3f}, "
+                  f"accept_len {rows[-1].get('train/accept_len', float('nan')):.3f}")
+        ratio("dflash / eagle3 (same features and sequence length)", d, p)
     else:
         sys.exit(f"summary.py: unknown kind {kind!r}")
 

@@ -19,17 +19,8 @@ using Ids = std::optional<std::vector<int64_t>>;
 
 namespace {
 
-constexpr const char* kAuxKey = "eagle_aux_hidden_state_layer_ids";
+constexpr const char* kAuxKey = kAuxLayerIdsKey;
 constexpr uint64_t kMaxJsonBytes = 64ull << 20;
-
-bool has_ids(const json& obj) {
-  return obj.is_object() && obj.contains(kAuxKey) && obj.at(kAuxKey).is_array() &&
-         !obj.at(kAuxKey).empty();
-}
-
-bool nested_ids(const json& cfg) {
-  return cfg.contains("eagle_config") && has_ids(cfg.at("eagle_config"));
-}
 
 // 1: the two engines read the same tensors, 0: different ones, -1: unknown (an engine's default
 // capture against explicit ids, with the target's layer count unknown).
@@ -212,8 +203,9 @@ std::optional<int64_t> positive_int(const json& cfg, const std::string& key, Rep
 }
 
 int64_t config_aux_count(const json& cfg) {
-  if (has_ids(cfg)) return static_cast<int64_t>(cfg.at(kAuxKey).size());
-  if (nested_ids(cfg)) return static_cast<int64_t>(cfg.at("eagle_config").at(kAuxKey).size());
+  if (has_aux_layer_ids(cfg)) return static_cast<int64_t>(cfg.at(kAuxKey).size());
+  if (has_nested_aux_layer_ids(cfg))
+    return static_cast<int64_t>(cfg.at("eagle_config").at(kAuxKey).size());
   return kSglangFcLayers;
 }
 
@@ -241,8 +233,8 @@ struct AuxReadings {
 std::optional<AuxReadings> read_aux(const std::string& text, const json& cfg, int64_t L,
                                     Report& r) {
   AuxReadings a;
-  const bool top = has_ids(cfg);
-  a.nested = nested_ids(cfg);
+  const bool top = has_aux_layer_ids(cfg);
+  a.nested = has_nested_aux_layer_ids(cfg);
   a.subject = std::string("config.json:") + (!top && a.nested ? "eagle_config." : "") + kAuxKey;
   try {
     a.vllm = model::vllm_reads(text);

@@ -10,18 +10,18 @@ namespace fsdp::checkpoint {
 
 using json = nlohmann::json;
 
+bool has_aux_layer_ids(const json& obj) {
+  return obj.is_object() && obj.contains(kAuxLayerIdsKey) && obj.at(kAuxLayerIdsKey).is_array() &&
+         !obj.at(kAuxLayerIdsKey).empty();
+}
+
+bool has_nested_aux_layer_ids(const json& cfg) {
+  return cfg.contains("eagle_config") && has_aux_layer_ids(cfg.at("eagle_config"));
+}
+
 namespace {
 
-constexpr const char* kAuxKey = "eagle_aux_hidden_state_layer_ids";
-
-bool has_ids(const json& obj) {
-  return obj.is_object() && obj.contains(kAuxKey) && obj.at(kAuxKey).is_array() &&
-         !obj.at(kAuxKey).empty();
-}
-
-bool nested_ids(const json& cfg) {
-  return cfg.contains("eagle_config") && has_ids(cfg.at("eagle_config"));
-}
+constexpr const char* kAuxKey = kAuxLayerIdsKey;
 
 // The convention of the draft config's ids. A checkpoint's own config.json (e.g.
 // --init-checkpoint DIR --draft-model-config DIR/config.json): an export for vLLM mirrors the
@@ -135,7 +135,7 @@ ServingEngines engines_from_config(const json& cfg) {
       cfg.at("num_aux_hidden_states").is_number_integer() &&
       cfg.at("num_aux_hidden_states").get<int64_t>() != kSglangFcLayers)
     return {true, false};
-  const bool top = has_ids(cfg), nested = nested_ids(cfg);
+  const bool top = has_aux_layer_ids(cfg), nested = has_nested_aux_layer_ids(cfg);
   if (top && !nested) return {true, false};
   if (!top && nested) return {false, true};
   if (!top) return {true, true};

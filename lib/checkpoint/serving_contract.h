@@ -21,6 +21,13 @@ namespace fsdp::checkpoint {
 // config says; it is also the count every engine captures by default.
 inline constexpr int64_t kSglangFcLayers = 3;
 
+// The key of the captured target layers' ids: vLLM reads it at the top level of config.json,
+// SGLang (and SpecForge's layout) in eagle_config.
+inline constexpr const char* kAuxLayerIdsKey = "eagle_aux_hidden_state_layer_ids";
+// Whether `obj` holds that key as a non-empty list; whether config.json's eagle_config does.
+bool has_aux_layer_ids(const nlohmann::json& obj);
+bool has_nested_aux_layer_ids(const nlohmann::json& cfg);
+
 // The engines that must read a draft right.
 struct ServingEngines {
   bool vllm = true;

@@ -413,7 +413,7 @@ void add_data_keys(std::vector<Key>& t) {
 void add_tracking_keys(std::vector<Key>& t) {
   const auto add = [&](Key k) { t.push_back(std::move(k)); };
   add(with_choices(sets("tracking.report_to", T::kEnum, "none", "report-to",
-                        "`--report-to` (swanlab is refused: use wandb, mlflow or tensorboard)"),
+                        str("`--report-to` (swanlab is refused: ", kSwanLabAdvice, ")")),
                    {"none", "wandb", "tensorboard", "swanlab", "mlflow"}));
   add(sets("tracking.wandb_project", T::kOptStr, "null", "wandb-project", "`--wandb-project`"));
   add(sets("tracking.wandb_name", T::kOptStr, "null", "wandb-name", "`--wandb-name`"));
@@ -423,9 +423,8 @@ void add_tracking_keys(std::vector<Key>& t) {
   add(sets("tracking.wandb_dir", T::kOptStr, "null", "wandb-dir",
            "`--wandb-dir`; null: the output directory"));
   for (const char* name : {"swanlab_project", "swanlab_name", "swanlab_key"})
-    add(refused(str("tracking.", name), T::kOptStr, "null",
-                "SpecForge's SwanLab tracker is not supported",
-                "use tracking.report_to wandb, mlflow or tensorboard"));
+    add(refused(str("tracking.", name), T::kOptStr, "null", kSwanLabRefused,
+                str("tracking.report_to: ", kSwanLabAdvice)));
   add(sets("tracking.mlflow_tracking_uri", T::kOptStr, "null", "mlflow-tracking-uri",
            "`--mlflow-tracking-uri` (null: MLFLOW_TRACKING_URI, else <output_dir>/mlruns)"));
   add(sets("tracking.mlflow_experiment_name", T::kOptStr, "null", "mlflow-experiment-name",

@@ -307,9 +307,8 @@ OptionSpec report_to_row() {
       FSDP_USAGE_CHECK(
           sink || it == "jsonl" || it == "none",
           str(src, ": '", it, "' is not one of jsonl, tensorboard, wandb, mlflow, none"),
-          it == "swanlab" ? "SpecForge's SwanLab tracker is not supported: use wandb, "
-                            "mlflow and/or tensorboard"
-                          : "list any of tensorboard, wandb and mlflow, or none");
+          it == "swanlab" ? str(kSwanLabRefused, ": ", kSwanLabAdvice)
+                          : std::string("list any of tensorboard, wandb and mlflow, or none"));
       if (it == "none") none = true;
       if (sink && std::find(out.begin(), out.end(), *sink) == out.end()) out.push_back(*sink);
     }
@@ -1392,8 +1391,7 @@ UnknownFlagAdvice advise_unknown_flag(const std::string& arg) {
       arg.substr(2, arg.find('=') == std::string::npos ? std::string::npos : arg.find('=') - 2);
   const auto starts = [&](const char* p) { return name.rfind(p, 0) == 0; };
   if (starts("swanlab")) {
-    return {str("--", name, ": SpecForge's SwanLab tracker is not supported"),
-            "use --report-to wandb, mlflow and/or tensorboard (metrics.jsonl is always written)"};
+    return {str("--", name, ": ", kSwanLabRefused), str("--report-to: ", kSwanLabAdvice)};
   }
   if (starts("sglang-") || starts("target-batch-size") || starts("target-micro-batch-size")) {
     return {str("--", name,

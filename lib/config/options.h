@@ -137,6 +137,12 @@ struct UnknownFlagAdvice {
 };
 UnknownFlagAdvice advise_unknown_flag(const std::string& arg);
 
+// SpecForge's SwanLab tracker is refused by name wherever it can be asked for (its flags,
+// `--report-to swanlab`, the typed YAML's tracking.swanlab_* keys): one reason, one advice.
+inline constexpr const char* kSwanLabRefused = "SpecForge's SwanLab tracker is not supported";
+inline constexpr const char* kSwanLabAdvice =
+    "use wandb, mlflow and/or tensorboard (metrics.jsonl is always written)";
+
 // Values the user typed, by option name, in command-line order of precedence.
 struct CommandLineValues {
   std::map<std::string, OptionValue> given;  // only options present on the command line

@@ -73,6 +73,7 @@ DFlashTerms dflash_objective(const at::Tensor& hidden4d, const BlockLabels& labe
     const at::Tensor correct = (pred.eq(target) & (weight > 0.5)).sum().to(wide);
     const at::Tensor blocks = valid.any(-1);
     const at::Tensor accepted = accepted_prefix(pred, target, valid);
+    if (o.accepted_blocks) o.accepted_blocks->push_back(accepted);
     return std::vector<at::Tensor>{num,
                                    den,
                                    correct,

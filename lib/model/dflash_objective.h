@@ -9,6 +9,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <optional>
+#include <vector>
 
 #include "model/block_targets.h"
 
@@ -27,6 +28,9 @@ struct DFlashObjectiveOptions {
   // > 0: position k of a block weighs exp(-max(k - 1, 0) / gamma) (dflash only).
   std::optional<double> decay_gamma;
   int64_t chunk_blocks = 128;  // blocks per chunk; 0: all at once
+  // When set, each chunk's accepted counts (accepted_prefix, int64 [B, chunk]) are appended in
+  // block order: for a call without backward (evaluation; backward would run the chunks again).
+  std::vector<at::Tensor>* accepted_blocks = nullptr;
 };
 
 // Sums over the micro-batch's blocks (0-d fp32, or fp64 for fp64 inputs).

@@ -439,6 +439,15 @@ StepResult ShardEngine::step_on_device(const std::vector<at::Tensor>& valid_grad
   return r;
 }
 
+void ShardEngine::scale_gradients(double factor) {
+  finish_backward();
+  c10::NoGradGuard no_grad;
+  for (const auto& u : units_) {
+    if (u->trainable && u->trainable->grad_shard().defined())
+      u->trainable->grad_shard().mul_(factor);
+  }
+}
+
 StepResult ShardEngine::step(double lr, double max_grad_norm) {
   finish_backward();
   StepResult r;

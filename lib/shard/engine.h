@@ -90,6 +90,11 @@ class ShardEngine final : public UnitHooks {
   // every backward that reached a unit; calling it again is a no-op.
   void finish_backward();
 
+  // Multiplies the step's reduced gradient shards by `factor` (finishing the last backward
+  // first): a loss summed over the step rather than averaged is divided here by its global
+  // normaliser, once every micro-batch has run. Call before step(); local, no communication.
+  void scale_gradients(double factor);
+
   // Global grad norm, clipping (max_grad_norm <= 0: off), non-finite check, AdamW on every
   // trainable shard with learning rate lr, then clears the gradient shards. Collective.
   StepResult step(double lr, double max_grad_norm);

@@ -4,10 +4,14 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 
+#include "checkpoint/block_draft_contract.h"
 #include "checkpoint/export.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "model/dflash_config.h"
 #include "model/draft_config.h"
 #include "train/run_state.h"
 
@@ -79,6 +83,15 @@ checkpoint::CheckpointRef requested_path(const ResumeRequest& r, bool restarting
   return ref;
 }
 
+// Whether the config file names a block draft's architecture (DFlash, DSpark); false when the
+// file is absent or unreadable (the EAGLE3 checks then report it).
+bool block_draft_config(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return false;
+  const auto j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  return j.is_object() && checkpoint::block_draft_kind(j).has_value();
+}
+
 // With fallback, a checkpoint whose weights file or config cannot be read (damaged after the
 // save) is passed over like one whose training state cannot be loaded. Agreed over ranks.
 Refs readable_candidates(const Refs& candidates, const ResumeRequest& r,
@@ -88,9 +101,13 @@ Refs readable_candidates(const Refs& candidates, const ResumeRequest& r,
     std::string problem;
     try {
       const auto [d2t, t2d] = checkpoint::read_export_mapping(c.path);
-      if (!d2t.defined() || !t2d.defined()) problem = "model.safetensors has no d2t/t2d";
       const std::string config = checkpoint::join_path(c.path, checkpoint::layout::kConfig);
-      if (std::filesystem::is_regular_file(config)) model::load_draft_config(config);
+      if (block_draft_config(config)) {
+        model::load_dflash_config(config);  // a block draft (DFlash, DSpark): no vocabulary map
+      } else {
+        if (!d2t.defined() || !t2d.defined()) problem = "model.safetensors has no d2t/t2d";
+        if (std::filesystem::is_regular_file(config)) model::load_draft_config(config);
+      }
     } catch (const std::exception& e) {
       problem = error_text(e);
     }

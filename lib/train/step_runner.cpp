@@ -82,6 +82,10 @@ void StepRunner::micro_batch(const data::Batch& batch, bool last) {
     return p_.algorithm->forward(batch, /*training=*/true);
   }();
   flops_ += out.flops;
+  if (out.normaliser.defined()) {
+    const at::Tensor n = out.normaliser.detach().to(at::kDouble).reshape({1});
+    normaliser_ = normaliser_.defined() ? normaliser_ + n : n;
+  }
   {
     RECORD_USER_SCOPE("fsdp::backward");
     PhaseScope phase(p_.timer, PhaseTimer::kBackward);
@@ -99,6 +103,17 @@ std::vector<at::Tensor> StepRunner::take_outputs() {
 shard::StepResult StepRunner::optimizer_step(double lr, double max_grad_norm) {
   RECORD_USER_SCOPE("fsdp::optimizer_step");
   PhaseScope phase(p_.timer, PhaseTimer::kOptimizer);
+  if (normaliser_.defined()) {
+    // The engine averaged the gradients over its ranks: the sum over all of them, divided by the
+    // global normaliser, is that average times the ranks over the normaliser. Nothing was
+    // supervised anywhere (0): the gradients are zero and stay so.
+    at::Tensor total = normaliser_.to(at::kCPU).clone();
+    normaliser_ = at::Tensor();
+    if (p_.sum_over_ranks) p_.sum_over_ranks(total);
+    const double n = total.item<double>();
+    const double ranks = static_cast<double>(p_.engine->shard_size() * p_.engine->replicate_size());
+    if (n > 0) p_.engine->scale_gradients(ranks / n);
+  }
   return p_.engine->step(lr, max_grad_norm);
 }
 

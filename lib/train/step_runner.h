@@ -47,10 +47,14 @@ std::optional<data::Batch> read_agreed(const std::function<std::optional<data::B
 class StepRunner {
  public:
   struct Parts {
-    algo::Algorithm* algorithm = nullptr;  // the forward (losses divided by the accumulation)
+    algo::Algorithm* algorithm = nullptr;  // the forward (its losses divided or normalised)
     shard::ShardEngine* engine = nullptr;
     bool accumulate_locally = false;  // --accumulate-locally: reduce at the step's end only
     PhaseTimer* timer = nullptr;      // times forward, backward and the optimizer step (or none)
+    // Sums a [1] float64 CPU tensor over the data-parallel ranks in place (collective): the
+    // step's loss normaliser (algo::MicroBatchResult::normaliser). Needed by algorithms that
+    // give one; nothing to do with one rank.
+    std::function<void(at::Tensor&)> sum_over_ranks;
   };
   explicit StepRunner(Parts parts) : p_(std::move(parts)) {}
 
@@ -71,6 +75,7 @@ class StepRunner {
  private:
   Parts p_;
   std::vector<at::Tensor> outputs_;
+  at::Tensor normaliser_;  // the step's normalisers so far (undefined: none given)
   double flops_ = 0;
   int64_t tokens_ = 0;
   int64_t micro_batches_ = 0;

@@ -139,8 +139,9 @@ TrainLoop::TrainLoop(Trainer::Impl& t, data::DataLoader& loader, int64_t per_epo
       cadence_(cadence),
       decay_(to_decay(t.cfg.optim.lr_scheduler)),
       timer_(t.topo.device(), engine_communicators(t.algo->engine())),
-      runner_(StepRunner::Parts{t.algo.get(), &t.algo->engine(), t.cfg.shard.accumulate_locally,
-                                &timer_}),
+      runner_(StepRunner::Parts{
+          t.algo.get(), &t.algo->engine(), t.cfg.shard.accumulate_locally, &timer_,
+          [&t](at::Tensor& v) { t.topo.reduce_counts(v, comm::ReduceOp::kSum); }}),
       agreement_{t.topo.world(), [&t](bool mine) { return t.topo.any_rank(mine); }},
       meter_(metrics::resolve_peak_tflops(t.cfg.metrics.mfu_peak_tflops, t.topo.device())),
       window_(t.algo->metrics(), t.topo.metrics_device()),

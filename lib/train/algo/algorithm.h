@@ -86,7 +86,12 @@ class MetricSchema {
 
 // One micro-batch through the model.
 struct MicroBatchResult {
-  at::Tensor loss;   // scalar, requires grad while training: what backward runs
+  at::Tensor loss;  // scalar, requires grad while training: what backward runs
+  // Defined when `loss` (training) is a sum that the step normalises as a whole: the step's
+  // gradients are divided by the sum of every micro-batch's normaliser over all data-parallel
+  // ranks (as torchtitan passes its global token count), so that how the global batch is split
+  // into ranks and micro-batches does not change them. Undefined: `loss` is already divided.
+  at::Tensor normaliser;
   at::Tensor sums;   // float64 [schema width], detached, on the device: the metric sums
   double flops = 0;  // model FLOPs of the forward and backward (MFU accounting)
 };

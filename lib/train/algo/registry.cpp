@@ -6,6 +6,8 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "train/algo/dflash.h"
+#include "train/algo/dspark.h"
 #include "train/algo/eagle3.h"
 
 namespace fsdp::algo {
@@ -32,6 +34,8 @@ std::string architecture_of(const std::string& path) {
 const std::vector<Registration>& registrations() {
   static const std::vector<Registration> all = {
       {"eagle3", "LlamaForCausalLMEagle3", &make_one<Eagle3>},
+      {"dflash", "DFlashDraftModel", &make_one<DFlash>},
+      {"dspark", "DSparkDraftModel", &make_one<DSpark>},
   };
   return all;
 }

@@ -1,6 +1,7 @@
 // Block drafts (docs/block-drafts.md): the anchor draw (candidates, the subset, independence of the
 // micro-batch and rank), block tokens and labels against hand-worked values, the config's rules
-// and SpecForge's default target layers, and the chunked objective equal to the unchunked one.
+// and SpecForge's default target layers, the chunked objective equal to the unchunked one, and the
+// engine's walk over replies against a hand-worked example.
 #include <catch2/catch.hpp>
 
 #include <torch/torch.h>
@@ -8,6 +9,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "model/block_acceptance.h"
 #include "model/block_targets.h"
 #include "model/dflash_config.h"
 #include "model/dflash_objective.h"
@@ -158,4 +160,33 @@ TEST_CASE("the chunked DFlash objective equals the unchunked one, values and gra
       CHECK(torch::allclose(grads[i], grads[0], 1e-12, 1e-12));
     }
   }
+}
+
+TEST_CASE(
+    "the engine's walk drafts each reply from its first token, jumping past what it accepts") {
+  // One row, S = 12: a prompt (0..2), a reply at 3..8, a prompt token at 9, a reply at 10..11.
+  // Blocks at every candidate (p and p + 1 supervised: 3..7 and 10) with hand-set accepted
+  // counts. Reply 1: draft at 3 accepts 2 -> next at 6, accepts 0 -> next at 7, accepts 1 -> 9
+  // (past e = 8: stop): 3 drafts, 3 accepted. Reply 2: draft at 10 accepts 1: 1 draft.
+  const at::Tensor mask = torch::tensor({0, 0, 0, 1, 1, 1, 1, 1, 1, 0, 1, 1}).view({1, 12});
+  BlockLayout layout;
+  layout.anchors = torch::tensor({3, 4, 5, 6, 7, 10}, torch::kLong).view({1, 6});
+  layout.keep = torch::ones({1, 6}, torch::kBool);
+  layout.block_size = 4;
+  const at::Tensor accepted = torch::tensor({2, 3, 3, 0, 1, 1}, torch::kLong).view({1, 6});
+  EngineWalk w = engine_walk(mask, layout, accepted);
+  CHECK(w.drafts == 4);
+  CHECK(w.accepted == 4);
+  CHECK(w.rows_walked == 1);
+  CHECK(w.rows_incomplete == 0);
+  // The walk reaches anchor 6; without its block the row is not walked (and adds nothing).
+  layout.keep = torch::tensor({true, true, true, false, true, true}).view({1, 6});
+  w = engine_walk(mask, layout, accepted);
+  CHECK(w.drafts == 0);
+  CHECK(w.rows_incomplete == 1);
+  // A block the walk skips (anchor 4) may be missing: the row is still walked.
+  layout.keep = torch::tensor({true, false, true, true, true, true}).view({1, 6});
+  w = engine_walk(mask, layout, accepted);
+  CHECK(w.drafts == 4);
+  CHECK(w.rows_walked == 1);
 }

@@ -113,6 +113,40 @@ TEST_CASE("a unit run several times per forward gets its gradients once", "[shar
   }
 }
 
+TEST_CASE("scale_gradients divides a summed loss's gradients after the last backward", "[shard]") {
+  // A loss three times too large, scaled by 1/3 after backward (how a step normalises a summed
+  // loss by its global normaliser), gives the plain loss's gradient shards; scaling by 0.
+  TrainSetup c;
+  c.micro_batches = 1;
+  TinyModel plain(7), summed(7);
+  shard::ShardEngine ep(*plain, {}, engine_options(Strategy::kFullShard, c));
+  shard::ShardEngine es(*summed, {}, engine_options(Strategy::kFullShard, c));
+  plain->set_unit_hooks(&ep);
+  summed->set_unit_hooks(&es);
+  Batch b = global_batch(0);
+  const auto loss = [&b](TinyModel& m) {
+    return torch::nn::functional::cross_entropy(m->forward(b.ids).reshape({-1, kVocab}),
+                                                b.targets.reshape({-1}));
+  };
+  loss(plain).backward();
+  (loss(summed) * 3.0).backward();
+  ep.finish_backward();
+  es.scale_gradients(1.0 / 3.0);
+  const auto fp = ep.flat_params(), fs = es.flat_params();
+  REQUIRE(fp.size() == fs.size());
+  int compared = 0;
+  for (size_t i = 0; i < fp.size(); ++i) {
+    if (!fp[i]->grad_shard().defined()) continue;
+    CHECK(torch::allclose(fs[i]->grad_shard(), fp[i]->grad_shard(), 1e-6, 1e-8));
+    ++compared;
+  }
+  CHECK(compared >= 3);
+  es.scale_gradients(0.0);
+  for (auto* f : es.flat_params()) {
+    if (f->grad_shard().defined()) CHECK(f->grad_shard().abs().max().item<double>() == 0.0);
+  }
+}
+
 TEST_CASE("one rank in bf16: the gradient shard is the bf16 gradient, widened exactly", "[shard]") {
   // No reduction to make: the unit's bf16 gradient goes into the fp32 shard by one widening add
   // (no fp32 copy in between); bit for bit what plain LibTorch's bf16 gradients widen to.

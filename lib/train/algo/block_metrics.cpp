@@ -1,0 +1,46 @@
+// A block draft's metric sums (train/algo/block_metrics.h).
+#include "train/algo/block_metrics.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+
+namespace fsdp::algo {
+
+at::Tensor BlockMetrics::row(const at::Tensor& loss_sum, const at::Tensor& normaliser,
+                             const at::Tensor& valid_tokens, const model::DFlashTerms& t,
+                             const model::EngineWalk& walk) {
+  const auto f64 = [](const at::Tensor& x) { return x.detach().to(at::kDouble).reshape({}); };
+  const at::Tensor sums = at::stack(
+      {at::ones({}, loss_sum.options().dtype(at::kDouble)), f64(valid_tokens), f64(loss_sum),
+       f64(normaliser), f64(t.correct), f64(t.accuracy_den), f64(t.accept_num), f64(t.accept_den)});
+  const at::Tensor walked =
+      at::tensor({walk.accepted, walk.drafts, static_cast<double>(walk.rows_walked),
+                  static_cast<double>(walk.rows_incomplete)},
+                 at::kDouble);
+  return at::cat({sums, walked.to(sums.device())});
+}
+
+std::vector<std::pair<std::string, double>> BlockMetrics::report(const double* v,
+                                                                 const std::string& prefix) const {
+  const auto ratio = [](double a, double b) { return b > 0 ? a / b : std::nan(""); };
+  std::vector<std::pair<std::string, double>> out = {
+      {prefix + "/loss", ratio(v[kLossSum], v[kLossDen])},
+      {prefix + "/acc", ratio(v[kCorrect], v[kAccDen])}};
+  if (v[kWalkDrafts] > 0) {
+    out.emplace_back(prefix + "/accept_len", 1.0 + ratio(v[kWalkAccepted], v[kWalkDrafts]));
+  }
+  out.emplace_back(prefix + "/accept_len_all_anchors", ratio(v[kAcceptNum], v[kAcceptDen]));
+  out.emplace_back(prefix + "/blocks", ratio(v[kAcceptDen], v[kUnits]));
+  if (v[kRowsWalked] + v[kRowsIncomplete] > 0) {
+    out.emplace_back(prefix + "/rows_not_walked", v[kRowsIncomplete]);
+  }
+  return out;
+}
+
+std::vector<double> BlockMetrics::adopt(const std::vector<double>& saved) const {
+  if (static_cast<int64_t>(saved.size()) != kWidth) return {};
+  return saved;
+}
+
+}  // namespace fsdp::algo

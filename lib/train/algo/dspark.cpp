@@ -1,0 +1,203 @@
+// DSpark behind the algorithm seam (train/algo/dspark.h).
+#include "train/algo/dspark.h"
+
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+
+#include <filesystem>
+#include <map>
+
+#include "core/error.h"
+#include "core/unit_hooks.h"
+#include "model/block_targets.h"
+#include "model/memory_estimate.h"
+#include "shard/engine.h"
+#include "train/algo/block_draft.h"
+#include "train/algo/dspark_metrics.h"
+#include "train/algo/target_tensors.h"
+#include "train/component_options.h"
+
+namespace fsdp::algo {
+
+namespace {
+
+// The heads' keys of a saved draft config that differ from `now` ("markov_rank 8 vs 4, ...").
+std::string heads_difference(const model::DSparkHeadsConfig& saved,
+                             const model::DSparkHeadsConfig& now) {
+  std::string diff;
+  const auto cmp = [&diff](const char* key, const auto& a, const auto& b) {
+    if (a != b) diff += fsdp::str(diff.empty() ? "" : ", ", key, " ", a, " vs ", b);
+  };
+  cmp("markov_rank", saved.markov_rank, now.markov_rank);
+  if (saved.has_markov_head() && now.has_markov_head()) {
+    cmp("markov_head_type", model::markov_head_type_name(saved.markov_head_type),
+        model::markov_head_type_name(now.markov_head_type));
+  }
+  cmp("enable_confidence_head", saved.enable_confidence_head, now.enable_confidence_head);
+  cmp("confidence_head_with_markov", saved.confidence_head_with_markov,
+      now.confidence_head_with_markov);
+  return diff;
+}
+
+}  // namespace
+
+DSpark::DSpark(const Context& ctx)
+    : ctx_(ctx),
+      cfg_(*ctx.cfg),
+      backbone_cfg_(block::load_config(cfg_)),
+      heads_cfg_(
+          model::parse_dspark_heads_config(backbone_cfg_.json_text, cfg_.model.draft_model_config)),
+      alphas_{cfg_.dflash.dspark_ce_loss_alpha, cfg_.dflash.dspark_l1_loss_alpha,
+              cfg_.dflash.dspark_confidence_head_alpha},
+      schema_(std::make_unique<DSparkMetrics>()) {
+  alphas_.validate();
+}
+
+DSpark::~DSpark() = default;
+
+bool DSpark::needs_target() const {
+  return alphas_.l1 > 0 || (heads_cfg_.enable_confidence_head && alphas_.confidence > 0);
+}
+
+void DSpark::check_supported() const {
+  block::check_supported(cfg_, backbone_cfg_, "a DSpark", "a DFlash",
+                         {"block-loss-type", "dpace-alpha"});
+}
+
+void DSpark::plan_serving() {
+  export_config_ = block::export_config(cfg_, backbone_cfg_);
+}
+
+void DSpark::check_memory(const model::MemoryPlan&, uint64_t, const std::string&) const {
+  // The EAGLE3 estimate does not describe a block draft; none is made (docs/model.md).
+}
+
+data::DatasetOptions DSpark::dataset_options() const {
+  return block::dataset_options(backbone_cfg_, needs_target());
+}
+
+void DSpark::check_dataset(const data::FeatureDataset& ds, const std::string& flag) const {
+  block::check_dataset(ds, flag, "a DSpark draft",
+                       "input_ids, loss_mask, hidden_states, target_last_hidden_states");
+}
+
+void DSpark::check_same_architecture(const std::string& saved_config,
+                                     const std::string& flag) const {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(saved_config, ec)) return;
+  std::string diff =
+      block::backbone_difference(model::load_dflash_config(saved_config), backbone_cfg_);
+  const std::string heads =
+      heads_difference(model::load_dspark_heads_config(saved_config), heads_cfg_);
+  if (!heads.empty()) diff += (diff.empty() ? "" : ", ") + heads;
+  FSDP_USAGE_CHECK(diff.empty(),
+                   flag + ": the checkpoint's draft (" + saved_config +
+                       ") and --draft-model-config " + cfg_.model.draft_model_config +
+                       " differ in " + diff,
+                   "use the draft config the checkpoint was trained with");
+}
+
+void DSpark::build(const WeightSources& weights, const data::FeatureDataset*) {
+  const c10::Device& device = ctx_.device;
+  mask_token_ = backbone_cfg_.require_mask_token();
+  const TargetTensors target = read_target_tensors(
+      cfg_, TargetShape{backbone_cfg_.core.vocab_size, backbone_cfg_.hidden_size(),
+                        backbone_cfg_.hidden_size()});
+  const auto dtype = train::to_dtype(cfg_.shard.mixed_precision);
+  embedding_ = target.embedding.to(device, dtype);
+  lm_head_ = target.lm_head.to(device, dtype);
+  torch::manual_seed(static_cast<uint64_t>(cfg_.loop.seed));
+  draft_ = model::DSparkDraft(backbone_cfg_, heads_cfg_);
+  if (cfg_.model.draft_init == config::DraftInit::kNormal)
+    draft_->normal_init(backbone_cfg_.core.initializer_range);
+  draft_->to(device);
+  shard::EngineOptions eo = train::engine_options(cfg_, device);
+  eo.units = draft_->unit_names();
+  eo.validate();
+  auto groups = shard::make_comm_groups(eo.strategy, device);
+  engine_ = std::make_unique<shard::ShardEngine>(*draft_, groups, eo);
+  draft_->set_unit_hooks(engine_.get());
+  if (!weights.init) return;
+  // SpecForge's early DSpark exports kept the heads under logit_head.
+  checkpoint::DraftExport init = *weights.init;
+  init.weights.clear();
+  for (const auto& [name, t] : weights.init->weights)
+    init.weights[model::dspark_state_dict_name(name)] = t;
+  block::load_init_weights(*draft_, *engine_, init, cfg_.model.init_checkpoint, "DSpark");
+}
+
+std::string DSpark::describe_parameters() const {
+  int64_t trained = 0, heads = 0;
+  for (const auto& p : draft_->parameters()) trained += p.numel();
+  for (const auto& p : draft_->heads->parameters()) heads += p.numel();
+  return fsdp::str(trained, " trainable parameters (heads ", heads,
+                   "; + the target's embedding and LM head, frozen: ", 2 * embedding_.numel(),
+                   "), blocks of ", backbone_cfg_.block_size, ", ",
+                   backbone_cfg_.target_layer_ids.size(), " target layers, Markov rank ",
+                   heads_cfg_.markov_rank,
+                   heads_cfg_.enable_confidence_head ? ", confidence head" : "");
+}
+
+MicroBatchResult DSpark::forward(const data::Batch& b, bool training) {
+  const c10::Device& device = ctx_.device;
+  const int64_t B = b.input_ids.size(0), bs = backbone_cfg_.block_size;
+  const model::BlockLayout layout = block::sample_layout(cfg_, b, bs, device);
+  const at::Tensor ids = b.input_ids.to(device, true), mask = b.loss_mask.to(device, true);
+  const at::Tensor noise =
+      at::embedding(embedding_, model::block_input_ids(ids, layout, mask_token_));
+  const at::Tensor out = draft_->backbone->forward(noise, b.aux_hidden.to(device, true), layout);
+  const int64_t N = layout.num_blocks();
+
+  const model::DSparkBlockLabels labels =
+      model::dspark_block_labels(ids, mask, layout.anchors, layout.keep, bs);
+  model::DSparkObjectiveInputs in;
+  in.hidden4d = out.view({B, N, bs, -1});
+  in.prev_token_ids = model::dspark_prev_token_ids(ids, layout.anchors, labels.target_ids);
+  in.target_ids = labels.target_ids;
+  in.eval_mask = labels.eval_mask;
+  in.loss_weights = model::dspark_loss_weights(labels.eval_mask, cfg_.dflash.loss_decay_gamma);
+  if (needs_target()) {
+    in.aligned_target_hidden = model::dspark_aligned_target_hidden(
+        b.target_hidden.to(device, lm_head_.scalar_type(), true), labels.safe_label_indices);
+  }
+  in.lm_head_weight = lm_head_;
+
+  // The objective is one use of the heads' units: backward recomputes each chunk's logits from
+  // the heads' live parameters, so the engine gathers them again when the loss's gradient
+  // arrives (the hooks on the weighted sum below).
+  std::vector<std::string> units;
+  if (draft_->heads->has_markov_head()) units.emplace_back("markov_head");
+  if (draft_->heads->has_confidence_head()) units.emplace_back("confidence_head");
+  UnitHooks* hooks = draft_->unit_hooks();
+  if (hooks)
+    for (const auto& u : units) hooks->pre_forward(u);
+  const model::DSparkTerms t =
+      model::dspark_objective(draft_->heads, in, alphas_, cfg_.dflash.objective_chunk_blocks);
+  const at::Tensor loss_sum =
+      alphas_.ce * t.ce_num + alphas_.l1 * t.l1_num + alphas_.confidence * t.confidence_num;
+  if (hooks)
+    for (auto u = units.rbegin(); u != units.rend(); ++u) hooks->post_forward(*u, loss_sum);
+
+  // SpecForge's normaliser: the loss weights' sum over every rank's blocks. Training divides the
+  // gradients by the step's sum of it over every micro-batch and rank (train::StepRunner).
+  const at::Tensor den = in.loss_weights.sum().to(loss_sum.scalar_type());
+  MicroBatchResult r;
+  r.sums = DSparkMetrics::row(loss_sum, den, b.attention_mask.sum(), t).to(device);
+  r.loss = loss_sum;
+  if (training) {
+    r.flops = block::backbone_step_flops(backbone_cfg_, B, b.input_ids.size(1), N,
+                                         backbone_cfg_.core.vocab_size);
+    r.normaliser = den;
+  }
+  return r;
+}
+
+checkpoint::CheckpointExport DSpark::checkpoint_export() const {
+  checkpoint::CheckpointExport e;
+  e.config_json = export_config_;
+  e.block_draft = true;
+  e.dtype = train::to_dtype(cfg_.checkpoint.export_dtype);
+  return e;
+}
+
+}  // namespace fsdp::algo
