@@ -13,6 +13,7 @@
 #include "core/finite.h"
 #include "model/block_targets.h"
 #include "shard/engine.h"
+#include "train/component_options.h"
 
 namespace fsdp::algo::block {
 
@@ -85,6 +86,15 @@ std::string export_config(const config::TrainConfig& cfg, const model::DFlashCon
   nlohmann::json j = nlohmann::json::parse(draft.json_text);
   j["block_size"] = draft.block_size;
   return checkpoint::block_draft_export_config(j, t).dump(2);
+}
+
+checkpoint::CheckpointExport checkpoint_export(const config::TrainConfig& cfg,
+                                               const std::string& config_json) {
+  checkpoint::CheckpointExport e;
+  e.config_json = config_json;
+  e.block_draft = true;
+  e.dtype = train::to_dtype(cfg.checkpoint.export_dtype);
+  return e;
 }
 
 data::DatasetOptions dataset_options(const model::DFlashConfig& draft, bool needs_last_hidden) {

@@ -44,6 +44,11 @@ void check_supported(const config::TrainConfig& cfg, const model::DFlashConfig& 
 // before training, so that a draft the engines cannot serve as trained stops first.
 std::string export_config(const config::TrainConfig& cfg, const model::DFlashConfig& draft);
 
+// The export of a block draft: `config_json` (export_config's) and the weights in
+// --export-dtype, under the module's (SpecForge's) names.
+checkpoint::CheckpointExport checkpoint_export(const config::TrainConfig& cfg,
+                                               const std::string& config_json);
+
 // The dataset options of SpecForge's offline block-draft layout (input_ids, loss_mask,
 // hidden_states: the target layers concatenated; target_last_hidden_states read when present,
 // required when `needs_last_hidden`).

@@ -155,11 +155,7 @@ MicroBatchResult DFlash::forward(const data::Batch& b, bool training) {
 }
 
 checkpoint::CheckpointExport DFlash::checkpoint_export() const {
-  checkpoint::CheckpointExport e;
-  e.config_json = export_config_;
-  e.block_draft = true;
-  e.dtype = train::to_dtype(cfg_.checkpoint.export_dtype);
-  return e;
+  return block::checkpoint_export(cfg_, export_config_);
 }
 
 }  // namespace fsdp::algo

@@ -116,6 +116,7 @@ TEST_CASE("a unit run several times per forward gets its gradients once", "[shar
 TEST_CASE("scale_gradients divides a summed loss's gradients after the last backward", "[shard]") {
   // A loss three times too large, scaled by 1/3 after backward (how a step normalises a summed
   // loss by its global normaliser), gives the plain loss's gradient shards; scaling by 0.
+  // Tolerance: float32 rounding of the x3 and /3 (measured worst 3.4e-8 absolute).
   TrainSetup c;
   c.micro_batches = 1;
   TinyModel plain(7), summed(7);
@@ -137,7 +138,10 @@ TEST_CASE("scale_gradients divides a summed loss's gradients after the last back
   int compared = 0;
   for (size_t i = 0; i < fp.size(); ++i) {
     if (!fp[i]->grad_shard().defined()) continue;
-    CHECK(torch::allclose(fs[i]->grad_shard(), fp[i]->grad_shard(), 1e-6, 1e-8));
+    INFO("flat " << i << ": max |summed/3 - plain| "
+                 << (fs[i]->grad_shard() - fp[i]->grad_shard()).abs().max().item<double>()
+                 << ", max |plain| " << fp[i]->grad_shard().abs().max().item<double>());
+    CHECK(torch::allclose(fs[i]->grad_shard(), fp[i]->grad_shard(), 1e-5, 1e-7));
     ++compared;
   }
   CHECK(compared >= 3);
