@@ -6,6 +6,13 @@ relative: the loss, every additive term SpecForge reports (its ratio metrics' nu
 denominators), the labels, the previous tokens, the loss weights, and the gradients with respect
 to hidden4d and every head parameter.
 
+The whole step too: SpecForge's OnlineDSparkModel.forward (its backbone over the blocks and the
+features, labels, heads and loss) against fsdp-train's dspark_step (model/dspark_step.h, what the
+trainer runs) on the same whole draft, features, anchors and target states, in float64 (SpecForge
+computes parts of its loss in float32, which bounds the agreement near 5e-7): the loss, the terms,
+the labels and the gradients of the features and of every draft parameter, one case per Markov
+head variant.
+
 Cases: no Markov head and the vanilla, gated and rnn heads; no confidence head, a confidence
 head, and one reading the Markov embedding too; every block at once and chunks of 2 blocks (3
 chunks of 5); no decay and loss_decay_gamma 3; plus the alphas where L1 is off (with and without
@@ -197,6 +204,70 @@ for markov in (None, "vanilla", "gated", "rnn"):
 cases.append(prepare("rnn_plain_nol1_c2", "rnn", "plain", 3.0, (0.7, 0.0, 0.5), 2))
 cases.append(prepare("gated_noconf_nol1_notarget_c2", "gated", None, None, (1.0, 0.0, 1.0), 2,
                      with_target=False))
+
+
+def prepare_whole(name, markov, confidence, gamma, alphas, chunk):
+    """The whole step: SpecForge's OnlineDSparkModel.forward (backbone, labels, heads, loss) on
+    the same whole draft, features, anchors and target states as fsdp-train's dspark_step. In
+    float64: in float32 the gradients of the norm weights, sums over every block position, differ
+    by up to 1e-6 from summation order alone (as in specforge_dflash.py)."""
+    seed = sum(map(ord, name))
+    cfg, draft, _ = build(markov, confidence, seed)
+    draft = draft.double()
+    gen = torch.Generator().manual_seed(seed + 3)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64) * 0.2
+                    + (1.0 if p.dim() == 1 else 0.0))
+    ids, loss_mask, lm_head_w, target_last = batch(seed + 1)
+    lm_head_w, target_last = lm_head_w.double(), target_last.double()
+    embed_w = torch.randn(V, H, generator=gen, dtype=torch.float64)
+    context = torch.randn(B, S, 2 * H, generator=gen, dtype=torch.float64)
+    lm_head = torch.nn.Linear(H, V, bias=False).double()
+    embed = torch.nn.Embedding(V, H).double()
+    with torch.no_grad():
+        lm_head.weight.copy_(lm_head_w)
+        embed.weight.copy_(embed_w)
+    for p in list(lm_head.parameters()) + list(embed.parameters()):
+        p.requires_grad_(False)
+    model = OnlineDSparkModel(
+        draft_model=draft, target_lm_head=lm_head, target_embed_tokens=embed, mask_token_id=V - 1,
+        block_size=BS, attention_backend="sdpa", num_anchors=ANCHORS, loss_decay_gamma=gamma,
+        dspark_ce_loss_alpha=alphas[0], dspark_l1_loss_alpha=alphas[1],
+        dspark_confidence_head_alpha=alphas[2], objective_chunk_blocks=chunk)
+    torch.manual_seed(7)
+    anchors, keep = model._sample_anchor_positions(S, loss_mask, ids.device)
+    model._sample_anchor_positions = lambda seq_len, mask, device: (anchors, keep)
+    target_ids, eval_mask, _ = model._build_dspark_labels_and_mask(ids, loss_mask, anchors, keep)
+    prev = torch.cat([torch.gather(ids, 1, anchors).unsqueeze(-1), target_ids[:, :, :-1]], -1)
+    draft.zero_grad(set_to_none=True)
+    leaf = context.clone().requires_grad_(True)
+    loss, _acc, metrics = model(ids, leaf, loss_mask, target_last)
+    loss.backward()
+    grads = {"grad.hidden_states": leaf.grad}
+    for pname, p in draft.named_parameters():
+        grads["grad." + pname] = p.grad if p.grad is not None else torch.zeros_like(p)
+    labels = {"target_ids": target_ids, "eval_mask": eval_mask, "prev_token_ids": prev,
+              "loss_weights": model._dspark_loss_weight_mask(eval_mask)}
+    d = os.path.join(WORK, name)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "config.json"), "w") as f:
+        f.write(cfg.to_json_string())
+    save_file({k: v.detach().contiguous() for k, v in draft.state_dict().items()},
+              os.path.join(d, "weights.safetensors"))
+    save_file({"input_ids": ids, "loss_mask": loss_mask, "anchors": anchors, "keep_mask": keep,
+               "hidden_states": context, "embed": embed_w, "lm_head": lm_head_w,
+               "target_last_hidden": target_last,
+               "options": torch.tensor([gamma or 0.0, *alphas, float(chunk)], dtype=torch.float64)},
+              os.path.join(d, "inputs.safetensors"))
+    return {"name": name, "dir": d, "want": (loss.detach(), metrics["ratio_metrics"], grads, labels)}
+
+
+# The whole step (backbone + heads + objective), one case per Markov head variant.
+for markov, confidence, chunk, gamma in (("vanilla", "plain", 0, 3.0), ("gated", "with_markov", 2, None),
+                                          ("rnn", None, 2, 3.0), (None, "plain", 0, None)):
+    cases.append(prepare_whole(f"whole_{markov or 'nomarkov'}_{confidence or 'noconf'}_c{chunk}",
+                               markov, confidence, gamma, (0.1, 0.9, 1.0), chunk))
 print(f"cases {len(cases)}")
 
 rc = subprocess.run([TOOL] + [c["dir"] for c in cases]).returncode

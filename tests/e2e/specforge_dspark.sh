@@ -3,7 +3,9 @@
 # heads (specforge 0.2.0 from PyPI): the same config, heads' weights, batch, anchors and backbone
 # output; loss, every metric term and the gradients of hidden4d and every head parameter within
 # 1e-6 relative in float32, for each Markov head variant, with and without the confidence head,
-# chunked and unchunked, with and without the loss decay (tests/e2e/specforge_dspark.py says how).
+# chunked and unchunked, with and without the loss decay; and the whole step (backbone, heads and
+# objective: SpecForge's OnlineDSparkModel.forward against fsdp-train's dspark_step), every draft
+# parameter's gradient included (tests/e2e/specforge_dspark.py says how).
 # Two negative controls check the comparison can fail.
 set -uo pipefail
 source "$(dirname "$0")/lib/common.sh"

@@ -13,6 +13,7 @@
 #include "core/finite.h"
 #include "model/block_targets.h"
 #include "shard/engine.h"
+#include "train/algo/target_tensors.h"
 #include "train/component_options.h"
 
 namespace fsdp::algo::block {
@@ -158,6 +159,50 @@ double backbone_step_flops(const model::DFlashConfig& c, int64_t B, int64_t S, i
   const double fwd = rows * (ctx * 2 * static_cast<double>(c.fc_in_features()) * H +
                              static_cast<double>(c.num_layers()) * layer);
   return 3 * fwd + 2 * rows * Q * 2 * H * static_cast<double>(V);
+}
+
+FrozenTarget frozen_target(const config::TrainConfig& cfg, const model::DFlashConfig& draft,
+                           const c10::Device& device) {
+  const TargetTensors target = read_target_tensors(
+      cfg, TargetShape{draft.core.vocab_size, draft.hidden_size(), draft.hidden_size()});
+  const auto dtype = train::to_dtype(cfg.shard.mixed_precision);
+  return {target.embedding.to(device, dtype), target.lm_head.to(device, dtype)};
+}
+
+std::unique_ptr<shard::ShardEngine> make_engine(const config::TrainConfig& cfg,
+                                                torch::nn::Module& module,
+                                                std::vector<std::string> units,
+                                                const c10::Device& device) {
+  shard::EngineOptions eo = train::engine_options(cfg, device);
+  eo.units = std::move(units);
+  eo.validate();
+  auto groups = shard::make_comm_groups(eo.strategy, device);
+  return std::make_unique<shard::ShardEngine>(module, groups, eo);
+}
+
+BlockInputs block_inputs(const config::TrainConfig& cfg, const data::Batch& b,
+                         int64_t block_size, const at::Tensor& embedding, int64_t mask_token,
+                         const c10::Device& device) {
+  BlockInputs in;
+  in.layout = sample_layout(cfg, b, block_size, device);
+  in.ids = b.input_ids.to(device, true);
+  in.loss_mask = b.loss_mask.to(device, true);
+  in.embedded = at::embedding(embedding, model::block_input_ids(in.ids, in.layout, mask_token));
+  return in;
+}
+
+MicroBatchResult micro_batch_result(const at::Tensor& loss_sum, const at::Tensor& den,
+                                    const at::Tensor& sums, bool training,
+                                    const model::DFlashConfig& draft, int64_t B, int64_t S,
+                                    int64_t N) {
+  MicroBatchResult r;
+  r.sums = sums;
+  r.loss = loss_sum;
+  if (training) {
+    r.flops = backbone_step_flops(draft, B, S, N, draft.core.vocab_size);
+    r.normaliser = den;
+  }
+  return r;
 }
 
 void load_init_weights(torch::nn::Module& module, shard::ShardEngine& engine,

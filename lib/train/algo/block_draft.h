@@ -9,6 +9,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,7 @@
 #include "data/dataset.h"
 #include "model/dflash_config.h"
 #include "model/dflash_model.h"
+#include "train/algo/algorithm.h"
 
 namespace torch::nn {
 class Module;
@@ -68,6 +70,39 @@ std::string backbone_difference(const model::DFlashConfig& saved, const model::D
 // size or resume draws the same.
 model::BlockLayout sample_layout(const config::TrainConfig& cfg, const data::Batch& b,
                                  int64_t block_size, const c10::Device& device);
+
+// The target's embedding and LM head, shared with the draft and frozen: read from
+// --target-model-path, on the device in the run's compute dtype.
+struct FrozenTarget {
+  at::Tensor embedding, lm_head;
+};
+FrozenTarget frozen_target(const config::TrainConfig& cfg, const model::DFlashConfig& draft,
+                           const c10::Device& device);
+
+// The sharding engine over `module` (already on the device) with the run's engine options and
+// the module's `units`; the module's unit hooks are the caller's to set.
+std::unique_ptr<shard::ShardEngine> make_engine(const config::TrainConfig& cfg,
+                                                torch::nn::Module& module,
+                                                std::vector<std::string> units,
+                                                const c10::Device& device);
+
+// A micro-batch in blocks: the sampled layout, the ids and loss mask on the device, and the
+// block tokens' embeddings ([anchor, mask, ...] through the target's embedding).
+struct BlockInputs {
+  model::BlockLayout layout;
+  at::Tensor ids, loss_mask, embedded;
+};
+BlockInputs block_inputs(const config::TrainConfig& cfg, const data::Batch& b,
+                         int64_t block_size, const at::Tensor& embedding, int64_t mask_token,
+                         const c10::Device& device);
+
+// A micro-batch's result: `loss_sum` (what backward runs), the metric row `sums`, and while
+// training the normaliser `den` the step divides by and the backbone's FLOPs for B rows of S
+// positions in N blocks.
+MicroBatchResult micro_batch_result(const at::Tensor& loss_sum, const at::Tensor& den,
+                                    const at::Tensor& sums, bool training,
+                                    const model::DFlashConfig& draft, int64_t B, int64_t S,
+                                    int64_t N);
 
 // Model FLOPs of one training micro-batch through the backbone and the frozen LM head (forward
 // + backward: 3x the forward's matmuls, the LM head 2x): fc over the context, per layer the

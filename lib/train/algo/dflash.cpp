@@ -14,8 +14,6 @@
 #include "shard/engine.h"
 #include "train/algo/block_draft.h"
 #include "train/algo/block_metrics.h"
-#include "train/algo/target_tensors.h"
-#include "train/component_options.h"
 
 namespace fsdp::algo {
 
@@ -86,24 +84,16 @@ void DFlash::check_same_architecture(const std::string& saved_config,
 }
 
 void DFlash::build(const WeightSources& weights, const data::FeatureDataset*) {
-  const c10::Device& device = ctx_.device;
   mask_token_ = draft_cfg_.require_mask_token();
-  const TargetTensors target = read_target_tensors(
-      cfg_,
-      TargetShape{draft_cfg_.core.vocab_size, draft_cfg_.hidden_size(), draft_cfg_.hidden_size()});
-  const auto dtype = train::to_dtype(cfg_.shard.mixed_precision);
-  embedding_ = target.embedding.to(device, dtype);
-  lm_head_ = target.lm_head.to(device, dtype);
+  const block::FrozenTarget target = block::frozen_target(cfg_, draft_cfg_, ctx_.device);
+  embedding_ = target.embedding;
+  lm_head_ = target.lm_head;
   torch::manual_seed(static_cast<uint64_t>(cfg_.loop.seed));
   draft_ = model::DFlashDraft(draft_cfg_);
   if (cfg_.model.draft_init == config::DraftInit::kNormal)
     draft_->normal_init(draft_cfg_.core.initializer_range);
-  draft_->to(device);
-  shard::EngineOptions eo = train::engine_options(cfg_, device);
-  eo.units = draft_->unit_names();
-  eo.validate();
-  auto groups = shard::make_comm_groups(eo.strategy, device);
-  engine_ = std::make_unique<shard::ShardEngine>(*draft_, groups, eo);
+  draft_->to(ctx_.device);
+  engine_ = block::make_engine(cfg_, *draft_, draft_->unit_names(), ctx_.device);
   draft_->set_unit_hooks(engine_.get());
   if (weights.init) {
     block::load_init_weights(*draft_, *engine_, *weights.init, cfg_.model.init_checkpoint,
@@ -122,13 +112,11 @@ std::string DFlash::describe_parameters() const {
 MicroBatchResult DFlash::forward(const data::Batch& b, bool training) {
   const c10::Device& device = ctx_.device;
   const int64_t B = b.input_ids.size(0);
-  const model::BlockLayout layout = block::sample_layout(cfg_, b, draft_cfg_.block_size, device);
-  const at::Tensor ids = b.input_ids.to(device, true), mask = b.loss_mask.to(device, true);
-  const at::Tensor noise =
-      at::embedding(embedding_, model::block_input_ids(ids, layout, mask_token_));
-  const at::Tensor out = draft_->forward(noise, b.aux_hidden.to(device, true), layout);
-  const model::BlockLabels labels = model::dflash_labels(ids, mask, layout);
-  const int64_t N = layout.num_blocks();
+  const block::BlockInputs in =
+      block::block_inputs(cfg_, b, draft_cfg_.block_size, embedding_, mask_token_, device);
+  const at::Tensor out = draft_->forward(in.embedded, b.aux_hidden.to(device, true), in.layout);
+  const model::BlockLabels labels = model::dflash_labels(in.ids, in.loss_mask, in.layout);
+  const int64_t N = in.layout.num_blocks();
   // Evaluation also walks the replies as the engine drafts them (model/block_acceptance.h).
   std::vector<at::Tensor> accepted;
   model::DFlashObjectiveOptions options = objective_;
@@ -136,22 +124,17 @@ MicroBatchResult DFlash::forward(const data::Batch& b, bool training) {
   const model::DFlashTerms t = model::dflash_objective(out.view({B, N, draft_cfg_.block_size, -1}),
                                                        labels, lm_head_, options);
   model::EngineWalk walk;
-  if (!training) walk = model::engine_walk(b.loss_mask, layout, at::cat(accepted, 1));
+  if (!training) walk = model::engine_walk(b.loss_mask, in.layout, at::cat(accepted, 1));
   // The normaliser, as SpecForge's: dflash the (decayed) weights, D-PACE the rows (its batch
   // size). Training divides the gradients by the step's sum of it over every micro-batch and
   // rank (train::StepRunner), the metrics their sums likewise.
   const at::Tensor den = objective_.loss == model::BlockLoss::kDFlash
                              ? t.loss_den.detach()
                              : at::full({}, static_cast<double>(B), t.loss_num.options());
-  MicroBatchResult r;
-  r.sums = BlockMetrics::row(t.loss_num, den, b.attention_mask.sum(), t, walk).to(device);
-  r.loss = t.loss_num;
-  if (training) {
-    r.flops = block::backbone_step_flops(draft_cfg_, B, b.input_ids.size(1), N,
-                                         draft_cfg_.core.vocab_size);
-    r.normaliser = den;
-  }
-  return r;
+  return block::micro_batch_result(
+      t.loss_num, den,
+      BlockMetrics::row(t.loss_num, den, b.attention_mask.sum(), t, walk).to(device), training,
+      draft_cfg_, B, b.input_ids.size(1), N);
 }
 
 checkpoint::CheckpointExport DFlash::checkpoint_export() const {

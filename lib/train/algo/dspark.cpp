@@ -8,14 +8,12 @@
 #include <map>
 
 #include "core/error.h"
-#include "core/unit_hooks.h"
 #include "model/block_targets.h"
+#include "model/dspark_step.h"
 #include "model/memory_estimate.h"
 #include "shard/engine.h"
 #include "train/algo/block_draft.h"
 #include "train/algo/dspark_metrics.h"
-#include "train/algo/target_tensors.h"
-#include "train/component_options.h"
 
 namespace fsdp::algo {
 
@@ -98,24 +96,16 @@ void DSpark::check_same_architecture(const std::string& saved_config,
 }
 
 void DSpark::build(const WeightSources& weights, const data::FeatureDataset*) {
-  const c10::Device& device = ctx_.device;
   mask_token_ = backbone_cfg_.require_mask_token();
-  const TargetTensors target = read_target_tensors(
-      cfg_, TargetShape{backbone_cfg_.core.vocab_size, backbone_cfg_.hidden_size(),
-                        backbone_cfg_.hidden_size()});
-  const auto dtype = train::to_dtype(cfg_.shard.mixed_precision);
-  embedding_ = target.embedding.to(device, dtype);
-  lm_head_ = target.lm_head.to(device, dtype);
+  const block::FrozenTarget target = block::frozen_target(cfg_, backbone_cfg_, ctx_.device);
+  embedding_ = target.embedding;
+  lm_head_ = target.lm_head;
   torch::manual_seed(static_cast<uint64_t>(cfg_.loop.seed));
   draft_ = model::DSparkDraft(backbone_cfg_, heads_cfg_);
   if (cfg_.model.draft_init == config::DraftInit::kNormal)
     draft_->normal_init(backbone_cfg_.core.initializer_range);
-  draft_->to(device);
-  shard::EngineOptions eo = train::engine_options(cfg_, device);
-  eo.units = draft_->unit_names();
-  eo.validate();
-  auto groups = shard::make_comm_groups(eo.strategy, device);
-  engine_ = std::make_unique<shard::ShardEngine>(*draft_, groups, eo);
+  draft_->to(ctx_.device);
+  engine_ = block::make_engine(cfg_, *draft_, draft_->unit_names(), ctx_.device);
   draft_->set_unit_hooks(engine_.get());
   if (!weights.init) return;
   // SpecForge's early DSpark exports kept the heads under logit_head.
@@ -141,55 +131,28 @@ std::string DSpark::describe_parameters() const {
 MicroBatchResult DSpark::forward(const data::Batch& b, bool training) {
   const c10::Device& device = ctx_.device;
   const int64_t B = b.input_ids.size(0), bs = backbone_cfg_.block_size;
-  const model::BlockLayout layout = block::sample_layout(cfg_, b, bs, device);
-  const at::Tensor ids = b.input_ids.to(device, true), mask = b.loss_mask.to(device, true);
-  const at::Tensor noise =
-      at::embedding(embedding_, model::block_input_ids(ids, layout, mask_token_));
-  const at::Tensor out = draft_->backbone->forward(noise, b.aux_hidden.to(device, true), layout);
-  const int64_t N = layout.num_blocks();
-
-  const model::DSparkBlockLabels labels =
-      model::dspark_block_labels(ids, mask, layout.anchors, layout.keep, bs);
-  model::DSparkObjectiveInputs in;
-  in.hidden4d = out.view({B, N, bs, -1});
-  in.prev_token_ids = model::dspark_prev_token_ids(ids, layout.anchors, labels.target_ids);
-  in.target_ids = labels.target_ids;
-  in.eval_mask = labels.eval_mask;
-  in.loss_weights = model::dspark_loss_weights(labels.eval_mask, cfg_.dflash.loss_decay_gamma);
-  if (needs_target()) {
-    in.aligned_target_hidden = model::dspark_aligned_target_hidden(
-        b.target_hidden.to(device, lm_head_.scalar_type(), true), labels.safe_label_indices);
-  }
-  in.lm_head_weight = lm_head_;
-
-  // The objective is one use of the heads' units: backward recomputes each chunk's logits from
-  // the heads' live parameters, so the engine gathers them again when the loss's gradient
-  // arrives (the hooks on the weighted sum below).
-  std::vector<std::string> units;
-  if (draft_->heads->has_markov_head()) units.emplace_back("markov_head");
-  if (draft_->heads->has_confidence_head()) units.emplace_back("confidence_head");
-  UnitHooks* hooks = draft_->unit_hooks();
-  if (hooks)
-    for (const auto& u : units) hooks->pre_forward(u);
-  const model::DSparkTerms t =
-      model::dspark_objective(draft_->heads, in, alphas_, cfg_.dflash.objective_chunk_blocks);
-  const at::Tensor loss_sum =
-      alphas_.ce * t.ce_num + alphas_.l1 * t.l1_num + alphas_.confidence * t.confidence_num;
-  if (hooks)
-    for (auto u = units.rbegin(); u != units.rend(); ++u) hooks->post_forward(*u, loss_sum);
+  const block::BlockInputs blocks =
+      block::block_inputs(cfg_, b, bs, embedding_, mask_token_, device);
+  model::DSparkStepInputs in;
+  in.embedded = blocks.embedded;
+  in.context = b.aux_hidden.to(device, true);
+  in.layout = &blocks.layout;
+  in.input_ids = blocks.ids;
+  in.loss_mask = blocks.loss_mask;
+  if (needs_target()) in.target_hidden = b.target_hidden.to(device, true);
+  in.lm_head = lm_head_;
+  in.decay_gamma = cfg_.dflash.loss_decay_gamma;
+  in.alphas = alphas_;
+  in.chunk_blocks = cfg_.dflash.objective_chunk_blocks;
+  const model::DSparkStep step = model::dspark_step(*draft_, in);
 
   // SpecForge's normaliser: the loss weights' sum over every rank's blocks. Training divides the
   // gradients by the step's sum of it over every micro-batch and rank (train::StepRunner).
-  const at::Tensor den = in.loss_weights.sum().to(loss_sum.scalar_type());
-  MicroBatchResult r;
-  r.sums = DSparkMetrics::row(loss_sum, den, b.attention_mask.sum(), t).to(device);
-  r.loss = loss_sum;
-  if (training) {
-    r.flops = block::backbone_step_flops(backbone_cfg_, B, b.input_ids.size(1), N,
-                                         backbone_cfg_.core.vocab_size);
-    r.normaliser = den;
-  }
-  return r;
+  const at::Tensor den = step.loss_weights.sum().to(step.loss_sum.scalar_type());
+  return block::micro_batch_result(
+      step.loss_sum, den,
+      DSparkMetrics::row(step.loss_sum, den, b.attention_mask.sum(), step.terms).to(device),
+      training, backbone_cfg_, B, b.input_ids.size(1), blocks.layout.num_blocks());
 }
 
 checkpoint::CheckpointExport DSpark::checkpoint_export() const {
