@@ -9,7 +9,10 @@ Stages (each a subcommand; outputs are plain files, so the shell driver caches a
   generate  (vLLM venv)     greedy generation with vLLM; with --draft, EAGLE3 speculative
                             decoding and the engine's acceptance counters
   features  (project venv)  SpecForge-format .ckpt features of prompt + reply (human or
-                            generated) from the target's own forward, loss mask on the reply
+                            generated) from the target's own forward, loss mask on the reply;
+                            --format dflash|dspark writes SpecForge's block-draft records
+                            (hidden_states = the layers concatenated; DSpark adds
+                            target_last_hidden_states) instead of EAGLE3's
 
 Never downloads from a model hub; never writes into the checkout.
 """
@@ -186,6 +189,9 @@ def cmd_features(a):
     import torch
     from transformers import AutoModelForCausalLM
     torch.set_num_threads(a.threads)
+    if a.draft_config and a.format != "eagle3":
+        fail(f"--draft-config with --format {a.format}",
+             "a block draft's config comes from block_draft_vllm.py random-export or your own file")
     model = AutoModelForCausalLM.from_pretrained(a.target, dtype=torch.float32)
     model.eval()
     L = model.config.num_hidden_layers
@@ -208,12 +214,18 @@ def cmd_features(a):
             mask[len(prompt):] = 1
             o = model.model(input_ids=ids[None], output_hidden_states=True)
             hs = o.hidden_states  # [k] = after k layers; the last one after the final norm
-            aux = torch.cat([hs[j + 1] for j in layers], dim=-1)
+            aux = torch.cat([hs[j + 1] for j in layers], dim=-1).to(dtype).contiguous()
+            last = o.last_hidden_state.to(dtype).contiguous()
             path = tmp / "rows_0-100000" / f"data_{i}.ckpt"
             path.parent.mkdir(parents=True, exist_ok=True)
-            torch.save({"input_ids": ids, "loss_mask": mask,
-                        "hidden_state": o.last_hidden_state.to(dtype).contiguous(),
-                        "aux_hidden_state": aux.to(dtype).contiguous()}, path)
+            if a.format == "eagle3":
+                rec = {"input_ids": ids, "loss_mask": mask, "hidden_state": last,
+                       "aux_hidden_state": aux}
+            else:  # SpecForge's DFlash / DSpark offline records
+                rec = {"input_ids": ids, "loss_mask": mask, "hidden_states": aux}
+                if a.format == "dspark":
+                    rec["target_last_hidden_states"] = last
+            torch.save(rec, path)
             kept += 1
     if a.draft_config:
         sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "realdata"))
@@ -223,7 +235,8 @@ def cmd_features(a):
         import shutil
         shutil.rmtree(out)
     os.replace(tmp, out)
-    print(json.dumps({"features": str(out), "samples": kept, "layers": layers}))
+    print(json.dumps({"features": str(out), "format": a.format, "samples": kept,
+                      "layers": layers}))
 
 
 def main():
@@ -257,6 +270,8 @@ def main():
     p.add_argument("--split", default="eval")
     p.add_argument("--layers", default=None, help="JSON list, layer-output convention")
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
+    p.add_argument("--format", choices=["eagle3", "dflash", "dspark"], default="eagle3",
+                   help="the record layout (block drafts: no --draft-config)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--draft-config", default=None, help="also write a draft config here")
     p.add_argument("--draft-vocab-size", type=int, default=4096)

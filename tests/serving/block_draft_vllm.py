@@ -10,7 +10,8 @@ torch, safetensors and transformers):
                  dspark); with the draft, the engine's acceptance counters
   check          runs `generate` in fresh processes (the target alone, unless --base gives the
                  serving cache's outputs, then with the draft), prints the engine's acceptance
-                 metrics and whether the greedy outputs are identical; exit 1 when they differ,
+                 metrics and whether the greedy outputs are identical (also into
+                 WORK/report.json); exit 1 when they differ,
                  or when the engine refuses the draft (its last error lines are printed), or
                  when `fsdp-train check-export` (--check-export) finds an ERROR
   load-check     builds vLLM's own model class for the draft (qwen3_dflash.py or
@@ -285,6 +286,7 @@ def cmd_check(a):
     same = sum(x == y for x, y in zip(base, spec["outputs"]))
     report.update({"identical_outputs": f"{same}/{len(base)}", **spec["spec"]})
     print(json.dumps(report, indent=1))
+    (work / "report.json").write_text(json.dumps(report, indent=1))
     sys.exit(0 if same == len(base) == len(spec["outputs"]) else 1)
 
 
