@@ -11,7 +11,8 @@
 namespace fsdp::model {
 
 DSparkStep dspark_step(DSparkDraftImpl& draft, const DSparkStepInputs& in) {
-  FSDP_CHECK(in.layout != nullptr, "dspark_step: no block layout", "a caller bug: pass the blocks drawn");
+  FSDP_CHECK(in.layout != nullptr, "dspark_step: no block layout",
+             "a caller bug: pass the blocks drawn");
   const BlockLayout& layout = *in.layout;
   const int64_t B = in.input_ids.size(0), bs = layout.block_size, N = layout.num_blocks();
   const at::Tensor out = draft.backbone->forward(in.embedded, in.context, layout);

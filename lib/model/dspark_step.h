@@ -18,22 +18,22 @@
 namespace fsdp::model {
 
 struct DSparkStepInputs {
-  at::Tensor embedded;       // [B, N*bs, H]: the block tokens through the target's embedding
-  at::Tensor context;        // [B, S, n*H]: the target layers' features
+  at::Tensor embedded;  // [B, N*bs, H]: the block tokens through the target's embedding
+  at::Tensor context;   // [B, S, n*H]: the target layers' features
   const BlockLayout* layout = nullptr;  // the blocks drawn (anchors, keep)
-  at::Tensor input_ids;      // int64 [B, S]
-  at::Tensor loss_mask;      // [B, S]
-  at::Tensor target_hidden;  // [B, S, H] the target's last hidden state, or undefined
-  at::Tensor lm_head;        // [V, H] the target's frozen LM head
-  std::optional<double> decay_gamma;  // loss_decay_gamma (absent or <= 0: no decay)
+  at::Tensor input_ids;                 // int64 [B, S]
+  at::Tensor loss_mask;                 // [B, S]
+  at::Tensor target_hidden;             // [B, S, H] the target's last hidden state, or undefined
+  at::Tensor lm_head;                   // [V, H] the target's frozen LM head
+  std::optional<double> decay_gamma;    // loss_decay_gamma (absent or <= 0: no decay)
   DSparkAlphas alphas;
   int64_t chunk_blocks = 0;  // objective_chunk_blocks (0: every block at once)
 };
 
 struct DSparkStep {
   DSparkTerms terms;
-  at::Tensor loss_sum;     // ce * ce_num + l1 * l1_num + confidence * confidence_num
-  at::Tensor loss_weights; // [B, N, bs]: the loss's normaliser is their sum over the step
+  at::Tensor loss_sum;      // ce * ce_num + l1 * l1_num + confidence * confidence_num
+  at::Tensor loss_weights;  // [B, N, bs]: the loss's normaliser is their sum over the step
 };
 
 // The step. When the draft has unit hooks (a sharding engine), the objective is bracketed as one

@@ -157,10 +157,9 @@ void run_step(const std::string& dir, checkpoint::SafetensorsFile& weights,
   loss.backward();
   const auto labels =
       model::dspark_block_labels(ids, mask, layout.anchors, layout.keep, layout.block_size);
-  checkpoint::NamedTensors out =
-      terms_out(loss, step.terms, labels,
-                model::dspark_prev_token_ids(ids, layout.anchors, labels.target_ids),
-                step.loss_weights);
+  checkpoint::NamedTensors out = terms_out(
+      loss, step.terms, labels,
+      model::dspark_prev_token_ids(ids, layout.anchors, labels.target_ids), step.loss_weights);
   out.emplace_back("grad.hidden_states", context.grad());
   write_out(dir, std::move(out), *draft);
 }

@@ -180,8 +180,8 @@ std::unique_ptr<shard::ShardEngine> make_engine(const config::TrainConfig& cfg,
   return std::make_unique<shard::ShardEngine>(module, groups, eo);
 }
 
-BlockInputs block_inputs(const config::TrainConfig& cfg, const data::Batch& b,
-                         int64_t block_size, const at::Tensor& embedding, int64_t mask_token,
+BlockInputs block_inputs(const config::TrainConfig& cfg, const data::Batch& b, int64_t block_size,
+                         const at::Tensor& embedding, int64_t mask_token,
                          const c10::Device& device) {
   BlockInputs in;
   in.layout = sample_layout(cfg, b, block_size, device);

@@ -92,8 +92,8 @@ struct BlockInputs {
   model::BlockLayout layout;
   at::Tensor ids, loss_mask, embedded;
 };
-BlockInputs block_inputs(const config::TrainConfig& cfg, const data::Batch& b,
-                         int64_t block_size, const at::Tensor& embedding, int64_t mask_token,
+BlockInputs block_inputs(const config::TrainConfig& cfg, const data::Batch& b, int64_t block_size,
+                         const at::Tensor& embedding, int64_t mask_token,
                          const c10::Device& device);
 
 // A micro-batch's result: `loss_sum` (what backward runs), the metric row `sums`, and while
