@@ -26,8 +26,8 @@ DSparkStep dspark_step(DSparkDraftImpl& draft, const DSparkStepInputs& in) {
   obj.eval_mask = labels.eval_mask;
   obj.loss_weights = dspark_loss_weights(labels.eval_mask, in.decay_gamma);
   if (in.target_hidden.defined()) {
-    obj.aligned_target_hidden = dspark_aligned_target_hidden(
-        in.target_hidden.to(in.lm_head.scalar_type()), labels.safe_label_indices);
+    obj.aligned_target_hidden =
+        dspark_aligned_target_hidden(in.target_hidden, labels.safe_label_indices);
   }
   obj.lm_head_weight = in.lm_head;
 
@@ -44,6 +44,8 @@ DSparkStep dspark_step(DSparkDraftImpl& draft, const DSparkStepInputs& in) {
   if (hooks)
     for (auto u = units.rbegin(); u != units.rend(); ++u) hooks->post_forward(*u, step.loss_sum);
   step.loss_weights = obj.loss_weights;
+  step.labels = labels;
+  step.prev_token_ids = obj.prev_token_ids;
   return step;
 }
 

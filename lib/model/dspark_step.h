@@ -23,17 +23,19 @@ struct DSparkStepInputs {
   const BlockLayout* layout = nullptr;  // the blocks drawn (anchors, keep)
   at::Tensor input_ids;                 // int64 [B, S]
   at::Tensor loss_mask;                 // [B, S]
-  at::Tensor target_hidden;             // [B, S, H] the target's last hidden state, or undefined
-  at::Tensor lm_head;                   // [V, H] the target's frozen LM head
-  std::optional<double> decay_gamma;    // loss_decay_gamma (absent or <= 0: no decay)
+  at::Tensor target_hidden;           // [B, S, H] last hidden state, lm_head's dtype; or undefined
+  at::Tensor lm_head;                 // [V, H] the target's frozen LM head
+  std::optional<double> decay_gamma;  // loss_decay_gamma (absent or <= 0: no decay)
   DSparkAlphas alphas;
   int64_t chunk_blocks = 0;  // objective_chunk_blocks (0: every block at once)
 };
 
 struct DSparkStep {
   DSparkTerms terms;
-  at::Tensor loss_sum;      // ce * ce_num + l1 * l1_num + confidence * confidence_num
-  at::Tensor loss_weights;  // [B, N, bs]: the loss's normaliser is their sum over the step
+  at::Tensor loss_sum;        // ce * ce_num + l1 * l1_num + confidence * confidence_num
+  at::Tensor loss_weights;    // [B, N, bs]: the loss's normaliser is their sum over the step
+  DSparkBlockLabels labels;   // what each block position was scored against
+  at::Tensor prev_token_ids;  // int64 [B, N, bs]: what the Markov head read
 };
 
 // The step. When the draft has unit hooks (a sharding engine), the objective is bracketed as one

@@ -147,7 +147,8 @@ void run_step(const std::string& dir, checkpoint::SafetensorsFile& weights,
   in.layout = &layout;
   in.input_ids = ids;
   in.loss_mask = mask;
-  if (inputs.contains("target_last_hidden")) in.target_hidden = inputs.read("target_last_hidden");
+  if (inputs.contains("target_last_hidden"))
+    in.target_hidden = inputs.read("target_last_hidden").to(context.scalar_type());
   in.lm_head = inputs.read("lm_head");
   in.decay_gamma = decay(o);
   in.alphas = o.alphas;
@@ -155,11 +156,8 @@ void run_step(const std::string& dir, checkpoint::SafetensorsFile& weights,
   const model::DSparkStep step = model::dspark_step(*draft, in);
   const at::Tensor loss = model::dspark_loss(step.terms, o.alphas, step.loss_weights.sum());
   loss.backward();
-  const auto labels =
-      model::dspark_block_labels(ids, mask, layout.anchors, layout.keep, layout.block_size);
-  checkpoint::NamedTensors out = terms_out(
-      loss, step.terms, labels,
-      model::dspark_prev_token_ids(ids, layout.anchors, labels.target_ids), step.loss_weights);
+  checkpoint::NamedTensors out =
+      terms_out(loss, step.terms, step.labels, step.prev_token_ids, step.loss_weights);
   out.emplace_back("grad.hidden_states", context.grad());
   write_out(dir, std::move(out), *draft);
 }

@@ -139,7 +139,7 @@ MicroBatchResult DSpark::forward(const data::Batch& b, bool training) {
   in.layout = &blocks.layout;
   in.input_ids = blocks.ids;
   in.loss_mask = blocks.loss_mask;
-  if (needs_target()) in.target_hidden = b.target_hidden.to(device, true);
+  if (needs_target()) in.target_hidden = b.target_hidden.to(device, lm_head_.scalar_type(), true);
   in.lm_head = lm_head_;
   in.decay_gamma = cfg_.dflash.loss_decay_gamma;
   in.alphas = alphas_;
