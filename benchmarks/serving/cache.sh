@@ -4,6 +4,12 @@
 #   serving_cache_dir            -> prints ~/.cache/fsdp-train/serving/<key of the pipeline's sources>
 #   build_serving_cache C LOGDIR -> C/target, C/prompts.json, C/base.json (vLLM, no speculation),
 #                                   C/feat-train (+ C/draft-config.json), C/feat-eval
+#   build_block_features C LOGDIR -> C/feat-dspark-train (bf16), C/feat-dspark-eval (fp32):
+#                                   SpecForge's DSpark records of the same sequences (DFlash reads
+#                                   them too), the EAGLE3 features' target layers
+#   serving_begin TAG WORKDIR    -> the serving tests' start: checks the vLLM venv, sets VPY,
+#                                   PIPE, C (the cache) and W (WORKDIR, emptied), a `stage`
+#                                   function that prefixes [TAG] and the seconds since the start
 # Needs PY, VPY, PIPE, SRC, NUM_TRAIN, NUM_EVAL, MAX_TOKENS and a `stage MESSAGE` function.
 
 # require_serving_tools: exits 2 with a hint unless BIN, PY and VPY are executables (the benchmark
@@ -13,6 +19,19 @@ require_serving_tools() {
   for f in "$BIN" "$PY" "$VPY"; do
     [ -x "$f" ] || { echo "error: $f missing"; echo "---> HINT: run launch/setup.sh and launch/setup-serving.sh"; exit 2; }
   done
+}
+
+serving_begin() {
+  local tag="$1"
+  VPY="${FSDP_VLLM_VENV:-$HOME/.cache/fsdp-train/vllm-venv}/bin/python"
+  [ -x "$VPY" ] || fail "no vLLM venv at ${VPY%/bin/python}: run bash launch/setup-serving.sh"
+  PIPE="$SRC/benchmarks/serving/pipeline.py"
+  C="$(serving_cache_dir)"
+  W="$2"
+  rm -rf "$W"
+  mkdir -p "$W" "$C"
+  SERVING_T0=$(date +%s)
+  eval "stage() { echo \"[$tag] \$(( \$(date +%s) - SERVING_T0 ))s: \$*\"; }"
 }
 
 serving_cache_dir() {
@@ -58,4 +77,17 @@ build_serving_cache() {
       --split eval --dtype fp32 --out "$C/feat-eval"
     touch "$C/feat-eval/.complete"
   fi
+}
+
+build_block_features() {
+  local C="$1" L="$2" split dtype
+  for split in train eval; do
+    [ -f "$C/feat-dspark-$split/.complete" ] && continue
+    stage "DSpark/DFlash features of the $split sequences"
+    dtype=bf16; [ $split = eval ] && dtype=fp32
+    cache_step "$L/feat-dspark-$split.log" "$PY" "$PIPE" features --target "$C/target" \
+      --source "$C/base.json" --split $split --dtype $dtype --format dspark \
+      --out "$C/feat-dspark-$split"
+    touch "$C/feat-dspark-$split/.complete"
+  done
 }

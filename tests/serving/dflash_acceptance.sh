@@ -10,37 +10,20 @@
 # DSpark requires that vLLM's Qwen3DSparkForCausalLM loads every parameter from the export.
 set -euo pipefail
 source "$2/tests/e2e/lib/common.sh"
-VPY="${FSDP_VLLM_VENV:-$HOME/.cache/fsdp-train/vllm-venv}/bin/python"
-[ -x "$VPY" ] || fail "no vLLM venv at ${VPY%/bin/python}: run bash launch/setup-serving.sh"
-PIPE="$SRC/benchmarks/serving/pipeline.py"
 BDV="$SRC/tests/serving/block_draft_vllm.py"
 source "$SRC/benchmarks/serving/cache.sh"
-C="$(serving_cache_dir)"
-W="$BUILD/serving_dflash"
-rm -rf "$W"
-mkdir -p "$W" "$C"
+serving_begin serving-dflash "$BUILD/serving_dflash"
 # The serving tier's data (tests/serving/vllm_acceptance.sh): the same prompts and replies.
 NUM_TRAIN=48 NUM_EVAL=12 MAX_TOKENS=64 BLOCK=4
 # The floor of (b): a draft with random weights accepts nothing here (engine 1.0 over 513
 # drafts, docs/serving.md); the trained draft is well above it (docs/benchmarks.md).
 FLOOR=1.15
-t0=$(date +%s)
-stage() { echo "[serving-dflash] $(( $(date +%s) - t0 ))s: $*"; }
 
 build_serving_cache "$C" "$W"
 # Block-draft features of the same sequences: SpecForge's DFlash/DSpark records, the target
 # layers of the EAGLE3 features ([1, 14, 26]); the DSpark ones serve DFlash too (the extra
 # target_last_hidden_states key is not read by DFlash).
-for split in train eval; do
-  if [ ! -f "$C/feat-dspark-$split/.complete" ]; then
-    stage "DSpark/DFlash features of the $split sequences"
-    dtype=bf16; [ $split = eval ] && dtype=fp32
-    cache_step "$W/feat-dspark-$split.log" "$PY" "$PIPE" features --target "$C/target" \
-      --source "$C/base.json" --split $split --dtype $dtype --format dspark \
-      --out "$C/feat-dspark-$split"
-    touch "$C/feat-dspark-$split/.complete"
-  fi
-done
+build_block_features "$C" "$W"
 
 # The draft configs: the layout fsdp-train exports (block_draft_vllm.py random-export writes it
 # from the target's config; its random weights are not used).

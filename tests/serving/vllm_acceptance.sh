@@ -10,14 +10,8 @@
 # and speculative serving run every time.
 set -euo pipefail
 source "$2/tests/e2e/lib/common.sh"
-VPY="${FSDP_VLLM_VENV:-$HOME/.cache/fsdp-train/vllm-venv}/bin/python"
-[ -x "$VPY" ] || fail "no vLLM venv at ${VPY%/bin/python}: run bash launch/setup-serving.sh"
-PIPE="$SRC/benchmarks/serving/pipeline.py"
 source "$SRC/benchmarks/serving/cache.sh"
-C="$(serving_cache_dir)"
-W="$BUILD/serving_tier"
-rm -rf "$W"
-mkdir -p "$W" "$C"
+serving_begin serving "$BUILD/serving_tier"
 # Sizes: 12 held-out prompts x 64 tokens give about 400 drafts (k = 3), enough that the 2% bound
 # is not noise; 48 training prompts train a draft well above chance in a few minutes.
 NUM_TRAIN=48 NUM_EVAL=12 K=3 MAX_TOKENS=64
@@ -25,8 +19,6 @@ NUM_TRAIN=48 NUM_EVAL=12 K=3 MAX_TOKENS=64
 # nothing on these prompts (the engine then reports 1.0-1.15: docs/benchmarks.md); a trained
 # draft on the target's own replies is well above it.
 FLOOR=1.25
-t0=$(date +%s)
-stage() { echo "[serving] $(( $(date +%s) - t0 ))s: $*"; }
 
 build_serving_cache "$C" "$W"
 
