@@ -7,6 +7,13 @@
 
 namespace fsdp::model {
 
+at::Tensor accepted_prefix(const at::Tensor& pred, const at::Tensor& target,
+                           const at::Tensor& valid, int64_t first) {
+  const int64_t bs = pred.size(-1);
+  const at::Tensor ok = (pred.eq(target) & valid).narrow(-1, first, bs - first).to(at::kLong);
+  return at::cumprod(ok, -1).sum(-1);
+}
+
 EngineWalk engine_walk(const at::Tensor& loss_mask, const BlockLayout& layout,
                        const at::Tensor& accepted) {
   const at::Tensor mask = loss_mask.to(at::kCPU).gt(0.5).to(at::kByte).contiguous();

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 
+#include "model/block_acceptance.h"
 #include "model/chunk_reduce.h"
 
 namespace fsdp::model {
@@ -31,13 +32,6 @@ at::Tensor decay(int64_t bs, double gamma, const at::TensorOptions& opts) {
 }
 
 }  // namespace
-
-at::Tensor accepted_prefix(const at::Tensor& pred, const at::Tensor& target,
-                           const at::Tensor& valid) {
-  const int64_t bs = pred.size(-1);
-  const at::Tensor ok = (pred.eq(target) & valid).narrow(-1, 1, bs - 1).to(at::kLong);
-  return at::cumprod(ok, -1).sum(-1);
-}
 
 DFlashTerms dflash_objective(const at::Tensor& hidden4d, const BlockLabels& labels,
                              const at::Tensor& lm_head_weight, const DFlashObjectiveOptions& o) {
@@ -72,7 +66,7 @@ DFlashTerms dflash_objective(const at::Tensor& hidden4d, const BlockLabels& labe
     const at::Tensor valid = weight > 0;
     const at::Tensor correct = (pred.eq(target) & (weight > 0.5)).sum().to(wide);
     const at::Tensor blocks = valid.any(-1);
-    const at::Tensor accepted = accepted_prefix(pred, target, valid);
+    const at::Tensor accepted = accepted_prefix(pred, target, valid, /*first=*/1);
     if (o.accepted_blocks) o.accepted_blocks->push_back(accepted);
     return std::vector<at::Tensor>{num,
                                    den,

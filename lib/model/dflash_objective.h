@@ -28,8 +28,9 @@ struct DFlashObjectiveOptions {
   // > 0: position k of a block weighs exp(-max(k - 1, 0) / gamma) (dflash only).
   std::optional<double> decay_gamma;
   int64_t chunk_blocks = 128;  // blocks per chunk; 0: all at once
-  // When set, each chunk's accepted counts (accepted_prefix, int64 [B, chunk]) are appended in
-  // block order: for a call without backward (evaluation; backward would run the chunks again).
+  // When set, each chunk's accepted counts (accepted_prefix from position 1, int64 [B, chunk])
+  // are appended in block order: for a call without backward (evaluation; backward would run
+  // the chunks again).
   std::vector<at::Tensor>* accepted_blocks = nullptr;
 };
 
@@ -50,10 +51,5 @@ struct DFlashTerms {
 DFlashTerms dflash_objective(const at::Tensor& hidden4d, const BlockLabels& labels,
                              const at::Tensor& lm_head_weight,
                              const DFlashObjectiveOptions& options);
-
-// The engine's acceptance of blocks: accepted [B, N] = leading run of (pred == target & valid)
-// over positions 1..bs-1, valid [B, N, bs] bool.
-at::Tensor accepted_prefix(const at::Tensor& pred, const at::Tensor& target,
-                           const at::Tensor& valid);
 
 }  // namespace fsdp::model

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "model/block_acceptance.h"
 
 namespace fsdp::model {
 namespace {
@@ -65,14 +66,21 @@ TargetSide target_side(const at::Tensor& aligned, const at::Tensor& weight,
   return {at::softmax(dspark_float(logits), -1), logits.argmax(-1)};
 }
 
-// The metrics of one chunk (no graph), given its draft logits and per-position values.
+// The metrics of one chunk (no graph), given its draft logits and per-position values; appends
+// the chunk's accepted counts to `accepted_blocks` when given. The engine drafts greedily from
+// the anchor's token, each proposal's Markov bias read from the token it proposed before; while
+// every earlier proposal is its label, that token is the label the teacher-forced logits here
+// read, so the leading run of right argmaxes from position 0 is what the engine accepts.
 void chunk_metrics(DSparkTerms& t, const DSparkObjectiveInputs& in, const at::Tensor& draft,
                    const at::Tensor& ce, const at::Tensor& draft_p, const TargetSide& target,
-                   const at::Tensor& accept) {
+                   const at::Tensor& accept, std::vector<at::Tensor>* accepted_blocks) {
   at::NoGradGuard guard;
   const at::Tensor& eval = in.eval_mask;
   const at::Tensor predicted = draft.argmax(-1);
   const at::Tensor correct = dspark_float(at::logical_and(predicted == in.target_ids, eval));
+  if (accepted_blocks) {
+    accepted_blocks->push_back(accepted_prefix(predicted, in.target_ids, eval, /*first=*/0));
+  }
   t.correct_num = correct.sum();
   t.eval_den = dspark_float(eval).sum();
   t.ce_position_num = (ce.detach() * eval).sum(at::IntArrayRef{0, 1});
@@ -88,9 +96,11 @@ void chunk_metrics(DSparkTerms& t, const DSparkObjectiveInputs& in, const at::Te
   t.tau_den = valid_blocks.sum();
 }
 
-// Every term of one chunk of blocks, with a graph when grad mode is on.
+// Every term of one chunk of blocks, with a graph when grad mode is on (chunk_metrics appends to
+// `accepted_blocks` when given).
 DSparkTerms chunk_terms(DSparkHeadsImpl& heads, const DSparkObjectiveInputs& in,
-                        const DSparkAlphas& alphas, bool with_target) {
+                        const DSparkAlphas& alphas, bool with_target,
+                        std::vector<at::Tensor>* accepted_blocks) {
   const at::Tensor& hidden = in.hidden4d;
   const int64_t B = hidden.size(0), N = hidden.size(1), bs = hidden.size(2), H = hidden.size(3);
   const at::Tensor base =
@@ -129,7 +139,7 @@ DSparkTerms chunk_terms(DSparkHeadsImpl& heads, const DSparkObjectiveInputs& in,
     t.confidence_num = (bce * in.loss_weights).sum();
     t.confidence_error_num = ((at::sigmoid(logit) - accept).abs() * in.loss_weights).sum().detach();
   }
-  chunk_metrics(t, in, draft, ce, draft_p, target, accept);
+  chunk_metrics(t, in, draft, ce, draft_p, target, accept, accepted_blocks);
   return t;
 }
 
@@ -152,6 +162,8 @@ struct ObjectiveCall : torch::CustomClassHolder {
   DSparkAlphas alphas;
   bool with_target = false;
   int64_t chunk = 1;
+  // The caller's, read by forward only (backward reruns the chunks) and cleared after it.
+  std::vector<at::Tensor>* accepted_blocks = nullptr;
 
   DSparkObjectiveInputs blocks(const at::Tensor& hidden, int64_t from, int64_t len) const {
     DSparkObjectiveInputs all = in;
@@ -173,9 +185,10 @@ struct ChunkedObjective : torch::autograd::Function<ChunkedObjective> {
     for (int64_t c = 0; c < chunk_count(n, call->chunk); ++c) {
       const int64_t from = c * call->chunk, len = std::min(call->chunk, n - from);
       auto terms = term_list(chunk_terms(*call->heads, call->blocks(hidden, from, len),
-                                         call->alphas, call->with_target));
+                                         call->alphas, call->with_target, call->accepted_blocks));
       totals = totals.empty() ? std::move(terms) : add_lists(std::move(totals), terms);
     }
+    call->accepted_blocks = nullptr;
     ctx->save_for_backward({hidden});
     ctx->saved_data["call"] = c10::IValue::make_capsule(call);
     ctx->mark_non_differentiable(
@@ -211,7 +224,7 @@ struct ChunkedObjective : torch::autograd::Function<ChunkedObjective> {
         DSparkObjectiveInputs blocks = call->blocks(hidden, from, len);
         blocks.hidden4d = leaf;
         const auto terms =
-            term_list(chunk_terms(*call->heads, blocks, call->alphas, call->with_target));
+            term_list(chunk_terms(*call->heads, blocks, call->alphas, call->with_target, nullptr));
         for (size_t i = 0; i < kDifferentiable; ++i) {
           if (!terms[i].requires_grad() || !grads[i].defined()) continue;
           outputs.push_back(terms[i]);
@@ -346,7 +359,8 @@ bool dspark_needs_target(const DSparkHeads& heads, const DSparkAlphas& alphas) {
 }
 
 DSparkTerms dspark_objective(DSparkHeads& heads, const DSparkObjectiveInputs& in,
-                             const DSparkAlphas& alphas, int64_t chunk_blocks) {
+                             const DSparkAlphas& alphas, int64_t chunk_blocks,
+                             std::vector<at::Tensor>* accepted_blocks) {
   alphas.validate();
   FSDP_USAGE_CHECK(chunk_blocks >= 0, fsdp::str("objective chunk of ", chunk_blocks, " blocks"),
                    "give training.objective_chunk_blocks >= 0 (0: every block at once)");
@@ -355,13 +369,15 @@ DSparkTerms dspark_objective(DSparkHeads& heads, const DSparkObjectiveInputs& in
   DSparkObjectiveInputs used = in;
   if (!with_target) used.aligned_target_hidden = at::Tensor();
   const int64_t n = in.hidden4d.size(1);
-  if (chunk_blocks == 0 || chunk_blocks >= n) return chunk_terms(*heads, used, alphas, with_target);
+  if (chunk_blocks == 0 || chunk_blocks >= n)
+    return chunk_terms(*heads, used, alphas, with_target, accepted_blocks);
 
   auto call = c10::make_intrusive<ObjectiveCall>();
   call->heads = heads.ptr();
   call->alphas = alphas;
   call->with_target = with_target;
   call->chunk = chunk_blocks;
+  call->accepted_blocks = accepted_blocks;
   for (const at::Tensor& p : heads->parameters())
     if (p.requires_grad()) call->params.push_back(p);
   std::vector<at::Tensor> inputs{in.hidden4d};
@@ -377,8 +393,8 @@ DSparkTerms dspark_objective(DSparkHeads& heads, const DSparkObjectiveInputs& in
   std::vector<at::Tensor> totals;
   for (int64_t c = 0; c < chunk_count(n, chunk_blocks); ++c) {
     const int64_t from = c * chunk_blocks, len = std::min(chunk_blocks, n - from);
-    auto terms =
-        term_list(chunk_terms(*heads, narrow_blocks(used, from, len), alphas, with_target));
+    auto terms = term_list(
+        chunk_terms(*heads, narrow_blocks(used, from, len), alphas, with_target, accepted_blocks));
     totals = totals.empty() ? std::move(terms) : add_lists(std::move(totals), terms);
   }
   return from_list(totals, with_target);

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <vector>
 
 #include "model/dspark_heads.h"
 
@@ -102,8 +103,13 @@ struct DSparkTerms {
 // whole. Values and gradients equal the unchunked ones within rounding. Backward reads the heads'
 // live parameters: a sharding engine brackets this call as one use of the head units, whose
 // outputs are the three differentiable terms.
+// When `accepted_blocks` is given (evaluation), each chunk's accepted counts are appended in
+// block order, once (backward's rerun appends nothing): int64 [B, chunk] = accepted_prefix
+// from position 0 of (draft argmax == target_ids & eval_mask), what a serving engine accepts of
+// the block drafted greedily from its anchor (docs/block-drafts.md "DSpark").
 DSparkTerms dspark_objective(DSparkHeads& heads, const DSparkObjectiveInputs& in,
-                             const DSparkAlphas& alphas, int64_t chunk_blocks);
+                             const DSparkAlphas& alphas, int64_t chunk_blocks,
+                             std::vector<at::Tensor>* accepted_blocks = nullptr);
 
 // The loss: scale * (ce * ce_num + l1 * l1_num + confidence * confidence_num) / loss_den, where
 // loss_den is the global sum of the loss weights (over every rank's blocks: the trainer's

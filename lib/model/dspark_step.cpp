@@ -38,7 +38,7 @@ DSparkStep dspark_step(DSparkDraftImpl& draft, const DSparkStepInputs& in) {
   if (hooks)
     for (const auto& u : units) hooks->pre_forward(u);
   DSparkStep step;
-  step.terms = dspark_objective(draft.heads, obj, in.alphas, in.chunk_blocks);
+  step.terms = dspark_objective(draft.heads, obj, in.alphas, in.chunk_blocks, in.accepted_blocks);
   step.loss_sum = in.alphas.ce * step.terms.ce_num + in.alphas.l1 * step.terms.l1_num +
                   in.alphas.confidence * step.terms.confidence_num;
   if (hooks)

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <vector>
 
 #include "model/dflash_model.h"
 #include "model/dspark_draft.h"
@@ -28,6 +29,9 @@ struct DSparkStepInputs {
   std::optional<double> decay_gamma;  // loss_decay_gamma (absent or <= 0: no decay)
   DSparkAlphas alphas;
   int64_t chunk_blocks = 0;  // objective_chunk_blocks (0: every block at once)
+  // Evaluation: the blocks' accepted counts are appended here (dspark_objective's
+  // accepted_blocks), for the engine's walk (model/block_acceptance.h).
+  std::vector<at::Tensor>* accepted_blocks = nullptr;
 };
 
 struct DSparkStep {

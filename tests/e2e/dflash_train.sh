@@ -60,26 +60,8 @@ out=$("$BIN" check-export "$(latest_ckpt "$W/np1")" --target-model-path "$W/data
   { echo "$out"; fail "check-export on the DFlash export"; }
 grep -q " 0 ERROR" <<<"$out" || { echo "$out"; fail "check-export found errors"; }
 
-# Evaluation walks each reply as the engine drafts it: with every candidate anchor sampled
-# (--num-anchors above the samples' 32 positions) every row is walked and accept_len is reported;
-# with 8 anchors the walk meets unsampled anchors, so no accept_len and the rows are counted.
-for n in 64 8; do
-  run_np 1 --init-checkpoint "$(latest_ckpt "$W/np1")" --eval-only \
-    --target-model-path "$W/data/target" --draft-model-config "$(latest_ckpt "$W/np1")/config.json" \
-    --eval-hidden-states-path "$W/data/eval_hidden_states" --max-length 64 --device cpu --threads 1 \
-    --mixed-precision fp32 --draft-global-batch-size 2 --draft-micro-batch-size 2 \
-    --num-anchors $n --output-dir "$W/eval$n" >"$W/eval$n.log" 2>&1 ||
-    { tail -30 "$W/eval$n.log"; fail "eval-only with $n anchors"; }
-done
-"$PY" - "$W/eval64/metrics.jsonl" "$W/eval8/metrics.jsonl" <<'PYEOF' || fail "the engine's walk in evaluation"
-import json, sys
-full, part = ([r for r in map(json.loads, open(p)) if "eval/acc" in r][-1] for p in sys.argv[1:3])
-assert 1.0 <= full["eval/accept_len"] <= 4.0 and full["eval/rows_not_walked"] == 0, full
-assert "eval/accept_len" not in part and part["eval/rows_not_walked"] > 0, part
-print(f"eval accept_len {full['eval/accept_len']:.3f} (all anchors "
-      f"{full['eval/accept_len_all_anchors']:.3f}); {part['eval/rows_not_walked']:.0f} rows not "
-      "walked with 8 anchors")
-PYEOF
+# Evaluation walks each reply as the engine drafts it (block positions 1..3 propose).
+check_engine_walk "$W" "$(latest_ckpt "$W/np1")" 4
 
 # Stopped at step 4 and resumed to 8: bitwise the uninterrupted run (1 rank).
 run_np 1 $(args "$W/part") --num-epochs 1 --max-steps 4 >"$W/part1.log" 2>&1 ||

@@ -6,7 +6,9 @@
 # reach the same fp32 weights (the heads' units are gathered again for the objective's backward);
 # a run stopped at step 4 and resumed ends bitwise equal to an uninterrupted one; the export holds
 # the heads under SpecForge's names with the head keys where both engines read them and passes
-# check-export; options a DSpark draft cannot honour are refused by name.
+# check-export; evaluation from the export reports the engine's walk (accept_len) when every
+# anchor is sampled and counts the rows it cannot walk otherwise; options a DSpark draft cannot
+# honour are refused by name.
 set -uo pipefail
 source "$(dirname "$0")/lib/common.sh"
 TOY=$(toy_data fixed --num-samples 128 --min-len 32 --max-len 32 --samples-per-dir 32 --seed 1)
@@ -68,14 +70,10 @@ out=$("$BIN" check-export "$(latest_ckpt "$W/np1")" --target-model-path "$W/data
   { echo "$out"; fail "check-export on the DSpark export"; }
 grep -q " 0 ERROR" <<<"$out" || { echo "$out"; fail "check-export found errors"; }
 
-# Evaluation from the export (--init-checkpoint reads the heads back).
-run_np 1 --init-checkpoint "$(latest_ckpt "$W/np1")" --eval-only \
-  --target-model-path "$W/data/target" --draft-model-config "$(latest_ckpt "$W/np1")/config.json" \
-  --eval-hidden-states-path "$W/data/eval_hidden_states" --max-length 64 --device cpu --threads 1 \
-  --mixed-precision fp32 --draft-global-batch-size 2 --draft-micro-batch-size 2 \
-  --num-anchors 8 --output-dir "$W/eval" >"$W/eval.log" 2>&1 ||
-  { tail -30 "$W/eval.log"; fail "eval-only from the DSpark export"; }
-grep -q "eval/tau_probabilistic" "$W/eval/metrics.jsonl" || fail "no eval metrics"
+# Evaluation from the export (--init-checkpoint reads the heads back) walks each reply as the
+# engine drafts it (block positions 0..3 propose, each after the one before).
+check_engine_walk "$W" "$(latest_ckpt "$W/np1")" 5
+grep -q "eval/tau_probabilistic" "$W/eval8/metrics.jsonl" || fail "no eval metrics"
 
 # Stopped at step 4 and resumed to 8: bitwise the uninterrupted run (1 rank).
 run_np 1 $(args "$W/part") --num-epochs 1 --max-steps 4 >"$W/part1.log" 2>&1 ||

@@ -13,13 +13,22 @@ computes parts of its loss in float32, which bounds the agreement near 5e-7): th
 the labels and the gradients of the features and of every draft parameter, one case per Markov
 head variant.
 
+The engine's acceptance too: each block's accepted count that fsdp-train's evaluation walks (the
+leading run, from block position 0, of right teacher-forced argmaxes) must equal, exactly, this
+script's own count from the draft logits SpecForge's OnlineDSparkModel computes (its
+apply_logits_head's outputs, their argmax against its labels and eval mask). Before each case,
+the labels after some anchors become the draft's own predictions (repeated until they are
+stable: a label feeds the Markov head of the next position), so runs of every length occur.
+
 Cases: no Markov head and the vanilla, gated and rnn heads; no confidence head, a confidence
 head, and one reading the Markov embedding too; every block at once and chunks of 2 blocks (3
 chunks of 5); no decay and loss_decay_gamma 3; plus the alphas where L1 is off (with and without
 a confidence head, the latter without target states). Anchors come from SpecForge's own sampler
-(seeded), so dropped blocks and labels past the sequence's end occur. Two negative controls must
-differ: SpecForge without the decay against fsdp-train with it, and SpecForge without its Markov
-head against fsdp-train with it. Usage: specforge_dspark.py DSPARK_OBJECTIVE WORKDIR
+(seeded), so dropped blocks and labels past the sequence's end occur. Three negative controls must
+differ: SpecForge without the decay against fsdp-train with it, SpecForge without its Markov
+head against fsdp-train with it, and the accepted counts from block position 1 (DFlash's, whose
+position 0 is the anchor) against fsdp-train's. Usage: specforge_dspark.py DSPARK_OBJECTIVE
+WORKDIR
 """
 import json
 import os
@@ -97,6 +106,69 @@ def batch(seed):
     return ids, loss_mask, lm_head, target_last
 
 
+def draft_logits(draft, run):
+    """The draft logits SpecForge computes in run() (its apply_logits_head's outputs, every
+    chunk's in block order), run without a graph, so once per chunk."""
+    out = []
+    orig = draft.apply_logits_head
+
+    def capture(*a, **k):
+        logits = orig(*a, **k)
+        out.append(logits.detach())
+        return logits
+
+    draft.apply_logits_head = capture
+    try:
+        with torch.no_grad():
+            run()
+    finally:
+        del draft.apply_logits_head
+    return torch.cat(out, 1)
+
+
+def agree_labels(ids, anchors, keep, predict):
+    """Rewrites ids in place so that the leading labels of some blocks are the draft's
+    predictions: in anchor order, each kept block whose labels no chosen block rewrote gets
+    BS, BS - 1, ..., 1 (in turn) of them. predict(ids) is the draft's argmax [B, N, BS] for
+    those ids; a prediction reads the labels before it (the Markov head's previous tokens, the
+    anchor tokens), so this repeats until the ids are stable."""
+    chosen = []  # (b, n, how many leading labels)
+    for b in range(B):
+        last, turn = -1, 0
+        for n in range(anchors.shape[1]):
+            a = anchors[b, n].item()
+            if keep[b, n] and a + 1 > last:
+                depth = BS - turn % BS
+                chosen.append((b, n, depth))
+                last, turn = a + depth, turn + 1
+    for _ in range(S + 2):
+        pred = predict(ids)
+        new = ids.clone()
+        for b, n, depth in chosen:
+            for k in range(depth):
+                p = anchors[b, n].item() + 1 + k
+                if p < S:
+                    new[b, p] = pred[b, n, k]
+        if torch.equal(new, ids):
+            return
+        ids.copy_(new)
+    raise AssertionError("the rewritten labels did not settle")
+
+
+def accepted_counts(logits, target_ids, eval_mask, first=0):
+    """Each block's leading run of right argmaxes over scored positions first..BS-1, counted
+    here position by position."""
+    pred = logits.argmax(-1)
+    out = torch.zeros(target_ids.shape[:2], dtype=torch.long)
+    for b in range(target_ids.shape[0]):
+        for n in range(target_ids.shape[1]):
+            for k in range(first, BS):
+                if not (eval_mask[b, n, k] and pred[b, n, k] == target_ids[b, n, k]):
+                    break
+                out[b, n] += 1
+    return out
+
+
 def specforge_run(draft, lm_head_w, gamma, alphas, chunk, ids, loss_mask, target_last, hidden,
                   anchors=None, keep=None):
     lm_head = torch.nn.Linear(H, V, bias=False)
@@ -115,11 +187,15 @@ def specforge_run(draft, lm_head_w, gamma, alphas, chunk, ids, loss_mask, target
     prev = torch.cat([torch.gather(ids, 1, anchors).unsqueeze(-1), target_ids[:, :, :-1]], -1)
     if hidden is None:
         return anchors, keep
+    def run(h):
+        return model._compute_dspark_loss(
+            output_hidden=h, target_ids=target_ids, eval_mask=eval_mask, prev_token_ids=prev,
+            safe_label_indices=safe, target_last_hidden_states=target_last)
+
+    logits = draft_logits(draft, lambda: run(hidden))
     draft.zero_grad(set_to_none=True)
     leaf = hidden.clone().requires_grad_(True)
-    loss, metrics = model._compute_dspark_loss(
-        output_hidden=leaf, target_ids=target_ids, eval_mask=eval_mask, prev_token_ids=prev,
-        safe_label_indices=safe, target_last_hidden_states=target_last)
+    loss, metrics = run(leaf)
     loss.backward()
     grads = {"grad.hidden4d": leaf.grad}
     for name, p in draft.named_parameters():
@@ -127,7 +203,7 @@ def specforge_run(draft, lm_head_w, gamma, alphas, chunk, ids, loss_mask, target
             grads["grad." + name] = p.grad if p.grad is not None else torch.zeros_like(p)
     labels = {"target_ids": target_ids, "eval_mask": eval_mask, "prev_token_ids": prev,
               "loss_weights": model._dspark_loss_weight_mask(eval_mask)}
-    return loss.detach(), metrics["ratio_metrics"], grads, labels
+    return loss.detach(), metrics["ratio_metrics"], grads, labels, logits
 
 
 def relative(a, b):
@@ -145,6 +221,9 @@ def prepare(name, markov, confidence, gamma, alphas, chunk, with_target=True):
                                   target_last, None)
     n = anchors.shape[1]
     hidden = torch.randn(B, n, BS, H, generator=torch.Generator().manual_seed(seed + 2))
+    agree_labels(ids, anchors, keep, lambda x: specforge_run(
+        draft, lm_head, gamma, alphas, chunk, x, loss_mask, target_last if with_target else None,
+        hidden, anchors, keep)[4].argmax(-1))
     d = os.path.join(WORK, name)
     os.makedirs(d, exist_ok=True)
     with open(os.path.join(d, "config.json"), "w") as f:
@@ -164,9 +243,14 @@ def prepare(name, markov, confidence, gamma, alphas, chunk, with_target=True):
 
 
 def compare(case):
-    loss, ratios, grads, labels = case["want"]
+    loss, ratios, grads, labels, logits = case["want"]
     got = load_file(os.path.join(case["dir"], "out.safetensors"))
     worst, bad = 0.0, []
+    # The engine's accepted counts: exactly the script's, from SpecForge's logits.
+    counted = accepted_counts(logits, labels["target_ids"], labels["eval_mask"])
+    if not torch.equal(got["accepted"], counted):
+        bad.append(f"accepted {got['accepted'].tolist()} vs {counted.tolist()}")
+    case["counted"] = counted
     for key, want in labels.items():
         if key == "loss_weights":
             worst = max(worst, relative(got[key], want))
@@ -188,8 +272,9 @@ def compare(case):
         if rel > TOL:
             bad.append(f"{key} ({rel:.2e})")
     ok = not bad
-    print(f"{case['name']}: {len(checks)} values, worst {worst:.3e} -> {'PASS' if ok else 'FAIL'}"
-          + ("" if ok else f": {', '.join(bad)}"))
+    runs = ",".join(str((counted == r).sum().item()) for r in range(BS + 1))
+    print(f"{case['name']}: {len(checks)} values, worst {worst:.3e}, accepted counts 0..{BS}: "
+          f"{runs} blocks -> {'PASS' if ok else 'FAIL'}" + ("" if ok else f": {', '.join(bad)}"))
     return ok
 
 
@@ -238,6 +323,9 @@ def prepare_whole(name, markov, confidence, gamma, alphas, chunk):
     torch.manual_seed(7)
     anchors, keep = model._sample_anchor_positions(S, loss_mask, ids.device)
     model._sample_anchor_positions = lambda seq_len, mask, device: (anchors, keep)
+    agree_labels(ids, anchors, keep, lambda x: draft_logits(
+        draft, lambda: model(x, context, loss_mask, target_last)).argmax(-1))
+    logits = draft_logits(draft, lambda: model(ids, context, loss_mask, target_last))
     target_ids, eval_mask, _ = model._build_dspark_labels_and_mask(ids, loss_mask, anchors, keep)
     prev = torch.cat([torch.gather(ids, 1, anchors).unsqueeze(-1), target_ids[:, :, :-1]], -1)
     draft.zero_grad(set_to_none=True)
@@ -260,7 +348,8 @@ def prepare_whole(name, markov, confidence, gamma, alphas, chunk):
                "target_last_hidden": target_last,
                "options": torch.tensor([gamma or 0.0, *alphas, float(chunk)], dtype=torch.float64)},
               os.path.join(d, "inputs.safetensors"))
-    return {"name": name, "dir": d, "want": (loss.detach(), metrics["ratio_metrics"], grads, labels)}
+    return {"name": name, "dir": d,
+            "want": (loss.detach(), metrics["ratio_metrics"], grads, labels, logits)}
 
 
 # The whole step (backbone + heads + objective), one case per Markov head variant.
@@ -284,7 +373,7 @@ def control(case, label, gamma, drop_markov):
     saved = draft.markov_head
     if drop_markov:
         draft.markov_head = None
-    loss, _, grads, _ = specforge_run(
+    loss, _, grads, _, _ = specforge_run(
         draft, case["lm_head"], gamma, (0.1, 0.9, 1.0), 0, inp["input_ids"], inp["loss_mask"],
         inp.get("target_last_hidden"), inp["hidden4d"], inp["anchors"], inp["keep_mask"])
     draft.markov_head = saved
@@ -297,4 +386,13 @@ def control(case, label, gamma, drop_markov):
 by_name = {c["name"]: c for c in cases}
 results.append(control(by_name["vanilla_plain_c0_g3"], "no decay", None, False))
 results.append(control(by_name["rnn_noconf_c0_g0"], "no Markov head", None, True))
+# The counts must take every value 0..BS over the cases and depend on where they start.
+lengths = sorted({v for c in cases if "counted" in c for v in c["counted"].flatten().tolist()})
+print(f"accepted counts seen {lengths} (every one of 0..{BS} required)")
+results.append(lengths == list(range(BS + 1)))
+off = [c["name"] for c in cases if "counted" in c and not torch.equal(
+    accepted_counts(c["want"][4], c["want"][3]["target_ids"], c["want"][3]["eval_mask"], 1),
+    load_file(os.path.join(c["dir"], "out.safetensors"))["accepted"])]
+print(f"control accepted counts from position 1: differ in {len(off)} of {len(cases)} cases")
+results.append(len(off) > 0)
 sys.exit(0 if all(results) else 1)

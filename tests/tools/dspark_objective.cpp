@@ -14,7 +14,8 @@
 // - hidden_states [B,S,n*H] (the target layers' features) and embed [V,H]: the whole step, the
 //   weights being the whole draft's state dict (SpecForge's DSparkDraftModel names).
 // Writes CASE_DIR/out.safetensors: loss, every term by its DSparkTerms name, target_ids,
-// eval_mask, prev_token_ids, loss_weights, grad.hidden4d or grad.hidden_states, and
+// eval_mask, prev_token_ids, loss_weights, accepted (int64 [B,N]: each block's accepted count,
+// what the trainer's evaluation walks), grad.hidden4d or grad.hidden_states, and
 // grad.<parameter name> of every parameter read from the weights.
 #include <ATen/ATen.h>
 
@@ -22,6 +23,7 @@
 #include <exception>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "checkpoint/safetensors.h"
 #include "model/block_targets.h"
@@ -59,8 +61,8 @@ void load_weights(torch::nn::Module& module, checkpoint::SafetensorsFile& weight
 
 checkpoint::NamedTensors terms_out(const at::Tensor& loss, const model::DSparkTerms& t,
                                    const model::DSparkBlockLabels& labels,
-                                   const at::Tensor& prev_token_ids,
-                                   const at::Tensor& loss_weights) {
+                                   const at::Tensor& prev_token_ids, const at::Tensor& loss_weights,
+                                   const std::vector<at::Tensor>& accepted) {
   return {{"loss", loss.detach()},
           {"ce_num", t.ce_num.detach()},
           {"l1_num", t.l1_num.detach()},
@@ -80,7 +82,8 @@ checkpoint::NamedTensors terms_out(const at::Tensor& loss, const model::DSparkTe
           {"target_ids", labels.target_ids},
           {"eval_mask", labels.eval_mask},
           {"prev_token_ids", prev_token_ids},
-          {"loss_weights", loss_weights}};
+          {"loss_weights", loss_weights},
+          {"accepted", at::cat(accepted, 1)}};
 }
 
 void write_out(const std::string& dir, checkpoint::NamedTensors out, torch::nn::Module& module) {
@@ -116,10 +119,12 @@ void run_objective(const std::string& dir, checkpoint::SafetensorsFile& weights,
         inputs.read("target_last_hidden"), labels.safe_label_indices);
   }
   in.lm_head_weight = inputs.read("lm_head");
-  const model::DSparkTerms t = model::dspark_objective(heads, in, o.alphas, o.chunk);
+  std::vector<at::Tensor> accepted;
+  const model::DSparkTerms t = model::dspark_objective(heads, in, o.alphas, o.chunk, &accepted);
   const at::Tensor loss = model::dspark_loss(t, o.alphas, in.loss_weights.sum());
   loss.backward();
-  checkpoint::NamedTensors out = terms_out(loss, t, labels, in.prev_token_ids, in.loss_weights);
+  checkpoint::NamedTensors out =
+      terms_out(loss, t, labels, in.prev_token_ids, in.loss_weights, accepted);
   out.emplace_back("grad.hidden4d", hidden.grad());
   write_out(dir, std::move(out), *heads);
 }
@@ -153,11 +158,13 @@ void run_step(const std::string& dir, checkpoint::SafetensorsFile& weights,
   in.decay_gamma = decay(o);
   in.alphas = o.alphas;
   in.chunk_blocks = o.chunk;
+  std::vector<at::Tensor> accepted;
+  in.accepted_blocks = &accepted;
   const model::DSparkStep step = model::dspark_step(*draft, in);
   const at::Tensor loss = model::dspark_loss(step.terms, o.alphas, step.loss_weights.sum());
   loss.backward();
   checkpoint::NamedTensors out =
-      terms_out(loss, step.terms, step.labels, step.prev_token_ids, step.loss_weights);
+      terms_out(loss, step.terms, step.labels, step.prev_token_ids, step.loss_weights, accepted);
   out.emplace_back("grad.hidden_states", context.grad());
   write_out(dir, std::move(out), *draft);
 }

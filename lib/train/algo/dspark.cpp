@@ -6,8 +6,10 @@
 
 #include <filesystem>
 #include <map>
+#include <vector>
 
 #include "core/error.h"
+#include "model/block_acceptance.h"
 #include "model/block_targets.h"
 #include "model/dspark_step.h"
 #include "model/memory_estimate.h"
@@ -144,14 +146,20 @@ MicroBatchResult DSpark::forward(const data::Batch& b, bool training) {
   in.decay_gamma = cfg_.dflash.loss_decay_gamma;
   in.alphas = alphas_;
   in.chunk_blocks = cfg_.dflash.objective_chunk_blocks;
+  // Evaluation also walks the replies as the engine drafts them (model/block_acceptance.h): the
+  // anchor sampler's candidates (p and p + 1 supervised) are every anchor the walk can reach.
+  std::vector<at::Tensor> accepted;
+  if (!training) in.accepted_blocks = &accepted;
   const model::DSparkStep step = model::dspark_step(*draft_, in);
+  model::EngineWalk walk;
+  if (!training) walk = model::engine_walk(b.loss_mask, blocks.layout, at::cat(accepted, 1));
 
   // SpecForge's normaliser: the loss weights' sum over every rank's blocks. Training divides the
   // gradients by the step's sum of it over every micro-batch and rank (train::StepRunner).
   const at::Tensor den = step.loss_weights.sum().to(step.loss_sum.scalar_type());
   return block::micro_batch_result(
       step.loss_sum, den,
-      DSparkMetrics::row(step.loss_sum, den, b.attention_mask.sum(), step.terms).to(device),
+      DSparkMetrics::row(step.loss_sum, den, b.attention_mask.sum(), step.terms, walk).to(device),
       training, backbone_cfg_, B, b.input_ids.size(1), blocks.layout.num_blocks());
 }
 

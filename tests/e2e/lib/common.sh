@@ -87,6 +87,33 @@ latest_ckpt() {
   done | sort -n -k1,1 | tail -n 1 | cut -d' ' -f2-
 }
 
+# check_engine_walk W CKPT MAX: evaluates the block-draft export CKPT (--eval-only on W/data's
+# target and evaluation features) with every candidate anchor sampled (--num-anchors 64, above
+# the toy samples' 32 positions; output in W/eval64) and with 8 (W/eval8). With all of them the
+# engine's walk reaches only sampled anchors: every row is walked and eval/accept_len lies in
+# [1, MAX] (1 + the proposals of a block). With 8 it meets unsampled anchors: no accept_len, and
+# the rows left out are counted in eval/rows_not_walked.
+check_engine_walk() {
+  local w="$1" ckpt="$2" max="$3" n
+  for n in 64 8; do
+    run_np 1 --init-checkpoint "$ckpt" --eval-only --target-model-path "$w/data/target" \
+      --draft-model-config "$ckpt/config.json" --eval-hidden-states-path "$w/data/eval_hidden_states" \
+      --max-length 64 --device cpu --threads 1 --mixed-precision fp32 \
+      --draft-global-batch-size 2 --draft-micro-batch-size 2 --num-anchors $n \
+      --output-dir "$w/eval$n" >"$w/eval$n.log" 2>&1 ||
+      { tail -30 "$w/eval$n.log"; fail "eval-only with $n anchors"; }
+  done
+  "$PY" - "$w/eval64/metrics.jsonl" "$w/eval8/metrics.jsonl" "$max" <<'PYEOF' || fail "the engine's walk in evaluation"
+import json, sys
+full, part = ([r for r in map(json.loads, open(p)) if "eval/acc" in r][-1] for p in sys.argv[1:3])
+assert 1.0 <= full["eval/accept_len"] <= float(sys.argv[3]), full
+assert full["eval/rows_not_walked"] == 0, full
+assert "eval/accept_len" not in part and part["eval/rows_not_walked"] > 0, part
+print(f"eval accept_len {full['eval/accept_len']:.3f}; {part['eval/rows_not_walked']:.0f} rows not "
+      "walked with 8 anchors")
+PYEOF
+}
+
 # compare_exports A B RTOL: every tensor of A/model.safetensors equals B's: RTOL 0 means
 # bitwise; otherwise the relative L2 difference ||a-b||/||b|| must be <= RTOL and the largest
 # element difference <= 10*RTOL of the tensor's largest value. (Adam divides by sqrt(v): an

@@ -1,7 +1,7 @@
 // Block drafts (docs/block-drafts.md): the anchor draw (candidates, the subset, independence of the
 // micro-batch and rank), block tokens and labels against hand-worked values, the config's rules
 // and SpecForge's default target layers, the chunked objective equal to the unchunked one, and the
-// engine's walk over replies against a hand-worked example.
+// blocks' accepted counts and the engine's walk over replies against hand-worked examples.
 #include <catch2/catch.hpp>
 
 #include <torch/torch.h>
@@ -160,6 +160,20 @@ TEST_CASE("the chunked DFlash objective equals the unchunked one, values and gra
       CHECK(torch::allclose(grads[i], grads[0], 1e-12, 1e-12));
     }
   }
+}
+
+TEST_CASE("a block's accepted count is the leading run of right, valid proposals from `first`") {
+  // Three blocks of 4. Block 0: right at 0, 1, 3, wrong at 2. Block 1: wrong at 0 only. Block 2:
+  // all right, but position 3 not valid (past the reply).
+  const at::Tensor target = torch::tensor({1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3, 4}).view({1, 3, 4});
+  const at::Tensor pred = torch::tensor({1, 2, 9, 4, 9, 2, 3, 4, 1, 2, 3, 4}).view({1, 3, 4});
+  at::Tensor valid = torch::ones({1, 3, 4}, torch::kBool);
+  valid[0][2][3] = false;
+  // DSpark's proposals start at position 0, DFlash's at 1 (position 0 is the anchor).
+  CHECK(torch::equal(accepted_prefix(pred, target, valid, 0),
+                     torch::tensor({2, 0, 3}, torch::kLong).view({1, 3})));
+  CHECK(torch::equal(accepted_prefix(pred, target, valid, 1),
+                     torch::tensor({1, 3, 2}, torch::kLong).view({1, 3})));
 }
 
 TEST_CASE(

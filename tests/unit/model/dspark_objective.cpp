@@ -1,8 +1,8 @@
 // DSpark's objective: block labels, previous tokens, loss weights and aligned target states on a
 // hand-worked example; every term against its definition written with plain tensor operations;
 // the chunked path (its own backward) against the unchunked autograd graph and against finite
-// differences in float64; the loss's combination and the errors. SpecForge itself is the
-// reference of tests/e2e/specforge_dspark.sh.
+// differences in float64; the blocks' accepted counts; the loss's combination and the errors.
+// SpecForge itself is the reference of tests/e2e/specforge_dspark.sh.
 #include <catch2/catch.hpp>
 
 #include <torch/torch.h>
@@ -211,6 +211,51 @@ TEST_CASE("dspark objective: chunks equal one pass, values and gradients", "[mod
       const DSparkTerms ng = dspark_objective(heads, in, alphas, chunk);
       CHECK_FALSE(ng.ce_num.requires_grad());
       CHECK(torch::allclose(ng.ce_num, one.ce_num, 1e-12, 1e-12));
+    }
+  }
+}
+
+TEST_CASE("dspark objective: the blocks' accepted counts, once per chunk", "[model][dspark]") {
+  DSparkHeads heads = make_heads(heads_config(4, MarkovHeadType::kVanilla, false, false), 21);
+  DSparkObjectiveInputs in = random_inputs(2, 5, 4, 22);
+  const DSparkAlphas alphas{0.1, 0.9, 0.0};
+  // The draft's teacher-forced argmax, from its definition; most labels become it, so runs of
+  // every length occur.
+  torch::Tensor z;
+  {
+    torch::NoGradGuard guard;
+    auto& m = *heads->markov_head;
+    z = torch::matmul(in.hidden4d, in.lm_head_weight.t()) +
+        torch::matmul(m.markov_w1->weight.index({in.prev_token_ids}), m.markov_w2->weight.t());
+    torch::manual_seed(23);
+    in.target_ids =
+        torch::where(torch::rand(in.target_ids.sizes()) < 0.8, z.argmax(-1), in.target_ids);
+  }
+  const torch::Tensor pred = z.argmax(-1);
+  std::vector<int64_t> want;
+  for (int64_t b = 0; b < 2; ++b) {
+    for (int64_t j = 0; j < 5; ++j) {
+      int64_t run = 0;
+      while (run < 4 && in.eval_mask[b][j][run].item<bool>() &&
+             pred[b][j][run].item<int64_t>() == in.target_ids[b][j][run].item<int64_t>())
+        ++run;
+      want.push_back(run);
+    }
+  }
+  const torch::Tensor expected = longs(want, {2, 5});
+  REQUIRE(expected.max().item<int64_t>() >= 2);
+  for (int64_t chunk : {0, 2, 5}) {
+    for (bool graph : {true, false}) {
+      INFO("chunk " << chunk << (graph ? ", with backward" : ", no graph"));
+      std::vector<torch::Tensor> accepted;
+      {
+        torch::AutoGradMode mode(graph);
+        const DSparkTerms t = dspark_objective(heads, in, alphas, chunk, &accepted);
+        if (graph) dspark_loss(t, alphas, in.loss_weights.sum()).backward();
+      }
+      // One tensor per chunk: the backward's rerun of the chunks appends nothing.
+      CHECK(accepted.size() == (chunk == 2 ? 3u : 1u));
+      CHECK(torch::equal(torch::cat(accepted, 1), expected));
     }
   }
 }
