@@ -1,6 +1,6 @@
 // DSpark's objective (dspark_objective.h): the operations of SpecForge 0.2.0's
-// OnlineDSparkModel objective in its order, over chunks of blocks whose logits backward
-// recomputes (an autograd function holding only its inputs, like chunked_head.cpp's).
+// OnlineDSparkModel objective in its order, over chunks of blocks whose logits are never held
+// whole (an autograd function that takes each chunk's gradient as it computes it).
 #include "model/dspark_objective.h"
 
 #include <ATen/ATen.h>
@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <vector>
 
 #include "core/error.h"
@@ -153,8 +154,9 @@ int64_t chunk_count(int64_t n, int64_t chunk) {
 }
 
 // What the chunked objective needs besides hidden4d and the parameters; held by the autograd
-// node until backward. The heads module is held, not its weights: backward reads the live
-// parameters (gathered again by a sharding engine), as chunked_head.cpp's HeadCall does.
+// node until backward. The heads module is held, not its weights: a chunk run again in backward
+// reads the live parameters (gathered again by a sharding engine), as chunked_head.cpp's HeadCall
+// does.
 struct ObjectiveCall : torch::CustomClassHolder {
   std::shared_ptr<DSparkHeadsImpl> heads;
   DSparkObjectiveInputs in;  // hidden4d undefined here: the node saves it
@@ -170,27 +172,134 @@ struct ObjectiveCall : torch::CustomClassHolder {
     all.hidden4d = hidden;
     return narrow_blocks(all, from, len);
   }
+  // The weights dspark_loss gives the differentiable terms (ce_num, l1_num, confidence_num).
+  double weight(size_t i) const {
+    return i == 0 ? alphas.ce : i == 1 ? alphas.l1 : alphas.confidence;
+  }
 };
+
+// The gradients of sum_i seed_i * term_i over the chunks run so far: grad_h [B, N, bs, H] (when
+// hidden4d wants one), each parameter's in fp32 (fp64 for double), rounded once at the end.
+struct ChunkGradients {
+  at::Tensor hidden;
+  std::vector<at::Tensor> params;
+
+  ChunkGradients(const ObjectiveCall& call, const at::Tensor& h, bool want_h,
+                 const std::vector<bool>& want_p) {
+    if (want_h) hidden = at::zeros_like(h);
+    params.resize(call.params.size());
+    for (size_t j = 0; j < params.size(); ++j) {
+      if (!want_p[j]) continue;
+      const at::Tensor& p = call.params[j];
+      params[j] = at::zeros(p.sizes(), p.options().dtype(dspark_float(p).scalar_type()));
+    }
+  }
+};
+
+// Runs blocks [from, from + len) with a graph, adds the gradient of sum_i seeds[i] * term_i (the
+// differentiable terms; an undefined seed leaves its term out) into `g`, and returns the chunk's
+// terms detached. `has_graph`, when given, receives which differentiable terms had a graph.
+std::vector<at::Tensor> chunk_with_gradient(const ObjectiveCall& call, const at::Tensor& hidden,
+                                            int64_t from, int64_t len,
+                                            const std::vector<at::Tensor>& seeds, ChunkGradients& g,
+                                            std::vector<at::Tensor>* accepted_blocks,
+                                            std::vector<bool>* has_graph) {
+  at::Tensor leaf = hidden.narrow(1, from, len).detach();
+  std::vector<at::Tensor> wrt;
+  if (g.hidden.defined()) wrt.push_back(leaf.requires_grad_(true));
+  for (size_t j = 0; j < g.params.size(); ++j)
+    if (g.params[j].defined()) wrt.push_back(call.params[j]);
+  std::vector<at::Tensor> terms, outputs, used_seeds;
+  {
+    at::AutoGradMode enable(true);
+    DSparkObjectiveInputs blocks = call.blocks(hidden, from, len);
+    blocks.hidden4d = leaf;
+    terms =
+        term_list(chunk_terms(*call.heads, blocks, call.alphas, call.with_target, accepted_blocks));
+    for (size_t i = 0; i < kDifferentiable; ++i) {
+      if (has_graph) (*has_graph)[i] = (*has_graph)[i] || terms[i].requires_grad();
+      if (!terms[i].requires_grad() || !seeds[i].defined()) continue;
+      outputs.push_back(terms[i]);
+      used_seeds.push_back(seeds[i].to(terms[i].options()));
+    }
+  }
+  if (!outputs.empty() && !wrt.empty()) {
+    const torch::autograd::variable_list d =
+        torch::autograd::grad(outputs, wrt, used_seeds, /*retain_graph=*/false,
+                              /*create_graph=*/false, /*allow_unused=*/true);
+    size_t k = 0;
+    if (g.hidden.defined()) {
+      const at::Tensor& gh = d[k++];
+      if (gh.defined()) g.hidden.narrow(1, from, len).copy_(gh);
+    }
+    for (auto& gp : g.params) {
+      if (!gp.defined()) continue;
+      const at::Tensor& part = d[k++];
+      if (part.defined()) gp.add_(part);
+    }
+  }
+  for (auto& t : terms) t = t.detach();
+  return terms;
+}
+
+// c with seeds[i] = c * weight(i) for every differentiable term that had a graph (within float
+// rounding), or nothing: what backward needs to reuse the gradients forward took.
+std::optional<double> seed_scale(const ObjectiveCall& call, const std::vector<at::Tensor>& seeds,
+                                 const std::vector<bool>& has_graph) {
+  std::vector<double> s(kDifferentiable, 0.0);
+  size_t ref = kDifferentiable;
+  for (size_t i = 0; i < kDifferentiable; ++i) {
+    if (!has_graph[i]) continue;
+    if (seeds[i].defined()) s[i] = seeds[i].item<double>();
+    if (call.weight(i) != 0 && (ref == kDifferentiable || call.weight(i) > call.weight(ref)))
+      ref = i;
+  }
+  if (ref == kDifferentiable) return std::nullopt;
+  const double c = s[ref] / call.weight(ref);
+  for (size_t i = 0; i < kDifferentiable; ++i) {
+    if (!has_graph[i]) continue;
+    const double expect = c * call.weight(i);
+    if (std::abs(s[i] - expect) > 1e-6 * std::max(std::abs(s[i]), std::abs(expect)))
+      return std::nullopt;
+  }
+  return c;
+}
 
 // Inputs: hidden4d, then the heads' parameters (so autograd routes their gradients to each
 // parameter's AccumulateGrad once per backward). Outputs: the 14 terms of term_list; the first
-// three differentiable. Forward keeps only hidden4d; backward reruns each chunk with a graph.
+// three differentiable. Forward runs each chunk with a graph and takes at once the gradient of
+// the loss's own combination, weight(i) * term_i (SpecForge's alphas): the trainer's loss is
+// that combination times one factor, so backward only scales the gradients kept (hidden4d's and
+// the heads'), and no chunk's logits are ever formed twice. Seeds in another proportion (a
+// caller that differentiates one term alone) rerun each chunk in backward with them.
 struct ChunkedObjective : torch::autograd::Function<ChunkedObjective> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
                                                 at::TensorList inputs,
                                                 const c10::intrusive_ptr<ObjectiveCall>& call) {
     const at::Tensor& hidden = inputs[0];
+    std::vector<bool> want_p;
+    for (const at::Tensor& p : call->params) want_p.push_back(p.requires_grad());
+    ChunkGradients g(*call, hidden, hidden.requires_grad(), want_p);
+    std::vector<at::Tensor> seeds(kDifferentiable);
+    for (size_t i = 0; i < kDifferentiable; ++i)
+      if (call->weight(i) != 0) seeds[i] = at::scalar_tensor(call->weight(i), at::kDouble);
+    std::vector<bool> has_graph(kDifferentiable, false);
     const int64_t n = hidden.size(1);
     std::vector<at::Tensor> totals;
     for (int64_t c = 0; c < chunk_count(n, call->chunk); ++c) {
       const int64_t from = c * call->chunk, len = std::min(call->chunk, n - from);
-      auto terms = term_list(chunk_terms(*call->heads, call->blocks(hidden, from, len),
-                                         call->alphas, call->with_target, call->accepted_blocks));
+      auto terms = chunk_with_gradient(*call, hidden, from, len, seeds, g, call->accepted_blocks,
+                                       &has_graph);
       totals = totals.empty() ? std::move(terms) : add_lists(std::move(totals), terms);
     }
     call->accepted_blocks = nullptr;
     ctx->save_for_backward({hidden});
     ctx->saved_data["call"] = c10::IValue::make_capsule(call);
+    ctx->saved_data["grad_hidden"] = g.hidden;
+    ctx->saved_data["grad_params"] = c10::IValue(c10::List<std::optional<at::Tensor>>(
+        std::vector<std::optional<at::Tensor>>(g.params.begin(), g.params.end())));
+    ctx->saved_data["has_graph"] =
+        c10::IValue(std::vector<int64_t>(has_graph.begin(), has_graph.end()));
     ctx->mark_non_differentiable(
         std::vector<at::Tensor>(totals.begin() + kDifferentiable, totals.end()));
     return totals;
@@ -201,55 +310,33 @@ struct ChunkedObjective : torch::autograd::Function<ChunkedObjective> {
     auto call =
         c10::static_intrusive_pointer_cast<ObjectiveCall>(ctx->saved_data["call"].toCapsule());
     const at::Tensor hidden = ctx->get_saved_variables()[0];
-    const bool want_h = ctx->needs_input_grad(0);
-    at::Tensor grad_h = want_h ? at::zeros_like(hidden) : at::Tensor();
-    // Each chunk's parameter gradient is summed in fp32 (fp64 for double), rounded once.
-    std::vector<at::Tensor> grad_p(call->params.size());
-    for (size_t j = 0; j < grad_p.size(); ++j) {
-      if (!ctx->needs_input_grad(1 + j)) continue;
-      const at::Tensor& p = call->params[j];
-      grad_p[j] = at::zeros(p.sizes(), p.options().dtype(dspark_float(p).scalar_type()));
-    }
-    const int64_t n = hidden.size(1);
-    for (int64_t c = 0; c < chunk_count(n, call->chunk); ++c) {
-      const int64_t from = c * call->chunk, len = std::min(call->chunk, n - from);
-      at::Tensor leaf = hidden.narrow(1, from, len).detach();
-      std::vector<at::Tensor> wrt;
-      if (want_h) wrt.push_back(leaf.requires_grad_(true));
-      for (size_t j = 0; j < grad_p.size(); ++j)
-        if (grad_p[j].defined()) wrt.push_back(call->params[j]);
-      std::vector<at::Tensor> outputs, seeds;
-      {
-        at::AutoGradMode enable(true);
-        DSparkObjectiveInputs blocks = call->blocks(hidden, from, len);
-        blocks.hidden4d = leaf;
-        const auto terms =
-            term_list(chunk_terms(*call->heads, blocks, call->alphas, call->with_target, nullptr));
-        for (size_t i = 0; i < kDifferentiable; ++i) {
-          if (!terms[i].requires_grad() || !grads[i].defined()) continue;
-          outputs.push_back(terms[i]);
-          seeds.push_back(grads[i]);
-        }
+    const std::vector<int64_t> graph_list = ctx->saved_data["has_graph"].toIntVector();
+    const std::vector<bool> has_graph(graph_list.begin(), graph_list.end());
+    std::vector<at::Tensor> seeds(grads.begin(), grads.begin() + kDifferentiable);
+    std::vector<bool> want_p;
+    for (size_t j = 0; j < call->params.size(); ++j) want_p.push_back(ctx->needs_input_grad(1 + j));
+    ChunkGradients g(*call, hidden, false, std::vector<bool>(want_p.size(), false));
+    if (const std::optional<double> c = seed_scale(*call, seeds, has_graph)) {
+      // The gradients forward took, times the factor the loss applied.
+      const at::Tensor kept_h = ctx->saved_data["grad_hidden"].toTensor();
+      if (ctx->needs_input_grad(0) && kept_h.defined()) g.hidden = kept_h * *c;
+      const auto kept_p = ctx->saved_data["grad_params"].toList();
+      for (size_t j = 0; j < g.params.size(); ++j) {
+        const c10::IValue v = kept_p.get(j);
+        if (want_p[j] && v.isTensor()) g.params[j] = v.toTensor() * *c;
       }
-      if (outputs.empty() || wrt.empty()) continue;
-      const torch::autograd::variable_list g =
-          torch::autograd::grad(outputs, wrt, seeds, /*retain_graph=*/false,
-                                /*create_graph=*/false, /*allow_unused=*/true);
-      size_t k = 0;
-      if (want_h) {
-        const at::Tensor& gh = g[k++];
-        if (gh.defined()) grad_h.narrow(1, from, len).copy_(gh);
-      }
-      for (auto& gp : grad_p) {
-        if (!gp.defined()) continue;
-        const at::Tensor& part = g[k++];
-        if (part.defined()) gp.add_(part);
+    } else {
+      g = ChunkGradients(*call, hidden, ctx->needs_input_grad(0), want_p);
+      const int64_t n = hidden.size(1);
+      for (int64_t c = 0; c < chunk_count(n, call->chunk); ++c) {
+        const int64_t from = c * call->chunk, len = std::min(call->chunk, n - from);
+        chunk_with_gradient(*call, hidden, from, len, seeds, g, nullptr, nullptr);
       }
     }
-    torch::autograd::variable_list result(1 + grad_p.size() + 1);  // + the call argument
-    result[0] = grad_h;
-    for (size_t j = 0; j < grad_p.size(); ++j)
-      if (grad_p[j].defined()) result[1 + j] = grad_p[j].to(call->params[j].scalar_type());
+    torch::autograd::variable_list result(1 + g.params.size() + 1);  // + the call argument
+    result[0] = g.hidden;
+    for (size_t j = 0; j < g.params.size(); ++j)
+      if (g.params[j].defined()) result[1 + j] = g.params[j].to(call->params[j].scalar_type());
     return result;
   }
 };

@@ -3,7 +3,7 @@
 // loss weights, the target state aligned with each label, and the additive terms of the loss
 // (cross-entropy, the L1 distance between draft and target distributions, the confidence head's
 // loss against the detached acceptance) and of the metrics, over chunks of blocks whose logits
-// backward recomputes. The loss is the terms over a denominator handed in: this file knows
+// are never held whole. The loss is the terms over a denominator handed in: this file knows
 // nothing of ranks, the backbone or the sampler that drew the anchors.
 #pragma once
 
@@ -97,14 +97,18 @@ struct DSparkTerms {
 };
 
 // The terms of one set of blocks. chunk_blocks 0 runs every block at once; chunk_blocks > 0 runs
-// slices of that many blocks (dim 1), summing their terms in order, and, when a gradient is
-// wanted, keeps only the inputs: backward recomputes each slice's logits and takes its gradients
-// from them (SpecForge's checkpointed_chunk_reduce), so the [B, N, bs, V] logits are never held
-// whole. Values and gradients equal the unchunked ones within rounding. Backward reads the heads'
-// live parameters: a sharding engine brackets this call as one use of the head units, whose
-// outputs are the three differentiable terms.
+// slices of that many blocks (dim 1), summing their terms in order, so the [B, N, bs, V] logits
+// are never held whole. When a gradient is wanted, each slice's gradient of the loss's own
+// combination (alphas.ce * ce_num + alphas.l1 * l1_num + alphas.confidence * confidence_num) is
+// taken as the slice is computed, and backward scales it by the factor the loss applied
+// (dspark_loss): no slice's logits are formed twice, where SpecForge's checkpointed_chunk_reduce
+// forms them again in backward; the memory kept is one gradient the size of hidden4d. Seeds in
+// another proportion rerun each slice in backward with them. Values and gradients equal the
+// unchunked ones within rounding. A sharding engine brackets this call as one use of the head
+// units (the heads' parameters are read while it runs), whose outputs are the three
+// differentiable terms.
 // When `accepted_blocks` is given (evaluation), each chunk's accepted counts are appended in
-// block order, once (backward's rerun appends nothing): int64 [B, chunk] = accepted_prefix
+// block order, once (a rerun in backward appends nothing): int64 [B, chunk] = accepted_prefix
 // from position 0 of (draft argmax == target_ids & eval_mask), what a serving engine accepts of
 // the block drafted greedily from its anchor (docs/block-drafts.md "DSpark").
 DSparkTerms dspark_objective(DSparkHeads& heads, const DSparkObjectiveInputs& in,

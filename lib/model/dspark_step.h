@@ -43,9 +43,9 @@ struct DSparkStep {
 };
 
 // The step. When the draft has unit hooks (a sharding engine), the objective is bracketed as one
-// use of the head units (markov_head, confidence_head): backward recomputes each chunk's logits
-// from the heads' live parameters, so the engine gathers them again when loss_sum's gradient
-// arrives.
+// use of the head units (markov_head, confidence_head): the objective reads their gathered
+// parameters while it runs (and again in backward only for seeds in another proportion than the
+// loss's, model/dspark_objective.h).
 DSparkStep dspark_step(DSparkDraftImpl& draft, const DSparkStepInputs& in);
 
 }  // namespace fsdp::model

@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -211,6 +212,43 @@ TEST_CASE("dspark objective: chunks equal one pass, values and gradients", "[mod
       const DSparkTerms ng = dspark_objective(heads, in, alphas, chunk);
       CHECK_FALSE(ng.ce_num.requires_grad());
       CHECK(torch::allclose(ng.ce_num, one.ce_num, 1e-12, 1e-12));
+    }
+  }
+}
+
+TEST_CASE("dspark objective: gradients of any combination of the terms, chunked",
+          "[model][dspark]") {
+  // The chunked path takes the gradient of the loss's own combination while it runs forward and
+  // scales it in backward; a combination in another proportion (one term alone, other weights)
+  // reruns the chunks in backward. Both equal one pass's autograd graph.
+  const DSparkAlphas alphas{0.1, 0.9, 1.0};
+  DSparkHeads heads = make_heads(heads_config(4, MarkovHeadType::kGated, true, true), 11);
+  const DSparkObjectiveInputs in = random_inputs(2, 5, 4, 8);
+  using Combine = std::function<torch::Tensor(const DSparkTerms&)>;
+  const std::vector<std::pair<const char*, Combine>> combos = {
+      {"the loss, scaled",
+       [&](const DSparkTerms& t) { return dspark_loss(t, alphas, in.loss_weights.sum(), 0.37); }},
+      {"ce alone", [](const DSparkTerms& t) { return t.ce_num * 2.0; }},
+      {"l1 and confidence, other weights",
+       [](const DSparkTerms& t) { return t.l1_num * 0.25 + t.confidence_num * 3.0; }}};
+  const auto grads = [&](int64_t chunk, const Combine& f) {
+    heads->zero_grad();
+    in.hidden4d.mutable_grad() = torch::Tensor();
+    f(dspark_objective(heads, in, alphas, chunk)).backward();
+    std::vector<torch::Tensor> out{in.hidden4d.grad().clone()};
+    for (auto& p : heads->parameters())
+      out.push_back(p.grad().defined() ? p.grad().clone() : torch::zeros_like(p));
+    return out;
+  };
+  for (const auto& [name, f] : combos) {
+    INFO(name);
+    const auto want = grads(0, f);
+    CHECK(want[0].abs().max().item<double>() > 0);
+    for (int64_t chunk : {1, 3}) {
+      INFO("chunk " << chunk);
+      const auto got = grads(chunk, f);
+      REQUIRE(got.size() == want.size());
+      for (size_t i = 0; i < got.size(); ++i) CHECK(torch::allclose(got[i], want[i], 1e-12, 1e-13));
     }
   }
 }
