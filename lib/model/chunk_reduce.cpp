@@ -8,6 +8,8 @@
 #include <torch/custom_class.h>
 
 #include <algorithm>
+#include <cmath>
+#include <optional>
 
 #include "core/error.h"
 
@@ -17,7 +19,8 @@ namespace {
 struct ReduceCall : torch::CustomClassHolder {
   ChunkTermsFn fn;
   int64_t chunk = 1, dim = 0, length = 0, num_sliced = 0;
-  std::vector<at::Tensor> sliced;  // the non-differentiable sliced inputs (index >= 1)
+  std::vector<at::Tensor> sliced;    // the non-differentiable sliced inputs (index >= 1)
+  std::vector<double> loss_weights;  // the caller's loss direction (missing entries: 0)
 
   int64_t chunks() const { return (length + chunk - 1) / chunk; }
   std::vector<at::Tensor> slices(const at::Tensor& first, int64_t c) const {
@@ -26,26 +29,117 @@ struct ReduceCall : torch::CustomClassHolder {
     for (const auto& t : sliced) out.push_back(t.defined() ? t.narrow(dim, from, len) : t);
     return out;
   }
-  at::Tensor terms(const std::vector<at::Tensor>& s, const std::vector<at::Tensor>& params) const {
-    return at::stack(fn(s, params));
-  }
+  double weight(size_t i) const { return i < loss_weights.size() ? loss_weights[i] : 0.0; }
 };
 
-// Inputs: the first sliced tensor, then the params; output: the summed terms [T].
+// The gradients of seed . terms summed over the chunks run: the first input's (a slice per
+// chunk) and each wanted parameter's.
+struct Gradients {
+  at::Tensor first;
+  std::vector<at::Tensor> params;
+};
+
+// Runs chunk c with a graph, adds the gradient of seed . terms into `g` (seed [T]; undefined:
+// the caller's loss_weights) and returns the chunk's terms, detached. `has_graph`, when given,
+// receives which terms had a graph.
+at::Tensor chunk_with_gradient(const ReduceCall& call, const at::Tensor& first,
+                               const std::vector<at::Tensor>& params,
+                               const std::vector<bool>& want_p, int64_t c, const at::Tensor& seed,
+                               Gradients& g, std::vector<bool>* has_graph) {
+  const int64_t from = c * call.chunk, len = std::min(call.chunk, call.length - from);
+  std::vector<at::Tensor> s = call.slices(first, c);
+  s[0] = s[0].detach().requires_grad_(g.first.defined());
+  std::vector<at::Tensor> wrt;
+  if (g.first.defined()) wrt.push_back(s[0]);
+  for (size_t j = 0; j < params.size(); ++j)
+    if (want_p[j]) wrt.push_back(params[j]);
+  at::Tensor t;
+  {
+    at::AutoGradMode enable(true);
+    const std::vector<at::Tensor> terms = call.fn(s, params);
+    if (has_graph) {
+      has_graph->resize(terms.size(), false);
+      for (size_t i = 0; i < terms.size(); ++i)
+        (*has_graph)[i] = (*has_graph)[i] || terms[i].requires_grad();
+    }
+    t = at::stack(terms);
+  }
+  if (t.requires_grad() && !wrt.empty()) {
+    at::Tensor direction = seed;
+    if (!direction.defined()) {
+      std::vector<double> w(t.size(0));
+      for (size_t i = 0; i < w.size(); ++i) w[i] = call.weight(i);
+      direction = at::tensor(w, at::TensorOptions().dtype(at::kDouble));
+    }
+    const auto d = torch::autograd::grad({t}, wrt, {direction.to(t.options())},
+                                         /*retain_graph=*/false,
+                                         /*create_graph=*/false, /*allow_unused=*/true);
+    size_t k = 0;
+    if (g.first.defined()) {
+      if (d[k].defined()) g.first.narrow(call.dim, from, len).copy_(d[k]);
+      ++k;
+    }
+    for (size_t j = 0; j < params.size(); ++j) {
+      if (!want_p[j]) continue;
+      if (d[k].defined()) g.params[j] = g.params[j].defined() ? g.params[j] + d[k] : d[k];
+      ++k;
+    }
+  }
+  return t.detach();
+}
+
+// c with seed[i] = c * weight(i) for every term that had a graph (within float rounding), or
+// nothing.
+std::optional<double> seed_scale(const ReduceCall& call, const at::Tensor& seed,
+                                 const std::vector<bool>& has_graph) {
+  const at::Tensor host = seed.to(at::kCPU, at::kDouble).contiguous();
+  const double* s = host.data_ptr<double>();
+  size_t ref = has_graph.size();
+  for (size_t i = 0; i < has_graph.size(); ++i)
+    if (has_graph[i] && call.weight(i) != 0 &&
+        (ref == has_graph.size() || std::abs(call.weight(i)) > std::abs(call.weight(ref))))
+      ref = i;
+  if (ref == has_graph.size()) return std::nullopt;
+  const double c = s[ref] / call.weight(ref);
+  for (size_t i = 0; i < has_graph.size(); ++i) {
+    if (!has_graph[i]) continue;
+    const double expect = c * call.weight(i);
+    if (std::abs(s[i] - expect) > 1e-6 * std::max(std::abs(s[i]), std::abs(expect)))
+      return std::nullopt;
+  }
+  return c;
+}
+
+// Inputs: the first sliced tensor, then the params; output: the summed terms [T]. Forward runs
+// each chunk with a graph and takes at once the gradient of the caller's loss direction
+// (loss_weights . terms); backward scales the gradients kept by the factor the loss applied, so
+// no chunk is computed twice. A seed in another direction reruns each chunk in backward with it.
 struct ChunkReduce : torch::autograd::Function<ChunkReduce> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
                                                 at::TensorList inputs,
                                                 const c10::intrusive_ptr<ReduceCall>& call) {
     const at::Tensor& first = inputs[0];
     const std::vector<at::Tensor> params(inputs.begin() + 1, inputs.end());
+    std::vector<bool> want_p;
+    for (const auto& p : params) want_p.push_back(p.requires_grad());
+    Gradients g;
+    if (first.requires_grad()) g.first = at::zeros_like(first);
+    g.params.resize(params.size());
+    std::vector<bool> has_graph;
     at::Tensor total;
     for (int64_t c = 0; c < call->chunks(); ++c) {
-      at::Tensor t = call->terms(call->slices(first, c), params);
+      at::Tensor t =
+          chunk_with_gradient(*call, first, params, want_p, c, at::Tensor(), g, &has_graph);
       total = total.defined() ? total + t : t;
     }
     ctx->save_for_backward({first});
     ctx->saved_data["call"] = c10::IValue::make_capsule(call);
     ctx->saved_data["params"] = c10::IValue(c10::List<at::Tensor>(params));
+    ctx->saved_data["grad_first"] = g.first;
+    ctx->saved_data["grad_params"] = c10::IValue(c10::List<std::optional<at::Tensor>>(
+        std::vector<std::optional<at::Tensor>>(g.params.begin(), g.params.end())));
+    ctx->saved_data["has_graph"] =
+        c10::IValue(std::vector<int64_t>(has_graph.begin(), has_graph.end()));
     return {total};
   }
 
@@ -55,39 +149,29 @@ struct ChunkReduce : torch::autograd::Function<ChunkReduce> {
     const at::Tensor first = ctx->get_saved_variables()[0];
     const auto plist = ctx->saved_data["params"].toTensorList();
     std::vector<at::Tensor> params(plist.begin(), plist.end());
-    const bool want_first = ctx->needs_input_grad(0);
-    at::Tensor grad_first = want_first ? at::zeros_like(first) : at::Tensor();
-    std::vector<at::Tensor> grad_p(params.size());
-    for (int64_t c = 0; c < call->chunks(); ++c) {
-      const int64_t from = c * call->chunk, len = std::min(call->chunk, call->length - from);
-      std::vector<at::Tensor> s = call->slices(first, c);
-      s[0] = s[0].detach().requires_grad_(want_first);
-      std::vector<at::Tensor> wrt;
-      if (want_first) wrt.push_back(s[0]);
-      for (size_t j = 0; j < params.size(); ++j)
-        if (ctx->needs_input_grad(1 + j)) wrt.push_back(params[j]);
-      at::Tensor t;
-      {
-        at::AutoGradMode enable(true);
-        t = call->terms(s, params);
-      }
-      if (!t.requires_grad() || wrt.empty()) continue;
-      const auto g = torch::autograd::grad({t}, wrt, {grads[0]}, /*retain_graph=*/false,
-                                           /*create_graph=*/false, /*allow_unused=*/true);
-      size_t k = 0;
-      if (want_first) {
-        if (g[k].defined()) grad_first.narrow(call->dim, from, len).copy_(g[k]);
-        ++k;
-      }
+    const std::vector<int64_t> graph_list = ctx->saved_data["has_graph"].toIntVector();
+    const std::vector<bool> has_graph(graph_list.begin(), graph_list.end());
+    std::vector<bool> want_p;
+    for (size_t j = 0; j < params.size(); ++j) want_p.push_back(ctx->needs_input_grad(1 + j));
+    Gradients g;
+    g.params.resize(params.size());
+    if (const std::optional<double> c = seed_scale(*call, grads[0], has_graph)) {
+      // The gradients forward took, times the factor the loss applied.
+      const at::Tensor kept = ctx->saved_data["grad_first"].toTensor();
+      if (ctx->needs_input_grad(0) && kept.defined()) g.first = kept * *c;
+      const auto kept_p = ctx->saved_data["grad_params"].toList();
       for (size_t j = 0; j < params.size(); ++j) {
-        if (!ctx->needs_input_grad(1 + j)) continue;
-        if (g[k].defined()) grad_p[j] = grad_p[j].defined() ? grad_p[j] + g[k] : g[k];
-        ++k;
+        const c10::IValue v = kept_p.get(j);
+        if (want_p[j] && v.isTensor()) g.params[j] = v.toTensor() * *c;
       }
+    } else {
+      if (ctx->needs_input_grad(0)) g.first = at::zeros_like(first);
+      for (int64_t c = 0; c < call->chunks(); ++c)
+        chunk_with_gradient(*call, first, params, want_p, c, grads[0], g, nullptr);
     }
     torch::autograd::variable_list result(1 + params.size() + 1);
-    result[0] = grad_first;
-    for (size_t j = 0; j < params.size(); ++j) result[1 + j] = grad_p[j];
+    result[0] = g.first;
+    for (size_t j = 0; j < params.size(); ++j) result[1 + j] = g.params[j];
     return result;
   }
 };
@@ -95,7 +179,8 @@ struct ChunkReduce : torch::autograd::Function<ChunkReduce> {
 }  // namespace
 
 at::Tensor chunk_reduce(const ChunkTermsFn& fn, const std::vector<at::Tensor>& sliced,
-                        const std::vector<at::Tensor>& params, int64_t chunk, int64_t dim) {
+                        const std::vector<at::Tensor>& params, int64_t chunk, int64_t dim,
+                        const std::vector<double>& loss_weights) {
   FSDP_CHECK(!sliced.empty() && sliced[0].defined() && chunk >= 0,
              "chunk_reduce: needs a first input and a chunk size >= 0",
              "this is a bug in fsdp-train: please report it");
@@ -126,6 +211,7 @@ at::Tensor chunk_reduce(const ChunkTermsFn& fn, const std::vector<at::Tensor>& s
   call->dim = dim;
   call->length = length;
   call->sliced.assign(sliced.begin() + 1, sliced.end());
+  call->loss_weights = loss_weights;
   std::vector<at::Tensor> inputs{sliced[0]};
   inputs.insert(inputs.end(), params.begin(), params.end());
   return ChunkReduce::apply(at::TensorList(inputs), call)[0];

@@ -75,8 +75,9 @@ DFlashTerms dflash_objective(const at::Tensor& hidden4d, const BlockLabels& labe
                                    ((accepted + 1) * blocks).sum().to(wide),
                                    blocks.sum().to(wide)};
   };
+  // The loss differentiates loss_num alone (term 0).
   const at::Tensor t = chunk_reduce(fn, {hidden4d, labels.target_ids, labels.weight},
-                                    {lm_head_weight}, o.chunk_blocks, 1);
+                                    {lm_head_weight}, o.chunk_blocks, 1, {1.0});
   DFlashTerms out;
   out.loss_num = t[0];
   out.loss_den = t[1].detach();

@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "model/block_acceptance.h"
 #include "model/block_targets.h"
+#include "model/chunk_reduce.h"
 #include "model/dflash_config.h"
 #include "model/dflash_objective.h"
 
@@ -158,6 +159,37 @@ TEST_CASE("the chunked DFlash objective equals the unchunked one, values and gra
     for (size_t i = 1; i < values.size(); ++i) {
       CHECK(torch::allclose(values[i], values[0], 1e-12, 1e-12));
       CHECK(torch::allclose(grads[i], grads[0], 1e-12, 1e-12));
+    }
+  }
+}
+
+TEST_CASE("chunk_reduce: the gradient of any seed, in the loss's direction or not") {
+  // Forward keeps the gradient of loss_weights . terms and backward scales it; a seed in another
+  // direction recomputes the chunks. Both equal one pass's graph, for the sliced input and a
+  // parameter.
+  torch::manual_seed(5);
+  const at::Tensor x = torch::randn({3, 7, 4}, torch::kDouble);
+  const at::Tensor w0 = torch::randn({4, 5}, torch::kDouble);
+  const ChunkTermsFn fn = [](const std::vector<at::Tensor>& s, const std::vector<at::Tensor>& p) {
+    const at::Tensor y = at::tanh(at::matmul(s[0], p[0]));
+    return std::vector<at::Tensor>{y.pow(2).sum(), (y * s[1]).sum(), y.detach().abs().sum()};
+  };
+  const at::Tensor other = torch::randn({3, 7, 5}, torch::kDouble);
+  const std::vector<double> direction{2.0, -0.5};
+  for (const auto& seed : {std::vector<double>{0.6, -0.15, 4.0}, std::vector<double>{1.0, 0, 0},
+                           std::vector<double>{0.3, 0.3, 0}}) {
+    std::vector<at::Tensor> gx, gw;
+    for (int64_t chunk : {0, 2, 3}) {
+      const at::Tensor xi = x.clone().requires_grad_(true);
+      const at::Tensor wi = w0.clone().requires_grad_(true);
+      const at::Tensor t = chunk_reduce(fn, {xi, other}, {wi}, chunk, 1, direction);
+      (t * torch::tensor(seed, torch::kDouble)).sum().backward();
+      gx.push_back(xi.grad());
+      gw.push_back(wi.grad());
+    }
+    for (size_t i = 1; i < gx.size(); ++i) {
+      CHECK(torch::allclose(gx[i], gx[0], 1e-12, 1e-13));
+      CHECK(torch::allclose(gw[i], gw[0], 1e-12, 1e-13));
     }
   }
 }
