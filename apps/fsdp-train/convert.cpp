@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <iostream>
 
+#include "checkpoint/export_check.h"
 #include "comm/communicator.h"
 #include "comm/runtime.h"
 #include "commands.h"
@@ -19,6 +20,7 @@ namespace {
 struct ConvertFlags {
   data::ConvertOptions options;
   std::string shard_size = "1G";
+  std::string target_model_path;
   bool no_check_finite = false;
 };
 
@@ -48,11 +50,15 @@ int run_convert(ConvertFlags& f) {
   f.options.shard_bytes = parse_size(f.shard_size);
   f.options.dataset.check_finite = !f.no_check_finite;
   f.options.dataset.num_aux_layers = 0;  // keep every captured layer the producer wrote
+  if (!f.target_model_path.empty())
+    f.options.dataset.hidden_size = checkpoint::read_target_facts(f.target_model_path).hidden_size;
   auto comm = comm::make_communicator(comm::Group::kWorld, c10::Device(c10::kCPU));
   const auto rep = data::convert_to_native(f.options, comm.get());
   for (const auto& line : rep.bad_sample_lines) FSDP_LOG(kWarn) << "skipped bad sample: " << line;
-  FSDP_LOG(kInfo) << "convert: " << rep.input_format << " input, rank " << comm->rank() << " wrote "
-                  << rep.shards_written << " shard(s) (" << rep.samples_written << " samples, "
+  FSDP_LOG(kInfo) << "convert: " << rep.input_format
+                  << (rep.input_keys.empty() ? std::string() : " (" + rep.input_keys + " keys)")
+                  << " input, rank " << comm->rank() << " wrote " << rep.shards_written
+                  << " shard(s) (" << rep.samples_written << " samples, "
                   << (rep.bytes_written >> 20) << " MiB), skipped " << rep.shards_skipped
                   << " already complete, in " << rep.seconds << " s";
   if (comm->rank() == 0) {
@@ -85,6 +91,13 @@ void add_convert(CLI::App& root, Action* action) {
   sub->add_option("--dtype", f->options.dtype,
                   "hidden-state storage: bf16 (exact, default) or fp8_e4m3 (per-row scales, about "
                   "half the bytes)");
+  sub->add_option("--ckpt-keys", f->options.ckpt_keys,
+                  "keys of a .ckpt input: eagle3 (hidden_state, aux_hidden_state), block "
+                  "(DFlash/DSpark: hidden_states, target_last_hidden_states where present) or "
+                  "auto (default: from the first file's keys)");
+  sub->add_option("--target-model-path", f->target_model_path,
+                  "the target the features come from: its hidden size is checked against every "
+                  "sample (needed for block-draft .ckpt files without target_last_hidden_states)");
   sub->add_flag("--skip-bad-samples", f->options.skip_bad_samples,
                 "record bad input files in the index (training skips them) instead of stopping");
   sub->add_flag("--overwrite", f->options.overwrite, "rewrite shards even when already complete");

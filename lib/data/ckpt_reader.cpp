@@ -84,14 +84,20 @@ TokenSample validate_tokens(const at::Tensor& input_ids, const at::Tensor& loss_
 }
 
 // The keys of a .ckpt in the order read: tokens first, then the dataset's feature contract
-// (DatasetOptions::hidden_key, aux_key). An optional key may be absent (an undefined tensor).
+// (DatasetOptions::hidden_key, aux_key). An optional key may be absent, a skipped one is never
+// read (both: an undefined tensor).
 struct CkptKey {
   std::string name;
   bool optional = false;
+  bool skip = false;
 };
 std::vector<CkptKey> ckpt_keys(const DatasetOptions& o, int count) {
+  using LastHidden = DatasetOptions::LastHidden;
   std::vector<CkptKey> keys{
-      {"input_ids"}, {"loss_mask"}, {o.hidden_key, !o.hidden_required}, {o.aux_key}};
+      {"input_ids"},
+      {"loss_mask"},
+      {o.hidden_key, o.last_hidden != LastHidden::kRequired, o.last_hidden == LastHidden::kUnused},
+      {o.aux_key}};
   keys.resize(static_cast<size_t>(count));
   return keys;
 }
@@ -100,7 +106,8 @@ std::vector<CkptKey> ckpt_keys(const DatasetOptions& o, int count) {
 // those keys' storages only. Throws BadSampleError naming the file (SampleReadError for a
 // failing file system).
 std::vector<at::Tensor> load_ckpt_tensors(const std::string& path, const std::vector<CkptKey>& keys,
-                                          uint64_t* bytes_read);
+                                          uint64_t* bytes_read,
+                                          std::vector<std::string>* names_out = nullptr);
 
 }  // namespace
 
@@ -113,7 +120,10 @@ RawSample validate_sample(at::Tensor input_ids, at::Tensor loss_mask, at::Tensor
   s.input_ids = std::move(tokens.input_ids);
   s.loss_mask = std::move(tokens.loss_mask);
   // A contract without the last hidden state (DFlash): its width is the dataset's hidden size.
-  if (hidden_state.defined()) s.hidden_state = hidden_tensor(hidden_state, "hidden_state", where);
+  if (hidden_state.defined())
+    s.hidden_state = hidden_tensor(hidden_state, "hidden_state", where);
+  else if (options.last_hidden == DatasetOptions::LastHidden::kRequired)
+    bad(where, "no target last hidden state (hidden_state), which this draft reads", kRegenerate);
   s.aux_hidden_state = hidden_tensor(aux_hidden_state, "aux_hidden_state", where);
   const int64_t n = s.input_ids.size(0);
   const int64_t hidden_rows =
@@ -126,6 +136,11 @@ RawSample validate_sample(at::Tensor input_ids, at::Tensor loss_mask, at::Tensor
         kRegenerate);
   if (rows) s.row_offset = rows->from;
   const int64_t h = s.hidden_state.defined() ? s.hidden_state.size(1) : options.hidden_size;
+  if (h == 0 && !s.hidden_state.defined())
+    bad(where,
+        "no target last hidden state and no hidden size given: the captured layers' width "
+        "n x H cannot be split",
+        "give the target's hidden size (convert: --target-model-path)");
   if (h == 0) bad(where, "hidden_state has hidden size 0", kRegenerate);
   const int64_t w = s.aux_hidden_state.size(1);
   // 0: any number of captured layers (convert keeps what the producer captured).
@@ -135,11 +150,12 @@ RawSample validate_sample(at::Tensor input_ids, at::Tensor loss_mask, at::Tensor
   if (w != n_aux * h)
     bad(where,
         w % h == 0 ? fsdp::str("aux_hidden_state holds ", w / h, " captured layers (width ", w,
-                               " = ", w / h, " x ", h, "), the draft reads ", n_aux)
+                               " = ", w / h, " x ", h, "), the draft reads ", n_aux, " (",
+                               options.layers_key, ")")
                    : fsdp::str("aux_hidden_state has width ", w, ", expected ", n_aux, " x ", h,
                                " (", n_aux, " captured layers of hidden size ", h, ")"),
-        w % h == 0 ? "capture the layers the draft config names "
-                     "(eagle_aux_hidden_state_layer_ids), or use features dumped for this draft"
+        w % h == 0 ? fsdp::str("capture the layers the draft config names (", options.layers_key,
+                               "), or use features dumped for this draft")
                    : kRegenerate);
   if (options.hidden_size > 0 && h != options.hidden_size)
     bad(where, fsdp::str("hidden size ", h, " but the dataset/target has ", options.hidden_size),
@@ -150,6 +166,9 @@ RawSample validate_sample(at::Tensor input_ids, at::Tensor loss_mask, at::Tensor
     if (!all_finite(s.aux_hidden_state))
       bad(where, "aux_hidden_state contains NaN or Inf", kRegenerate);
   }
+  // Read and checked (the widths), but the algorithm has no use for it: samples with and without
+  // it batch alike.
+  if (options.last_hidden == DatasetOptions::LastHidden::kUnused) s.hidden_state = at::Tensor();
   return s;
 }
 
@@ -170,9 +189,10 @@ bool ends_with(const std::string& s, const char* suffix) {
 }
 
 // `keys` from a torch.save zip held by `file` (`path` names it in errors; `gz`: the bytes came
-// out of a gzip file).
+// out of a gzip file). With `names`, stores the dict's string keys in file order.
 std::vector<at::Tensor> load_from_source(const ZipSource& file, const std::string& path,
-                                         const std::vector<CkptKey>& keys, bool gz) {
+                                         const std::vector<CkptKey>& keys, bool gz,
+                                         std::vector<std::string>* names_out) {
   char head[2] = {0, 0};
   if (file.size() < 4)
     bad(path, fsdp::str(gz ? "decompressed content" : "file", " has only ", file.size(), " bytes"),
@@ -195,18 +215,21 @@ std::vector<at::Tensor> load_from_source(const ZipSource& file, const std::strin
     if (tree.at(tree.root).kind == PickleNode::Kind::kDict) {
       for (size_t i = 0; i < tree.at(tree.root).items.size(); i += 2) {
         const PickleNode& key = tree.at(tree.at(tree.root).items[i]);
-        if (key.kind == PickleNode::Kind::kString) present += (present.empty() ? "" : ", ") + key.s;
+        if (key.kind != PickleNode::Kind::kString) continue;
+        present += (present.empty() ? "" : ", ") + key.s;
+        if (names_out) names_out->push_back(key.s);
       }
     }
     std::vector<std::string> names;
-    for (const auto& k : keys) names.push_back(k.name);
+    for (const auto& k : keys)
+      if (!k.skip) names.push_back(k.name);
     dict = load_torch_archive_keys(archive, names);
   } catch (const FormatError& e) {
     bad(path, std::string("cannot load torch.save archive: ") + e.what(), kRegenerate);
   }
   std::vector<at::Tensor> out;
   for (const auto& key : keys) {
-    const auto it = dict.find(key.name);
+    const auto it = key.skip ? dict.end() : dict.find(key.name);
     if (it == dict.end() && key.optional) {
       out.emplace_back();
       continue;
@@ -225,7 +248,8 @@ std::vector<at::Tensor> load_from_source(const ZipSource& file, const std::strin
 }
 
 std::vector<at::Tensor> load_ckpt_tensors(const std::string& path, const std::vector<CkptKey>& keys,
-                                          uint64_t* bytes_read) {
+                                          uint64_t* bytes_read,
+                                          std::vector<std::string>* names_out) {
   try {
     if (ends_with(path, ".gz")) {
       uint64_t compressed = 0;
@@ -238,12 +262,12 @@ std::vector<at::Tensor> load_ckpt_tensors(const std::string& path, const std::ve
             "prepare_hidden_states --compress, or run with --skip-bad-samples");
       }
       const MemorySource memory(bytes);
-      auto out = load_from_source(memory, path, keys, true);
+      auto out = load_from_source(memory, path, keys, true, names_out);
       if (bytes_read) *bytes_read = compressed;
       return out;
     }
     FileSource file(path);
-    auto out = load_from_source(file, path, keys, false);
+    auto out = load_from_source(file, path, keys, false, names_out);
     if (bytes_read) *bytes_read = file.bytes_read();
     return out;
   } catch (const ZipIoError& e) {
@@ -262,6 +286,12 @@ RawSample read_ckpt_sample(const std::string& path, const DatasetOptions& option
                            uint64_t* bytes_read) {
   const std::vector<at::Tensor> t = load_ckpt_tensors(path, ckpt_keys(options, 4), bytes_read);
   return validate_sample(t[0], t[1], t[2], t[3], path, options);
+}
+
+std::vector<std::string> read_ckpt_key_names(const std::string& path) {
+  std::vector<std::string> names;
+  load_ckpt_tensors(path, {}, nullptr, &names);
+  return names;
 }
 
 TokenSample read_ckpt_tokens(const std::string& path, const DatasetOptions& options,

@@ -42,11 +42,28 @@ struct DatasetOptions {
   int64_t num_aux_layers = 3;
   // The feature contract of SpecForge's .ckpt files: the keys holding the target's last hidden
   // state and the captured layers. EAGLE3: hidden_state, aux_hidden_state. Block drafts:
-  // target_last_hidden_states (DSpark; DFlash needs none: hidden_required false, the hidden
-  // size is then hidden_size) and hidden_states. Other formats keep their own names.
+  // target_last_hidden_states and hidden_states. They apply to .ckpt / .ckpt.gz files only: the
+  // other formats keep their own names (speculators: hidden_states [S, L, H], last slot the
+  // last state; ModelOpt: hidden_states, aux_hidden_states; DeepSpec: target_last_hidden_states,
+  // target_hidden_states; native: hidden_state, aux_hidden_state).
   std::string hidden_key = "hidden_state";
   std::string aux_key = "aux_hidden_state";
-  bool hidden_required = true;
+  // Whether the algorithm reads the target's last hidden state (RawSample::hidden_state):
+  //   kRequired: a sample without it is a BadSampleError naming the file and the key (EAGLE3,
+  //     DSpark with a head that reads it);
+  //   kOptional: kept where present, absent allowed (convert of block-draft .ckpt files);
+  //   kUnused: never returned (DFlash): not read where the format allows, dropped elsewhere, so
+  //     samples with and without it batch alike. Absent, the hidden size is hidden_size.
+  enum class LastHidden { kRequired, kOptional, kUnused };
+  LastHidden last_hidden = LastHidden::kRequired;
+  // The draft's captured layers as 0-based decoder-layer output ids (SpecForge's convention),
+  // when the algorithm has them in that convention (block drafts: dflash_config.target_layer_ids):
+  // a dump that records its layers (FeatureDataset::captured_layer_ids: DeepSpec's manifest, a
+  // native index converted from one) must hold exactly these, in order, or opening it fails
+  // naming both lists. Empty: not checked at opening (EAGLE3 checks in its check_dataset).
+  std::vector<int64_t> layer_ids = {};
+  // The draft config key that names the captured layers, for messages.
+  std::string layers_key = "eagle_aux_hidden_state_layer_ids";
 };
 
 // Token ids and loss mask of one sample (what vocab counting needs), both int64 [S].
@@ -141,6 +158,10 @@ std::shared_ptr<FeatureDataset> open_ckpt_dataset(const std::string& root,
 // With `bytes_read`, stores how many bytes of the file were read.
 RawSample read_ckpt_sample(const std::string& path, const DatasetOptions& options = {},
                            uint64_t* bytes_read = nullptr);
+
+// The top-level keys of one .ckpt / .ckpt.gz file (its data.pkl only; no tensor is read), in
+// file order: what `convert` looks at to tell EAGLE3 features from block-draft ones.
+std::vector<std::string> read_ckpt_key_names(const std::string& path);
 
 // Only input_ids and loss_mask of one .ckpt file, checked as read_ckpt_sample checks them: reads
 // the zip directory, data.pkl and those two storage records, never the hidden states. With

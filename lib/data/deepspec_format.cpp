@@ -154,7 +154,10 @@ class DeepSpecDataset final : public FeatureDataset {
     at::Tensor ids = read_tensor(*file, r.input_ids, {s}, at::kInt, where);
     at::Tensor mask = read_tensor(*file, r.loss_mask, {s}, at::kByte, where);
     at::Tensor aux = read_tensor(*file, r.hidden, {s, l * h}, at::kBFloat16, where);
-    at::Tensor last = read_tensor(*file, r.last_hidden, {s, h}, at::kBFloat16, where);
+    // The last state stays on disk when the algorithm has no use for it (DFlash).
+    at::Tensor last = options_.last_hidden == DatasetOptions::LastHidden::kUnused
+                          ? at::Tensor()
+                          : read_tensor(*file, r.last_hidden, {s, h}, at::kBFloat16, where);
     return validate_sample(ids, mask, last, aux, where, options_);
   }
 
@@ -243,10 +246,11 @@ class DeepSpecDataset final : public FeatureDataset {
     // Both are known before any shard is read, so a mismatch fails at start-up, not per sample.
     const int64_t n_layers = static_cast<int64_t>(layer_ids_.size());
     if (options_.num_aux_layers > 0 && n_layers != options_.num_aux_layers)
-      FSDP_USAGE_FAIL(str(where, ": the cache holds ", n_layers, " captured layers (", layer_list(),
-                          "), the draft reads ", options_.num_aux_layers),
-                      "capture the layers the draft config names "
-                      "(eagle_aux_hidden_state_layer_ids), or use features dumped for this draft");
+      FSDP_USAGE_FAIL(
+          str(where, ": the cache holds ", n_layers, " captured layers (", layer_list(),
+              "), the draft reads ", options_.num_aux_layers, " (", options_.layers_key, ")"),
+          str("capture the layers the draft config names (", options_.layers_key,
+              "), or use features dumped for this draft"));
     if (options_.hidden_size > 0 && hidden_size_ != options_.hidden_size)
       FSDP_USAGE_CHECK(
           false,

@@ -21,12 +21,13 @@ class FinalNormDataset final : public FeatureDataset {
   int64_t size() const override { return inner_->size(); }
   RawSample read(int64_t i) const override {
     RawSample s = inner_->read(i);
+    sync_counters();
+    if (!s.hidden_state.defined()) return s;  // an algorithm without use for it (DFlash)
     FSDP_USAGE_CHECK(s.hidden_state.size(1) == weight_.size(0),
                      fsdp::str(s.source, ": hidden size ", s.hidden_state.size(1),
                                " but the target's final norm has ", weight_.size(0)),
                      "use features dumped from --target-model-path");
     s.hidden_state = apply_final_norm(s.hidden_state, weight_, eps_);
-    sync_counters();
     return s;
   }
   TokenSample read_tokens(int64_t i) const override {

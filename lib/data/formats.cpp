@@ -59,6 +59,26 @@ FeatureOpener probe_stage(const std::string& path, FormatDetection stage) {
   return std::move(found[0].second);
 }
 
+std::string id_list(const std::vector<int64_t>& ids) {
+  std::string out;
+  for (int64_t id : ids) out += (out.empty() ? "" : ", ") + std::to_string(id);
+  return "[" + out + "]";
+}
+
+// DatasetOptions::layer_ids against the layers a dump records (DeepSpec's manifest, a native
+// index converted from one); dumps that record none pass.
+void check_layer_ids(const FeatureDataset& ds, const DatasetOptions& options) {
+  const std::vector<int64_t> held = ds.captured_layer_ids();
+  if (options.layer_ids.empty() || held.empty()) return;
+  FSDP_USAGE_CHECK(held == options.layer_ids,
+                   str(ds.root(), ": the ", ds.format(), " features hold target layers ",
+                       id_list(held), " (target_layer_ids, layer outputs), but the draft reads ",
+                       options.layers_key, " ", id_list(options.layer_ids)),
+                   str("set ", options.layers_key,
+                       " in the draft config to the features' layers, or use features dumped "
+                       "for this draft"));
+}
+
 }  // namespace
 
 std::shared_ptr<FeatureDataset> open_feature_dataset(const std::string& path,
@@ -67,7 +87,11 @@ std::shared_ptr<FeatureDataset> open_feature_dataset(const std::string& path,
                    "check --train-hidden-states-path");
   for (const auto stage :
        {FormatDetection::kIndexed, FormatDetection::kDirectory, FormatDetection::kTree}) {
-    if (FeatureOpener open = probe_stage(path, stage)) return open(options);
+    if (FeatureOpener open = probe_stage(path, stage)) {
+      std::shared_ptr<FeatureDataset> ds = open(options);
+      check_layer_ids(*ds, options);
+      return ds;
+    }
   }
   FSDP_USAGE_FAIL(no_features_message(path),
                   "point the path at SpecForge hidden states (rows_*/data_*.ckpt[.gz]), another "

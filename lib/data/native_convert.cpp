@@ -6,10 +6,13 @@
 #include <ATen/ATen.h>
 
 #include <unistd.h>
+
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "checkpoint/safetensors.h"
 #include "comm/communicator.h"
@@ -62,6 +65,8 @@ bool shard_is_complete(const fs::path& out, int64_t k, const FeatureDataset& inp
         return false;
       if (!s.value("bad", "").empty()) continue;
       for (const char* key : kNativeTensorKeys) {
+        // A block-draft sample without the target's last hidden state stores none.
+        if (key == kNativeTensorKeys[2] && !s.value("last_hidden", true)) continue;
         const std::string name = str(j, ".", key);
         if (!f->contains(name) || f->info(name).shape.at(0) != s.at("length").get<int64_t>())
           return false;
@@ -122,6 +127,82 @@ void check_convert_options(const ConvertOptions& o) {
   FSDP_USAGE_CHECK(o.dtype == "bf16" || o.dtype == "fp8_e4m3",
                    "convert: --dtype '" + o.dtype + "' is not bf16 or fp8_e4m3",
                    "use --dtype bf16 (exact) or --dtype fp8_e4m3 (half the bytes)");
+  FSDP_USAGE_CHECK(o.ckpt_keys == "auto" || o.ckpt_keys == "eagle3" || o.ckpt_keys == "block",
+                   "convert: --ckpt-keys '" + o.ckpt_keys + "' is not auto, eagle3 or block",
+                   "use --ckpt-keys eagle3 (hidden_state, aux_hidden_state) or block "
+                   "(hidden_states, target_last_hidden_states), or leave it out (auto)");
+}
+
+// The first sample whose `read` succeeds (its index and result), skipping bad ones when the run
+// skips them; nullopt when none reads.
+template <typename F>
+auto first_readable(const ConvertOptions& o, const FeatureDataset& input, F&& read)
+    -> std::optional<std::pair<int64_t, decltype(read(int64_t{0}))>> {
+  for (int64_t i = 0; i < input.size(); ++i) {
+    try {
+      return std::pair{i, read(i)};
+    } catch (const BadSampleError&) {
+      if (!o.skip_bad_samples) throw;
+    }
+  }
+  return std::nullopt;
+}
+
+// The dataset options of a .ckpt input: EAGLE3's keys (the defaults) or a block draft's, from
+// --ckpt-keys or the first readable file's keys; for block keys the last hidden state is kept
+// where present, and the hidden size comes from the first sample's when not given. Other
+// formats: the options as given.
+DatasetOptions input_options(const ConvertOptions& o, const FeatureDataset& input,
+                             std::string* keys_out) {
+  DatasetOptions dso = o.dataset;
+  if (input.format() != "ckpt") {
+    FSDP_USAGE_CHECK(o.ckpt_keys == "auto",
+                     str("convert: --ckpt-keys ", o.ckpt_keys, " with ", o.input, " in the '",
+                         input.format(), "' format, which names its tensors itself"),
+                     "drop --ckpt-keys (it chooses the keys of SpecForge .ckpt files)");
+    return dso;
+  }
+  std::string keys = o.ckpt_keys;
+  if (keys == "auto") {
+    const auto names =
+        first_readable(o, input, [&](int64_t i) { return read_ckpt_key_names(input.source(i)); });
+    if (names) {
+      const auto& n = names->second;
+      const auto has = [&n](const char* k) { return std::find(n.begin(), n.end(), k) != n.end(); };
+      const bool eagle3 = has("aux_hidden_state"), block = has("hidden_states");
+      FSDP_USAGE_CHECK(
+          !(eagle3 && block),
+          str(input.source(names->first),
+              ": holds both EAGLE3's keys (hidden_state, aux_hidden_state) and a block draft's "
+              "(hidden_states, target_last_hidden_states): convert cannot tell which to keep"),
+          "pass --ckpt-keys eagle3 or --ckpt-keys block");
+      keys = block ? "block" : "eagle3";
+    } else {
+      keys = "eagle3";  // every file is bad: each is recorded as such
+    }
+  }
+  *keys_out = keys;
+  if (keys == "eagle3") return dso;
+  dso.hidden_key = "target_last_hidden_states";
+  dso.aux_key = "hidden_states";
+  dso.last_hidden = DatasetOptions::LastHidden::kOptional;
+  if (dso.hidden_size == 0) {
+    // The first readable file's keys, then its last state's width.
+    const auto first = first_readable(o, input, [&](int64_t i) {
+      const auto names = read_ckpt_key_names(input.source(i));
+      return std::find(names.begin(), names.end(), dso.hidden_key) != names.end();
+    });
+    if (first) {
+      FSDP_USAGE_CHECK(
+          first->second,
+          str(input.source(first->first),
+              ": block-draft features without target_last_hidden_states: the hidden size cannot "
+              "be told from hidden_states [S, n x H] alone"),
+          "pass --target-model-path (the target the features come from), which gives it");
+      dso.hidden_size = read_ckpt_sample(input.source(first->first), dso).hidden_size();
+    }
+  }
+  return dso;
 }
 
 // What one shard holds once its .ckpt files are read: the tensors to write, the marker's
@@ -141,17 +222,21 @@ ShardContents read_shard_samples(const ConvertOptions& o, const FeatureDataset& 
     json s = {{"source", input.source_key(j)}, {"source_bytes", input.source_bytes(j)}};
     try {
       RawSample r = input.read(j);
-      FSDP_USAGE_CHECK(c.hidden == 0 || r.hidden_size() == c.hidden,
-                       str(input.source(j), ": hidden size ", r.hidden_size(), " differs from ",
-                           c.hidden, " in the same dataset"),
+      // A block-draft sample may have no last hidden state: its size is the dataset's.
+      const int64_t h = r.hidden_state.defined() ? r.hidden_size() : o.dataset.hidden_size;
+      FSDP_USAGE_CHECK(c.hidden == 0 || h == c.hidden,
+                       str(input.source(j), ": hidden size ", h, " differs from ", c.hidden,
+                           " in the same dataset"),
                        "all features must come from one target model");
-      c.hidden = r.hidden_size();
+      c.hidden = h;
       s["length"] = r.length();
+      if (!r.hidden_state.defined()) s["last_hidden"] = false;
       c.tensors.emplace_back(str(j, ".input_ids"), r.input_ids);
       c.tensors.emplace_back(str(j, ".loss_mask"), r.loss_mask);
       for (const bool aux : {false, true}) {
         const at::Tensor& t = aux ? r.aux_hidden_state : r.hidden_state;
         const char* key = aux ? "aux_hidden_state" : "hidden_state";
+        if (!t.defined()) continue;
         if (!fp8) {
           c.tensors.emplace_back(str(j, ".", key), t);
           continue;
@@ -255,19 +340,22 @@ void write_index(const ConvertOptions& o, const FeatureDataset& input, const Sha
 
 }  // namespace
 
-ConvertReport convert_to_native(const ConvertOptions& o, comm::Communicator* comm) {
+ConvertReport convert_to_native(const ConvertOptions& given, comm::Communicator* comm) {
   Stopwatch watch;
   const int rank = comm ? comm->rank() : 0, world = comm ? comm->size() : 1;
-  check_convert_options(o);
-  const auto input = open_feature_dataset(o.input, o.dataset);
-  FSDP_USAGE_CHECK(input->size() > 0, o.input + ": no samples found", "check --input");
+  check_convert_options(given);
+  auto input = open_feature_dataset(given.input, given.dataset);
+  FSDP_USAGE_CHECK(input->size() > 0, given.input + ": no samples found", "check --input");
+  ConvertReport rep;
+  ConvertOptions o = given;
+  o.dataset = input_options(given, *input, &rep.input_keys);
+  if (rep.input_keys == "block") input = open_feature_dataset(o.input, o.dataset);
   std::vector<uint64_t> sizes;
   for (int64_t i = 0; i < input->size(); ++i) sizes.push_back(input->source_bytes(i));
   const auto plan = plan_shards(sizes, o.shard_bytes);
   const fs::path out(o.output);
   make_dirs(out.string(), "check --output (a directory that can be created and written)");
 
-  ConvertReport rep;
   rep.input_format = input->format();
   rep.shards_total = static_cast<int64_t>(plan.size());
   for (int64_t k = rank; k < rep.shards_total; k += world) {

@@ -24,11 +24,19 @@ struct ConvertOptions {
   bool skip_bad_samples = false;
   bool overwrite = false;      // redo shards even when a verified .done marker exists
   std::string dtype = "bf16";  // hidden-state storage: "bf16" (exact) or "fp8_e4m3" (data/fp8.h)
+  // Which keys a .ckpt input holds: "eagle3" (hidden_state, aux_hidden_state), "block" (a
+  // DFlash/DSpark dump: hidden_states, and target_last_hidden_states where present), or "auto":
+  // told from the first readable file's keys (refused when it holds both sets). Only "auto" for
+  // the other formats, which name their tensors themselves.
+  std::string ckpt_keys = "auto";
+  // hidden_size 0 is taken from the features; block-draft .ckpt files whose first readable
+  // sample has no target_last_hidden_states need it set (the target's hidden size).
   DatasetOptions dataset;
 };
 
 struct ConvertReport {
   std::string input_format;  // FeatureDataset::format() of the input
+  std::string input_keys;    // .ckpt input: "eagle3" or "block" (ConvertOptions::ckpt_keys)
   int64_t shards_total = 0;
   int64_t shards_written = 0;   // by this rank
   int64_t shards_skipped = 0;   // by this rank: already complete and verified

@@ -111,6 +111,7 @@ class NativeDataset final : public FeatureDataset {
     const auto [file, where] = locate(i);
     at::Tensor t[4];
     for (int k = 0; k < 4; ++k) {
+      if (k == 2 && !reads_last_hidden(*file, i, where)) continue;
       t[k] = read_tensor(*file, i, kNativeTensorKeys[k], where);
       if (k >= 2 && t[k].scalar_type() == at::kFloat8_e4m3fn) {
         const std::string scale_key = str(kNativeTensorKeys[k], "_scale");
@@ -120,7 +121,7 @@ class NativeDataset final : public FeatureDataset {
       }
     }
     uint64_t n = 0;
-    for (int k = 0; k < 4; ++k) n += t[k].nbytes();
+    for (int k = 0; k < 4; ++k) n += t[k].defined() ? t[k].nbytes() : 0;
     bytes_read_ += n;
     return validate_sample(t[0], t[1], t[2], t[3], where, options_);
   }
@@ -139,8 +140,9 @@ class NativeDataset final : public FeatureDataset {
     const at::Tensor ids = read_tensor(*file, i, "input_ids", where);
     const at::Tensor mask = read_tensor(*file, i, "loss_mask", where);
     at::Tensor rows[2];
-    int64_t lengths[2] = {0, 0};
+    int64_t lengths[2] = {ids.size(0), 0};
     for (int k = 0; k < 2; ++k) {
+      if (k == 0 && !reads_last_hidden(*file, i, where)) continue;
       const std::string name = str(i, ".", kNativeTensorKeys[2 + k]);
       if (!file->contains(name))
         throw BadSampleError(where + ": tensor '" + name + "' missing from the shard",
@@ -150,7 +152,8 @@ class NativeDataset final : public FeatureDataset {
       lengths[k] = shape.size() == 3 && shape[0] == 1 ? shape[1] : shape.empty() ? 0 : shape[0];
       rows[k] = file->read_rows(name, std::max<int64_t>(from, 0), std::max<int64_t>(count, 0));
     }
-    bytes_read_ += ids.nbytes() + mask.nbytes() + rows[0].nbytes() + rows[1].nbytes();
+    bytes_read_ += ids.nbytes() + mask.nbytes() + (rows[0].defined() ? rows[0].nbytes() : 0) +
+                   rows[1].nbytes();
     const RowWindow window{std::min(std::max<int64_t>(from, 0), lengths[0]), lengths[0],
                            lengths[1]};
     DatasetOptions options = options_;
@@ -188,6 +191,24 @@ class NativeDataset final : public FeatureDataset {
     } catch (const UsageError& err) {
       throw BadSampleError(err.message(), err.hint(), __FILE__, __LINE__);
     }
+  }
+
+  // Whether sample i's last hidden state is read: not when the algorithm has no use for it, nor
+  // when convert found none in the source (block-draft features without
+  // target_last_hidden_states) and the algorithm can do without; an algorithm that needs it
+  // gets a BadSampleError naming the sample's file and the key.
+  bool reads_last_hidden(const SafetensorsFile& f, int64_t i, const std::string& where) const {
+    using LastHidden = DatasetOptions::LastHidden;
+    if (options_.last_hidden == LastHidden::kUnused) return false;
+    const std::string name = str(i, ".", kNativeTensorKeys[2]);
+    if (f.contains(name)) return true;
+    if (options_.last_hidden == LastHidden::kOptional) return false;
+    throw BadSampleError(
+        str(where, ": no target last hidden state (tensor '", name,
+            "' is absent: its source had no target_last_hidden_states), which this draft reads"),
+        "dump the features with the target's last hidden state (target_last_hidden_states), "
+        "convert them again, or run with --skip-bad-samples",
+        __FILE__, __LINE__);
   }
 
   at::Tensor read_tensor(const SafetensorsFile& f, int64_t i, const char* key,

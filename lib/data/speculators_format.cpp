@@ -279,9 +279,10 @@ class SpeculatorsDataset final : public FeatureDataset {
       bad(where,
           fsdp::str("hidden_states holds ", layers, " captured layers (", layers - 1,
                     " auxiliary + the last), the draft reads ", options_.num_aux_layers,
-                    " auxiliary layers (", options_.num_aux_layers + 1, " in all)"),
-          "capture the layers the draft config names (eagle_aux_hidden_state_layer_ids) plus "
-          "the last, or use features dumped for this draft");
+                    " auxiliary layers (", options_.layers_key, "; ", options_.num_aux_layers + 1,
+                    " in all)"),
+          fsdp::str("capture the layers the draft config names (", options_.layers_key,
+                    ") plus the last, or use features dumped for this draft"));
     at::Tensor x = f.read("hidden_states");
     *bytes += x.nbytes();
     if (x.scalar_type() == at::kFloat8_e4m3fn) {

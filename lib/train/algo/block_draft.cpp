@@ -4,6 +4,8 @@
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 
+#include <algorithm>
+#include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -103,19 +105,29 @@ data::DatasetOptions dataset_options(const model::DFlashConfig& draft, bool need
   dso.vocab_size = draft.core.vocab_size;
   dso.hidden_size = draft.hidden_size();
   dso.num_aux_layers = static_cast<int64_t>(draft.target_layer_ids.size());
+  // SpecForge's .ckpt names; the other formats keep their own (data/dataset.h).
   dso.hidden_key = "target_last_hidden_states";
   dso.aux_key = "hidden_states";
-  dso.hidden_required = needs_last_hidden;
+  dso.last_hidden = needs_last_hidden ? data::DatasetOptions::LastHidden::kRequired
+                                      : data::DatasetOptions::LastHidden::kUnused;
+  // SpecForge's ids are layer outputs, as DeepSpec's manifest records them.
+  dso.layer_ids = draft.target_layer_ids;
+  dso.layers_key = "dflash_config.target_layer_ids";
   return dso;
 }
 
 void check_dataset(const data::FeatureDataset& ds, const std::string& flag,
                    const std::string& family, const std::string& keys) {
-  FSDP_USAGE_CHECK(ds.format() == "ckpt",
-                   fsdp::str(flag, ": ", ds.root(), " is in the '", ds.format(), "' format; ",
-                             family, " reads SpecForge's offline .ckpt files (", keys, ")"),
-                   fsdp::str("dump the features with SpecForge's ", family,
-                             " capture (or convert them to .ckpt files with those keys)"));
+  // The formats whose layout carries a block draft's features: the target layers' states
+  // concatenated (or stacked, speculators) and the target's last hidden state (docs/data.md).
+  static const char* const kCarry[] = {"ckpt", "speculators", "modelopt", "deepspec", "native"};
+  const bool carries = std::any_of(std::begin(kCarry), std::end(kCarry),
+                                   [&](const char* f) { return ds.format() == f; });
+  FSDP_USAGE_CHECK(carries,
+                   fsdp::str(flag, ": ", ds.root(), " is in the '", ds.format(), "' format, which ",
+                             "does not carry what ", family, " reads (", keys, ")"),
+                   "dump the features with a producer whose layout carries them (SpecForge, "
+                   "speculators, ModelOpt or DeepSpec: docs/block-drafts.md \"Features\")");
 }
 
 std::string backbone_difference(const model::DFlashConfig& saved, const model::DFlashConfig& now) {

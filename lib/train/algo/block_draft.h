@@ -51,12 +51,15 @@ std::string export_config(const config::TrainConfig& cfg, const model::DFlashCon
 checkpoint::CheckpointExport checkpoint_export(const config::TrainConfig& cfg,
                                                const std::string& config_json);
 
-// The dataset options of SpecForge's offline block-draft layout (input_ids, loss_mask,
-// hidden_states: the target layers concatenated; target_last_hidden_states read when present,
-// required when `needs_last_hidden`).
+// The dataset options of a block draft: len(target_layer_ids) captured layers, which a dump that
+// records its layers (DeepSpec) must equal; SpecForge's .ckpt keys (input_ids, loss_mask,
+// hidden_states: the target layers concatenated; target_last_hidden_states), the other formats
+// under their own names; the target's last hidden state required when `needs_last_hidden`,
+// else never read.
 data::DatasetOptions dataset_options(const model::DFlashConfig& draft, bool needs_last_hidden);
 
-// UsageError unless the dataset is in SpecForge's .ckpt layout; `keys` names the tensors the
+// UsageError unless the dataset's format carries a block draft's features (SpecForge .ckpt /
+// .ckpt.gz, speculators, ModelOpt, DeepSpec, native shards); `keys` names the tensors the
 // family reads, for the message.
 void check_dataset(const data::FeatureDataset& ds, const std::string& flag,
                    const std::string& family, const std::string& keys);

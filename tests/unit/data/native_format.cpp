@@ -210,3 +210,98 @@ TEST_CASE("convert without the finite check carries NaN through (byte-exact veri
   auto ds = open_feature_dataset(o.output, lenient);
   CHECK(at::isnan(ds->read(0).hidden_state).all().item<bool>());
 }
+
+namespace {
+// A block-draft .ckpt (SpecForge's DFlash/DSpark keys) of make_sample's tensors; `last`: with
+// target_last_hidden_states.
+c10::Dict<std::string, at::Tensor> block_sample(int64_t s, int64_t h, int64_t tag, bool last) {
+  const auto e = make_sample(s, h, tag);
+  c10::Dict<std::string, at::Tensor> d;
+  d.insert("input_ids", e.at("input_ids"));
+  d.insert("loss_mask", e.at("loss_mask"));
+  d.insert("hidden_states", e.at("aux_hidden_state"));
+  if (last) d.insert("target_last_hidden_states", e.at("hidden_state"));
+  return d;
+}
+DatasetOptions block_options(DatasetOptions::LastHidden last) {
+  DatasetOptions o;
+  o.hidden_size = 4;
+  o.hidden_key = "target_last_hidden_states";
+  o.aux_key = "hidden_states";
+  o.last_hidden = last;
+  return o;
+}
+}  // namespace
+
+TEST_CASE(
+    "convert: block-draft .ckpt keys are told from the first file; an absent last state "
+    "stays absent, an error naming the key only where the draft reads it",
+    "[data]") {
+  using LastHidden = DatasetOptions::LastHidden;
+  const auto dir = temp_dir("convert_block");
+  for (int i = 0; i < 4; ++i)
+    write_ckpt(dir / "in" / ("d" + std::to_string(i) + ".ckpt"), block_sample(5, 4, i, i != 2));
+  CHECK(read_ckpt_key_names((dir / "in" / "d0.ckpt").string()) ==
+        std::vector<std::string>{"input_ids", "loss_mask", "hidden_states",
+                                 "target_last_hidden_states"});
+  for (const char* dtype : {"bf16", "fp8_e4m3"}) {
+    ConvertOptions o;
+    o.input = (dir / "in").string();
+    o.output = (dir / dtype).string();
+    o.dtype = dtype;
+    o.dataset.num_aux_layers = 0;
+    const auto rep = convert_to_native(o);
+    CHECK(rep.input_keys == "block");
+    CHECK(rep.samples_written == 4);
+    CHECK(convert_to_native(o).shards_skipped == rep.shards_total);  // resume: complete
+    const auto required = open_feature_dataset(o.output, block_options(LastHidden::kRequired));
+    const auto optional = open_feature_dataset(o.output, block_options(LastHidden::kOptional));
+    const auto unused = open_feature_dataset(o.output, block_options(LastHidden::kUnused));
+    const std::string e = error_of([&] { required->read(2); });
+    CHECK(e.find("target_last_hidden_states") != std::string::npos);
+    CHECK(e.find("d2.ckpt") != std::string::npos);
+    CHECK(!optional->read(2).hidden_state.defined());
+    CHECK(optional->read(1).hidden_state.defined());
+    CHECK(!unused->read(1).hidden_state.defined());
+    if (std::string(dtype) == "bf16") {
+      const auto in = block_sample(5, 4, 1, true);
+      CHECK(at::equal(required->read(1).hidden_state, in.at("target_last_hidden_states")[0]));
+      CHECK(at::equal(unused->read(1).aux_hidden_state, in.at("hidden_states")[0]));
+    }
+  }
+  // The .ckpt reader: the last state never read when unused, a named error when required.
+  const std::string d2 = (dir / "in" / "d2.ckpt").string();
+  CHECK(error_of([&] {
+          read_ckpt_sample(d2, block_options(LastHidden::kRequired));
+        }).find("missing key 'target_last_hidden_states'") != std::string::npos);
+  CHECK(!read_ckpt_sample((dir / "in" / "d1.ckpt").string(), block_options(LastHidden::kUnused))
+             .hidden_state.defined());
+
+  // Without a last state in the first file the hidden size must be given.
+  write_ckpt(dir / "nolast" / "d0.ckpt", block_sample(5, 4, 0, false));
+  ConvertOptions n;
+  n.input = (dir / "nolast").string();
+  n.output = (dir / "nolast_out").string();
+  n.dataset.num_aux_layers = 0;
+  CHECK(error_of([&] { convert_to_native(n); }).find("hidden size cannot be told") !=
+        std::string::npos);
+  n.dataset.hidden_size = 4;
+  CHECK(convert_to_native(n).samples_written == 1);
+
+  // A file with both key sets: convert asks; --ckpt-keys settles it; other formats refuse it.
+  auto both = make_sample(5, 4, 0);
+  both.insert("hidden_states", both.at("aux_hidden_state"));
+  write_ckpt(dir / "both" / "d0.ckpt", both);
+  ConvertOptions b;
+  b.input = (dir / "both").string();
+  b.output = (dir / "both_out").string();
+  CHECK(error_of([&] { convert_to_native(b); }).find("cannot tell which to keep") !=
+        std::string::npos);
+  b.ckpt_keys = "eagle3";
+  CHECK(convert_to_native(b).input_keys == "eagle3");
+  ConvertOptions native = b;
+  native.input = b.output;
+  native.output = (dir / "again").string();
+  CHECK(error_of([&] { convert_to_native(native); }).find("names its tensors itself") !=
+        std::string::npos);
+}
