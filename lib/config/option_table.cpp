@@ -856,8 +856,9 @@ void add_dflash_rows(std::vector<OptionSpec>& t) {
                              "for equal weights");
   t.push_back(row<int64_t>(
       "objective-chunk-blocks", K::kInt, df,
-      "DFlash and DSpark drafts: anchor blocks per slice of the objective, whose logits are "
-      "recomputed in backward (SpecForge's training.objective_chunk_blocks); 0: all blocks at once",
+      "DFlash and DSpark drafts: anchor blocks per slice of the objective, whose vocabulary "
+      "logits are never held for more than one slice (SpecForge's "
+      "training.objective_chunk_blocks); 0: all blocks at once",
       FIELD(dflash.objective_chunk_blocks)));
   t.back().bounds = whole(0, LoaderOptions::kMaxMaxLength, " (0: all blocks at once)");
   t.push_back(row<BlockLossType>(
