@@ -41,18 +41,31 @@ DFlashTerms dflash_objective(const at::Tensor& hidden4d, const BlockLabels& labe
     const at::Tensor& hidden = s[0];
     const at::Tensor& target = s[1];
     const at::Tensor weight = s[2].to(wide);
-    const int64_t B = hidden.size(0), N = hidden.size(1), bs = hidden.size(2);
-    const at::Tensor logits =
-        at::matmul(hidden.reshape({B, N * bs, hidden.size(3)}), p[0].t()).view({B, N, bs, -1});
-    const at::Tensor logp = at::log_softmax(logits.to(wide), -1);
-    const at::Tensor nlq = -logp.gather(-1, target.unsqueeze(-1)).squeeze(-1);
-    at::Tensor num, den;
+    const int64_t B = hidden.size(0), N = hidden.size(1), bs = hidden.size(2), H = hidden.size(3);
+    at::Tensor num, den, pred;
     if (o.loss == BlockLoss::kDFlash) {
+      // Only the positions with a weight reach the vocabulary (the anchor's own position, the
+      // positions past a reply and the padding blocks weigh 0 and change nothing): the loss, its
+      // gradient and every metric below read nothing else (accepted_prefix and the accuracy
+      // mask the other positions out). pred is -1 elsewhere.
       at::Tensor w = weight;
       if (o.decay_gamma && *o.decay_gamma > 0) w = w * decay(bs, *o.decay_gamma, weight.options());
-      num = (nlq * w).sum();
+      const at::Tensor rows = weight.reshape(-1).gt(0).nonzero().squeeze(-1);
+      const at::Tensor logits = at::matmul(hidden.reshape({-1, H}).index_select(0, rows), p[0].t());
+      const at::Tensor logp = at::log_softmax(logits.to(wide), -1);
+      const at::Tensor nlq =
+          -logp.gather(-1, target.reshape(-1).index_select(0, rows).unsqueeze(-1)).squeeze(-1);
+      num = (nlq * w.reshape(-1).index_select(0, rows)).sum();
       den = w.sum();
+      at::NoGradGuard no_grad;
+      pred = at::full({B * N * bs}, -1, target.options())
+                 .index_copy_(0, rows, logits.argmax(-1))
+                 .view({B, N, bs});
     } else {
+      const at::Tensor logits =
+          at::matmul(hidden.reshape({B, N * bs, H}), p[0].t()).view({B, N, bs, -1});
+      const at::Tensor logp = at::log_softmax(logits.to(wide), -1);
+      const at::Tensor nlq = -logp.gather(-1, target.unsqueeze(-1)).squeeze(-1);
       at::Tensor dw;
       {
         at::NoGradGuard no_grad;
@@ -60,9 +73,10 @@ DFlashTerms dflash_objective(const at::Tensor& hidden4d, const BlockLabels& labe
       }
       num = (nlq * weight * dw).sum();
       den = at::zeros({}, weight.options());
+      at::NoGradGuard no_grad;
+      pred = logits.argmax(-1);
     }
     at::NoGradGuard no_grad;
-    const at::Tensor pred = logits.argmax(-1);
     const at::Tensor valid = weight > 0;
     const at::Tensor correct = (pred.eq(target) & (weight > 0.5)).sum().to(wide);
     const at::Tensor blocks = valid.any(-1);
