@@ -22,10 +22,8 @@ names) before the first step, for fsdp-train's --init-checkpoint.
 
 import argparse
 import json
-import math
 import os
 import resource
-import socket
 import sys
 import time
 from pathlib import Path
@@ -39,6 +37,7 @@ from safetensors.torch import save_file  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from data import collate, epoch_microbatches, list_feature_files  # noqa: E402
+from train import init_distributed, lr_at  # noqa: E402  (the EAGLE3 reference's, shared)
 
 
 def parse_args():
@@ -60,29 +59,9 @@ def parse_args():
     ap.add_argument("--max-grad-norm", type=float, default=0.5)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=0)
-    return ap.parse_args()
-
-
-def init_distributed(threads):
-    if "RANK" not in os.environ:  # plain `python block_draft_train.py`: a world of one
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
-                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo")
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size()))
-    torch.set_num_threads(threads or max(1, (os.cpu_count() or 1) // local))
-    return dist.get_rank(), dist.get_world_size()
-
-
-def lr_at(n, base, total, warmup_ratio):
-    """Linear warm-up, then cosine to zero (n 1-based), as benchmarks/reference/train.py."""
-    n = min(n, total)
-    w = int(warmup_ratio * total)
-    if n <= w:
-        return base * n / w
-    return base * 0.5 * (1 + math.cos(math.pi * (n - 1 - w) / (total - w)))
+    args = ap.parse_args()
+    args.device, args.dist_timeout = "cpu", 20  # what train.init_distributed reads
+    return args
 
 
 def target_embedding(path):
@@ -183,7 +162,7 @@ def peak_rss_mib():
 
 def main():
     args = parse_args()
-    rank, world = init_distributed(args.threads)
+    rank, world = init_distributed(args)
     with open(args.draft_model_config) as f:
         cfg_json = json.load(f)
     micro = args.draft_micro_batch_size
