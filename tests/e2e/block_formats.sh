@@ -23,11 +23,12 @@ W="$BUILD/e2e_work/block_formats"; rm -rf "$W"; mkdir -p "$W"
 "$PY" "$SRC/benchmarks/data/dflash_features.py" "$TOY" "$W/dflash" --layers 1 --block-size 4 \
   >/dev/null || fail "making the DFlash features"
 
-"$PY" - "$W" <<'PYEOF' || fail "writing the producers' formats"
-import glob, gzip, json, os, shutil, struct, sys
+"$PY" - "$W" "$SRC" <<'PYEOF' || fail "writing the producers' formats"
+import glob, os, sys
 import torch
-from safetensors.torch import save_file
-import datasets
+sys.path.insert(0, os.path.join(sys.argv[2], "tests", "e2e", "lib"))
+from producer_writers import (Sample, final_norm, target_with_final_norm, write_deepspec,
+                              write_modelopt, write_specforge_gz, write_speculators)
 
 w = sys.argv[1]
 src = os.path.join(w, "dspark", "hidden_states")
@@ -37,83 +38,30 @@ samples = [torch.load(f, weights_only=True) for f in files]
 H = samples[0]["target_last_hidden_states"].shape[-1]
 L = samples[0]["hidden_states"].shape[-1] // H
 assert L == 3, L
+# DSpark features: the target layers are hidden_states, the last state target_last_hidden_states
+# (the same tensors serve DFlash, which does not read the last state).
+block = [Sample(s["input_ids"], s["loss_mask"], s["hidden_states"], s["target_last_hidden_states"])
+         for s in samples]
 
 def save(tree, r, d):
     out = os.path.join(w, tree, r)
     os.makedirs(os.path.dirname(out), exist_ok=True)
     torch.save(d, out)
 
-# SpecForge --compress: the .ckpt bytes through gzip level 6.
-for r, f in zip(rel, files):
-    out = os.path.join(w, "gz", r + ".gz")
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    with open(f, "rb") as a, gzip.open(out, "wb", compresslevel=6) as b:
-        b.write(a.read())
+write_specforge_gz(files, rel, os.path.join(w, "gz"))
+write_modelopt(os.path.join(w, "modelopt"), block)
+write_deepspec(os.path.join(w, "deepspec"), block, [1, 3, 5])
+write_deepspec(os.path.join(w, "deepspec_other"), block, [1, 3, 6])
 
-# ModelOpt (its DFlash/DSpark dumps are its EAGLE3 ones with --aux-layers dflash):
-# input_ids, hidden_states [S,H] (last state, after the norm), aux_hidden_states [S,nH], loss_mask.
-os.makedirs(os.path.join(w, "modelopt"))
-for i, s in enumerate(samples):
-    cid = f"{i:08d}"
-    torch.save({"input_ids": s["input_ids"], "hidden_states": s["target_last_hidden_states"],
-                "aux_hidden_states": s["hidden_states"], "loss_mask": s["loss_mask"],
-                "conversation_id": cid}, os.path.join(w, "modelopt", cid + ".pt"))
-
-# DeepSpec: one target cache for EAGLE3, DFlash and DSpark: int32 ids, uint8 attention and loss
-# masks, bf16 target_hidden_states [S, L*H], bf16 target_last_hidden_states [S, H].
-def write_deepspec(out, layer_ids):
-    os.makedirs(out)
-    rec = struct.Struct("<QIIQQQQQ")
-    idx, blob = bytearray(), bytearray()
-    for i, s in enumerate(samples):
-        S = s["input_ids"].numel()
-        offs = []
-        for t in (s["input_ids"].to(torch.int32), torch.ones(S, dtype=torch.uint8),
-                  s["loss_mask"].to(torch.uint8), s["hidden_states"].reshape(S, L * H),
-                  s["target_last_hidden_states"].reshape(S, H)):
-            offs.append(len(blob))
-            blob += t.contiguous().view(torch.uint8).numpy().tobytes()
-        idx += rec.pack(i, 0, S, *offs)
-    open(os.path.join(out, "shard-00000.bin"), "wb").write(blob)
-    open(os.path.join(out, "samples.idx"), "wb").write(idx)
-    json.dump({"version": 2, "num_samples": len(samples), "num_shards": 1,
-               "target_layer_ids": layer_ids, "hidden_dtype": "bfloat16", "token_dtype": "int32",
-               "mask_dtype": "uint8", "index_record_size": rec.size, "hidden_size": H,
-               "shards": [{"shard_id": 0, "file_name": "shard-00000.bin"}],
-               "target_model_name_or_path": "toy"}, open(os.path.join(out, "manifest.json"), "w"))
-write_deepspec(os.path.join(w, "deepspec"), [1, 3, 5])
-write_deepspec(os.path.join(w, "deepspec_other"), [1, 3, 6])
-
-# speculators: hidden_states [S, L+1, H], the target layers then the last layer BEFORE the final
-# norm. Each sample's target_last_hidden_states is taken as that pre-norm state; the reference
-# .ckpt tree (spec_ref) holds norm(state) computed as transformers' RMSNorm (fp32 normalisation,
-# cast to bf16, times the bf16 weight), as the target's final norm gives it. The target gets a
-# final norm weight (the toy target has none).
-tgt = os.path.join(w, "target")
-shutil.copytree(os.path.join(w, "dspark", "target"), tgt)
-torch.manual_seed(0)
-norm_w = (torch.rand(H) + 0.5).to(torch.bfloat16)
-save_file({"model.norm.weight": norm_w}, os.path.join(tgt, "model-norm.safetensors"))
-index = json.load(open(os.path.join(tgt, "model.safetensors.index.json")))
-index["weight_map"]["model.norm.weight"] = "model-norm.safetensors"
-json.dump(index, open(os.path.join(tgt, "model.safetensors.index.json"), "w"))
-eps = json.load(open(os.path.join(tgt, "config.json")))["rms_norm_eps"]
-pre = os.path.join(w, "speculators", "preprocessed")
-os.makedirs(os.path.join(pre, "hidden_states"))
-rows = {"input_ids": [], "loss_mask": [], "seq_len": []}
-for i, s in enumerate(samples):
+# speculators: each sample's target_last_hidden_states is taken as the pre-norm last state; the
+# reference .ckpt tree (spec_ref) holds norm(state) as the target's final norm (which the toy
+# target gets here) gives it.
+norm_w, eps = target_with_final_norm(os.path.join(w, "dspark", "target"), os.path.join(w, "target"), H)
+write_speculators(os.path.join(w, "speculators", "preprocessed"), block)
+for r, s in zip(rel, samples):
     S = s["input_ids"].numel()
     last = s["target_last_hidden_states"].reshape(S, H)
-    hs = torch.cat([s["hidden_states"].reshape(S, L, H), last.view(S, 1, H)], dim=1).contiguous()
-    save_file({"hidden_states": hs, "token_ids": s["input_ids"].reshape(S).clone()},
-              os.path.join(pre, "hidden_states", f"hs_{i}.safetensors"))
-    rows["input_ids"].append(s["input_ids"].reshape(S).tolist())
-    rows["loss_mask"].append(s["loss_mask"].reshape(S).tolist())
-    rows["seq_len"].append(S)
-    x = last.float()
-    normed = (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)).to(torch.bfloat16)
-    save(os.path.join("spec_ref"), rel[i], dict(s, target_last_hidden_states=norm_w * normed))
-datasets.Dataset.from_dict(rows).save_to_disk(pre)
+    save("spec_ref", r, dict(s, target_last_hidden_states=final_norm(last, norm_w, eps)))
 
 # One sample (the second) without target_last_hidden_states: DSpark must name it; a .ckpt with
 # both EAGLE3's and the block keys: convert cannot tell which.

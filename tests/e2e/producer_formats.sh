@@ -12,111 +12,51 @@ source "$(dirname "$0")/lib/common.sh"
 DATA=$(toy_data formats --num-samples 40 --min-len 12 --max-len 60 --samples-per-dir 10 --seed 5)
 W="$BUILD/e2e_work/producer_formats"; rm -rf "$W"; mkdir -p "$W"
 
-"$PY" - "$DATA" "$W" <<'PYEOF' || fail "writing the producers' formats"
-import glob, gzip, json, os, shutil, struct, sys
+"$PY" - "$DATA" "$W" "$SRC" <<'PYEOF' || fail "writing the producers' formats"
+import glob, json, os, sys
 import torch
-from safetensors.torch import save_file, load_file
-import datasets
+sys.path.insert(0, os.path.join(sys.argv[3], "tests", "e2e", "lib"))
+from producer_writers import (Sample, final_norm, target_with_final_norm, write_deepspec,
+                              write_modelopt, write_specforge_gz, write_speculators)
 
 data, w = sys.argv[1], sys.argv[2]
 files = sorted(glob.glob(os.path.join(data, "hidden_states", "**", "*.ckpt"), recursive=True))
 samples = [torch.load(f, weights_only=True) for f in files]
 H = samples[0]["hidden_state"].shape[-1]
 rel = [os.path.relpath(f, os.path.join(data, "hidden_states")) for f in files]
+# EAGLE3 features: the three captured layers are aux_hidden_state, the last state hidden_state.
+three = [Sample(s["input_ids"], s["loss_mask"], s["aux_hidden_state"][0], s["hidden_state"][0])
+         for s in samples]
 
-# SpecForge --compress: gzip.open(path, "wb") + torch.save into it, level 6.
-for r, f in zip(rel, files):
-    out = os.path.join(w, "gz", r + ".gz")
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    with open(f, "rb") as src, gzip.open(out, "wb", compresslevel=6) as dst:
-        dst.write(src.read())
-
-# ModelOpt: {conversation_id}.pt with input_ids, hidden_states [S,H], aux_hidden_states [S,3H],
-# loss_mask, conversation_id.
-os.makedirs(os.path.join(w, "modelopt"))
-for i, s in enumerate(samples):
-    cid = f"{i:08d}"
-    torch.save({"input_ids": s["input_ids"], "hidden_states": s["hidden_state"][0],
-                "aux_hidden_states": s["aux_hidden_state"][0], "loss_mask": s["loss_mask"],
-                "conversation_id": cid}, os.path.join(w, "modelopt", cid + ".pt"))
-
-# DeepSpec: manifest.json, samples.idx ("<QIIQQQQQ" records), shard-00000.bin with int32 ids,
-# uint8 attention and loss masks, bf16 [S, L*H] and bf16 [S, H], no padding.
-def write_deepspec(out, layer_ids):
-    os.makedirs(out)
-    rec = struct.Struct("<QIIQQQQQ")
-    idx, blob = bytearray(), bytearray()
-    for i, s in enumerate(samples):
-        S = s["input_ids"].numel()
-        offs = []
-        for t in (s["input_ids"].to(torch.int32), torch.ones(S, dtype=torch.uint8),
-                  s["loss_mask"].to(torch.uint8), s["aux_hidden_state"][0].contiguous(),
-                  s["hidden_state"][0].contiguous()):
-            offs.append(len(blob))
-            blob += t.contiguous().view(torch.uint8).numpy().tobytes()
-        idx += rec.pack(i, 0, S, *offs)
-    open(os.path.join(out, "shard-00000.bin"), "wb").write(blob)
-    open(os.path.join(out, "samples.idx"), "wb").write(idx)
-    json.dump({"version": 2, "num_samples": len(samples), "num_shards": 1,
-               "target_layer_ids": layer_ids, "hidden_dtype": "bfloat16", "token_dtype": "int32",
-               "mask_dtype": "uint8", "index_record_size": rec.size, "hidden_size": H,
-               "shards": [{"shard_id": 0, "file_name": "shard-00000.bin"}],
-               "target_model_name_or_path": "toy"}, open(os.path.join(out, "manifest.json"), "w"),
-              indent=2, sort_keys=True)
-write_deepspec(os.path.join(w, "deepspec"), [1, 5, 8])
-write_deepspec(os.path.join(w, "deepspec_other"), [1, 5, 9])
+write_specforge_gz(files, rel, os.path.join(w, "gz"))
+write_modelopt(os.path.join(w, "modelopt"), three)
+write_deepspec(os.path.join(w, "deepspec"), three, [1, 5, 8], indent=2, sort_keys=True)
+write_deepspec(os.path.join(w, "deepspec_other"), three, [1, 5, 9], indent=2, sort_keys=True)
 # Five captured layers, as DeepSpec's EAGLE3 recipes capture: the three layers plus two more
 # (the last layer and the first again: any values do for training).
-three = [dict(s) for s in samples]
-for s in samples:
-    a = s["aux_hidden_state"]
-    s["aux_hidden_state"] = torch.cat([a, s["hidden_state"], a[..., :H]], dim=-1)
-write_deepspec(os.path.join(w, "deepspec5"), [1, 3, 5, 7, 9])
-samples = three
+five = [s._replace(aux=torch.cat([s.aux, s.last, s.aux[..., :H]], dim=-1)) for s in three]
+write_deepspec(os.path.join(w, "deepspec5"), five, [1, 3, 5, 7, 9], indent=2, sort_keys=True)
 
 # speculators: the stored last layer is BEFORE the target's final norm. Take each sample's
-# hidden_state as that pre-norm state; the reference .ckpt tree holds norm(hidden_state) computed
-# as transformers' LlamaRMSNorm does (fp32 normalisation, cast to bf16, times the bf16 weight).
-# The target gets a final norm weight (the toy target has none).
+# hidden_state as that pre-norm state; the reference .ckpt tree (spec_ref) holds
+# norm(hidden_state) as the target's final norm (which the toy target gets here) gives it.
 tgt = os.path.join(w, "target")
-shutil.copytree(os.path.join(data, "target"), tgt)
-torch.manual_seed(0)
-norm_w = (torch.rand(H) + 0.5).to(torch.bfloat16)
-save_file({"model.norm.weight": norm_w}, os.path.join(tgt, "model-norm.safetensors"))
-index = json.load(open(os.path.join(tgt, "model.safetensors.index.json")))
-index["weight_map"]["model.norm.weight"] = "model-norm.safetensors"
-json.dump(index, open(os.path.join(tgt, "model.safetensors.index.json"), "w"))
+norm_w, eps = target_with_final_norm(os.path.join(data, "target"), tgt, H)
 cfg = json.load(open(os.path.join(tgt, "config.json")))
 cfg["num_hidden_layers"] = 12  # so that the draft's layer ids below are in range
 json.dump(cfg, open(os.path.join(tgt, "config.json"), "w"))
-eps = cfg["rms_norm_eps"]
 draft = json.load(open(os.path.join(data, "draft_config.json")))
 draft["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [1, 5, 8]}
 json.dump(draft, open(os.path.join(w, "draft_config.json"), "w"), indent=1)
 draft5 = dict(draft, eagle_config={"eagle_aux_hidden_state_layer_ids": [1, 3, 5, 7, 9]})
 json.dump(draft5, open(os.path.join(w, "draft_config5.json"), "w"), indent=1)
 
-pre = os.path.join(w, "speculators", "preprocessed")
-os.makedirs(os.path.join(pre, "hidden_states"))
-rows = {"input_ids": [], "loss_mask": [], "seq_len": [], "text": []}
-for i, s in enumerate(samples):
-    S = s["input_ids"].numel()
-    aux = s["aux_hidden_state"][0].view(S, 3, H)
-    hs = torch.cat([aux, s["hidden_state"][0].view(S, 1, H)], dim=1).contiguous()  # [S, 4, H]
-    save_file({"hidden_states": hs, "token_ids": s["input_ids"].clone()},
-              os.path.join(pre, "hidden_states", f"hs_{i}.safetensors"))
-    rows["input_ids"].append(s["input_ids"].tolist())
-    rows["loss_mask"].append(s["loss_mask"].tolist())
-    rows["seq_len"].append(S)
-    rows["text"].append(f"conversation {i}")
-    x = s["hidden_state"].float()
-    normed = (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)).to(torch.bfloat16)
-    ref = dict(s)
-    ref["hidden_state"] = norm_w * normed
-    out = os.path.join(w, "spec_ref", rel[i])
+write_speculators(os.path.join(w, "speculators", "preprocessed"), three,
+                  texts=[f"conversation {i}" for i in range(len(samples))])
+for r, s in zip(rel, samples):
+    out = os.path.join(w, "spec_ref", r)
     os.makedirs(os.path.dirname(out), exist_ok=True)
-    torch.save(ref, out)
-datasets.Dataset.from_dict(rows).save_to_disk(pre)
+    torch.save(dict(s, hidden_state=final_norm(s["hidden_state"], norm_w, eps)), out)
 print(f"wrote {len(samples)} samples in 5 formats (H={H})")
 PYEOF
 
