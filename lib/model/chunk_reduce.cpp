@@ -16,6 +16,13 @@
 namespace fsdp::model {
 namespace {
 
+// The terms of one call, flattened and concatenated in order.
+at::Tensor flat_terms(const std::vector<at::Tensor>& terms) {
+  std::vector<at::Tensor> flat;
+  for (const auto& t : terms) flat.push_back(t.reshape(-1));
+  return at::cat(flat);
+}
+
 struct ReduceCall : torch::CustomClassHolder {
   ChunkTermsFn fn;
   int64_t chunk = 1, dim = 0, length = 0, num_sliced = 0;
@@ -57,12 +64,14 @@ at::Tensor chunk_with_gradient(const ReduceCall& call, const at::Tensor& first,
   {
     at::AutoGradMode enable(true);
     const std::vector<at::Tensor> terms = call.fn(s, params);
+    t = flat_terms(terms);
     if (has_graph) {
-      has_graph->resize(terms.size(), false);
-      for (size_t i = 0; i < terms.size(); ++i)
-        (*has_graph)[i] = (*has_graph)[i] || terms[i].requires_grad();
+      has_graph->resize(t.size(0), false);
+      size_t k = 0;
+      for (const auto& term : terms)
+        for (int64_t e = 0; e < term.numel(); ++e, ++k)
+          (*has_graph)[k] = (*has_graph)[k] || term.requires_grad();
     }
-    t = at::stack(terms);
   }
   if (t.requires_grad() && !wrt.empty()) {
     at::Tensor direction = seed;
@@ -88,8 +97,8 @@ at::Tensor chunk_with_gradient(const ReduceCall& call, const at::Tensor& first,
   return t.detach();
 }
 
-// c with seed[i] = c * weight(i) for every term that had a graph (within float rounding), or
-// nothing.
+// c with seed[i] = c * weight(i) for every term element that had a graph (within float rounding),
+// or nothing.
 std::optional<double> seed_scale(const ReduceCall& call, const at::Tensor& seed,
                                  const std::vector<bool>& has_graph) {
   const at::Tensor host = seed.to(at::kCPU, at::kDouble).contiguous();
@@ -162,7 +171,7 @@ struct ChunkReduce : torch::autograd::Function<ChunkReduce> {
       const auto kept_p = ctx->saved_data["grad_params"].toList();
       for (size_t j = 0; j < params.size(); ++j) {
         const c10::IValue v = kept_p.get(j);
-        if (want_p[j] && v.isTensor()) g.params[j] = v.toTensor() * *c;
+        if (want_p[j] && v.isTensor() && v.toTensor().defined()) g.params[j] = v.toTensor() * *c;
       }
     } else {
       if (ctx->needs_input_grad(0)) g.first = at::zeros_like(first);
@@ -200,7 +209,7 @@ at::Tensor chunk_reduce(const ChunkTermsFn& fn, const std::vector<at::Tensor>& s
       const int64_t len = std::min(step, length - from);
       std::vector<at::Tensor> s;
       for (const auto& t : sliced) s.push_back(t.defined() ? t.narrow(dim, from, len) : t);
-      at::Tensor t = at::stack(fn(s, params));
+      at::Tensor t = flat_terms(fn(s, params));
       total = total.defined() ? total + t : t;
     }
     return total;

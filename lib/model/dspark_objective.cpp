@@ -1,21 +1,17 @@
 // DSpark's objective (dspark_objective.h): the operations of SpecForge 0.2.0's
 // OnlineDSparkModel objective in its order, over chunks of blocks whose logits are never held
-// whole (an autograd function that takes each chunk's gradient as it computes it).
+// whole (model/chunk_reduce takes each chunk's gradient as it computes it).
 #include "model/dspark_objective.h"
 
 #include <ATen/ATen.h>
-#include <ATen/core/ivalue.h>
-#include <torch/csrc/autograd/autograd.h>
-#include <torch/csrc/autograd/custom_function.h>
-#include <torch/custom_class.h>
 
 #include <algorithm>
 #include <cmath>
-#include <optional>
 #include <vector>
 
 #include "core/error.h"
 #include "model/block_acceptance.h"
+#include "model/chunk_reduce.h"
 
 namespace fsdp::model {
 namespace {
@@ -44,13 +40,6 @@ DSparkTerms from_list(const std::vector<at::Tensor>& v, bool has_target) {
   for (size_t i = 0; i < v.size(); ++i) t.*kFields[i] = v[i];
   t.has_target = has_target;
   return t;
-}
-
-DSparkObjectiveInputs narrow_blocks(const DSparkObjectiveInputs& in, int64_t from, int64_t len) {
-  auto cut = [&](const at::Tensor& x) { return x.defined() ? x.narrow(1, from, len) : x; };
-  return {cut(in.hidden4d),  cut(in.prev_token_ids), cut(in.target_ids),
-          cut(in.eval_mask), cut(in.loss_weights),   cut(in.aligned_target_hidden),
-          in.lm_head_weight};
 }
 
 // The target side of one chunk, without a graph: its probabilities and argmax.
@@ -143,203 +132,6 @@ DSparkTerms chunk_terms(DSparkHeadsImpl& heads, const DSparkObjectiveInputs& in,
   chunk_metrics(t, in, draft, ce, draft_p, target, accept, accepted_blocks);
   return t;
 }
-
-std::vector<at::Tensor> add_lists(std::vector<at::Tensor> a, const std::vector<at::Tensor>& b) {
-  for (size_t i = 0; i < a.size(); ++i) a[i] = a[i] + b[i];
-  return a;
-}
-
-int64_t chunk_count(int64_t n, int64_t chunk) {
-  return (n + chunk - 1) / chunk;
-}
-
-// What the chunked objective needs besides hidden4d and the parameters; held by the autograd
-// node until backward. The heads module is held, not its weights: a chunk run again in backward
-// reads the live parameters (gathered again by a sharding engine), as chunked_head.cpp's HeadCall
-// does.
-struct ObjectiveCall : torch::CustomClassHolder {
-  std::shared_ptr<DSparkHeadsImpl> heads;
-  DSparkObjectiveInputs in;  // hidden4d undefined here: the node saves it
-  std::vector<at::Tensor> params;
-  DSparkAlphas alphas;
-  bool with_target = false;
-  int64_t chunk = 1;
-  // The caller's, read by forward only (backward reruns the chunks) and cleared after it.
-  std::vector<at::Tensor>* accepted_blocks = nullptr;
-
-  DSparkObjectiveInputs blocks(const at::Tensor& hidden, int64_t from, int64_t len) const {
-    DSparkObjectiveInputs all = in;
-    all.hidden4d = hidden;
-    return narrow_blocks(all, from, len);
-  }
-  // The weights dspark_loss gives the differentiable terms (ce_num, l1_num, confidence_num).
-  double weight(size_t i) const {
-    return i == 0 ? alphas.ce : i == 1 ? alphas.l1 : alphas.confidence;
-  }
-};
-
-// The gradients of sum_i seed_i * term_i over the chunks run so far: grad_h [B, N, bs, H] (when
-// hidden4d wants one), each parameter's in fp32 (fp64 for double), rounded once at the end.
-struct ChunkGradients {
-  at::Tensor hidden;
-  std::vector<at::Tensor> params;
-
-  ChunkGradients(const ObjectiveCall& call, const at::Tensor& h, bool want_h,
-                 const std::vector<bool>& want_p) {
-    if (want_h) hidden = at::zeros_like(h);
-    params.resize(call.params.size());
-    for (size_t j = 0; j < params.size(); ++j) {
-      if (!want_p[j]) continue;
-      const at::Tensor& p = call.params[j];
-      params[j] = at::zeros(p.sizes(), p.options().dtype(dspark_float(p).scalar_type()));
-    }
-  }
-};
-
-// Runs blocks [from, from + len) with a graph, adds the gradient of sum_i seeds[i] * term_i (the
-// differentiable terms; an undefined seed leaves its term out) into `g`, and returns the chunk's
-// terms detached. `has_graph`, when given, receives which differentiable terms had a graph.
-std::vector<at::Tensor> chunk_with_gradient(const ObjectiveCall& call, const at::Tensor& hidden,
-                                            int64_t from, int64_t len,
-                                            const std::vector<at::Tensor>& seeds, ChunkGradients& g,
-                                            std::vector<at::Tensor>* accepted_blocks,
-                                            std::vector<bool>* has_graph) {
-  at::Tensor leaf = hidden.narrow(1, from, len).detach();
-  std::vector<at::Tensor> wrt;
-  if (g.hidden.defined()) wrt.push_back(leaf.requires_grad_(true));
-  for (size_t j = 0; j < g.params.size(); ++j)
-    if (g.params[j].defined()) wrt.push_back(call.params[j]);
-  std::vector<at::Tensor> terms, outputs, used_seeds;
-  {
-    at::AutoGradMode enable(true);
-    DSparkObjectiveInputs blocks = call.blocks(hidden, from, len);
-    blocks.hidden4d = leaf;
-    terms =
-        term_list(chunk_terms(*call.heads, blocks, call.alphas, call.with_target, accepted_blocks));
-    for (size_t i = 0; i < kDifferentiable; ++i) {
-      if (has_graph) (*has_graph)[i] = (*has_graph)[i] || terms[i].requires_grad();
-      if (!terms[i].requires_grad() || !seeds[i].defined()) continue;
-      outputs.push_back(terms[i]);
-      used_seeds.push_back(seeds[i].to(terms[i].options()));
-    }
-  }
-  if (!outputs.empty() && !wrt.empty()) {
-    const torch::autograd::variable_list d =
-        torch::autograd::grad(outputs, wrt, used_seeds, /*retain_graph=*/false,
-                              /*create_graph=*/false, /*allow_unused=*/true);
-    size_t k = 0;
-    if (g.hidden.defined()) {
-      const at::Tensor& gh = d[k++];
-      if (gh.defined()) g.hidden.narrow(1, from, len).copy_(gh);
-    }
-    for (auto& gp : g.params) {
-      if (!gp.defined()) continue;
-      const at::Tensor& part = d[k++];
-      if (part.defined()) gp.add_(part);
-    }
-  }
-  for (auto& t : terms) t = t.detach();
-  return terms;
-}
-
-// c with seeds[i] = c * weight(i) for every differentiable term that had a graph (within float
-// rounding), or nothing: what backward needs to reuse the gradients forward took.
-std::optional<double> seed_scale(const ObjectiveCall& call, const std::vector<at::Tensor>& seeds,
-                                 const std::vector<bool>& has_graph) {
-  std::vector<double> s(kDifferentiable, 0.0);
-  size_t ref = kDifferentiable;
-  for (size_t i = 0; i < kDifferentiable; ++i) {
-    if (!has_graph[i]) continue;
-    if (seeds[i].defined()) s[i] = seeds[i].item<double>();
-    if (call.weight(i) != 0 && (ref == kDifferentiable || call.weight(i) > call.weight(ref)))
-      ref = i;
-  }
-  if (ref == kDifferentiable) return std::nullopt;
-  const double c = s[ref] / call.weight(ref);
-  for (size_t i = 0; i < kDifferentiable; ++i) {
-    if (!has_graph[i]) continue;
-    const double expect = c * call.weight(i);
-    if (std::abs(s[i] - expect) > 1e-6 * std::max(std::abs(s[i]), std::abs(expect)))
-      return std::nullopt;
-  }
-  return c;
-}
-
-// Inputs: hidden4d, then the heads' parameters (so autograd routes their gradients to each
-// parameter's AccumulateGrad once per backward). Outputs: the 14 terms of term_list; the first
-// three differentiable. Forward runs each chunk with a graph and takes at once the gradient of
-// the loss's own combination, weight(i) * term_i (SpecForge's alphas): the trainer's loss is
-// that combination times one factor, so backward only scales the gradients kept (hidden4d's and
-// the heads'), and no chunk's logits are ever formed twice. Seeds in another proportion (a
-// caller that differentiates one term alone) rerun each chunk in backward with them.
-struct ChunkedObjective : torch::autograd::Function<ChunkedObjective> {
-  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
-                                                at::TensorList inputs,
-                                                const c10::intrusive_ptr<ObjectiveCall>& call) {
-    const at::Tensor& hidden = inputs[0];
-    std::vector<bool> want_p;
-    for (const at::Tensor& p : call->params) want_p.push_back(p.requires_grad());
-    ChunkGradients g(*call, hidden, hidden.requires_grad(), want_p);
-    std::vector<at::Tensor> seeds(kDifferentiable);
-    for (size_t i = 0; i < kDifferentiable; ++i)
-      if (call->weight(i) != 0) seeds[i] = at::scalar_tensor(call->weight(i), at::kDouble);
-    std::vector<bool> has_graph(kDifferentiable, false);
-    const int64_t n = hidden.size(1);
-    std::vector<at::Tensor> totals;
-    for (int64_t c = 0; c < chunk_count(n, call->chunk); ++c) {
-      const int64_t from = c * call->chunk, len = std::min(call->chunk, n - from);
-      auto terms = chunk_with_gradient(*call, hidden, from, len, seeds, g, call->accepted_blocks,
-                                       &has_graph);
-      totals = totals.empty() ? std::move(terms) : add_lists(std::move(totals), terms);
-    }
-    call->accepted_blocks = nullptr;
-    ctx->save_for_backward({hidden});
-    ctx->saved_data["call"] = c10::IValue::make_capsule(call);
-    ctx->saved_data["grad_hidden"] = g.hidden;
-    ctx->saved_data["grad_params"] = c10::IValue(c10::List<std::optional<at::Tensor>>(
-        std::vector<std::optional<at::Tensor>>(g.params.begin(), g.params.end())));
-    ctx->saved_data["has_graph"] =
-        c10::IValue(std::vector<int64_t>(has_graph.begin(), has_graph.end()));
-    ctx->mark_non_differentiable(
-        std::vector<at::Tensor>(totals.begin() + kDifferentiable, totals.end()));
-    return totals;
-  }
-
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    auto call =
-        c10::static_intrusive_pointer_cast<ObjectiveCall>(ctx->saved_data["call"].toCapsule());
-    const at::Tensor hidden = ctx->get_saved_variables()[0];
-    const std::vector<int64_t> graph_list = ctx->saved_data["has_graph"].toIntVector();
-    const std::vector<bool> has_graph(graph_list.begin(), graph_list.end());
-    std::vector<at::Tensor> seeds(grads.begin(), grads.begin() + kDifferentiable);
-    std::vector<bool> want_p;
-    for (size_t j = 0; j < call->params.size(); ++j) want_p.push_back(ctx->needs_input_grad(1 + j));
-    ChunkGradients g(*call, hidden, false, std::vector<bool>(want_p.size(), false));
-    if (const std::optional<double> c = seed_scale(*call, seeds, has_graph)) {
-      // The gradients forward took, times the factor the loss applied.
-      const at::Tensor kept_h = ctx->saved_data["grad_hidden"].toTensor();
-      if (ctx->needs_input_grad(0) && kept_h.defined()) g.hidden = kept_h * *c;
-      const auto kept_p = ctx->saved_data["grad_params"].toList();
-      for (size_t j = 0; j < g.params.size(); ++j) {
-        const c10::IValue v = kept_p.get(j);
-        if (want_p[j] && v.isTensor()) g.params[j] = v.toTensor() * *c;
-      }
-    } else {
-      g = ChunkGradients(*call, hidden, ctx->needs_input_grad(0), want_p);
-      const int64_t n = hidden.size(1);
-      for (int64_t c = 0; c < chunk_count(n, call->chunk); ++c) {
-        const int64_t from = c * call->chunk, len = std::min(call->chunk, n - from);
-        chunk_with_gradient(*call, hidden, from, len, seeds, g, nullptr, nullptr);
-      }
-    }
-    torch::autograd::variable_list result(1 + g.params.size() + 1);  // + the call argument
-    result[0] = g.hidden;
-    for (size_t j = 0; j < g.params.size(); ++j)
-      if (g.params[j].defined()) result[1 + j] = g.params[j].to(call->params[j].scalar_type());
-    return result;
-  }
-};
 
 void check_inputs(const DSparkHeadsImpl& heads, const DSparkObjectiveInputs& in, bool target) {
   const at::Tensor& h = in.hidden4d;
@@ -459,32 +251,54 @@ DSparkTerms dspark_objective(DSparkHeads& heads, const DSparkObjectiveInputs& in
   if (chunk_blocks == 0 || chunk_blocks >= n)
     return chunk_terms(*heads, used, alphas, with_target, accepted_blocks);
 
-  auto call = c10::make_intrusive<ObjectiveCall>();
-  call->heads = heads.ptr();
-  call->alphas = alphas;
-  call->with_target = with_target;
-  call->chunk = chunk_blocks;
-  call->accepted_blocks = accepted_blocks;
+  // The chunks through model/chunk_reduce: the loss's direction is the alphas on the three
+  // differentiable terms (term_list's first three, each one element of the flat sum).
+  std::vector<at::Tensor> params;
   for (const at::Tensor& p : heads->parameters())
-    if (p.requires_grad()) call->params.push_back(p);
-  std::vector<at::Tensor> inputs{in.hidden4d};
-  inputs.insert(inputs.end(), call->params.begin(), call->params.end());
-  const bool graph = at::GradMode::is_enabled() &&
-                     std::any_of(inputs.begin(), inputs.end(),
-                                 [](const at::Tensor& t) { return t.requires_grad(); });
-  if (graph) {
-    call->in = used;
-    call->in.hidden4d = at::Tensor();
-    return from_list(ChunkedObjective::apply(at::TensorList(inputs), call), with_target);
+    if (p.requires_grad()) params.push_back(p);
+  // The function outlives this call (backward may rerun it): it holds copies, and the accepted
+  // counts' destination only until forward is over, so they are appended once.
+  auto accepted = std::make_shared<std::vector<at::Tensor>*>(accepted_blocks);
+  const at::Tensor lm_head = used.lm_head_weight;
+  // chunk_reduce concatenates the terms (promoting their dtypes); each is cast back to its own.
+  auto dtypes = std::make_shared<std::vector<at::ScalarType>>();
+  const ChunkTermsFn fn = [heads = heads.ptr(), lm_head, alphas, with_target, accepted, dtypes](
+                              const std::vector<at::Tensor>& s, const std::vector<at::Tensor>&) {
+    DSparkObjectiveInputs part;
+    part.lm_head_weight = lm_head;
+    part.hidden4d = s[0];
+    part.prev_token_ids = s[1];
+    part.target_ids = s[2];
+    part.eval_mask = s[3];
+    part.loss_weights = s[4];
+    part.aligned_target_hidden = s[5];
+    std::vector<at::Tensor> terms =
+        term_list(chunk_terms(*heads, part, alphas, with_target, *accepted));
+    if (dtypes->empty())
+      for (const auto& t : terms) dtypes->push_back(t.scalar_type());
+    return terms;
+  };
+  const at::Tensor flat =
+      chunk_reduce(fn,
+                   {used.hidden4d, used.prev_token_ids, used.target_ids, used.eval_mask,
+                    used.loss_weights, used.aligned_target_hidden},
+                   params, chunk_blocks, 1, {alphas.ce, alphas.l1, alphas.confidence});
+  *accepted = nullptr;
+  // Back to the terms: the differentiable ones keep their graph, the metrics are detached.
+  std::vector<at::Tensor> terms;
+  int64_t at = 0;
+  for (size_t i = 0; i < std::size(kFields); ++i) {
+    const bool per_position = kFields[i] == &DSparkTerms::ce_position_num ||
+                              kFields[i] == &DSparkTerms::correct_position_num ||
+                              kFields[i] == &DSparkTerms::position_den;
+    const int64_t len = per_position ? in.hidden4d.size(2) : 1;
+    at::Tensor t = flat.narrow(0, at, len);
+    at += len;
+    if (!per_position) t = t.reshape({});
+    t = t.to((*dtypes)[i]);
+    terms.push_back(i < kDifferentiable ? t : t.detach());
   }
-  std::vector<at::Tensor> totals;
-  for (int64_t c = 0; c < chunk_count(n, chunk_blocks); ++c) {
-    const int64_t from = c * chunk_blocks, len = std::min(chunk_blocks, n - from);
-    auto terms = term_list(
-        chunk_terms(*heads, narrow_blocks(used, from, len), alphas, with_target, accepted_blocks));
-    totals = totals.empty() ? std::move(terms) : add_lists(std::move(totals), terms);
-  }
-  return from_list(totals, with_target);
+  return from_list(terms, with_target);
 }
 
 at::Tensor dspark_loss(const DSparkTerms& terms, const DSparkAlphas& alphas,

@@ -108,9 +108,10 @@ struct DSparkTerms {
 // units (the heads' parameters are read while it runs), whose outputs are the three
 // differentiable terms.
 // When `accepted_blocks` is given (evaluation), each chunk's accepted counts are appended in
-// block order, once (a rerun in backward appends nothing): int64 [B, chunk] = accepted_prefix
-// from position 0 of (draft argmax == target_ids & eval_mask), what a serving engine accepts of
-// the block drafted greedily from its anchor (docs/block-drafts.md "DSpark").
+// block order, once (a rerun in backward appends nothing): int64 [B, chunk] = accepted_prefix from
+// position 0 of (draft argmax
+// == target_ids & eval_mask), what a serving engine accepts of the block drafted greedily from its
+// anchor (docs/block-drafts.md "DSpark").
 DSparkTerms dspark_objective(DSparkHeads& heads, const DSparkObjectiveInputs& in,
                              const DSparkAlphas& alphas, int64_t chunk_blocks,
                              std::vector<at::Tensor>* accepted_blocks = nullptr);
