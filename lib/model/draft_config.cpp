@@ -20,7 +20,9 @@ namespace {
 using nlohmann::json;
 using ordered_json = nlohmann::ordered_json;
 
-const char* kArchitecture = "LlamaForCausalLMEagle3";
+bool is_eagle3_architecture(const std::string& a) {
+  return a == kEagle3LlamaArchitecture || a == kEagle3Qwen3Architecture;
+}
 
 // Error helpers: every message names the key and where the config came from.
 [[noreturn]] void bad_key(const std::string& source, const std::string& key,
@@ -295,6 +297,38 @@ void read_variant_flags(const json& j, DraftConfig& cfg) {
   }
 }
 
+// Qwen3 layers (Eagle3Qwen3ForCausalLM): the keys vLLM's qwen3_eagle3 model reads beyond the
+// Llama ones. model_type picks Qwen3Config in the engine; sliding-window layers are built by
+// vLLM from layer_types but not trained here, so they are refused rather than exported.
+void read_qwen3_keys(const json& j, DraftConfig& cfg) {
+  const std::string& src = cfg.source;
+  if (present(j, "model_type") && j.at("model_type") != json("qwen3")) {
+    bad_key(src, "model_type",
+            str("is ", j.at("model_type").dump(), " but architectures is [\"",
+                kEagle3Qwen3Architecture, "\"] (Qwen3 layers)"),
+            str("write \"model_type\": \"qwen3\", or architectures [\"", kEagle3LlamaArchitecture,
+                "\"] for Llama layers"));
+  }
+  if (present(j, "use_sliding_window") && j.at("use_sliding_window") != json(false)) {
+    bad_key(src, "use_sliding_window",
+            str("is ", j.at("use_sliding_window").dump(),
+                ": sliding-window attention in an EAGLE3 draft is not trained by fsdp-train"),
+            "write \"use_sliding_window\": false (every layer full attention)");
+  }
+  if (present(j, "layer_types")) {
+    const json& types = j.at("layer_types");
+    const bool all_full =
+        types.is_array() && std::all_of(types.begin(), types.end(),
+                                        [](const json& t) { return t == json("full_attention"); });
+    if (!all_full) {
+      bad_key(
+          src, "layer_types",
+          str("is ", types.dump(), ": only full-attention layers are trained in an EAGLE3 draft"),
+          "remove the key, or list \"full_attention\" for every layer");
+    }
+  }
+}
+
 }  // namespace
 
 std::string rope_type_name(RopeType t) {
@@ -327,14 +361,19 @@ DraftConfig parse_draft_config(const std::string& json_text, const std::string& 
 
   if (!present(j, "architectures")) {
     bad_key(source, "architectures", "is missing",
-            str("add \"architectures\": [\"", kArchitecture, "\"]"));
+            str("add \"architectures\": [\"", kEagle3LlamaArchitecture, "\"]"));
   }
   const json& arch = j.at("architectures");
   if (!arch.is_array() || arch.size() != 1 || !arch[0].is_string() ||
-      arch[0].get<std::string>() != kArchitecture) {
-    bad_key(source, "architectures", str("must be [\"", kArchitecture, "\"], got ", arch.dump()),
-            "only the single-layer EAGLE3 Llama draft is supported; use a SpecForge EAGLE3 config");
+      !is_eagle3_architecture(arch[0].get<std::string>())) {
+    bad_key(source, "architectures",
+            str("must be [\"", kEagle3LlamaArchitecture, "\"] (Llama layers) or [\"",
+                kEagle3Qwen3Architecture, "\"] (Qwen3 layers), got ", arch.dump()),
+            "use a SpecForge EAGLE3 config (configs/models/ has working ones)");
   }
+  cfg.architectures = {arch[0].get<std::string>()};
+  cfg.qk_norm = cfg.architectures[0] == kEagle3Qwen3Architecture;
+  if (cfg.qk_norm) read_qwen3_keys(j, cfg);
   cfg.hidden_size = require_int(j, "hidden_size", source);
   cfg.intermediate_size = require_int(j, "intermediate_size", source);
   cfg.num_attention_heads = require_int(j, "num_attention_heads", source);
@@ -343,6 +382,7 @@ DraftConfig parse_draft_config(const std::string& json_text, const std::string& 
                                 ? get_int(j, "num_key_value_heads", source)
                                 : cfg.num_attention_heads;
   if (present(j, "head_dim")) cfg.head_dim = get_int(j, "head_dim", source);
+  if (cfg.qk_norm && !cfg.head_dim) cfg.head_dim = kQwen3DefaultHeadDim;  // as Qwen3Config
   if (present(j, "num_hidden_layers"))
     cfg.num_hidden_layers = get_int(j, "num_hidden_layers", source);
   if (present(j, "draft_vocab_size")) cfg.draft_vocab_size = get_int(j, "draft_vocab_size", source);
@@ -451,10 +491,11 @@ void positive(const DraftConfig& c, const char* key, int64_t v) {
 }
 
 void check_architecture_and_sizes(const DraftConfig& c) {
-  FSDP_USAGE_CHECK(
-      c.architectures.size() == 1 && c.architectures[0] == kArchitecture,
-      str("draft config ", c.source, ": key 'architectures' must be [\"", kArchitecture, "\"]"),
-      "use a SpecForge EAGLE3 draft config");
+  FSDP_USAGE_CHECK(c.architectures.size() == 1 && is_eagle3_architecture(c.architectures[0]) &&
+                       c.qk_norm == (c.architectures[0] == kEagle3Qwen3Architecture),
+                   str("draft config ", c.source, ": key 'architectures' must be [\"",
+                       kEagle3LlamaArchitecture, "\"] or [\"", kEagle3Qwen3Architecture, "\"]"),
+                   "use a SpecForge EAGLE3 draft config");
   positive(c, "hidden_size", c.hidden_size);
   positive(c, "intermediate_size", c.intermediate_size);
   positive(c, "num_attention_heads", c.num_attention_heads);
@@ -580,7 +621,9 @@ void DraftConfig::validate() const {
 
 std::string DraftConfig::to_json() const {
   ordered_json j;
-  j["architectures"] = json::array({kArchitecture});
+  j["architectures"] = json::array({architectures.at(0)});
+  // vLLM's EAGLE config reads the file through AutoConfig, which picks the class by model_type.
+  if (qk_norm) j["model_type"] = "qwen3";
   j["hidden_size"] = hidden_size;
   j["intermediate_size"] = intermediate_size;
   j["num_attention_heads"] = num_attention_heads;
@@ -611,7 +654,8 @@ std::string DraftConfig::to_json() const {
     if (value || given) j[key] = value;
   }
   if (!eagle_config_json.empty()) j["eagle_config"] = ordered_json::parse(eagle_config_json);
-  for (const auto& [k, v] : extra_json) j[k] = ordered_json::parse(v);
+  for (const auto& [k, v] : extra_json)
+    if (!(qk_norm && k == "model_type")) j[k] = ordered_json::parse(v);
   return j.dump(2) + "\n";
 }
 
@@ -619,9 +663,11 @@ ParamCounts count_parameters(const DraftConfig& c) {
   const int64_t H = c.hidden_size, I = c.intermediate_size;
   ParamCounts p;
   const int64_t qkv = c.q_out_features() + 2 * c.kv_out_features();
-  // Every layer: q/k/v/o, input_layernorm, post_attention_layernorm, the MLP; the first one
+  // Every layer: q/k/v/o (and q_norm, k_norm for Qwen3 layers), input_layernorm,
+  // post_attention_layernorm, the MLP; the first one
   // reads [embedding, hidden] (2H) and has hidden_norm, the others read H.
-  const int64_t layer_rest = H * c.q_out_features() + 2 * H + 3 * H * I;
+  const int64_t layer_rest =
+      H * c.q_out_features() + 2 * H + 3 * H * I + (c.qk_norm ? 2 * c.head_dim_value() : 0);
   p.trainable = H * c.fc_in_features()                                        // fc
                 + ((c.fc_norm || c.norm_before_fc) ? c.fc_in_features() : 0)  // fc's norms
                 + qkv * 2 * H + H + layer_rest                                // first layer

@@ -34,8 +34,19 @@ struct RopeScaling {
 
 std::string rope_type_name(RopeType t);
 
+// The two EAGLE3 decoder-layer styles, named by the config's architectures: SpecForge's Llama
+// layer, and the Qwen3 layer (an RMSNorm over each head of q and k before RoPE) that vLLM's
+// qwen3_eagle3 model serves and speculators trains as --draft-arch qwen3.
+inline constexpr const char* kEagle3LlamaArchitecture = "LlamaForCausalLMEagle3";
+inline constexpr const char* kEagle3Qwen3Architecture = "Eagle3Qwen3ForCausalLM";
+// transformers' Qwen3Config head_dim when the key is absent (what vLLM then builds).
+inline constexpr int64_t kQwen3DefaultHeadDim = 128;
+
 struct DraftConfig {
-  std::vector<std::string> architectures{"LlamaForCausalLMEagle3"};
+  std::vector<std::string> architectures{kEagle3LlamaArchitecture};
+  // Qwen3 layers (architectures ["Eagle3Qwen3ForCausalLM"]): q_norm and k_norm, RMSNorm over
+  // head_dim, on every layer's queries and keys before RoPE; model_type "qwen3" in the export.
+  bool qk_norm = false;
   int64_t hidden_size = 0;                  // H (required)
   int64_t intermediate_size = 0;            // I (required)
   int64_t num_attention_heads = 0;          // nh (required)
@@ -92,7 +103,7 @@ struct DraftConfig {
   // Throws fsdp::UsageError naming the key and `source` for anything the model cannot run.
   void validate() const;
   // Pretty-printed JSON for config.json in checkpoints: every known key, eagle_config and the
-  // unknown keys carried through, architectures ["LlamaForCausalLMEagle3"],
+  // unknown keys carried through, the architecture as given (model_type "qwen3" for Qwen3 layers),
   // tie_word_embeddings false and draft_vocab_size always written.
   std::string to_json() const;
 };

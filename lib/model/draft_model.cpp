@@ -193,6 +193,10 @@ Eagle3AttentionImpl::Eagle3AttentionImpl(const DraftConfig& cfg, int64_t in)
   k_proj = register_module("k_proj", DraftLinear(in, cfg.kv_out_features()));
   v_proj = register_module("v_proj", DraftLinear(in, cfg.kv_out_features()));
   o_proj = register_module("o_proj", DraftLinear(cfg.q_out_features(), cfg.hidden_size));
+  if (cfg.qk_norm) {
+    q_norm = register_module("q_norm", RMSNorm(head_dim, cfg.rms_norm_eps));
+    k_norm = register_module("k_norm", RMSNorm(head_dim, cfg.rms_norm_eps));
+  }
 }
 
 at::Tensor Eagle3AttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos,
@@ -202,6 +206,10 @@ at::Tensor Eagle3AttentionImpl::forward(const at::Tensor& x, const at::Tensor& c
   at::Tensor q = q_proj(x).view({B, S, num_heads, head_dim}).transpose(1, 2);
   at::Tensor k = k_proj(x).view({B, S, num_kv_heads, head_dim}).transpose(1, 2);
   at::Tensor v = v_proj(x).view({B, S, num_kv_heads, head_dim}).transpose(1, 2);
+  if (q_norm) {  // vLLM's Qwen3Attention: per-head norms, then RoPE
+    q = q_norm(q);
+    k = k_norm(k);
+  }
   q = apply_rotary(q, cos, sin);
   k = apply_rotary(k, cos, sin);
   const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));

@@ -97,8 +97,8 @@ struct DraftCache {
   int64_t steps() const { return layers.empty() ? 0 : layers[0].steps(); }
 };
 
-// q/k/v/o projections over an `in`-wide input (2H for the first layer, H for later ones); the
-// step's keys/values are appended to the cache.
+// q/k/v/o projections over an `in`-wide input (2H for the first layer, H for later ones), with
+// q_norm/k_norm in Qwen3 layers; the step's keys/values are appended to the cache.
 class Eagle3AttentionImpl : public torch::nn::Module {
  public:
   Eagle3AttentionImpl(const DraftConfig& cfg, int64_t in);
@@ -106,6 +106,8 @@ class Eagle3AttentionImpl : public torch::nn::Module {
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                      KVCache& cache, const SeqLayout& layout, AttentionImpl impl);
   DraftLinear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  // Qwen3 layers only (DraftConfig::qk_norm): RMSNorm over each head of q and k, before RoPE.
+  RMSNorm q_norm{nullptr}, k_norm{nullptr};
   int64_t num_heads, num_kv_heads, head_dim;
 };
 TORCH_MODULE(Eagle3Attention);

@@ -13,5 +13,5 @@ TOOL="$BUILD/tests/draft_logits"
 "$PY" "$SRC/tests/e2e/specforge_modeling.py" "$TOOL" "$W" >"$W/log" 2>&1; rc=$?
 grep -E "worst|control" "$W/log"
 [ $rc -eq 0 ] || { tail -30 "$W/log"; fail "fsdp-train's logits differ from SpecForge's modeling code"; }
-[ "$(grep -c -- "-> PASS" "$W/log")" -eq 3 ] || fail "expected 3 passing cases"
+[ "$(grep -c -- "-> PASS" "$W/log")" -eq 4 ] || fail "expected 4 passing cases"
 echo PASS
