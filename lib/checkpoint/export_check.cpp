@@ -18,6 +18,7 @@
 #include "checkpoint/safetensors.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "model/draft_config.h"
 
 namespace fsdp::checkpoint {
 
@@ -53,6 +54,7 @@ struct Dims {
   int64_t H = 0, I = 0, nh = 0, nkv = 0, d = 0, Ht = 0, V = 0, Vd = 0, n = 3;
   int64_t L = 1;                                 // decoder layers
   bool fc_norm = false, norm_before_fc = false;  // the variants that add tensors
+  bool qk_norm = false;                          // Qwen3 layers: q_norm and k_norm [d]
   bool ok = false;
 };
 
@@ -186,7 +188,7 @@ struct Expected {
 // Every tensor of the draft the config describes (docs/model.md "Draft variants"): the first
 // layer under its canonical name midlayer.* (layers.0.* is read as that), later layers of a
 // multi-layer draft as layers.<k>.* with an H-wide q/k/v input and no hidden_norm (vLLM's
-// layout), fc's norms when fc_norm or norm_before_fc is set.
+// layout), fc's norms when fc_norm or norm_before_fc is set, q_norm/k_norm in Qwen3 layers.
 std::vector<Expected> expected_weights(const Dims& d) {
   std::vector<Expected> out;
   if (d.norm_before_fc) out.push_back({"input_norm.weight", {d.n * d.Ht}});
@@ -202,6 +204,10 @@ std::vector<Expected> expected_weights(const Dims& d) {
     out.push_back({l + "self_attn.k_proj.weight", {d.nkv * d.d, in}});
     out.push_back({l + "self_attn.v_proj.weight", {d.nkv * d.d, in}});
     out.push_back({l + "self_attn.o_proj.weight", {d.H, d.nh * d.d}});
+    if (d.qk_norm) {
+      out.push_back({l + "self_attn.q_norm.weight", {d.d}});
+      out.push_back({l + "self_attn.k_norm.weight", {d.d}});
+    }
     out.push_back({l + "post_attention_layernorm.weight", {d.H}});
     out.push_back({l + "mlp.gate_proj.weight", {d.I, d.H}});
     out.push_back({l + "mlp.up_proj.weight", {d.I, d.H}});
@@ -484,7 +490,11 @@ Dims config_dims(const json& cfg, Report& r) {
   d.V = req("vocab_size");
   d.ok = d.H && d.I && d.nh && d.V;
   d.nkv = export_check::positive_int(cfg, "num_key_value_heads", r).value_or(d.nh);
-  d.d = export_check::positive_int(cfg, "head_dim", r).value_or(d.nh ? d.H / d.nh : 0);
+  d.qk_norm = cfg.contains("architectures") &&
+              cfg.at("architectures") == json::array({model::kEagle3Qwen3Architecture});
+  // Qwen3Config, which vLLM builds Qwen3 layers from, defaults head_dim to 128.
+  d.d = export_check::positive_int(cfg, "head_dim", r)
+            .value_or(d.qk_norm ? model::kQwen3DefaultHeadDim : (d.nh ? d.H / d.nh : 0));
   d.Ht = export_check::positive_int(cfg, "target_hidden_size", r).value_or(d.H);
   d.Vd = export_check::positive_int(cfg, "draft_vocab_size", r).value_or(d.V);
   d.n = export_check::config_aux_count(cfg);

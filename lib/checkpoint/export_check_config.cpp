@@ -359,12 +359,12 @@ void check_aux(const std::string& text, const json& cfg, const Engines& e, int64
 
 void check_config_fields(const json& cfg, const Engines& e, std::optional<int64_t> lm_head_rows,
                          Report& r) {
-  // vLLM 0.32's registry maps these to its llama_eagle3 model; SGLang's llama_eagle3.py has
-  // EntryClass = [LlamaForCausalLMEagle3].
+  // vLLM 0.32's registry maps these to its llama_eagle3 model (Eagle3Qwen3ForCausalLM to
+  // qwen3_eagle3); SGLang's llama_eagle3.py has EntryClass = [LlamaForCausalLMEagle3].
   static const std::set<std::string> vllm_names = {
-      "LlamaForCausalLMEagle3",  "Eagle3LlamaForCausalLM",     "PEagleDraftModel",
-      "PeagleLlamaForCausalLM",  "Eagle3MiniMaxM2ForCausalLM", "Eagle3Qwen2_5vlForCausalLM",
-      "Eagle3Qwen3vlForCausalLM"};
+      "LlamaForCausalLMEagle3",   "Eagle3LlamaForCausalLM",     "PEagleDraftModel",
+      "PeagleLlamaForCausalLM",   "Eagle3MiniMaxM2ForCausalLM", "Eagle3Qwen2_5vlForCausalLM",
+      "Eagle3Qwen3vlForCausalLM", "Eagle3Qwen3ForCausalLM"};
   std::vector<std::string> archs;
   if (cfg.contains("architectures") && cfg.at("architectures").is_array())
     for (const json& a : cfg.at("architectures"))
@@ -428,7 +428,15 @@ void check_config_fields(const json& cfg, const Engines& e, std::optional<int64_
   else
     r.ok(std::string("config.json:") + dtype_key, cfg.at(dtype_key).get<std::string>());
 
-  if (!cfg.contains("model_type"))
+  const bool qwen3_layers = cfg.contains("architectures") &&
+                            cfg.at("architectures") == json::array({"Eagle3Qwen3ForCausalLM"});
+  if (qwen3_layers && cfg.value("model_type", json()) != json("qwen3"))
+    r.error("config.json:model_type",
+            (cfg.contains("model_type") ? cfg.at("model_type").dump() : std::string("absent")) +
+                " with Qwen3 layers: vLLM reads the file through AutoConfig by model_type and "
+                "would build another config class (or none)",
+            "write \"model_type\": \"qwen3\"");
+  else if (!cfg.contains("model_type"))
     r.warn("config.json:model_type",
            "absent: transformers' AutoConfig, which the engines use, "
            "needs it to read the file",

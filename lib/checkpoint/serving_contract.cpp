@@ -160,9 +160,14 @@ bool variant_flag(const json& cfg, const std::string& key) {
 
 std::string vllm_only_variants(const json& cfg) {
   std::string out;
+  // Qwen3 layers: vLLM's qwen3_eagle3 model; SGLang's and SpecForge's EAGLE3 drafts are Llama.
+  if (cfg.contains("architectures") &&
+      cfg.at("architectures") == json::array({"Eagle3Qwen3ForCausalLM"}))
+    out = "Qwen3 layers (Eagle3Qwen3ForCausalLM)";
   if (cfg.contains("num_hidden_layers") && cfg.at("num_hidden_layers").is_number_integer() &&
       cfg.at("num_hidden_layers").get<int64_t>() > 1)
-    out = str("num_hidden_layers ", cfg.at("num_hidden_layers").get<int64_t>());
+    out += str(out.empty() ? "" : ", ", "num_hidden_layers ",
+               cfg.at("num_hidden_layers").get<int64_t>());
   for (const char* key : {"fc_norm", "norm_before_fc", "norm_output", "norm_before_residual"})
     if (variant_flag(cfg, key)) out += (out.empty() ? "" : ", ") + std::string(key);
   return out;

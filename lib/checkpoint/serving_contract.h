@@ -45,8 +45,9 @@ ServingEngines engines_from_config(const nlohmann::json& cfg);
 // reads it: norm_before_fc from eagle_config first, then the top level; the others at the top
 // level. Anything but true is false.
 bool variant_flag(const nlohmann::json& cfg, const std::string& key);
-// The variants of docs/model.md "Draft variants" that only vLLM serves as trained (more than one
-// decoder layer, or a variant flag): e.g. "num_hidden_layers 2, fc_norm"; "" for a plain draft.
+// The variants of docs/model.md "Draft variants" that only vLLM serves as trained (Qwen3 layers,
+// more than one decoder layer, or a variant flag): e.g. "num_hidden_layers 2, fc_norm"; "" for a
+// plain draft.
 // SGLang builds one layer, fc over 3 layers, no fc norms and feeds the pre-norm state forward.
 std::string vllm_only_variants(const nlohmann::json& cfg);
 

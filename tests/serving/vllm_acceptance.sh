@@ -5,7 +5,8 @@
 # acceptance length above FLOOR, (c) fsdp-train's engine-faithful eval/accept_len on the very
 # sequences vLLM generated within 2% of the engine's; for the plain EAGLE3 draft and for a draft
 # variant (EAGLE3.1's fc_norm and norm_output with two decoder layers, docs/model.md "Draft
-# variants"): (c) holds only if vLLM computes the variant as fsdp-train trained it. Data, target and the baseline generation are
+# variants"), and for a draft of Qwen3 layers (Eagle3Qwen3ForCausalLM, q_norm/k_norm): (c) holds
+# only if vLLM computes the variant as fsdp-train trained it. Data, target and the baseline generation are
 # cached under ~/.cache/fsdp-train/serving/<key> (key: the pipeline's sources); training, export
 # and speculative serving run every time.
 set -euo pipefail
@@ -22,12 +23,17 @@ FLOOR=1.25
 
 build_serving_cache "$C" "$W"
 
-# The variant's draft config: the serving draft's with EAGLE3.1's keys and a second layer.
-"$PY" - "$C/draft-config.json" "$W/variant-config.json" <<'PYEOF'
+# The variant's draft config: the serving draft's with EAGLE3.1's keys and a second layer; and
+# the serving draft's with Qwen3 layers (q_norm/k_norm; vLLM's qwen3_eagle3 model), its head_dim
+# written (Qwen3Config's default is 128, SmolLM2's heads are 64 wide).
+"$PY" - "$C/draft-config.json" "$W/variant-config.json" "$W/qwen3-config.json" <<'PYEOF'
 import json, sys
 c = json.load(open(sys.argv[1]))
-c.update({"fc_norm": True, "norm_output": True, "num_hidden_layers": 2})
-json.dump(c, open(sys.argv[2], "w"), indent=1)
+v = dict(c, fc_norm=True, norm_output=True, num_hidden_layers=2)
+json.dump(v, open(sys.argv[2], "w"), indent=1)
+q = dict(c, architectures=["Eagle3Qwen3ForCausalLM"], model_type="qwen3",
+         head_dim=c.get("head_dim", c["hidden_size"] // c["num_attention_heads"]))
+json.dump(q, open(sys.argv[3], "w"), indent=1)
 PYEOF
 
 # serve_and_check NAME DRAFT_CONFIG EXTRA_FLAGS...: train, export, serve with vLLM, evaluate
@@ -89,4 +95,5 @@ PYEOF
 
 serve_and_check eagle3 "$C/draft-config.json"
 serve_and_check eagle31-2layer "$W/variant-config.json" --export-for vllm
+serve_and_check eagle3-qwen3-layers "$W/qwen3-config.json" --export-for vllm
 stage "done"

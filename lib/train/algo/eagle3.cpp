@@ -165,6 +165,8 @@ void Eagle3::check_same_architecture(const std::string& saved_config,
       now.num_aux_hidden_states);
   cmp(shape_diff, "decoder layers (num_hidden_layers)", saved.num_hidden_layers,
       now.num_hidden_layers);
+  cmp(shape_diff, "architectures (Qwen3 layers' q_norm/k_norm)", saved.architectures.at(0),
+      now.architectures.at(0));
   cmp(shape_diff, "fc_norm", saved.fc_norm, now.fc_norm);
   cmp(shape_diff, "norm_before_fc", saved.norm_before_fc, now.norm_before_fc);
   cmp(other_diff, "norm_output", saved.norm_output, now.norm_output);

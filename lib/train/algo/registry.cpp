@@ -34,6 +34,7 @@ std::string architecture_of(const std::string& path) {
 const std::vector<Registration>& registrations() {
   static const std::vector<Registration> all = {
       {"eagle3", "LlamaForCausalLMEagle3", &make_one<Eagle3>},
+      {"eagle3", "Eagle3Qwen3ForCausalLM", &make_one<Eagle3>},  // EAGLE3 with Qwen3 layers
       {"dflash", "DFlashDraftModel", &make_one<DFlash>},
       {"dspark", "DSparkDraftModel", &make_one<DSpark>},
   };

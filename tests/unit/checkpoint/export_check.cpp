@@ -187,6 +187,41 @@ TEST_CASE("missing tensors: lm_head, d2t, t2d", "[cpu]") {
   CHECK(has(f, Level::kOk, "d2t", "absent"));
 }
 
+TEST_CASE("Qwen3 layers: q_norm/k_norm, model_type qwen3, vLLM only", "[cpu]") {
+  auto qwen3 = [] {
+    Draft d = good_draft();
+    d.config["architectures"] = {"Eagle3Qwen3ForCausalLM"};
+    d.config["model_type"] = "qwen3";
+    d.tensors.push_back({"midlayer.self_attn.q_norm.weight", at::ones({4}, at::kBFloat16)});
+    d.tensors.push_back({"midlayer.self_attn.k_norm.weight", at::ones({4}, at::kBFloat16)});
+    return d;
+  };
+  const auto vllm = fsdp::model::ExportTarget::kVllm;
+  auto f = check(write_draft("qwen3", qwen3()), L, vllm);
+  INFO(dump(f));
+  CHECK(errors(f) == 0);
+  CHECK(has(f, Level::kOk, "midlayer.self_attn.k_norm.weight"));
+  // SGLang's EAGLE3 draft is Llama only.
+  CHECK(has(check(write_draft("qwen3_both", qwen3())), Level::kError, "config.json:architectures"));
+  Draft d = qwen3();
+  d.erase("midlayer.self_attn.q_norm.weight");
+  CHECK(has(check(write_draft("qwen3_noq", d), L, vllm), Level::kError,
+            "midlayer.self_attn.q_norm.weight", "missing"));
+  d = qwen3();
+  d.config["model_type"] = "llama";
+  CHECK(
+      has(check(write_draft("qwen3_llama", d), L, vllm), Level::kError, "config.json:model_type"));
+  // Without head_dim the engine builds Qwen3Config's 128: the stored [4] norms are then wrong.
+  d = qwen3();
+  d.config.erase("head_dim");
+  CHECK(has(check(write_draft("qwen3_nohd", d), L, vllm), Level::kError,
+            "midlayer.self_attn.q_norm.weight", "shape"));
+  // A Llama draft carrying q/k norms: tensors vLLM's llama_eagle3 does not have.
+  d = good_draft();
+  d.tensors.push_back({"midlayer.self_attn.q_norm.weight", at::ones({4}, at::kBFloat16)});
+  CHECK(errors(check(write_draft("llama_qnorm", d), L, vllm)) > 0);
+}
+
 TEST_CASE("wrong shapes and dtypes name the tensor", "[cpu]") {
   Draft d = good_draft();
   d["fc.weight"] = at::zeros({H, 2 * H}, at::kBFloat16);

@@ -1,5 +1,6 @@
 // Draft variants (docs/model.md "Draft variants"): EAGLE3.1's fc_norm and norm_output,
-// norm_before_fc, norm_before_residual and drafts of several decoder layers. The model is checked
+// norm_before_fc, norm_before_residual, drafts of several decoder layers and Qwen3 layers
+// (q_norm/k_norm). The model is checked
 // against a reference written here from the definition (float64, every position and key listed
 // explicitly, weights looked up by their export names), in float64 (1e-12 relative) and in
 // float32 (2e-6 relative), and its gradients against finite differences.
@@ -33,6 +34,15 @@ DraftConfig variant_config(int64_t layers, bool fc_norm, bool norm_before_fc, bo
   c.norm_before_fc = norm_before_fc;
   c.norm_output = norm_output;
   c.norm_before_residual = norm_before_residual;
+  c.validate();
+  return c;
+}
+
+// Qwen3 layers (architectures Eagle3Qwen3ForCausalLM) over the small draft.
+DraftConfig qwen3_config(int64_t layers) {
+  DraftConfig c = variant_config(layers, false, false, false, false, 3);
+  c.architectures = {kEagle3Qwen3Architecture};
+  c.qk_norm = true;
   c.validate();
   return c;
 }
@@ -125,6 +135,10 @@ std::vector<at::Tensor> reference_logits(const DraftConfig& c, const Params& w,
         at::Tensor q = at::matmul(in, W(p + "self_attn.q_proj.weight").t()).view({S, nh, d});
         at::Tensor kk = at::matmul(in, W(p + "self_attn.k_proj.weight").t()).view({S, nkv, d});
         at::Tensor v = at::matmul(in, W(p + "self_attn.v_proj.weight").t()).view({S, nkv, d});
+        if (c.qk_norm) {  // Qwen3 layers: each head of q and k normed before RoPE
+          q = rms(q, W(p + "self_attn.q_norm.weight"), eps);
+          kk = rms(kk, W(p + "self_attn.k_norm.weight"), eps);
+        }
         std::vector<at::Tensor> kt(S), vt(S);
         for (int64_t t = 0; t < S; ++t) {
           std::vector<at::Tensor> per_head;
@@ -205,7 +219,8 @@ std::vector<Variant> variants() {
            variant_config(1, true, false, true, false, 4)},
           {"two layers", variant_config(2, false, false, false, false, 3)},
           {"three layers, norm_before_fc, norm_before_residual, norm_output",
-           variant_config(3, false, true, true, true, 3)}};
+           variant_config(3, false, true, true, true, 3)},
+          {"Qwen3 layers (q_norm, k_norm), two layers", qwen3_config(2)}};
 }
 
 }  // namespace
@@ -261,6 +276,30 @@ TEST_CASE("variants: the reference sees each variant (a plain draft's logits dif
     // fc_norm/norm_before_fc change step 0; norm_output only the steps after it.
     CHECK(max_rel(a[1], b[1]) > 1e-3);
   }
+}
+
+TEST_CASE("variants: the reference sees Qwen3 layers' q_norm and k_norm", "[model][variants]") {
+  const DraftConfig on = qwen3_config(2);
+  DraftConfig off = on;
+  off.qk_norm = false;
+  off.architectures = {kEagle3LlamaArchitecture};
+  torch::manual_seed(9);
+  Eagle3Draft model(on);
+  randomise(model);
+  const Inputs in = make_inputs(on);
+  const Params w = weights(model);
+  const auto a = reference_logits(on, w, in.ids, in.mask, in.aux, 2);
+  const auto b = reference_logits(off, w, in.ids, in.mask, in.aux, 2);
+  CHECK(max_rel(a[1], b[1]) > 1e-3);
+  // The parameters: q_norm and k_norm [d] in every layer, counted by the closed form.
+  auto params = model->named_parameters();
+  for (const char* name : {"layers.0.self_attn.q_norm.weight", "layers.1.self_attn.k_norm.weight"})
+    CHECK(params[name].sizes() == at::IntArrayRef({on.head_dim_value()}));
+  int64_t trainable = 0;
+  for (const auto& p : model->trainable_parameters()) trainable += p.numel();
+  CHECK(trainable == count_parameters(on).trainable);
+  CHECK(count_parameters(on).trainable - count_parameters(off).trainable ==
+        2 * 2 * on.head_dim_value());
 }
 
 TEST_CASE("variants: finite-difference gradients in float64", "[model][variants]") {
@@ -436,6 +475,55 @@ TEST_CASE("variants: config keys, both places, conflicts, round trip", "[model][
   const DraftConfig f = parse(R"(, "norm_output": false)");
   CHECK(f.to_json().find("\"norm_output\": false") != std::string::npos);
   CHECK(parse("").to_json().find("norm_output") == std::string::npos);
+}
+
+TEST_CASE("variants: Qwen3 layers' config (Eagle3Qwen3ForCausalLM)", "[model][variants]") {
+  const std::string base =
+      R"({"architectures": ["Eagle3Qwen3ForCausalLM"], "hidden_size": 16,
+          "intermediate_size": 24, "num_attention_heads": 4, "vocab_size": 40)";
+  auto parse = [&](const std::string& extra) {
+    return parse_draft_config(base + extra + "}", "q.json");
+  };
+  const DraftConfig c = parse(R"(, "head_dim": 4, "model_type": "qwen3")");
+  CHECK(c.qk_norm);
+  CHECK(c.head_dim_value() == 4);
+  // An absent head_dim is Qwen3Config's 128 (what vLLM builds), written out.
+  const DraftConfig d = parse("");
+  CHECK(d.head_dim_value() == kQwen3DefaultHeadDim);
+  const std::string out = d.to_json();
+  CHECK(out.find("\"head_dim\": 128") != std::string::npos);
+  CHECK(out.find("\"model_type\": \"qwen3\"") != std::string::npos);
+  CHECK(out.find("Eagle3Qwen3ForCausalLM") != std::string::npos);
+  const DraftConfig back = parse_draft_config(out);
+  CHECK(back.qk_norm);
+  CHECK(back.head_dim_value() == kQwen3DefaultHeadDim);
+  // Llama layers stay Llama (no model_type forced, no q/k norms).
+  const DraftConfig llama = parse_draft_config(
+      R"({"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 16,
+          "intermediate_size": 24, "num_attention_heads": 4, "vocab_size": 40})");
+  CHECK_FALSE(llama.qk_norm);
+  CHECK(llama.to_json().find("model_type") == std::string::npos);
+  CHECK(parse(R"(, "layer_types": ["full_attention"], "use_sliding_window": false)").qk_norm);
+  auto refused = [&](const std::string& extra, const std::string& key) {
+    INFO(extra);
+    try {
+      parse(extra);
+      FAIL("accepted");
+    } catch (const fsdp::UsageError& e) {
+      CHECK(std::string(e.what()).find(key) != std::string::npos);
+    }
+  };
+  refused(R"(, "model_type": "llama")", "model_type");
+  refused(R"(, "use_sliding_window": true)", "use_sliding_window");
+  refused(R"(, "layer_types": ["sliding_attention"])", "layer_types");
+  refused(R"(, "attention_bias": true)", "attention_bias");
+  try {
+    parse_draft_config(R"({"architectures": ["Qwen3ForCausalLM"], "hidden_size": 16,
+        "intermediate_size": 24, "num_attention_heads": 4, "vocab_size": 40})");
+    FAIL("accepted");
+  } catch (const fsdp::UsageError& e) {
+    CHECK(std::string(e.what()).find("Eagle3Qwen3ForCausalLM") != std::string::npos);
+  }
 }
 
 TEST_CASE("variants: the shipped variant configs load", "[model][variants]") {
