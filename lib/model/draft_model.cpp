@@ -341,7 +341,19 @@ void Eagle3DraftImpl::set_vocab_mapping(const at::Tensor& new_d2t, const at::Ten
   t2d.copy_(new_t2d.to(at::kBool));
 }
 
+void Eagle3DraftImpl::set_embedding_trainable(int64_t padding_idx) {
+  FSDP_CHECK(padding_idx >= -1 && padding_idx < cfg_.vocab_size,
+             fsdp::str("padding_idx ", padding_idx, " outside the vocabulary of ", cfg_.source),
+             "give pad_token_id within vocab_size, or none");
+  embedding_trainable_ = true;
+  padding_idx_ = padding_idx;
+  embed_tokens->weight.set_requires_grad(true);
+}
+
 at::Tensor Eagle3DraftImpl::embed(const at::Tensor& input_ids) {
+  if (embedding_trainable_)
+    return run_unit(hooks_, "embed_tokens",
+                    [&] { return at::embedding(embed_tokens->weight, input_ids, padding_idx_); });
   return run_unit(hooks_, "embed_tokens", [&] {
     at::NoGradGuard guard;  // frozen: no graph through the [V, H] table
     return embed_tokens(input_ids);
@@ -566,7 +578,8 @@ int64_t merge_lora(std::map<std::string, at::Tensor>& state, double scale) {
 std::vector<at::Tensor> Eagle3DraftImpl::trainable_parameters() const {
   std::vector<at::Tensor> out;
   for (const auto& p : named_parameters(true)) {
-    if (p.key().rfind("embed_tokens.", 0) != 0 && p.value().requires_grad())
+    if ((embedding_trainable_ || p.key().rfind("embed_tokens.", 0) != 0) &&
+        p.value().requires_grad())
       out.push_back(p.value());
   }
   return out;

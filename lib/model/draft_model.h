@@ -182,6 +182,11 @@ class Eagle3DraftImpl : public torch::nn::Module {
   void normal_init(double std);
   // Copies the target embedding [V, H] into embed_tokens (dtype converted); stays frozen.
   void load_embedding(const at::Tensor& weight);
+  // P-EAGLE (model/peagle_model.h) trains the embedding: embed() then builds its graph through
+  // the table and trainable_parameters() includes it; the row `padding_idx` (-1: none) gets no
+  // gradient, as torch.nn.Embedding's padding_idx. Call before the sharding engine is built.
+  void set_embedding_trainable(int64_t padding_idx);
+  bool embedding_trainable() const { return embedding_trainable_; }
   // Sets d2t [Vd] int64 and t2d [V] bool (docs/reference.md §2); shapes checked.
   void set_vocab_mapping(const at::Tensor& d2t, const at::Tensor& t2d);
 
@@ -274,6 +279,8 @@ class Eagle3DraftImpl : public torch::nn::Module {
   fsdp::UnitHooks* hooks_ = nullptr;
   bool checkpoint_layer_ = false;
   bool weight_grad_in_place_ = false;  // set_weight_grad_in_place
+  bool embedding_trainable_ = false;   // set_embedding_trainable
+  int64_t padding_idx_ = -1;
 };
 TORCH_MODULE(Eagle3Draft);
 
