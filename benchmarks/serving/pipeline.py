@@ -158,6 +158,8 @@ def cmd_generate(a):
     if a.draft:
         kwargs["speculative_config"] = {"method": "eagle3", "model": a.draft,
                                         "num_speculative_tokens": a.k}
+        if a.parallel_drafting:  # a P-EAGLE draft: all k tokens in one pass
+            kwargs["speculative_config"]["parallel_drafting"] = True
     llm = LLM(**kwargs)
     load_s = time.time() - t0
     params = SamplingParams(temperature=0.0, max_tokens=a.max_tokens, ignore_eos=False)
@@ -166,6 +168,7 @@ def cmd_generate(a):
                         use_tqdm=False)
     gen_s = time.time() - t1
     result = {"engine": "vllm", "k": a.k if a.draft else 0, "draft": a.draft,
+              "parallel_drafting": bool(a.draft and a.parallel_drafting),
               "load_s": round(load_s, 1), "generate_s": round(gen_s, 1), "outputs": {}}
     for (split, p), o in zip(items, outs):
         result["outputs"].setdefault(split, []).append(
@@ -258,6 +261,8 @@ def main():
     p.add_argument("--sets", default="eval")
     p.add_argument("--draft", default=None)
     p.add_argument("--k", type=int, default=3)
+    p.add_argument("--parallel-drafting", action="store_true",
+                   help="serve the draft with vLLM's parallel drafting (P-EAGLE)")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--max-model-len", type=int, default=512)
     p.add_argument("--max-num-seqs", type=int, default=16)

@@ -23,7 +23,8 @@ namespace fsdp::checkpoint {
 
 uint64_t write_draft_export(const std::string& dir, const std::string& config_json,
                             const std::map<std::string, at::Tensor>& full_state,
-                            const at::Tensor& d2t, const at::Tensor& t2d, c10::ScalarType dtype) {
+                            const at::Tensor& d2t, const at::Tensor& t2d, c10::ScalarType dtype,
+                            bool with_embedding) {
   ensure_directory(dir);
   {
     const std::string path = join_path(dir, layout::kConfig);
@@ -32,7 +33,7 @@ uint64_t write_draft_export(const std::string& dir, const std::string& config_js
   }
   NamedTensors tensors;
   for (const auto& [name, t] : full_state) {  // std::map: sorted by name
-    if (name == "embed_tokens.weight") continue;
+    if (name == "embed_tokens.weight" && !with_embedding) continue;
     tensors.emplace_back(name, t.detach().to(at::kCPU).to(dtype).contiguous());
   }
   FSDP_CHECK(d2t.defined() && t2d.defined(), "export needs the vocabulary mapping (d2t, t2d)",
@@ -178,7 +179,12 @@ void write_checkpoint_export(const std::string& dir, std::map<std::string, at::T
     model::merge_lora(full_state, e.lora->scale());
     write_file_durably(join_path(dir, layout::kLoraRecord), lora_record_json(*e.lora));
   }
-  write_draft_export(dir, e.config_json, full_state, e.d2t, e.t2d, e.dtype);
+  if (e.rename) {
+    std::map<std::string, at::Tensor> renamed;
+    for (auto& [name, t] : full_state) renamed.emplace(e.rename(name), std::move(t));
+    full_state.swap(renamed);
+  }
+  write_draft_export(dir, e.config_json, full_state, e.d2t, e.t2d, e.dtype, e.trained_embedding);
   // Inside the checkpoint's temporary directory: published with it, never half-written.
   if (!e.aux_layers_record.empty())
     write_file_durably(join_path(dir, layout::kAuxLayers), e.aux_layers_record);

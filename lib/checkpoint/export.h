@@ -6,6 +6,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <map>
 #include <nlohmann/json_fwd.hpp>
 #include <optional>
@@ -17,12 +18,12 @@ namespace fsdp::checkpoint {
 
 // Writes `dir`/config.json (config_json verbatim) and `dir`/model.safetensors from full tensors
 // by name (any float dtype: stored as `dtype`, bf16 by default as docs/reference.md §7 says;
-// "embed_tokens.weight" is left out), with d2t and t2d. Tensor order: sorted by name. Returns
-// the bytes of model.safetensors.
+// "embed_tokens.weight" is left out unless with_embedding: a draft that trains its embedding),
+// with d2t and t2d. Tensor order: sorted by name. Returns the bytes of model.safetensors.
 uint64_t write_draft_export(const std::string& dir, const std::string& config_json,
                             const std::map<std::string, at::Tensor>& full_state,
                             const at::Tensor& d2t, const at::Tensor& t2d,
-                            c10::ScalarType dtype = c10::kBFloat16);
+                            c10::ScalarType dtype = c10::kBFloat16, bool with_embedding = false);
 
 // A block draft's export (DFlash, DSpark: checkpoint/block_draft_contract.h): `dir`/config.json
 // (`config`, from block_draft_export_config) and model.safetensors with exactly the tensors of
@@ -83,6 +84,12 @@ struct CheckpointExport {
   // A block draft (DFlash, DSpark): config_json is block_draft_export_config's, the weights are
   // written by write_block_draft_export (no vocabulary mapping, no LoRA).
   bool block_draft = false;
+  // The exported name of each state tensor, when it differs from the engine's (P-EAGLE's
+  // mask_hidden.weight is SpecForge's and vLLM's mask_hidden); unset: the names as they are.
+  std::function<std::string(const std::string&)> rename;
+  // The draft trains its embedding (P-EAGLE): embed_tokens.weight is exported (the engines then
+  // load it instead of sharing the target's).
+  bool trained_embedding = false;
 };
 void write_checkpoint_export(const std::string& dir, std::map<std::string, at::Tensor>& full_state,
                              const CheckpointExport& e);

@@ -55,6 +55,7 @@ struct Dims {
   int64_t L = 1;                                 // decoder layers
   bool fc_norm = false, norm_before_fc = false;  // the variants that add tensors
   bool qk_norm = false;                          // Qwen3 layers: q_norm and k_norm [d]
+  bool has_mask_token = false;                   // top-level mask_token_id (P-EAGLE)
   bool ok = false;
 };
 
@@ -295,10 +296,33 @@ void check_weights(const std::map<std::string, Tensor>& by_canon, const Dims& d,
     check_name(emb->second, "embed_tokens.weight", e, r);
     r.ok(emb->second.name, "present: the engines load it instead of sharing the target's");
   }
+  // P-EAGLE (docs/model.md "P-EAGLE"): mask_hidden, the stand-in for the captured layers that
+  // vLLM's parallel drafting feeds fc at depths >= 1 (loaded as a [1, n * Ht] buffer), and the
+  // mask token it embeds there. SGLang has no parallel drafting.
+  auto mask = by_canon.find("mask_hidden");
+  if (mask == by_canon.end()) mask = by_canon.find("mask_hidden.weight");
+  if (mask != by_canon.end()) {
+    const Tensor& t = mask->second;
+    if (!is_float_dtype(t.info->dtype_str) || (d.ok && t.info->numel() != d.n * d.Ht))
+      r.error(t.name,
+              str(t.info->dtype_str, " ", list_text(t.info->shape), ", expected ", d.n * d.Ht,
+                  " float values (n x target_hidden_size: what fc reads)"),
+              "export the P-EAGLE draft's mask_hidden as trained");
+    else
+      r.ok(t.name, "P-EAGLE's mask_hidden: vLLM reads it with parallel_drafting");
+    if (!d.has_mask_token)
+      r.error("config.json:mask_token_id",
+              "missing: vLLM's parallel drafting embeds this token at depths >= 1",
+              "write the mask token the draft was trained with (\"mask_token_id\": N)");
+    if (e.sglang)
+      r.error(t.name, "a P-EAGLE draft: SGLang has no parallel drafting",
+              "serve it with vLLM (--for vllm)");
+  }
   // Tensors no engine expects: vLLM refuses unknown names, SGLang skips them.
   const auto expected = expected_weights(d);
   for (const auto& [canon, t] : by_canon) {
     const bool known = canon == "d2t" || canon == "t2d" || canon == "embed_tokens.weight" ||
+                       canon == "mask_hidden" || canon == "mask_hidden.weight" ||
                        std::any_of(expected.begin(), expected.end(),
                                    [&](const Expected& x) { return x.name == canon; });
     if (known) continue;
@@ -499,6 +523,7 @@ Dims config_dims(const json& cfg, Report& r) {
   d.Vd = export_check::positive_int(cfg, "draft_vocab_size", r).value_or(d.V);
   d.n = export_check::config_aux_count(cfg);
   d.L = export_check::positive_int(cfg, "num_hidden_layers", r).value_or(1);
+  d.has_mask_token = cfg.contains("mask_token_id") && cfg.at("mask_token_id").is_number_integer();
   d.fc_norm = variant_flag(cfg, "fc_norm");
   d.norm_before_fc = variant_flag(cfg, "norm_before_fc");
   return d;

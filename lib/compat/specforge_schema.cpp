@@ -156,7 +156,6 @@ const char* const kNoTarget =
     "no target model runs in offline training (fsdp-train reads the dumped hidden states)";
 const char* const kOnline = "online capture (fsdp-train trains from precomputed hidden states)";
 const char* const kDomino = "a Domino objective knob (fsdp-train does not train Domino drafts)";
-const char* const kPEagle = "a P-EAGLE knob, not EAGLE3's";
 const char* const kStream =
     "a streaming bound of SpecForge's disaggregated producer (fsdp-train reads the features "
     "itself)";
@@ -519,17 +518,17 @@ void add_training_loop_keys(std::vector<Key>& t) {
   {
     Key k = with_choices(
         sets("training.strategy", T::kEnum, "eagle3", "strategy",
-             "`--strategy` (SpecForge's default eagle3 when not given: a DFlash or DSpark draft "
-             "config needs strategy dflash or dspark, as in SpecForge); peagle and domino are "
-             "refused: fsdp-train does not train those families"),
+             "`--strategy` (SpecForge's default eagle3 when not given: a DFlash, DSpark or "
+             "P-EAGLE draft config needs its strategy, as in SpecForge); domino is refused: "
+             "fsdp-train does not train that family"),
         {"eagle3", "dflash", "dspark", "peagle", "domino"});
     k.apply = [](const Key&, const Value& v, TrainConfig& cfg, const std::string& src) {
-      FSDP_USAGE_CHECK(v.text != "peagle" && v.text != "domino",
+      FSDP_USAGE_CHECK(v.text != "domino",
                        str(src, ": ", v.text,
-                           " is not supported: fsdp-train trains EAGLE3, DFlash and DSpark "
-                           "drafts (P-EAGLE and Domino are other draft families)"),
-                       "write strategy: eagle3, dflash or dspark, or train that family with "
-                       "SpecForge");
+                           " is not supported: fsdp-train trains EAGLE3, DFlash, DSpark and "
+                           "P-EAGLE drafts (Domino is another draft family)"),
+                       "write strategy: eagle3, dflash, dspark or peagle, or train that family "
+                       "with SpecForge");
       set_option("strategy", option_value(v), cfg, src);
     };
     add(k);
@@ -660,12 +659,18 @@ void add_training_objective_keys(std::vector<Key>& t) {
     std::replace(flag.begin(), flag.end(), '_', '-');
     add(sets(str("training.", name), T::kFloat, def, flag, str("`--", flag, "` (DSpark drafts)")));
   }
-  add(with_range(recorded("training.num_depths", T::kInt, "8", kPEagle), gt(0)));
-  add(with_range(recorded("training.down_sample_ratio", T::kFloat, "0.8", kPEagle), gt_le(0, 1)));
-  add(recorded("training.down_sample_ratio_min", T::kFloat, "0.2", kPEagle));
+  add(with_range(
+      sets("training.num_depths", T::kInt, "8", "num-depths", "`--num-depths` (P-EAGLE drafts)"),
+      gt(0)));
+  add(with_range(sets("training.down_sample_ratio", T::kFloat, "0.8", "down-sample-ratio",
+                      "`--down-sample-ratio` (P-EAGLE drafts)"),
+                 gt_le(0, 1)));
+  add(sets("training.down_sample_ratio_min", T::kFloat, "0.2", "down-sample-ratio-min",
+           "`--down-sample-ratio-min` (P-EAGLE drafts)"));
   add(recorded("training.norm_before_residual", T::kOptBool, "null",
-               "a P-EAGLE model knob; an EAGLE3 draft takes norm_before_residual from its "
-               "config JSON (docs/model.md)"));
+               "SpecForge's P-EAGLE override of the draft config's norm_before_residual; "
+               "fsdp-train reads the draft config's (with strategy peagle a value here is "
+               "refused)"));
 }
 
 // The training section, part 3: checkpoints, evaluation, logging, resume, role and seeds.
@@ -1215,6 +1220,13 @@ void check_training(const Resolved& r) {
           ": model.draft_checkpoint_path (weights-only warm start) and "
           "training.resume_from (full resume) are mutually exclusive"),
       "keep one of them");
+  FSDP_USAGE_CHECK(
+      r.val("training.norm_before_residual").is_null || r.val("training.strategy").text != "peagle",
+      str(r.at("training.norm_before_residual"),
+          ": would override the P-EAGLE draft config's norm_before_residual, which fsdp-train "
+          "reads from the draft config only"),
+      "write \"norm_before_residual\" in the draft config JSON and drop "
+      "training.norm_before_residual");
   FSDP_USAGE_CHECK(
       r.num("training.down_sample_ratio_min") > 0 &&
           r.num("training.down_sample_ratio_min") <= r.num("training.down_sample_ratio"),

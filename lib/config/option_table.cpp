@@ -78,7 +78,7 @@ struct EnumNames<LrScheduler> {
 
 template <>
 struct EnumNames<TrainingStrategy> {
-  static constexpr const char* names[] = {"eagle3", "dflash", "dspark"};
+  static constexpr const char* names[] = {"eagle3", "dflash", "dspark", "peagle"};
 };
 template <>
 struct EnumNames<BlockLossType> {
@@ -837,8 +837,9 @@ void add_dflash_rows(std::vector<OptionSpec>& t) {
   t.back().bounds = whole(1, LoaderOptions::kMaxMaxLength);
   t.push_back(row<std::optional<int64_t>>(
       "mask-token-id", K::kOptInt, df,
-      "DFlash and DSpark drafts: the token id fed at the masked positions of a block "
-      "(SpecForge's model.mask_token_id); none: the draft config's",
+      "DFlash and DSpark drafts: the token id fed at the masked positions of a block; P-EAGLE "
+      "drafts: the token id of depths >= 1 (SpecForge's model.mask_token_id); none: the draft "
+      "config's",
       FIELD(dflash.mask_token_id)));
   t.back().bounds = whole(0, (int64_t{1} << 31) - 1);
   t.push_back(row<int64_t>("num-anchors", K::kInt, df,
@@ -885,6 +886,28 @@ void add_dflash_rows(std::vector<OptionSpec>& t) {
         str("DSpark drafts: weight of its ", term, " term (SpecForge's training.", key, ")"), acc));
     t.back().bounds = at_least(0, false, str("give --", name, " a weight >= 0"));
   }
+}
+
+// The depth sampling of P-EAGLE drafts: SpecForge 0.2.0's training keys.
+void add_peagle_rows(std::vector<OptionSpec>& t) {
+  const std::string pe = "P-EAGLE";
+  t.push_back(row<int64_t>("num-depths", K::kInt, pe,
+                           "P-EAGLE drafts: depths trained per step, 0 .. K-1, the tokens drafted "
+                           "in one pass (SpecForge's training.num_depths)",
+                           FIELD(peagle.num_depths)));
+  t.back().bounds = whole(1, 64);
+  t.push_back(row<double>("down-sample-ratio", K::kFloat, pe,
+                          "P-EAGLE drafts: depth d >= 1 trains a fraction max(r^d, r_min) of the "
+                          "loss positions (SpecForge's training.down_sample_ratio)",
+                          FIELD(peagle.down_sample_ratio)));
+  t.back().bounds =
+      interval(0, true, 1, false, "give --down-sample-ratio a number in (0, 1], e.g. 0.8");
+  t.push_back(row<double>("down-sample-ratio-min", K::kFloat, pe,
+                          "P-EAGLE drafts: r_min, the floor of the kept fraction (SpecForge's "
+                          "training.down_sample_ratio_min); at most --down-sample-ratio",
+                          FIELD(peagle.down_sample_ratio_min)));
+  t.back().bounds =
+      interval(0, true, 1, false, "give --down-sample-ratio-min a number in (0, 1], e.g. 0.2");
 }
 
 // AdamW and the learning-rate schedule.
@@ -1251,6 +1274,7 @@ std::vector<OptionSpec> build_table() {
   add_data_rows(t);
   add_training_rows(t);
   add_dflash_rows(t);
+  add_peagle_rows(t);
   add_optimizer_rows(t);
   add_sharding_rows(t);
   add_checkpoint_rows(t);

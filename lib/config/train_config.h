@@ -57,7 +57,7 @@ enum class MetricSink { kTensorBoard, kWandb, kMlflow };
 
 // --strategy (SpecForge's training.strategy): the draft family a run trains. Unset, the family is
 // the one the draft config's architectures names.
-enum class TrainingStrategy { kEagle3, kDFlash, kDSpark };
+enum class TrainingStrategy { kEagle3, kDFlash, kDSpark, kPEagle };
 // --block-loss-type (SpecForge's training.loss_type): a DFlash draft's objective over its blocks:
 // DFlash's cross-entropy, D-PACE's weighted one, or one of D-PACE's two factors alone.
 enum class BlockLossType {
@@ -73,7 +73,7 @@ const char* to_string(LossNormalization v);
 const char* to_string(DeviceKind v);
 const char* to_string(LrScheduler v);
 const char* to_string(NoiseType v);
-// "eagle3", "dflash", "dspark": the --strategy row's spelling (option_table.cpp).
+// "eagle3", "dflash", "dspark", "peagle": the --strategy row's spelling (option_table.cpp).
 const char* to_string(TrainingStrategy v);
 
 // Where the model comes from.
@@ -188,6 +188,14 @@ struct DFlashConfig {
   std::optional<int64_t> mask_token_id;
 };
 
+// The depth sampling of P-EAGLE drafts (docs/model.md "P-EAGLE"), with SpecForge 0.2.0's names
+// and YAML defaults (its training section); other families do not read them.
+struct PEagleOptions {
+  int64_t num_depths = 8;              // depths 0 .. K-1 trained per step
+  double down_sample_ratio = 0.8;      // r: depth d keeps a fraction max(r^d, r_min)
+  double down_sample_ratio_min = 0.2;  // r_min
+};
+
 // The sharding engine's policy.
 struct ShardConfig {
   ShardingStrategy strategy = ShardingStrategy::kFullShard;
@@ -269,6 +277,7 @@ struct TrainConfig {
   std::optional<TrainingStrategy> strategy;
   ModelConfig model;
   DFlashConfig dflash;
+  PEagleOptions peagle;
   DataConfig data;
   OptimConfig optim;
   LoopConfig loop;

@@ -9,6 +9,16 @@
 
 namespace fsdp::model {
 
+CodRows dense_rows(int64_t seq_len, int64_t depths) {
+  CodRows r;
+  for (int64_t d = 0; d < std::min(depths, seq_len); ++d) {
+    std::vector<int64_t> a(static_cast<size_t>(seq_len - d));
+    for (int64_t i = 0; i < seq_len - d; ++i) a[static_cast<size_t>(i)] = i;
+    r.anchors.push_back(std::move(a));
+  }
+  return r;
+}
+
 PEagleStepOutput peagle_step(PEagleDraftImpl& draft, const TargetHead& head, const PEagleInputs& in,
                              const std::vector<CodRows>& rows, int64_t depths,
                              const PEagleStepOptions& opt) {
@@ -28,7 +38,7 @@ PEagleStepOutput peagle_step(PEagleDraftImpl& draft, const TargetHead& head, con
   // The rows that reach the vocabulary: kept rows whose position a + d is a loss position (the
   // others weigh 0 whatever the target says). draft_row indexes depth d's [B * S] output, grouped
   // by depth; target_row is b * S + a + d.
-  std::vector<int64_t> target_row, sample_of, depth_of;
+  std::vector<int64_t> target_row, sample_of, depth_of, anchor_of, loss_of;
   std::vector<std::vector<int64_t>> draft_row(static_cast<size_t>(D));
   for (int64_t d = 0; d < D; ++d)
     for (int64_t b = 0; b < B; ++b) {
@@ -36,11 +46,13 @@ PEagleStepOutput peagle_step(PEagleDraftImpl& draft, const TargetHead& head, con
       if (d >= r.depths()) continue;
       for (int64_t a : r.anchors[static_cast<size_t>(d)]) {
         const int64_t p = a + d;
-        if (p >= S || mask[b * S + p] != 1) continue;
+        if (p >= S || (mask[b * S + p] != 1 && !opt.all_rows)) continue;
         draft_row[static_cast<size_t>(d)].push_back(b * S + a);
         target_row.push_back(b * S + p);
         sample_of.push_back(b);
         depth_of.push_back(d);
+        anchor_of.push_back(a);
+        loss_of.push_back(mask[b * S + p] == 1 ? 1 : 0);
       }
     }
   const c10::Device dev = in.input_ids.device();
@@ -85,7 +97,7 @@ PEagleStepOutput peagle_step(PEagleDraftImpl& draft, const TargetHead& head, con
   const at::Tensor x = at::cat(picked, 0);  // [N, H]
   const RowTarget t = head.compute_rows(in.target_hidden, to_dev(target_row));
   const at::Tensor sample = to_dev(sample_of), depth = to_dev(depth_of);
-  const at::Tensor w = t.in_draft.to(at::kDouble);  // loss_mask is 1 on every row here
+  const at::Tensor w = t.in_draft.to(at::kDouble) * to_dev(loss_of).to(at::kDouble);
   const at::Tensor wsum = at::zeros({B}, f64).index_add_(0, sample, w);
   // Each row's weight in the micro-batch's loss: its own over its sample's weight sum (at least
   // 1e-6, as SpecForge clamps it), over the samples and the divisor.
@@ -116,6 +128,12 @@ PEagleStepOutput peagle_step(PEagleDraftImpl& draft, const TargetHead& head, con
     result.sample_weight = wsum;
     result.sample_loss.index_add_(0, sample, ce_rows * w);
     result.sample_loss.div_(wsum.clamp_min(1e-6));
+    if (opt.all_rows) {
+      const at::Tensor mapped = pred + draft.d2t.index_select(0, pred);
+      result.hits = at::full({B, depths, S}, -1, pred.options());
+      result.hits.index_put_({sample, depth, to_dev(anchor_of)},
+                             mapped.eq(t.target_ids).to(at::kLong));
+    }
   }
   return result;
 }

@@ -34,6 +34,10 @@ struct PEagleStepOptions {
   // by this (the micro-batches of the optimizer step).
   double divisor = 1.0;
   int64_t head_chunk_rows = 4096;  // rows of the vocabulary projection computed at once
+  // Evaluation: every kept row reaches the vocabulary, loss position or not, and its hit is
+  // reported (PEagleStepOutput::hits) for the engine's walk; the loss and metrics still weigh
+  // only the loss positions.
+  bool all_rows = false;
   AttentionImpl impl = AttentionImpl::kEfficient;
 };
 
@@ -45,7 +49,13 @@ struct PEagleStepOutput {
   // loss_den), detached.
   at::Tensor depth_total, depth_correct;  // [depths]
   at::Tensor sample_loss, sample_weight;  // [B]
+  // all_rows only: int64 [B, depths, S], at (b, d, a) 1 when row (a, d)'s argmax, mapped through
+  // d2t, is the target's full-vocabulary argmax at a + d, 0 when not, -1 where no row was kept.
+  at::Tensor hits;
 };
+
+// Every row of depths 0 .. depths-1 whose position a + d is inside the sample (evaluation).
+CodRows dense_rows(int64_t seq_len, int64_t depths);
 
 // rows[b]: sample b's depth sampling (cod_sample). depths: the metric width (num_depths).
 PEagleStepOutput peagle_step(PEagleDraftImpl& draft, const TargetHead& head, const PEagleInputs& in,

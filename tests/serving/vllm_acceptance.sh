@@ -5,7 +5,8 @@
 # acceptance length above FLOOR, (c) fsdp-train's engine-faithful eval/accept_len on the very
 # sequences vLLM generated within 2% of the engine's; for the plain EAGLE3 draft and for a draft
 # variant (EAGLE3.1's fc_norm and norm_output with two decoder layers, docs/model.md "Draft
-# variants"), and for a draft of Qwen3 layers (Eagle3Qwen3ForCausalLM, q_norm/k_norm): (c) holds
+# variants"), for a draft of Qwen3 layers (Eagle3Qwen3ForCausalLM, q_norm/k_norm), and for a
+# P-EAGLE draft served with vLLM's parallel drafting (docs/model.md "P-EAGLE"): (c) holds
 # only if vLLM computes the variant as fsdp-train trained it. Data, target and the baseline generation are
 # cached under ~/.cache/fsdp-train/serving/<key> (key: the pipeline's sources); training, export
 # and speculative serving run every time.
@@ -26,7 +27,8 @@ build_serving_cache "$C" "$W"
 # The variant's draft config: the serving draft's with EAGLE3.1's keys and a second layer; and
 # the serving draft's with Qwen3 layers (q_norm/k_norm; vLLM's qwen3_eagle3 model), its head_dim
 # written (Qwen3Config's default is 128, SmolLM2's heads are 64 wide).
-"$PY" - "$C/draft-config.json" "$W/variant-config.json" "$W/qwen3-config.json" <<'PYEOF'
+"$PY" - "$C/draft-config.json" "$W/variant-config.json" "$W/qwen3-config.json" \
+  "$W/peagle-config.json" <<'PYEOF'
 import json, sys
 c = json.load(open(sys.argv[1]))
 v = dict(c, fc_norm=True, norm_output=True, num_hidden_layers=2)
@@ -34,19 +36,27 @@ json.dump(v, open(sys.argv[2], "w"), indent=1)
 q = dict(c, architectures=["Eagle3Qwen3ForCausalLM"], model_type="qwen3",
          head_dim=c.get("head_dim", c["hidden_size"] // c["num_attention_heads"]))
 json.dump(q, open(sys.argv[3], "w"), indent=1)
+# P-EAGLE (parallel drafting): the serving draft's with SpecForge's architecture and a mask token
+# (SmolLM2 has none: the last id, which its replies never use).
+p = dict(c, architectures=["PEagleDraftModel"], mask_token_id=c["vocab_size"] - 1)
+json.dump(p, open(sys.argv[4], "w"), indent=1)
 PYEOF
 
 # serve_and_check NAME DRAFT_CONFIG EXTRA_FLAGS...: train, export, serve with vLLM, evaluate
-# with fsdp-train on the sequences vLLM generated, and check (a)-(d).
+# with fsdp-train on the sequences vLLM generated, and check (a)-(d). A P-EAGLE draft (PEAGLE=1)
+# is served with parallel drafting, trained and evaluated over K depths and evaluated with its
+# own config (its export's config.json is the EAGLE3 one vLLM reads).
 serve_and_check() {
   local name="$1" dcfg="$2"; shift 2
+  local steps="--ttt-length $K" gen="" eval_cfg=""
+  [ "${PEAGLE:-0}" = 1 ] && { steps="--num-depths $K"; gen="--parallel-drafting"; eval_cfg="$dcfg"; }
   local R="$W/$name"
   mkdir -p "$R"
   stage "$name: fsdp-train training the draft"
   "$BIN" --target-model-path "$C/target" --draft-model-config "$dcfg" \
     --train-hidden-states-path "$C/feat-train" --output-dir "$R/run" --cache-dir "$W/cache" \
     --num-epochs 6 --draft-global-batch-size 4 --draft-micro-batch-size 4 --learning-rate 2e-3 \
-    --warmup-ratio 0.05 --max-length 256 --ttt-length $K --export-dtype fp32 --save-interval 0 \
+    --warmup-ratio 0.05 --max-length 256 $steps --export-dtype fp32 --save-interval 0 \
     --log-steps 10 "$@" >"$R/train.log" 2>&1 || { tail -30 "$R/train.log"; fail "$name: training"; }
   CK="$(ls -d "$R/run"/epoch_* | sort -V | tail -n 1)"
   "$BIN" check-export "$CK" --for vllm --target-model-path "$C/target" >"$R/check.log" 2>&1 ||
@@ -54,13 +64,13 @@ serve_and_check() {
 
   stage "$name: vLLM with the draft (EAGLE3, k=$K)"
   "$VPY" "$PIPE" generate --target "$C/target" --prompts "$C/prompts.json" --sets eval \
-    --max-tokens $MAX_TOKENS --draft "$CK" --k $K --out "$R/spec.json" >"$R/spec.log" 2>&1 ||
+    --max-tokens $MAX_TOKENS --draft "$CK" --k $K $gen --out "$R/spec.json" >"$R/spec.log" 2>&1 ||
     { tail -30 "$R/spec.log"; fail "$name: speculative generation"; }
 
   stage "$name: fsdp-train engine-faithful accept_len on the same sequences"
   "$BIN" --init-checkpoint "$CK" --eval-only --target-model-path "$C/target" \
-    --draft-model-config "$CK/config.json" --eval-hidden-states-path "$C/feat-eval" \
-    --cache-dir "$W/cache" --max-length 512 --ttt-length $K --mixed-precision fp32 \
+    --draft-model-config "${eval_cfg:-$CK/config.json}" --eval-hidden-states-path "$C/feat-eval" \
+    --cache-dir "$W/cache" --max-length 512 $steps --mixed-precision fp32 \
     --draft-global-batch-size 1 --draft-micro-batch-size 1 --output-dir "$R/eval" "$@" \
     >"$R/eval.log" 2>&1 || { tail -30 "$R/eval.log"; fail "$name: eval-only"; }
 
@@ -96,4 +106,5 @@ PYEOF
 serve_and_check eagle3 "$C/draft-config.json"
 serve_and_check eagle31-2layer "$W/variant-config.json" --export-for vllm
 serve_and_check eagle3-qwen3-layers "$W/qwen3-config.json" --export-for vllm
+PEAGLE=1 serve_and_check peagle "$W/peagle-config.json"
 stage "done"

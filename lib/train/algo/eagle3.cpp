@@ -17,6 +17,7 @@
 #include "model/seq_parallel.h"
 #include "shard/engine.h"
 #include "train/algo/eagle3_metrics.h"
+#include "train/algo/eagle_family.h"
 #include "train/algo/target_tensors.h"
 #include "train/component_options.h"
 
@@ -122,23 +123,7 @@ data::DatasetOptions Eagle3::dataset_options() const {
 }
 
 void Eagle3::check_dataset(const data::FeatureDataset& ds, const std::string& flag) const {
-  // A dump that records its layers (DeepSpec's manifest) must hold the layers the draft reads.
-  const auto& aux_layers = serving_.aux_layers;
-  if (ds.captured_layer_ids().empty() || !aux_layers) return;
-  std::vector<int64_t> hs;  // 0-based layer output id i is hidden_states[i + 1]
-  for (int64_t id : ds.captured_layer_ids()) hs.push_back(id + 1);
-  auto list = [](const std::vector<int64_t>& v) {
-    std::string out;
-    for (int64_t k : v) out += (out.empty() ? "" : ", ") + std::to_string(k);
-    return "[" + out + "]";
-  };
-  FSDP_USAGE_CHECK(
-      hs == aux_layers->hidden_state_index,
-      fsdp::str(flag, ": ", ds.root(), " holds target hidden_states ", list(hs), " (layer outputs ",
-                list(ds.captured_layer_ids()), "), but the draft reads hidden_states ",
-                list(aux_layers->hidden_state_index), " (", aux_layers->origin, ")"),
-      "set eagle_aux_hidden_state_layer_ids in the draft config to the dump's "
-      "layers, or use features dumped for this draft");
+  check_captured_layers(ds, flag, serving_.aux_layers);
 }
 
 void Eagle3::check_same_architecture(const std::string& saved_config,
@@ -191,7 +176,8 @@ void Eagle3::check_same_architecture(const std::string& saved_config,
 
 void Eagle3::build(const WeightSources& weights, const data::FeatureDataset* train_ds) {
   const c10::Device& device = ctx_.device;
-  choose_vocab_mapping(weights, train_ds);
+  mapping_ = choose_vocab_mapping(cfg_, draft_cfg_.vocab_size, draft_cfg_.draft_vocab(), weights,
+                                  train_ds, ctx_.control);
   const TargetTensors target = read_target_tensors(
       cfg_, TargetShape{draft_cfg_.vocab_size, draft_cfg_.target_hidden(), draft_cfg_.hidden_size});
   head_ = model::TargetHead(target.lm_head.to(c10::kBFloat16), mapping_.t2d);
@@ -240,62 +226,6 @@ void Eagle3::enable_lora(const WeightSources& weights) {
                    << targets << " of " << draft_->num_layers() << " layer(s): " << adapters
                    << " adapter parameters trained, " << frozen << " frozen (the base of "
                    << cfg_.model.init_checkpoint << "); checkpoints export the merged draft";
-}
-
-void Eagle3::choose_vocab_mapping(const WeightSources& weights,
-                                  const data::FeatureDataset* train_ds) {
-  const checkpoint::DraftExport* init = weights.init;
-  const int64_t V = draft_cfg_.vocab_size, Vd = draft_cfg_.draft_vocab();
-  // Vocabulary mapping: from the checkpoint a resume loads, else the initial checkpoint (each
-  // defines what its lm_head rows mean), else a mapping file, the cache, or the features.
-  if (cfg_.model.lora_rank > 0) {
-    // The adapted draft keeps its base's lm_head rows, which mean the base's d2t/t2d: another
-    // mapping would make them mean other tokens.
-    FSDP_USAGE_CHECK(cfg_.model.vocab_mapping_path.empty(),
-                     "--vocab-mapping-path with --lora-rank: LoRA keeps the base draft's lm_head, "
-                     "whose rows are the tokens of the base's own d2t/t2d",
-                     "drop --vocab-mapping-path (the base's mapping is used), or fine-tune the "
-                     "whole draft without --lora-rank");
-    FSDP_USAGE_CHECK(!init || (init->d2t.defined() && init->t2d.defined()),
-                     "--lora-rank: the --init-checkpoint " + cfg_.model.init_checkpoint +
-                         " has no d2t/t2d, so its lm_head rows mean unknown tokens",
-                     "adapt an export that carries its vocabulary mapping (fsdp-train and "
-                     "SpecForge exports do)");
-  }
-  std::pair<at::Tensor, at::Tensor> resumed_mapping;
-  if (!weights.resume_dir.empty())
-    resumed_mapping = checkpoint::read_export_mapping(weights.resume_dir);
-  if (resumed_mapping.first.defined() && resumed_mapping.second.defined()) {
-    FSDP_USAGE_CHECK(resumed_mapping.first.numel() == Vd && resumed_mapping.second.numel() == V,
-                     fsdp::str("--resume: d2t/t2d of ", weights.resume_dir, " have ",
-                               resumed_mapping.first.numel(), "/", resumed_mapping.second.numel(),
-                               " entries, the draft config says Vd=", Vd, " V=", V),
-                     "use the draft config the checkpoint was trained with");
-    mapping_.d2t = resumed_mapping.first;
-    mapping_.t2d = resumed_mapping.second;
-    FSDP_LOG0(kInfo) << "vocab mapping: the one of " << weights.resume_dir << " (resumed)";
-  } else if (init && init->d2t.defined() && init->t2d.defined()) {
-    FSDP_USAGE_CHECK(
-        init->d2t.numel() == Vd && init->t2d.numel() == V,
-        fsdp::str("--init-checkpoint: d2t/t2d have ", init->d2t.numel(), "/", init->t2d.numel(),
-                  " entries, the draft config says Vd=", Vd, " V=", V),
-        "use the draft config the checkpoint was trained with");
-    mapping_.d2t = init->d2t;
-    mapping_.t2d = init->t2d;
-  } else {
-    FSDP_USAGE_CHECK(train_ds != nullptr || !cfg_.model.vocab_mapping_path.empty(),
-                     "no data to build the vocabulary mapping from",
-                     "give --train-hidden-states-path, --eval-hidden-states-path or "
-                     "--vocab-mapping-path");
-    data::VocabMappingOptions vmo;
-    vmo.mapping_path = cfg_.model.vocab_mapping_path;
-    vmo.cache_dir = cfg_.data.cache_dir;
-    vmo.vocab_size = V;
-    vmo.draft_vocab_size = Vd;
-    vmo.max_length = cfg_.data.max_length;
-    vmo.skip_bad_samples = cfg_.data.skip_bad_samples;
-    mapping_ = data::build_vocab_mapping(*train_ds, vmo, ctx_.control);
-  }
 }
 
 void Eagle3::load_init_weights(const checkpoint::DraftExport& init) {

@@ -44,7 +44,6 @@ class Eagle3 final : public Algorithm {
   const model::DraftConfig& draft_config() const { return draft_cfg_; }
 
  private:
-  void choose_vocab_mapping(const WeightSources& weights, const data::FeatureDataset* train_ds);
   void enable_lora(const WeightSources& weights);
   void load_init_weights(const checkpoint::DraftExport& init);
 

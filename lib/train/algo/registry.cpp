@@ -9,6 +9,7 @@
 #include "train/algo/dflash.h"
 #include "train/algo/dspark.h"
 #include "train/algo/eagle3.h"
+#include "train/algo/peagle.h"
 
 namespace fsdp::algo {
 namespace {
@@ -37,6 +38,7 @@ const std::vector<Registration>& registrations() {
       {"eagle3", "Eagle3Qwen3ForCausalLM", &make_one<Eagle3>},  // EAGLE3 with Qwen3 layers
       {"dflash", "DFlashDraftModel", &make_one<DFlash>},
       {"dspark", "DSparkDraftModel", &make_one<DSpark>},
+      {"peagle", "PEagleDraftModel", &make_one<PEagle>},
   };
   return all;
 }
