@@ -333,7 +333,7 @@ void add_model_keys(std::vector<Key>& t) {
   add(sets("model.cache_dir", T::kOptStr, "null", "model-download-dir",
            "`--model-download-dir` (where a Hugging Face cache id is looked up)"));
   add(sets("model.mask_token_id", T::kOptInt, "null", "mask-token-id",
-           "`--mask-token-id` (DFlash and DSpark drafts)"));
+           "`--mask-token-id` (DFlash, DSpark and P-EAGLE drafts)"));
   add(with_range(recorded("model.tokenizer_pad_token_id", T::kOptInt, "null",
                           "a tokenizer setting of online capture"),
                  ge(0)));

@@ -362,7 +362,7 @@ OptionSpec strategy_row() {
   s.kind = OptionKind::kEnum;
   s.group = "Model";
   s.help =
-      "the draft family trained (SpecForge's training.strategy): eagle3, dflash or dspark; none: "
+      "the draft family trained (SpecForge's training.strategy): eagle3, dflash, dspark or peagle; none: "
       "the family the draft config's architectures names";
   s.choices = enum_choices<TrainingStrategy>();
   s.choices.insert(s.choices.begin(), "none");

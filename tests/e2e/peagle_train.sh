@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # A P-EAGLE draft trained end to end on the toy EAGLE3 features (docs/model.md "P-EAGLE"): the
-# loss falls and SpecForge's per-depth accuracies are reported; 1 and 2 ranks with the same global
-# batch, and every sharding strategy at 2 ranks, reach the same fp32 weights (the depth rows are
-# drawn per sample from the seed); a run stopped at step 4 and resumed ends bitwise equal to an
-# uninterrupted one; evaluation walks each reply as vLLM's parallel drafting does (accept_len);
+# loss falls and SpecForge's per-depth accuracies are reported; 1, 2 and 4 ranks with the same
+# global batch, every sharding strategy and CPU offload at 2 ranks reach the same fp32 weights (the
+# depth rows are drawn per sample from the seed); a run stopped at step 4 and resumed ends bitwise
+# equal to an uninterrupted one, and resumed on 2 ranks equal within tolerance; evaluation walks each reply as vLLM's parallel drafting does (accept_len);
 # the export is the layout vLLM's EAGLE3 loader reads with parallel_drafting (mask_hidden, the
 # trained embedding, mask_token_id) and passes check-export; options P-EAGLE cannot honour are
 # refused by name.
@@ -27,11 +27,16 @@ args() {  # OUT
        "--draft-micro-batch-size 2 --save-interval 0 --num-depths 4"
 }
 
-for np in 1 2; do
-  run_np $np $(args "$W/np$np") --num-epochs 1 --max-steps 8 >"$W/np$np.log" 2>&1 ||
+for np in 1 2 4; do  # 4 ranks: micro-batches of 1 (the global batch of 4)
+  run_np $np $(args "$W/np$np") --num-epochs 1 --max-steps 8 \
+    $([ $np = 4 ] && echo --draft-micro-batch-size 1) >"$W/np$np.log" 2>&1 ||
     { tail -30 "$W/np$np.log"; fail "P-EAGLE training at $np rank(s)"; }
 done
 compare_exports "$(latest_ckpt "$W/np1")" "$(latest_ckpt "$W/np2")" 1e-5 || fail "1 vs 2 ranks"
+compare_exports "$(latest_ckpt "$W/np1")" "$(latest_ckpt "$W/np4")" 1e-5 || fail "1 vs 4 ranks"
+run_np 2 $(args "$W/offload") --num-epochs 1 --max-steps 8 --cpu-offload >"$W/offload.log" 2>&1 ||
+  { tail -30 "$W/offload.log"; fail "P-EAGLE training with --cpu-offload"; }
+compare_exports "$(latest_ckpt "$W/np2")" "$(latest_ckpt "$W/offload")" 0 || fail "--cpu-offload"
 for s in shard_grad_op no_shard; do
   run_np 2 $(args "$W/$s") --num-epochs 1 --max-steps 8 --sharding-strategy $s >"$W/$s.log" 2>&1 ||
     { tail -30 "$W/$s.log"; fail "P-EAGLE training, $s"; }
@@ -81,6 +86,12 @@ run_np 1 $(args "$W/part") --num-epochs 1 --max-steps 8 --resume >"$W/part2.log"
   { tail -30 "$W/part2.log"; fail "resumed half"; }
 grep -q "resumed from .*step_4" "$W/part2.log" || fail "did not resume from step 4"
 compare_exports "$(latest_ckpt "$W/np1")" "$(latest_ckpt "$W/part")" 0 || fail "resume is not bitwise exact"
+# The step-4 state resumed on 2 ranks (resharded): the same weights within tolerance.
+run_np 1 $(args "$W/other") --num-epochs 1 --max-steps 4 >"$W/other1.log" 2>&1 ||
+  { tail -30 "$W/other1.log"; fail "first half (other rank count)"; }
+run_np 2 $(args "$W/other") --num-epochs 1 --max-steps 8 --resume >"$W/other2.log" 2>&1 ||
+  { tail -30 "$W/other2.log"; fail "resumed on 2 ranks"; }
+compare_exports "$(latest_ckpt "$W/np1")" "$(latest_ckpt "$W/other")" 1e-5 || fail "resume on 2 ranks"
 
 # Options a P-EAGLE draft cannot honour are refused by name.
 for bad in "--packing" "--sp-ulysses-size 2" "--ttt-length 5" "--lora-rank 4" "--num-anchors 8" \

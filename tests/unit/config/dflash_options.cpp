@@ -99,7 +99,7 @@ TEST_CASE("DFlash-family options take values from flags", "[config]") {
 }
 
 TEST_CASE("DFlash-family options refuse values out of their bounds, naming the flag", "[config]") {
-  refused("--strategy", "peagle");
+  refused("--strategy", "domino");
   refused("--num-anchors", "0");
   refused("--num-anchors", "-3");
   refused("--objective-chunk-blocks", "-1");
@@ -186,6 +186,18 @@ training:
       "--dspark-l1-loss-alpha");
   require_usage_error([&] { load_config_text(yaml, "run.yaml", {"training.dpace_alpha=2"}, &f); },
                       "training.dpace_alpha");
-  require_usage_error([&] { load_config_text(yaml, "run.yaml", {"training.strategy=peagle"}, &f); },
-                      "P-EAGLE");
+  require_usage_error([&] { load_config_text(yaml, "run.yaml", {"training.strategy=domino"}, &f); },
+                      "Domino");
+  // P-EAGLE's keys set its options (docs/model.md "P-EAGLE").
+  TrainConfig pe;
+  load_config_text(yaml, "run.yaml",
+                   {"training.strategy=peagle", "training.num_depths=5",
+                    "training.down_sample_ratio=0.7", "training.down_sample_ratio_min=0.1"},
+                   &pe);
+  CHECK(pe.strategy == TrainingStrategy::kPEagle);
+  CHECK(pe.peagle.num_depths == 5);
+  CHECK(pe.peagle.down_sample_ratio == 0.7);
+  CHECK(pe.peagle.down_sample_ratio_min == 0.1);
+  require_usage_error([&] { load_config_text(yaml, "run.yaml", {"training.num_depths=0"}, &f); },
+                      "training.num_depths");
 }

@@ -289,7 +289,7 @@ TEST_CASE("unknown keys are errors naming the key and the closest one", "[config
 TEST_CASE("keys fsdp-train does not offer are refused with the reason", "[config]") {
   TrainConfig cfg;
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {"training:\n  strategy: peagle\n", "P-EAGLE"},
+      {"training:\n  strategy: peagle\n  norm_before_residual: true\n", "norm_before_residual"},
       {"training:\n  strategy: domino\n", "Domino"},
       {"training:\n  role: producer\n", "producer"},
       {"training:\n  attention_backend: eager\n", "eager"},
@@ -350,7 +350,7 @@ TEST_CASE("recorded keys are listed at start-up, and SpecForge's topology is che
   sglang_ep_size: 4
   trust_remote_code: true
 training:
-  num_depths: 4
+  lambda_base_start: 0.7
   compact_teacher: true
 runtime:
   producer_lease: 16
@@ -363,12 +363,12 @@ deployment:
   std::string all;
   for (const auto& line : r.report) all += line + "\n";
   INFO(all);
-  for (const char* key :
-       {"model.sglang_ep_size = 4", "model.trust_remote_code = true", "training.num_depths = 4",
-        "training.compact_teacher = true", "runtime.producer_lease = 16"})
+  for (const char* key : {"model.sglang_ep_size = 4", "model.trust_remote_code = true",
+                          "training.lambda_base_start = 0.7", "training.compact_teacher = true",
+                          "runtime.producer_lease = 16"})
     CHECK(all.find(key) != std::string::npos);
   CHECK(all.find("asks for 8 rank(s)") != std::string::npos);
-  CHECK(cfg.specforge_flags.at("training.num_depths") == "4");
+  CHECK(cfg.specforge_flags.at("training.lambda_base_start") == "0.7");
   // The model section's torch_dtype under FSDP: recorded, compute stays bf16.
   TrainConfig c2;
   load(with("model:\n  torch_dtype: float32\n"), &c2);
