@@ -164,6 +164,9 @@ std::string vllm_only_variants(const json& cfg) {
   if (cfg.contains("architectures") &&
       cfg.at("architectures") == json::array({"Eagle3Qwen3ForCausalLM"}))
     out = "Qwen3 layers (Eagle3Qwen3ForCausalLM)";
+  // P-EAGLE's export (docs/model.md "P-EAGLE"): the mask token of vLLM's parallel drafting.
+  if (cfg.contains("mask_token_id") && cfg.at("mask_token_id").is_number_integer())
+    out += str(out.empty() ? "" : ", ", "P-EAGLE (mask_token_id: parallel drafting)");
   if (cfg.contains("num_hidden_layers") && cfg.at("num_hidden_layers").is_number_integer() &&
       cfg.at("num_hidden_layers").get<int64_t>() > 1)
     out += str(out.empty() ? "" : ", ", "num_hidden_layers ",
