@@ -11,7 +11,7 @@
 #   launch/setup-serving.sh; K, EPOCHS, DEPTHS, OUT override the defaults below)
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-BUILD="${1:-$REPO/build}"
+BUILD="$(cd "${1:-$REPO/build}" && pwd)"
 BIN="$BUILD/fsdp-train"
 PY="${FSDP_VENV:-$HOME/.cache/fsdp-train/venv}/bin/python"
 VPY="${FSDP_VLLM_VENV:-$HOME/.cache/fsdp-train/vllm-venv}/bin/python"

@@ -8,7 +8,7 @@
 #   NUM_TRAIN, NUM_EVAL, EPOCHS, K, MAX_TOKENS, OUT override the defaults below.
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-BUILD="${1:-$REPO/build}"
+BUILD="$(cd "${1:-$REPO/build}" && pwd)"
 BIN="$BUILD/fsdp-train"
 PY="${FSDP_VENV:-$HOME/.cache/fsdp-train/venv}/bin/python"
 VPY="${FSDP_VLLM_VENV:-$HOME/.cache/fsdp-train/vllm-venv}/bin/python"

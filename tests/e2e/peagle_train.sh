@@ -2,8 +2,9 @@
 # A P-EAGLE draft trained end to end on the toy EAGLE3 features (docs/model.md "P-EAGLE"): the
 # loss falls and SpecForge's per-depth accuracies are reported; 1, 2 and 4 ranks with the same
 # global batch, every sharding strategy and CPU offload at 2 ranks reach the same fp32 weights (the
-# depth rows are drawn per sample from the seed); a run stopped at step 4 and resumed ends bitwise
-# equal to an uninterrupted one, and resumed on 2 ranks equal within tolerance; evaluation walks each reply as vLLM's parallel drafting does (accept_len);
+# depth rows are drawn per sample from the seed); a run SIGKILLed after step 5 and resumed from its
+# step-4 checkpoint ends bitwise equal to an uninterrupted one, and a 1-rank state resumed on 2
+# ranks equal within tolerance; evaluation walks each reply as vLLM's parallel drafting does (accept_len);
 # the export is the layout vLLM's EAGLE3 loader reads with parallel_drafting (mask_hidden, the
 # trained embedding, mask_token_id) and passes check-export; options P-EAGLE cannot honour are
 # refused by name.
@@ -79,13 +80,15 @@ assert 1.0 <= ev["eval/accept_len"] <= 5.0, ev
 print(f"eval accept_len {ev['eval/accept_len']:.3f}, acc {ev['eval/acc']:.3f}")
 PYEOF
 
-# Stopped at step 4 and resumed to 8: bitwise the uninterrupted run (1 rank).
-run_np 1 $(args "$W/part") --num-epochs 1 --max-steps 4 >"$W/part1.log" 2>&1 ||
-  { tail -30 "$W/part1.log"; fail "first half"; }
-run_np 1 $(args "$W/part") --num-epochs 1 --max-steps 8 --resume >"$W/part2.log" 2>&1 ||
+# SIGKILLed after step 5 (rank 1 kills itself: the test hook, no timing), one step past the
+# checkpoint of step 4, and resumed to 8: bitwise the uninterrupted 2-rank run.
+FSDP_TEST_KILL_AT_STEP=5 FSDP_TEST_KILL_RANK=1 run_np 2 $(args "$W/part") --num-epochs 1 \
+  --max-steps 8 --save-steps 4 >"$W/part1.log" 2>&1 && { tail -20 "$W/part1.log"; fail "the run to be killed exited 0"; }
+[ "$(latest_ckpt "$W/part")" = "$W/part/epoch_0_step_4" ] || fail "no checkpoint of step 4 alone: $(ls "$W/part")"
+run_np 2 $(args "$W/part") --num-epochs 1 --max-steps 8 --save-steps 4 --resume auto >"$W/part2.log" 2>&1 ||
   { tail -30 "$W/part2.log"; fail "resumed half"; }
 grep -q "resumed from .*step_4" "$W/part2.log" || fail "did not resume from step 4"
-compare_exports "$(latest_ckpt "$W/np1")" "$(latest_ckpt "$W/part")" 0 || fail "resume is not bitwise exact"
+compare_exports "$(latest_ckpt "$W/np2")" "$(latest_ckpt "$W/part")" 0 || fail "resume is not bitwise exact"
 # The step-4 state resumed on 2 ranks (resharded): the same weights within tolerance.
 run_np 1 $(args "$W/other") --num-epochs 1 --max-steps 4 >"$W/other1.log" 2>&1 ||
   { tail -30 "$W/other1.log"; fail "first half (other rank count)"; }

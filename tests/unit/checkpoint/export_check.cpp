@@ -14,6 +14,7 @@
 #include "checkpoint/export.h"
 #include "checkpoint/export_check.h"
 #include "checkpoint/safetensors.h"
+#include "checkpoint/serving_contract.h"
 #include "core/error.h"
 #include "core/fs_util.h"
 
@@ -220,6 +221,36 @@ TEST_CASE("Qwen3 layers: q_norm/k_norm, model_type qwen3, vLLM only", "[cpu]") {
   d = good_draft();
   d.tensors.push_back({"midlayer.self_attn.q_norm.weight", at::ones({4}, at::kBFloat16)});
   CHECK(errors(check(write_draft("llama_qnorm", d), L, vllm)) > 0);
+}
+
+TEST_CASE("P-EAGLE: mask_hidden, the mask token, the trained embedding, vLLM only", "[cpu]") {
+  auto peagle = [] {
+    Draft d = good_draft();
+    d.config["mask_token_id"] = V - 1;
+    d.tensors.push_back({"mask_hidden", at::randn({1, 1, 3 * H}).to(at::kBFloat16)});
+    d.tensors.push_back({"embed_tokens.weight", at::randn({V, H}).to(at::kBFloat16)});
+    return d;
+  };
+  const auto vllm = fsdp::model::ExportTarget::kVllm;
+  auto f = check(write_draft("peagle", peagle()), L, vllm);
+  INFO(dump(f));
+  CHECK(errors(f) == 0);
+  CHECK(has(f, Level::kOk, "mask_hidden", "parallel_drafting"));
+  CHECK(has(f, Level::kOk, "embed_tokens.weight", "present"));
+  // The config alone says it is vLLM's (what an export's own check and check-export without
+  // --for go by).
+  const auto engines = engines_from_config(peagle().config);
+  CHECK(engines.vllm);
+  CHECK_FALSE(engines.sglang);
+  CHECK(has(check(write_draft("peagle_sglang", peagle()), L, fsdp::model::ExportTarget::kSglang),
+            Level::kError, "mask_hidden", "SGLang"));
+  Draft d = peagle();
+  d.config.erase("mask_token_id");
+  CHECK(has(check(write_draft("peagle_nomask", d), L, vllm), Level::kError,
+            "config.json:mask_token_id", "missing"));
+  d = peagle();
+  d["mask_hidden"] = at::randn({1, 1, 2 * H}).to(at::kBFloat16);
+  CHECK(has(check(write_draft("peagle_short", d), L, vllm), Level::kError, "mask_hidden"));
 }
 
 TEST_CASE("wrong shapes and dtypes name the tensor", "[cpu]") {
