@@ -90,23 +90,7 @@ void Eagle3::check_supported() const {
 }
 
 void Eagle3::plan_serving() {
-  checkpoint::ServingRequest request;
-  request.draft_config_path = cfg_.model.draft_model_config;
-  request.draft_config_json = draft_cfg_.to_json();
-  request.num_aux_hidden_states = draft_cfg_.num_aux_hidden_states;
-  request.convention = cfg_.model.aux_layer_convention;
-  request.target_model_path = cfg_.model.target_model_path;
-  request.export_for = cfg_.checkpoint.export_for;
-  request.rope_scaling = cfg_.checkpoint.export_rope_scaling;
-  request.max_length = cfg_.data.max_length;
-  serving_ = checkpoint::plan_serving_export(request);
-  if (!ctx_.is_root) return;
-  for (const auto& note : serving_.notes) {
-    if (note.warn)
-      FSDP_LOG0(kWarn) << note.text;
-    else
-      FSDP_LOG0(kInfo) << note.text;
-  }
+  serving_ = plan_eagle_serving(cfg_, draft_cfg_, cfg_.checkpoint.export_for, ctx_.is_root);
 }
 
 void Eagle3::check_memory(const model::MemoryPlan& plan, uint64_t available,
@@ -115,11 +99,7 @@ void Eagle3::check_memory(const model::MemoryPlan& plan, uint64_t available,
 }
 
 data::DatasetOptions Eagle3::dataset_options() const {
-  data::DatasetOptions dso;
-  dso.vocab_size = draft_cfg_.vocab_size;
-  dso.num_aux_layers = draft_cfg_.num_aux_hidden_states;
-  dso.hidden_size = draft_cfg_.target_hidden();
-  return dso;
+  return eagle_dataset_options(draft_cfg_);
 }
 
 void Eagle3::check_dataset(const data::FeatureDataset& ds, const std::string& flag) const {

@@ -66,6 +66,37 @@ data::VocabMapping choose_vocab_mapping(const config::TrainConfig& cfg, int64_t 
   return mapping;
 }
 
+data::DatasetOptions eagle_dataset_options(const model::DraftConfig& draft) {
+  data::DatasetOptions dso;
+  dso.vocab_size = draft.vocab_size;
+  dso.num_aux_layers = draft.num_aux_hidden_states;
+  dso.hidden_size = draft.target_hidden();
+  return dso;
+}
+
+checkpoint::ServingPlan plan_eagle_serving(const config::TrainConfig& cfg,
+                                           const model::DraftConfig& draft,
+                                           model::ExportTarget export_for, bool is_root) {
+  checkpoint::ServingRequest request;
+  request.draft_config_path = cfg.model.draft_model_config;
+  request.draft_config_json = draft.to_json();
+  request.num_aux_hidden_states = draft.num_aux_hidden_states;
+  request.convention = cfg.model.aux_layer_convention;
+  request.target_model_path = cfg.model.target_model_path;
+  request.export_for = export_for;
+  request.rope_scaling = cfg.checkpoint.export_rope_scaling;
+  request.max_length = cfg.data.max_length;
+  checkpoint::ServingPlan plan = checkpoint::plan_serving_export(request);
+  if (!is_root) return plan;
+  for (const auto& note : plan.notes) {
+    if (note.warn)
+      FSDP_LOG0(kWarn) << note.text;
+    else
+      FSDP_LOG0(kInfo) << note.text;
+  }
+  return plan;
+}
+
 void check_captured_layers(const data::FeatureDataset& ds, const std::string& flag,
                            const std::optional<model::AuxLayers>& aux_layers) {
   if (ds.captured_layer_ids().empty() || !aux_layers) return;

@@ -7,10 +7,12 @@
 #include <optional>
 #include <string>
 
+#include "checkpoint/serving_contract.h"
 #include "config/train_config.h"
 #include "data/dataset.h"
 #include "data/vocab_mapping.h"
 #include "model/aux_layers.h"
+#include "model/draft_config.h"
 #include "train/algo/algorithm.h"
 
 namespace fsdp::algo {
@@ -23,6 +25,16 @@ data::VocabMapping choose_vocab_mapping(const config::TrainConfig& cfg, int64_t 
                                         const WeightSources& weights,
                                         const data::FeatureDataset* train_ds,
                                         comm::Communicator* control);
+
+// What the loader must check of a sample for a draft of this config: its vocabulary, captured
+// layers and the target's hidden size.
+data::DatasetOptions eagle_dataset_options(const model::DraftConfig& draft);
+
+// The serving plan of the export (checkpoint/serving_contract.h) for engine `export_for`, its
+// notes logged on the root rank.
+checkpoint::ServingPlan plan_eagle_serving(const config::TrainConfig& cfg,
+                                           const model::DraftConfig& draft,
+                                           model::ExportTarget export_for, bool is_root);
 
 // A dump that records its layers (DeepSpec's manifest) must hold the layers the draft reads
 // (`aux_layers`, the serving plan's; nothing is checked without either): UsageError naming

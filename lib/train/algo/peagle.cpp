@@ -122,23 +122,8 @@ void PEagle::check_supported() const {
 }
 
 void PEagle::plan_serving() {
-  checkpoint::ServingRequest request;
-  request.draft_config_path = cfg_.model.draft_model_config;
-  request.draft_config_json = draft_cfg_.core.to_json();
-  request.num_aux_hidden_states = draft_cfg_.core.num_aux_hidden_states;
-  request.convention = cfg_.model.aux_layer_convention;
-  request.target_model_path = cfg_.model.target_model_path;
-  request.export_for = model::ExportTarget::kVllm;  // the only engine with parallel drafting
-  request.rope_scaling = cfg_.checkpoint.export_rope_scaling;
-  request.max_length = cfg_.data.max_length;
-  serving_ = checkpoint::plan_serving_export(request);
-  if (!ctx_.is_root) return;
-  for (const auto& note : serving_.notes) {
-    if (note.warn)
-      FSDP_LOG0(kWarn) << note.text;
-    else
-      FSDP_LOG0(kInfo) << note.text;
-  }
+  // vLLM is the only engine with parallel drafting.
+  serving_ = plan_eagle_serving(cfg_, draft_cfg_.core, model::ExportTarget::kVllm, ctx_.is_root);
 }
 
 void PEagle::check_memory(const model::MemoryPlan&, uint64_t, const std::string&) const {
@@ -147,11 +132,7 @@ void PEagle::check_memory(const model::MemoryPlan&, uint64_t, const std::string&
 }
 
 data::DatasetOptions PEagle::dataset_options() const {
-  data::DatasetOptions dso;
-  dso.vocab_size = draft_cfg_.core.vocab_size;
-  dso.num_aux_layers = draft_cfg_.core.num_aux_hidden_states;
-  dso.hidden_size = draft_cfg_.core.target_hidden();
-  return dso;
+  return eagle_dataset_options(draft_cfg_.core);
 }
 
 void PEagle::check_dataset(const data::FeatureDataset& ds, const std::string& flag) const {
