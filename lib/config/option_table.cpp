@@ -77,6 +77,14 @@ struct EnumNames<LrScheduler> {
 };
 
 template <>
+struct EnumNames<OptimizerKind> {
+  static constexpr const char* names[] = {"adamw", "muon"};
+};
+template <>
+struct EnumNames<MuonAdjustLr> {
+  static constexpr const char* names[] = {"match_rms_adamw", "original"};
+};
+template <>
 struct EnumNames<TrainingStrategy> {
   static constexpr const char* names[] = {"eagle3", "dflash", "dspark", "peagle"};
 };
@@ -362,7 +370,8 @@ OptionSpec strategy_row() {
   s.kind = OptionKind::kEnum;
   s.group = "Model";
   s.help =
-      "the draft family trained (SpecForge's training.strategy): eagle3, dflash, dspark or peagle; none: "
+      "the draft family trained (SpecForge's training.strategy): eagle3, dflash, dspark or peagle; "
+      "none: "
       "the family the draft config's architectures names";
   s.choices = enum_choices<TrainingStrategy>();
   s.choices.insert(s.choices.begin(), "none");
@@ -943,6 +952,40 @@ void add_optimizer_rows(std::vector<OptionSpec>& t) {
                           FIELD(optim.weight_decay)));
   t.back().bounds =
       interval(0, false, 1, false, "give a value in [0, 1], e.g. 0 (the default) or 0.01");
+  t.push_back(row<OptimizerKind>(
+      "optimizer", K::kEnum, op,
+      "adamw: AdamW for every parameter; muon: torch.optim.Muon for the 2-D matrices speculators "
+      "gives it (not embed_tokens, lm_head or [1, N] weights), AdamW for the rest",
+      FIELD(optim.optimizer)));
+  t.push_back(row<double>("muon-lr-ratio", K::kFloat, op,
+                          "Muon's learning rate over --learning-rate (speculators: 10); AdamW on "
+                          "the matrices Muon leaves out (embedding, LM head) uses it too",
+                          FIELD(optim.muon_lr_ratio)));
+  t.back().bounds = at_least(0, true, "give a positive ratio, e.g. 10");
+  needs(t, "optimizer", {"muon"});
+  t.push_back(
+      row<double>("muon-momentum", K::kFloat, op, "Muon's momentum", FIELD(optim.muon_momentum)));
+  t.back().bounds = interval(0, false, 1, true, "give a value in [0, 1), e.g. 0.95 (the default)");
+  needs(t, "optimizer", {"muon"});
+  t.push_back(row<bool>("muon-nesterov", K::kBool, op, "Muon's Nesterov momentum",
+                        FIELD(optim.muon_nesterov)));
+  needs(t, "optimizer", {"muon"});
+  t.push_back(row<double>("muon-weight-decay", K::kFloat, op,
+                          "Muon's decoupled weight decay (also AdamW's on the matrices Muon "
+                          "leaves out)",
+                          FIELD(optim.muon_weight_decay)));
+  t.back().bounds = interval(0, false, 1, false, "give a value in [0, 1], e.g. 0.1 (the default)");
+  needs(t, "optimizer", {"muon"});
+  t.push_back(row<int64_t>("muon-ns-steps", K::kInt, op, "Muon's Newton-Schulz steps",
+                           FIELD(optim.muon_ns_steps)));
+  t.back().bounds = whole(1, 99);
+  needs(t, "optimizer", {"muon"});
+  t.push_back(row<MuonAdjustLr>(
+      "muon-adjust-lr", K::kEnum, op,
+      "Muon's per-matrix learning rate: match_rms_adamw (0.2 sqrt(max(rows, cols)), the update's "
+      "RMS matches AdamW's) or original (sqrt(max(1, rows/cols)))",
+      FIELD(optim.muon_adjust_lr)));
+  needs(t, "optimizer", {"muon"});
 }
 
 // How parameters, gradients and optimizer state are split over ranks and in which dtypes.
@@ -1292,6 +1335,14 @@ std::vector<OptionSpec> build_table() {
 }  // namespace
 
 const char* to_string(TrainingStrategy v) {
+  return enum_name(v);
+}
+
+const char* to_string(OptimizerKind v) {
+  return enum_name(v);
+}
+
+const char* to_string(MuonAdjustLr v) {
   return enum_name(v);
 }
 

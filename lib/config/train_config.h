@@ -58,6 +58,10 @@ enum class MetricSink { kTensorBoard, kWandb, kMlflow };
 // --strategy (SpecForge's training.strategy): the draft family a run trains. Unset, the family is
 // the one the draft config's architectures names.
 enum class TrainingStrategy { kEagle3, kDFlash, kDSpark, kPEagle };
+// --optimizer: AdamW for every parameter, or Muon for the matrices speculators gives it (AdamW for
+// the rest); --muon-adjust-lr: torch.optim.Muon's adjust_lr_fn.
+enum class OptimizerKind { kAdamW, kMuon };
+enum class MuonAdjustLr { kMatchRmsAdamW, kOriginal };
 // --block-loss-type (SpecForge's training.loss_type): a DFlash draft's objective over its blocks:
 // DFlash's cross-entropy, D-PACE's weighted one, or one of D-PACE's two factors alone.
 enum class BlockLossType {
@@ -75,6 +79,8 @@ const char* to_string(LrScheduler v);
 const char* to_string(NoiseType v);
 // "eagle3", "dflash", "dspark", "peagle": the --strategy row's spelling (option_table.cpp).
 const char* to_string(TrainingStrategy v);
+const char* to_string(OptimizerKind v);
+const char* to_string(MuonAdjustLr v);
 
 // Where the model comes from.
 struct ModelConfig {
@@ -133,6 +139,14 @@ struct OptimConfig {
   LrScheduler lr_scheduler = LrScheduler::kCosine;
   double warmup_ratio = 0.015;
   std::optional<int64_t> warmup_steps;  // when set, replaces warmup_ratio * total_steps
+  // Muon (docs/usage.md "Optimizers"): speculators' and torch.optim.Muon's settings.
+  OptimizerKind optimizer = OptimizerKind::kAdamW;
+  double muon_lr_ratio = 10.0;  // Muon's learning rate over --learning-rate
+  double muon_momentum = 0.95;
+  bool muon_nesterov = true;
+  double muon_weight_decay = 0.1;
+  int64_t muon_ns_steps = 5;
+  MuonAdjustLr muon_adjust_lr = MuonAdjustLr::kMatchRmsAdamW;
 };
 
 // Batching, length of the run and what the loop does.

@@ -20,6 +20,7 @@
 #include "optim/adamw.h"
 #include "optim/grad_norm.h"
 #include "shard/flat_param.h"
+#include "shard/muon_shard.h"
 
 namespace fsdp::shard {
 
@@ -459,7 +460,7 @@ StepResult ShardEngine::step(double lr, double max_grad_norm) {
     valid_grads.push_back(f.grad_shard().narrow(0, 0, f.layout().valid_numel(f.shard_rank())));
   }
   // (The gradients' device never changes, so an engine takes the same path every step.)
-  if (!valid_grads.empty() && device_step_scalars(valid_grads.front())) {
+  if (!valid_grads.empty() && !options_.muon && device_step_scalars(valid_grads.front())) {
     return step_on_device(valid_grads, lr, max_grad_norm);
   }
   if (!valid_grads.empty() && !valid_grads.front().device().is_cpu()) {
@@ -484,6 +485,13 @@ StepResult ShardEngine::step(double lr, double max_grad_norm) {
   }
   r.clip_coef = optim::clip_coefficient(r.grad_norm, max_grad_norm);
   ++step_count_;
+  if (options_.muon) {
+    muon_step(lr, r.clip_coef);
+    zero_grad();
+    current_order_.clear();
+    r.step = step_count_;
+    return r;
+  }
   optim::AdamWStep s{lr, step_count_, r.clip_coef};
   // Device-resident state: all pieces of all units in one call (one fused kernel launch per
   // weight-decay value on a GPU). Host-resident state (CPU runs, --cpu-offload): unit by unit,
@@ -512,6 +520,46 @@ StepResult ShardEngine::step(double lr, double max_grad_norm) {
   current_order_.clear();
   r.step = step_count_;
   return r;
+}
+
+void ShardEngine::muon_step(double lr, double clip) {
+  const optim::AdamWStep base{lr, step_count_, clip};
+  const optim::AdamWStep scaled{lr * options_.muon_lr_ratio, step_count_, clip};
+  int64_t index = 0;  // model-wide index of the Muon matrices (their owners)
+  for (const auto& u : units_) {
+    if (!u->trainable) continue;
+    FlatParam& f = *u->trainable;
+    const FlatLayout& layout = f.layout();
+    std::vector<int> muon;
+    for (size_t i = 0; i < layout.params.size(); ++i)
+      if (optim::muon_group(layout.params[i].name, layout.params[i].shape) ==
+          optim::MuonGroup::kMuon)
+        muon.push_back(static_cast<int>(i));
+    std::vector<optim::AdamWPiece> at_base, at_muon_lr;
+    for (const ShardPiece& p : shard_pieces(layout, f.shard_rank())) {
+      const ParamSlot& slot = layout.params.at(static_cast<size_t>(p.param));
+      const optim::MuonGroup g = optim::muon_group(slot.name, slot.shape);
+      if (g == optim::MuonGroup::kMuon) continue;
+      const bool scaled_group = g == optim::MuonGroup::kAdamWAtMuonLr;
+      const double wd = scaled_group ? options_.muon_options.weight_decay
+                                     : (slot.decay ? options_.adamw.weight_decay : 0.0);
+      (scaled_group ? at_muon_lr : at_base)
+          .push_back({f.master().narrow(0, p.shard_offset, p.length),
+                      f.grad_shard().narrow(0, p.shard_offset, p.length),
+                      f.exp_avg().narrow(0, p.shard_offset, p.length),
+                      f.exp_avg_sq().narrow(0, p.shard_offset, p.length), wd});
+    }
+    optim::adamw_update_all(at_base, options_.adamw, base, options_.adamw_impl);
+    optim::adamw_update_all(at_muon_lr, options_.adamw, scaled, options_.adamw_impl);
+    if (!muon.empty()) {
+      // Muon sees the clipped gradient, as after torch's clip_grad_norm_.
+      const at::Tensor grad = clip == 1.0 ? f.grad_shard() : f.grad_shard() * clip;
+      muon_shard_step(layout, f.shard_rank(), groups_.shard.get(), f.master(), grad, f.exp_avg(),
+                      muon, index, lr * options_.muon_lr_ratio, options_.muon_options);
+      index += static_cast<int64_t>(muon.size());
+    }
+    f.refresh_after_update();
+  }
 }
 
 MemoryStats ShardEngine::memory() const {

@@ -148,6 +148,9 @@ class ShardEngine final : public UnitHooks {
   void prefetch_before(Unit& u);
   void track_memory();
   bool device_step_scalars(const at::Tensor& grad) const;
+  // --optimizer muon's step (EngineOptions::muon): AdamW on the pieces optim::muon_group gives
+  // it (at lr, or lr * muon_lr_ratio), Muon on the matrices (shard/muon_shard.h), unit by unit.
+  void muon_step(double lr, double clip);
   StepResult step_on_device(const std::vector<at::Tensor>& valid_grads, double lr,
                             double max_grad_norm);
 

@@ -13,7 +13,7 @@ int muon_owner(int64_t index, int world) {
   return static_cast<int>(index % world);
 }
 
-void muon_shard_step(const FlatLayout& layout, int rank, comm::Communicator& comm,
+void muon_shard_step(const FlatLayout& layout, int rank, comm::Communicator* comm,
                      const at::Tensor& master, const at::Tensor& grad, const at::Tensor& momentum,
                      const std::vector<int>& muon_params, int64_t first_index, double lr,
                      const optim::MuonOptions& o) {
@@ -40,13 +40,14 @@ void muon_shard_step(const FlatLayout& layout, int rank, comm::Communicator& com
     // orthogonalisation on the owner, broadcast.
     at::Tensor whole = at::zeros({slot.numel}, fp32);
     if (mine) whole.narrow(0, mine->param_offset, mine->length).copy_(update_slice);
-    comm.all_reduce(whole, comm::ReduceOp::kSum)->wait();
-    const int owner = muon_owner(index++, comm.size());
-    at::Tensor ortho = at::empty({slot.shape[0], slot.shape[1]}, fp32.dtype(at::kBFloat16));
-    if (comm.rank() == owner)
+    if (comm) comm->all_reduce(whole, comm::ReduceOp::kSum)->wait();
+    const int owner = muon_owner(index++, comm ? comm->size() : 1);
+    // Sent as fp32 (the bf16 values exactly), whatever dtypes a backend takes.
+    at::Tensor ortho = at::empty({slot.shape[0], slot.shape[1]}, fp32);
+    if ((comm ? comm->rank() : 0) == owner)
       ortho.copy_(optim::newton_schulz(whole.view({slot.shape[0], slot.shape[1]}),
                                        o.ns_coefficients, o.ns_steps, o.eps));
-    comm.broadcast(ortho, owner)->wait();
+    if (comm) comm->broadcast(ortho, owner)->wait();
     if (!mine) continue;
     const double adjusted = optim::muon_adjusted_lr(lr, o.adjust_lr, slot.shape[0], slot.shape[1]);
     const at::Tensor p = master.narrow(0, mine->shard_offset, mine->length);

@@ -28,8 +28,8 @@ int muon_owner(int64_t index, int world);
 // flat buffer: master, grad and momentum are this rank's shards (fp32, layout.shard_numel,
 // contiguous, the grad already averaged and scaled as the step wants it); `first_index` is the
 // model-wide index of the first of them (for the owners). Collective over `comm` (the shard
-// group: every rank calls it with the same arguments but its own shards).
-void muon_shard_step(const FlatLayout& layout, int rank, comm::Communicator& comm,
+// group: every rank calls it with the same arguments but its own shards; null for a group of one).
+void muon_shard_step(const FlatLayout& layout, int rank, comm::Communicator* comm,
                      const at::Tensor& master, const at::Tensor& grad, const at::Tensor& momentum,
                      const std::vector<int>& muon_params, int64_t first_index, double lr,
                      const optim::MuonOptions& options);

@@ -54,6 +54,15 @@ void EngineOptions::validate() const {
   FSDP_USAGE_CHECK(dup == sorted.end(), str("unit '", *dup, "' is listed twice"),
                    "list each unit once");
   adamw.validate();
+  if (muon) {
+    muon_options.validate();
+    FSDP_USAGE_CHECK(muon_lr_ratio > 0, str("--muon-lr-ratio ", muon_lr_ratio),
+                     "give a positive ratio of Muon's learning rate to the base one, e.g. 10");
+    FSDP_USAGE_CHECK(step_scalars != StepScalars::kDevice,
+                     "--step-scalars device with --optimizer muon: Muon's step is driven from "
+                     "the host",
+                     "use --step-scalars auto (or host) with --optimizer muon");
+  }
 }
 
 CommGroups make_comm_groups(Strategy strategy, const c10::Device& device) {

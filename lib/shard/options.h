@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "optim/adamw.h"
+#include "optim/muon.h"
 
 namespace fsdp::comm {
 class Communicator;
@@ -66,6 +67,14 @@ struct EngineOptions {
   // paths give the same bits.
   enum class StepScalars { kAuto, kHost, kDevice };
   StepScalars step_scalars = StepScalars::kAuto;
+  // --optimizer muon (docs/usage.md "Optimizers"): the parameters optim::muon_group gives Muon
+  // are stepped by it (shard/muon_shard.h; their momentum is kept in exp_avg, so checkpoints,
+  // resume and resharding carry it), those it gives "AdamW at Muon's learning rate" by AdamW at
+  // lr * muon_lr_ratio with Muon's weight decay, the rest by AdamW as configured. Host step
+  // scalars (the orthogonalisation is driven from the host).
+  bool muon = false;
+  optim::MuonOptions muon_options;
+  double muon_lr_ratio = 10.0;
 
   // Throws fsdp::UsageError naming the option for unsupported dtypes or combinations.
   void validate() const;

@@ -162,6 +162,7 @@ struct Manifest {
   int shard_size = 0;
   int replicate_size = 0;
   int64_t step = 0;
+  std::string optimizer = "adamw";  // "muon": exp_avg holds Muon's momentum for its matrices
   std::vector<SavedFlat> flats;
 };
 
@@ -172,6 +173,7 @@ void write_manifest(const std::string& path, const ShardEngine& e) {
   os << "shard_size " << e.shard_size() << '\n';
   os << "replicate_size " << e.replicate_size() << '\n';
   os << "step " << e.step_count() << '\n';
+  if (e.options().muon) os << "optimizer muon\n";  // absent: AdamW (every older manifest)
   for (FlatParam* f : e.flat_params()) {
     const FlatLayout& l = f->layout();
     os << "flat " << l.unit << ' ' << (l.trainable ? 1 : 0) << ' ' << l.numel << ' '
@@ -208,6 +210,8 @@ Manifest read_manifest(const std::string& path) {
       is >> m.replicate_size;
     } else if (key == "step") {
       is >> m.step;
+    } else if (key == "optimizer") {
+      is >> m.optimizer;
     } else if (key == "flat") {
       SavedFlat f;
       int trainable = 0;
@@ -356,6 +360,15 @@ void load_state(ShardEngine& engine, const std::string& dir) {
   engine.finish_backward();
   const std::string mpath = dir + "/manifest.txt";
   const Manifest m = read_manifest(mpath);
+  // Muon keeps its momentum where AdamW keeps its first moment: the other optimizer would read
+  // it as its own state.
+  const std::string now = engine.options().muon ? "muon" : "adamw";
+  FSDP_USAGE_CHECK(
+      m.optimizer == now,
+      str(dir, " holds ", m.optimizer, "'s optimizer state, and this run uses --optimizer ", now),
+      str("resume with --optimizer ", m.optimizer,
+          ", or start the new optimizer from the checkpoint's weights with "
+          "--init-checkpoint on its export"));
   std::map<int, ShardFile> files;
   auto file = [&](int r) -> const ShardFile& {
     auto it = files.find(r);

@@ -107,6 +107,15 @@ shard::EngineOptions engine_options(const config::TrainConfig& cfg, c10::Device 
   eo.adamw.beta2 = cfg.optim.adam_beta2;
   eo.adamw.eps = cfg.optim.adam_eps;
   eo.adamw.weight_decay = cfg.optim.weight_decay;
+  eo.muon = cfg.optim.optimizer == config::OptimizerKind::kMuon;
+  eo.muon_lr_ratio = cfg.optim.muon_lr_ratio;
+  eo.muon_options.momentum = cfg.optim.muon_momentum;
+  eo.muon_options.nesterov = cfg.optim.muon_nesterov;
+  eo.muon_options.weight_decay = cfg.optim.muon_weight_decay;
+  eo.muon_options.ns_steps = cfg.optim.muon_ns_steps;
+  eo.muon_options.adjust_lr = cfg.optim.muon_adjust_lr == config::MuonAdjustLr::kOriginal
+                                  ? optim::MuonAdjustLr::kOriginal
+                                  : optim::MuonAdjustLr::kMatchRmsAdamW;
   return eo;
 }
 

@@ -80,8 +80,10 @@ TEST_CASE("bad YAML files stop with the file, line and what to do", "[config]") 
                       "'max-length' is given twice");
   require_usage_error([&] { apply_yaml_text("seed: [1, 2]\n", "run.yaml", &c); },
                       "run.yaml:1 seed: expected a single value, got a list");
+  require_usage_error([&] { apply_yaml_text("hyperparameters:\n  lr: 1\n", "run.yaml", &c); },
+                      "unknown key 'hyperparameters'");
   require_usage_error([&] { apply_yaml_text("optimizer:\n  lr: 1\n", "run.yaml", &c); },
-                      "unknown key 'optimizer'");
+                      "run.yaml:1 optimizer: expected a single value, got a mapping");
   require_usage_error([&] { apply_yaml_text("seed: 1\n  bad: [\n", "run.yaml", &c); },
                       "YAML syntax error");
   require_usage_error([&] { apply_yaml_text("- a\n- b\n", "run.yaml", &c); },
@@ -120,6 +122,6 @@ TEST_CASE("YAML resume: an empty value means no resume; sections get a flat-file
   CHECK(cfg.checkpoint.resume == ResumeMode::kNone);
   apply_yaml_text("resume: auto\n", "t.yaml", &cfg);
   CHECK(cfg.checkpoint.resume == ResumeMode::kAuto);
-  CHECK_THROWS_WITH(apply_yaml_text("optimizer:\n  lr: 1e-4\n", "t.yaml", &cfg),
+  CHECK_THROWS_WITH(apply_yaml_text("hyperparameters:\n  lr: 1e-4\n", "t.yaml", &cfg),
                     Catch::Contains("holding a section"));
 }
