@@ -26,9 +26,10 @@ STAGES=(
   "cuda-tests:70:[cuda] tests (fused kernels at draft vocabularies 32000/151936/262144, engine on CUDA), the NCCL backend at 1 rank, mpi_comm at 2 ranks sharing the GPU"
   "fixed-length:130:llama3-8B-eagle3 draft, S=2048, bf16: fsdp-train with and without --fused-cuda-kernels against the PyTorch FSDP2 reference (tokens/s, MFU, peak memory, time breakdown)"
   "packing:80:chat-length samples, global batch 16: --packing against unpacked and the fixed-length run"
-  "offload:60:--cpu-offload: tokens/s, peak GPU memory and host RSS"
-  "longctx:80:one step per length (16k, 32k, 64k): peak GPU memory against fsdp-train memory-plan"
+  "offload:50:--cpu-offload: tokens/s, peak GPU memory and host RSS"
+  "longctx:70:one step per length (16k, 32k, 64k): peak GPU memory against fsdp-train memory-plan"
   "dflash:30:a 1-layer DFlash draft (block 16, 512 anchors) on the fixed-length features: tokens/s and peak memory against the EAGLE3 run"
+  "muon:20:--optimizer muon on the llama3-8B-eagle3 draft: the optimizer step's ms, tokens/s and peak memory against the AdamW fixed-length run"
 )
 if [ "${1:-}" = --plan ]; then
   total=0
@@ -271,6 +272,14 @@ stage_dflash() {
   "$PY" "$REPO/benchmarks/device/summary.py" dflash "$M/dflash-metrics.jsonl" "$M/plain-metrics.jsonl"
 }
 
+stage_muon() {
+  local data
+  data="$(gen "fixed-$SEQ" --num-samples "$SAMPLES" --min-len "$SEQ" --max-len "$SEQ" --samples-per-dir 64)" || return 1
+  stamp "fsdp-train --optimizer muon: $OSTEPS steps"
+  fsdp_run muon 20 "$data" 1 "$OSTEPS" --optimizer muon || return 1
+  "$PY" "$REPO/benchmarks/device/summary.py" muon "$M/muon-metrics.jsonl" "$M/plain-metrics.jsonl"
+}
+
 stage_longctx() {
   local L data rc=0
   for L in $LONG; do
@@ -284,7 +293,7 @@ stage_longctx() {
   done
   return $rc
 }
-export -f stage_setup stage_cuda_tests stage_fixed_length stage_packing stage_offload stage_longctx stage_dflash
+export -f stage_setup stage_cuda_tests stage_fixed_length stage_packing stage_offload stage_longctx stage_dflash stage_muon
 
 # ---- the Debian libraries the machine lacks (carried as .deb, unpacked here) ----
 if [ -d "$REPO/.deb" ] && [ "$DEVICE" != cpu ]; then

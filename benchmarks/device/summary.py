@@ -7,7 +7,8 @@ summary.py breakdown RUN.jsonl                    where a step's time goes (perf
 summary.py packing FIXED.jsonl UNPACKED.jsonl PACKED.jsonl
 summary.py offload OFFLOAD.jsonl PLAIN.jsonl
 summary.py longctx RUN.jsonl LENGTH
-summary.py dflash DFLASH.jsonl PLAIN.jsonl         a DFlash draft's step against the EAGLE3 run"""
+summary.py dflash DFLASH.jsonl PLAIN.jsonl         a DFlash draft's step against the EAGLE3 run
+summary.py muon MUON.jsonl PLAIN.jsonl             --optimizer muon's step against AdamW's"""
 import json
 import os
 import sys
@@ -93,6 +94,13 @@ def main(argv):
             print(f"dflash train/loss {rows[0]['train/loss']:.3f} -> {rows[-1]['train/loss']:.3f}, "
                   f"accept_len {rows[-1].get('train/accept_len', float('nan')):.3f}")
         ratio("dflash / eagle3 (same features and sequence length)", d, p)
+    elif kind == "muon":
+        m, p = steady(argv[2]), steady(argv[3])
+        show("muon", m)
+        if m and p:
+            print(f"optimizer step ms, muon/adamw: {m['ms']['optimizer']:.1f}/{p['ms']['optimizer']:.1f}; "
+                  f"peak device memory {m['peak_gib']:.2f}/{p['peak_gib']:.2f} GiB")
+        ratio("muon / adamw tokens/s", m, p)
     else:
         sys.exit(f"summary.py: unknown kind {kind!r}")
 

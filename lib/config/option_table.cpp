@@ -963,6 +963,13 @@ void add_optimizer_rows(std::vector<OptionSpec>& t) {
                           FIELD(optim.muon_lr_ratio)));
   t.back().bounds = at_least(0, true, "give a positive ratio, e.g. 10");
   needs(t, "optimizer", {"muon"});
+  t.push_back(row<std::optional<double>>(
+      "muon-lr", K::kOptFloat, op,
+      "Muon's learning rate itself (speculators' --muon-lr); when set it replaces --muon-lr-ratio "
+      "(the ratio becomes muon-lr / --learning-rate, and the schedule scales both)",
+      FIELD(optim.muon_lr)));
+  t.back().bounds = interval(0, true, 1, true, "give a positive learning rate, e.g. 1e-3");
+  needs(t, "optimizer", {"muon"});
   t.push_back(
       row<double>("muon-momentum", K::kFloat, op, "Muon's momentum", FIELD(optim.muon_momentum)));
   t.back().bounds = interval(0, false, 1, true, "give a value in [0, 1), e.g. 0.95 (the default)");
@@ -986,6 +993,9 @@ void add_optimizer_rows(std::vector<OptionSpec>& t) {
       "RMS matches AdamW's) or original (sqrt(max(1, rows/cols)))",
       FIELD(optim.muon_adjust_lr)));
   needs(t, "optimizer", {"muon"});
+  t.push_back(alias_row(t, "muon-adjust-lr-fn", "muon-adjust-lr",
+                        "speculators' name for --muon-adjust-lr"));
+  t.back().group = op;
 }
 
 // How parameters, gradients and optimizer state are split over ranks and in which dtypes.
@@ -1069,6 +1079,13 @@ void add_checkpoint_rows(std::vector<OptionSpec>& t) {
       FIELD(checkpoint.save_best_by)));
   needs(t, "eval-hidden-states-path", {}, "none");
   t.push_back(resume_row());
+  t.push_back(row<bool>(
+      "reset-optimizer-state", K::kBool, ck,
+      "resume the weights, step, schedule and data position but start the optimizer's state "
+      "(moments, momentum) fresh, AdamW's bias correction counting from the resumed step; the "
+      "way to switch --optimizer between adamw and muon on resume",
+      FIELD(checkpoint.reset_optimizer_state)));
+  needs(t, "resume", {}, "false");
 }
 
 // When the evaluation set is run.

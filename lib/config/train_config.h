@@ -141,7 +141,8 @@ struct OptimConfig {
   std::optional<int64_t> warmup_steps;  // when set, replaces warmup_ratio * total_steps
   // Muon (docs/usage.md "Optimizers"): speculators' and torch.optim.Muon's settings.
   OptimizerKind optimizer = OptimizerKind::kAdamW;
-  double muon_lr_ratio = 10.0;  // Muon's learning rate over --learning-rate
+  double muon_lr_ratio = 10.0;    // Muon's learning rate over --learning-rate
+  std::optional<double> muon_lr;  // set: Muon's learning rate itself (replaces the ratio)
   double muon_momentum = 0.95;
   bool muon_nesterov = true;
   double muon_weight_decay = 0.1;
@@ -247,7 +248,8 @@ struct CheckpointConfig {
   bool export_lora_adapters = false;
   std::string export_rope_scaling;  // RoPE scaling injected into exports; "": none
   ResumeMode resume = ResumeMode::kNone;
-  std::string resume_path;  // when resume == kPath
+  std::string resume_path;             // when resume == kPath
+  bool reset_optimizer_state = false;  // resume without the optimizer's moments / momentum
 };
 
 struct EvalConfig {

@@ -21,12 +21,12 @@ void MuonOptions::validate() const {
 }
 
 at::Tensor newton_schulz(const at::Tensor& matrix, const std::array<double, 3>& coefficients,
-                         int64_t steps, double eps) {
+                         int64_t steps, double eps, bool fp32) {
   FSDP_CHECK(matrix.dim() == 2, fsdp::str("Newton-Schulz of a ", matrix.dim(), "-D tensor"),
              "Muon orthogonalises 2-D matrices only");
   const auto [a, b, c] = coefficients;
   const bool tall = matrix.size(0) > matrix.size(1);
-  at::Tensor x = matrix.to(at::kBFloat16);
+  at::Tensor x = matrix.to(fp32 ? at::kFloat : at::kBFloat16);
   if (tall) x = x.t();
   x = x.div(x.norm().clamp_min(eps));
   for (int64_t i = 0; i < steps; ++i) {
@@ -53,7 +53,7 @@ void muon_update(const at::Tensor& param, const at::Tensor& grad, const at::Tens
   at::NoGradGuard guard;
   momentum_buffer.lerp_(grad, 1 - o.momentum);
   const at::Tensor update = o.nesterov ? grad.lerp(momentum_buffer, o.momentum) : momentum_buffer;
-  const at::Tensor ortho = newton_schulz(update, o.ns_coefficients, o.ns_steps, o.eps);
+  const at::Tensor ortho = newton_schulz(update, o.ns_coefficients, o.ns_steps, o.eps, o.ns_fp32);
   const double adjusted = muon_adjusted_lr(lr, o.adjust_lr, param.size(0), param.size(1));
   param.mul_(1 - lr * o.weight_decay);
   param.add_(ortho, -adjusted);

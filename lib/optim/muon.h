@@ -1,4 +1,4 @@
-// Muon on whole matrices (issue 41's first part; not yet wired into the sharding engine): the
+// Muon on whole matrices (the engine's sharded step, shard/muon_shard.h, builds on it): the
 // exact arithmetic of torch.optim.Muon 2.11 (Nesterov momentum by lerp, the Newton-Schulz
 // quintic in bfloat16, the learning-rate adjustment, decoupled weight decay with the unadjusted
 // learning rate), and speculators' rule for which parameters Muon takes. Knows nothing about
@@ -27,6 +27,9 @@ struct MuonOptions {
   std::array<double, 3> ns_coefficients{3.4445, -4.7750, 2.0315};
   double eps = 1e-7;
   MuonAdjustLr adjust_lr = MuonAdjustLr::kMatchRmsAdamW;
+  // Tests only: the Newton-Schulz in fp32 instead of torch's bf16, so that a sharded run can be
+  // compared with the whole-model reference without bf16 rounding last-bit gradient differences.
+  bool ns_fp32 = false;
 
   // Throws fsdp::UsageError naming the option when out of range (torch.optim.Muon's checks).
   void validate() const;
@@ -34,9 +37,10 @@ struct MuonOptions {
 
 // The Newton-Schulz orthogonalisation of a 2-D matrix as torch.optim.Muon computes it: in
 // bfloat16, transposed when it has more rows than columns, divided by max(its Frobenius norm,
-// eps), then ns_steps of X <- a X + (b A + c A A) X with A = X X^T. Returns bfloat16 [rows, cols].
+// eps), then ns_steps of X <- a X + (b A + c A A) X with A = X X^T. Returns bfloat16 [rows, cols]
+// (fp32 with `fp32`, MuonOptions::ns_fp32).
 at::Tensor newton_schulz(const at::Tensor& matrix, const std::array<double, 3>& coefficients,
-                         int64_t steps, double eps);
+                         int64_t steps, double eps, bool fp32 = false);
 
 // lr times the adjustment of `adjust` for a [rows, cols] matrix.
 double muon_adjusted_lr(double lr, MuonAdjustLr adjust, int64_t rows, int64_t cols);

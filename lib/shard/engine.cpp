@@ -425,7 +425,8 @@ StepResult ShardEngine::step_on_device(const std::vector<at::Tensor>& valid_grad
     FlatParam& f = *u->trainable;
     append_adamw_pieces(f, options_.adamw.weight_decay, pieces);
   }
-  optim::adamw_update_all_device(pieces, options_.adamw, {lr, step_dev_, clip, found_inf});
+  const at::Tensor adam_step = optimizer_since_ ? step_dev_ - optimizer_since_ : step_dev_;
+  optim::adamw_update_all_device(pieces, options_.adamw, {lr, adam_step, clip, found_inf});
   step_dev_.sub_(found_inf);
   for (const auto& u : units_)
     if (u->trainable) u->trainable->refresh_after_update();
@@ -492,7 +493,7 @@ StepResult ShardEngine::step(double lr, double max_grad_norm) {
     r.step = step_count_;
     return r;
   }
-  optim::AdamWStep s{lr, step_count_, r.clip_coef};
+  optim::AdamWStep s{lr, step_count_ - optimizer_since_, r.clip_coef};
   // Device-resident state: all pieces of all units in one call (one fused kernel launch per
   // weight-decay value on a GPU). Host-resident state (CPU runs, --cpu-offload): unit by unit,
   // so the asynchronous copy of one unit's updated shard to the device (refresh_after_update)
@@ -523,8 +524,8 @@ StepResult ShardEngine::step(double lr, double max_grad_norm) {
 }
 
 void ShardEngine::muon_step(double lr, double clip) {
-  const optim::AdamWStep base{lr, step_count_, clip};
-  const optim::AdamWStep scaled{lr * options_.muon_lr_ratio, step_count_, clip};
+  const optim::AdamWStep base{lr, step_count_ - optimizer_since_, clip};
+  const optim::AdamWStep scaled{lr * options_.muon_lr_ratio, step_count_ - optimizer_since_, clip};
   int64_t index = 0;  // model-wide index of the Muon matrices (their owners)
   for (const auto& u : units_) {
     if (!u->trainable) continue;

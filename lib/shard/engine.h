@@ -103,6 +103,10 @@ class ShardEngine final : public UnitHooks {
   // Optimizer steps applied so far (reads the device counter with device step scalars).
   int64_t step_count() const;
   void set_step_count(int64_t s);
+  // Steps taken before the optimizer's state was started fresh on a resume (load_state's
+  // fresh_optimizer); AdamW's bias correction counts the steps since. 0 for every other run.
+  int64_t optimizer_since() const { return optimizer_since_; }
+  void set_optimizer_since(int64_t s) { optimizer_since_ = s; }
 
   MemoryStats memory() const;
   const std::vector<const FlatLayout*>& layouts() const { return layouts_; }
@@ -168,6 +172,7 @@ class ShardEngine final : public UnitHooks {
   bool in_backward_ = false;
   bool sync_gradients_ = true;
   int64_t step_count_ = 0;
+  int64_t optimizer_since_ = 0;
   at::Tensor step_dev_;  // fp32 0-dim step count on the device (device step scalars only)
   int64_t peak_gathered_ = 0;
   int64_t peak_grad_ = 0;
@@ -192,7 +197,8 @@ std::map<std::string, at::Tensor> consolidate_state(const std::string& dir,
                                                     bool include_frozen = true);
 // Loads a state saved by save_state at any shard group size (resharding when it differs).
 // The flat layouts (parameter names, shapes, order per unit) must match; throws fsdp::Error
-// naming the file and the mismatch otherwise.
-void load_state(ShardEngine& engine, const std::string& dir);
+// naming the file and the mismatch otherwise. fresh_optimizer: the weights and the step only,
+// the optimizer's state zero (--reset-optimizer-state; the saved optimizer may then differ).
+void load_state(ShardEngine& engine, const std::string& dir, bool fresh_optimizer = false);
 
 }  // namespace fsdp::shard

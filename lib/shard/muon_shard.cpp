@@ -46,7 +46,7 @@ void muon_shard_step(const FlatLayout& layout, int rank, comm::Communicator* com
     at::Tensor ortho = at::empty({slot.shape[0], slot.shape[1]}, fp32);
     if ((comm ? comm->rank() : 0) == owner)
       ortho.copy_(optim::newton_schulz(whole.view({slot.shape[0], slot.shape[1]}),
-                                       o.ns_coefficients, o.ns_steps, o.eps));
+                                       o.ns_coefficients, o.ns_steps, o.eps, o.ns_fp32));
     if (comm) comm->broadcast(ortho, owner)->wait();
     if (!mine) continue;
     const double adjusted = optim::muon_adjusted_lr(lr, o.adjust_lr, slot.shape[0], slot.shape[1]);

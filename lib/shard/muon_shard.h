@@ -1,12 +1,13 @@
-// Muon on sharded parameters (issue 41; the optimizer step of the engine does not call it yet):
+// Muon on sharded parameters (--optimizer muon; ShardEngine::muon_step calls it per flat buffer):
 // Newton-Schulz needs each whole matrix, so the matrices of a flat buffer are updated one at a
 // time. A rank's momentum stays fp32 in its shard and the elementwise parts (momentum, Nesterov,
 // weight decay, the step) run on its own slice; only the update matrix travels: assembled from
 // every rank's slice (an all-reduce of the matrix with zeros outside each slice: exact), the
 // orthogonalisation runs once, on the matrix's owner (round-robin over the ranks by matrix
-// index), and is broadcast; each rank keeps its slice. Memory added: two copies of the largest
-// matrix (fp32 assembly, bf16 result). Equal, bit for bit, to optim::muon_update on the whole
-// matrices (the sums only add zeros).
+// index), and is broadcast; each rank keeps its slice. Memory added, one matrix at a time: two
+// fp32 copies of it on every rank (the assembled update, the broadcast result), plus the
+// Newton-Schulz workspace in bf16 on its owner. Equal, bit for bit, to optim::muon_update on the
+// whole matrices (the sums only add zeros).
 #pragma once
 
 #include <ATen/core/Tensor.h>

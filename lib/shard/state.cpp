@@ -163,6 +163,7 @@ struct Manifest {
   int replicate_size = 0;
   int64_t step = 0;
   std::string optimizer = "adamw";  // "muon": exp_avg holds Muon's momentum for its matrices
+  int64_t optimizer_since = 0;      // ShardEngine::optimizer_since
   std::vector<SavedFlat> flats;
 };
 
@@ -174,6 +175,7 @@ void write_manifest(const std::string& path, const ShardEngine& e) {
   os << "replicate_size " << e.replicate_size() << '\n';
   os << "step " << e.step_count() << '\n';
   if (e.options().muon) os << "optimizer muon\n";  // absent: AdamW (every older manifest)
+  if (e.optimizer_since() != 0) os << "optimizer_since " << e.optimizer_since() << '\n';
   for (FlatParam* f : e.flat_params()) {
     const FlatLayout& l = f->layout();
     os << "flat " << l.unit << ' ' << (l.trainable ? 1 : 0) << ' ' << l.numel << ' '
@@ -212,6 +214,8 @@ Manifest read_manifest(const std::string& path) {
       is >> m.step;
     } else if (key == "optimizer") {
       is >> m.optimizer;
+    } else if (key == "optimizer_since") {
+      is >> m.optimizer_since;
     } else if (key == "flat") {
       SavedFlat f;
       int trainable = 0;
@@ -356,7 +360,7 @@ void save_state(ShardEngine& engine, const std::string& dir) {
   if (write_error) std::rethrow_exception(write_error);
 }
 
-void load_state(ShardEngine& engine, const std::string& dir) {
+void load_state(ShardEngine& engine, const std::string& dir, bool fresh_optimizer) {
   engine.finish_backward();
   const std::string mpath = dir + "/manifest.txt";
   const Manifest m = read_manifest(mpath);
@@ -364,11 +368,10 @@ void load_state(ShardEngine& engine, const std::string& dir) {
   // it as its own state.
   const std::string now = engine.options().muon ? "muon" : "adamw";
   FSDP_USAGE_CHECK(
-      m.optimizer == now,
+      fresh_optimizer || m.optimizer == now,
       str(dir, " holds ", m.optimizer, "'s optimizer state, and this run uses --optimizer ", now),
       str("resume with --optimizer ", m.optimizer,
-          ", or start the new optimizer from the checkpoint's weights with "
-          "--init-checkpoint on its export"));
+          ", or add --reset-optimizer-state to start the new optimizer's state fresh"));
   std::map<int, ShardFile> files;
   auto file = [&](int r) -> const ShardFile& {
     auto it = files.find(r);
@@ -385,7 +388,10 @@ void load_state(ShardEngine& engine, const std::string& dir) {
                "resume with the same model configuration and the same unit list");
     check_same_layout(mpath, saved->layout, now);
     std::vector<std::pair<std::string, at::Tensor>> targets = {{"/master", f->master()}};
-    if (f->trainable()) {
+    if (f->trainable() && fresh_optimizer) {
+      f->exp_avg().zero_();
+      f->exp_avg_sq().zero_();
+    } else if (f->trainable()) {
       targets.push_back({"/exp_avg", f->exp_avg()});
       targets.push_back({"/exp_avg_sq", f->exp_avg_sq()});
     }
@@ -410,6 +416,7 @@ void load_state(ShardEngine& engine, const std::string& dir) {
     f->refresh_after_update();
   }
   engine.set_step_count(m.step);
+  engine.set_optimizer_since(fresh_optimizer ? m.step : m.optimizer_since);
 }
 
 }  // namespace fsdp::shard

@@ -163,10 +163,10 @@ void Checkpointer::plan_resume() {
 namespace {
 
 // Loads `path` into the engine and returns its run state; throws when it cannot.
-RunState load_one(shard::ShardEngine& engine, const std::string& path) {
+RunState load_one(shard::ShardEngine& engine, const std::string& path, bool fresh_optimizer) {
   RunState saved = load_run_state(path);
   const std::string state_dir = checkpoint::join_path(path, checkpoint::layout::kTrainState);
-  shard::load_state(engine, state_dir);
+  shard::load_state(engine, state_dir, fresh_optimizer);
   // trainer_state.json and the shard manifest were written by the same save: the optimizer
   // steps taken (the manifest's step) are the trainer's steps less the skipped ones.
   const int64_t manifest_step = engine.step_count();
@@ -191,7 +191,7 @@ std::pair<RunState, std::string> Checkpointer::load_first_loadable(
     std::string error;
     RunState saved;
     try {
-      saved = load_one(engine, path);
+      saved = load_one(engine, path, cfg_.checkpoint.reset_optimizer_state);
     } catch (const std::exception& e) {
       error = error_text(e);
     }

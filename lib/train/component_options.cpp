@@ -108,7 +108,11 @@ shard::EngineOptions engine_options(const config::TrainConfig& cfg, c10::Device 
   eo.adamw.eps = cfg.optim.adam_eps;
   eo.adamw.weight_decay = cfg.optim.weight_decay;
   eo.muon = cfg.optim.optimizer == config::OptimizerKind::kMuon;
-  eo.muon_lr_ratio = cfg.optim.muon_lr_ratio;
+  FSDP_USAGE_CHECK(!cfg.optim.muon_lr || !cfg.given_options.count("muon-lr-ratio"),
+                   "--muon-lr and --muon-lr-ratio both given: --muon-lr replaces the ratio",
+                   "give one of them");
+  eo.muon_lr_ratio =
+      cfg.optim.muon_lr ? *cfg.optim.muon_lr / cfg.optim.learning_rate : cfg.optim.muon_lr_ratio;
   eo.muon_options.momentum = cfg.optim.muon_momentum;
   eo.muon_options.nesterov = cfg.optim.muon_nesterov;
   eo.muon_options.weight_decay = cfg.optim.muon_weight_decay;

@@ -113,6 +113,10 @@ void Trainer::Impl::resume_if_asked() {
   state.micro_batch_size = plan.micro_batch;
   FSDP_LOG0(kInfo) << "resumed from " << loaded << " at step " << state.step << " (epoch "
                    << state.epoch << ", micro-batch " << state.position << ")";
+  if (cfg.checkpoint.reset_optimizer_state) {
+    FSDP_LOG0(kInfo) << "--reset-optimizer-state: the " << config::to_string(cfg.optim.optimizer)
+                     << " state starts fresh at step " << state.step;
+  }
 }
 
 void Trainer::Impl::adopt_layout(const RunState& saved) {

@@ -83,6 +83,25 @@ run_np 1 $(args "$W/part") --num-epochs 1 --max-steps 8 --resume >"$W/part2.log"
 grep -q "resumed from .*step_4" "$W/part2.log" || fail "did not resume from step 4"
 compare_exports "$(latest_ckpt "$W/np1")" "$(latest_ckpt "$W/part")" 0 || fail "resume is not bitwise exact"
 
+# --optimizer muon on the DSpark draft (docs/usage.md "Optimizers": the Markov factors go to
+# AdamW at Muon's learning rate, the backbone's matrices to Muon): 1 and 2 ranks, the same
+# per-step losses (within 1e-2, the bf16 Newton-Schulz of another summation order).
+for np in 1 2; do
+  run_np $np $(args "$W/muon$np") --num-epochs 1 --max-steps 8 --optimizer muon \
+    >"$W/muon$np.log" 2>&1 || { tail -30 "$W/muon$np.log"; fail "DSpark under Muon at $np rank(s)"; }
+done
+"$PY" - "$W/muon1/metrics.jsonl" "$W/muon2/metrics.jsonl" "$W/np1/metrics.jsonl" <<'PYEOF' ||
+import json, math, sys
+a, b, adamw = ([r["train/loss"] for r in map(json.loads, open(p)) if "train/loss" in r]
+               for p in sys.argv[1:4])
+assert len(a) == len(b) == 8 and all(math.isfinite(x) for x in a), (a, b)
+worst = max(abs(x - y) / abs(x) for x, y in zip(a, b))
+assert worst < 1e-2, ("1 vs 2 ranks", worst)
+assert max(abs(x - y) for x, y in zip(a[1:], adamw[1:])) > 1e-4, "Muon trained what AdamW did"
+print(f"DSpark under Muon: 1 vs 2 ranks within {worst:.1e}")
+PYEOF
+  fail "DSpark under Muon"
+
 # Features without target_last_hidden_states cannot feed the L1 term: a named error.
 "$PY" "$SRC/benchmarks/data/dflash_features.py" "$TOY" "$W/nolast" --layers 2 --block-size 4 ||
   fail "making DFlash features"

@@ -115,10 +115,12 @@ PYEOF
 }
 
 # compare_exports A B RTOL: every tensor of A/model.safetensors equals B's: RTOL 0 means
-# bitwise; otherwise the relative L2 difference ||a-b||/||b|| must be <= RTOL and the largest
-# element difference <= 10*RTOL of the tensor's largest value. (Adam divides by sqrt(v): an
-# element whose gradient is ~0 can take a different sign from fp32 summation order, so a
-# single element may move by more than the tensor as a whole; measured: 1 of 8192 elements.)
+# bitwise; otherwise the relative L2 difference ||a-b||/||b|| must be <= RTOL, and at most one
+# element in 4096 (at least one per tensor) may differ by more than 10*RTOL of the tensor's
+# largest value. (Adam divides by sqrt(v): an element whose gradient is ~0 can take the other
+# sign from an fp32 summation-order difference and move by ~lr, whatever the precision of the
+# rest; measured: 1 of 8192 elements, by 1.0e-5 to 1.3e-5 of the largest value on an AVX-512
+# machine, 5e-6 on another. The relative L2 is the precision check.)
 compare_exports() {
   "$PY" - "$1/model.safetensors" "$2/model.safetensors" "$3" <<'PYEOF'
 import sys
@@ -126,6 +128,7 @@ from safetensors.torch import load_file
 a, b, rtol = load_file(sys.argv[1]), load_file(sys.argv[2]), float(sys.argv[3])
 assert a.keys() == b.keys(), (sorted(a.keys()), sorted(b.keys()))
 worst_l2 = worst_max = 0.0
+flips = 0
 for k in sorted(a):
     x, y = a[k], b[k]
     assert x.dtype == y.dtype and x.shape == y.shape, k
@@ -135,10 +138,13 @@ for k in sorted(a):
         continue
     x, y = x.double(), y.double()
     l2 = ((x - y).norm() / y.norm().clamp_min(1e-30)).item()
-    mx = ((x - y).abs().max() / y.abs().max().clamp_min(1e-30)).item()
-    worst_l2, worst_max = max(worst_l2, l2), max(worst_max, mx)
-    if l2 > rtol or mx > 10 * rtol:
-        print(f"{k}: relative L2 difference {l2:.3g}, max {mx:.3g} (tolerance {rtol})"); sys.exit(1)
-print(f"exports agree (worst relative L2 {worst_l2:.3g}, worst max {worst_max:.3g}, tolerance {rtol})")
+    rel = (x - y).abs() / y.abs().max().clamp_min(1e-30)
+    mx, far = rel.max().item(), int((rel > 10 * rtol).sum())
+    worst_l2, worst_max, flips = max(worst_l2, l2), max(worst_max, mx), flips + far
+    if l2 > rtol or far > max(1, x.numel() // 4096):
+        print(f"{k}: relative L2 difference {l2:.3g}, max {mx:.3g}, {far} of {x.numel()} elements "
+              f"beyond {10 * rtol:g} (tolerance {rtol})"); sys.exit(1)
+print(f"exports agree (worst relative L2 {worst_l2:.3g}, worst max {worst_max:.3g}, "
+      f"{flips} elements beyond {10 * rtol:g}, tolerance {rtol})")
 PYEOF
 }

@@ -29,9 +29,11 @@ std::string sample_value(const OptionSpec& s) {
       break;
   }
   const std::string def = s.default_text();
-  const bool numeric = s.kind == OptionKind::kInt || s.kind == OptionKind::kFloat;
   if (def != inert && def != "\"\"" && def != "none" && !s.secret) return def;
-  return numeric ? "1" : "x";
+  if (s.kind == OptionKind::kInt || s.kind == OptionKind::kOptInt) return "1";
+  // Inside every float bound the table uses ((0, 1) for learning rates).
+  if (s.kind == OptionKind::kFloat || s.kind == OptionKind::kOptFloat) return "0.5";
+  return "x";
 }
 
 // Flags that turn the primary on, and (when its default is on) flags that turn it off.
