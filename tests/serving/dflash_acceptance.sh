@@ -36,12 +36,12 @@ done
 train() {  # NAME CONFIG EXTRA_FLAGS...: trains, sets CK to the final checkpoint
   local name="$1" cfg="$2"; shift 2
   stage "$name: fsdp-train training the draft"
-  "$BIN" --target-model-path "$C/target" --draft-model-config "$cfg" \
+  guarded 900 "$BIN" --target-model-path "$C/target" --draft-model-config "$cfg" \
     --train-hidden-states-path "$C/feat-dspark-train" --output-dir "$W/$name/run" \
     --cache-dir "$W/cache" --draft-global-batch-size 2 --draft-micro-batch-size 2 \
     --learning-rate 1e-3 --warmup-ratio 0.05 --max-length 256 --export-dtype fp32 \
     --save-interval 0 --log-steps 10 "$@" >"$W/$name.log" 2>&1 ||
-    { tail -30 "$W/$name.log"; fail "$name: training"; }
+    { tail -100 "$W/$name.log"; fail "$name: training"; }
   CK=$(latest_ckpt "$W/$name/run")
 }
 
@@ -53,11 +53,11 @@ stage "dflash: vLLM with the draft (method dflash, k = $((BLOCK - 1)))"
   { tail -40 "$W/dflash-serve.log"; fail "dflash: the engine check"; }
 
 stage "dflash: fsdp-train's engine walk on the same sequences"
-"$BIN" --init-checkpoint "$CK" --eval-only --target-model-path "$C/target" \
+guarded 600 "$BIN" --init-checkpoint "$CK" --eval-only --target-model-path "$C/target" \
   --draft-model-config "$CK/config.json" --eval-hidden-states-path "$C/feat-dspark-eval" \
   --cache-dir "$W/cache" --max-length 512 --mixed-precision fp32 --num-anchors 512 \
   --draft-global-batch-size 1 --draft-micro-batch-size 1 --output-dir "$W/dflash/eval" \
-  >"$W/dflash-eval.log" 2>&1 || { tail -30 "$W/dflash-eval.log"; fail "dflash: eval-only"; }
+  >"$W/dflash-eval.log" 2>&1 || { tail -100 "$W/dflash-eval.log"; fail "dflash: eval-only"; }
 
 "$PY" - "$W/dflash/serve/report.json" "$W/dflash/eval/metrics.jsonl" "$FLOOR" <<'PYEOF' ||
 import json, sys

@@ -53,11 +53,11 @@ serve_and_check() {
   local R="$W/$name"
   mkdir -p "$R"
   stage "$name: fsdp-train training the draft"
-  "$BIN" --target-model-path "$C/target" --draft-model-config "$dcfg" \
+  guarded 900 "$BIN" --target-model-path "$C/target" --draft-model-config "$dcfg" \
     --train-hidden-states-path "$C/feat-train" --output-dir "$R/run" --cache-dir "$W/cache" \
     --num-epochs 6 --draft-global-batch-size 4 --draft-micro-batch-size 4 --learning-rate 2e-3 \
     --warmup-ratio 0.05 --max-length 256 $steps --export-dtype fp32 --save-interval 0 \
-    --log-steps 10 "$@" >"$R/train.log" 2>&1 || { tail -30 "$R/train.log"; fail "$name: training"; }
+    --log-steps 10 "$@" >"$R/train.log" 2>&1 || { tail -100 "$R/train.log"; fail "$name: training"; }
   CK="$(ls -d "$R/run"/epoch_* | sort -V | tail -n 1)"
   "$BIN" check-export "$CK" --for vllm --target-model-path "$C/target" >"$R/check.log" 2>&1 ||
     { cat "$R/check.log"; fail "$name: check-export on the trained draft"; }
@@ -68,11 +68,11 @@ serve_and_check() {
     { tail -30 "$R/spec.log"; fail "$name: speculative generation"; }
 
   stage "$name: fsdp-train engine-faithful accept_len on the same sequences"
-  "$BIN" --init-checkpoint "$CK" --eval-only --target-model-path "$C/target" \
+  guarded 600 "$BIN" --init-checkpoint "$CK" --eval-only --target-model-path "$C/target" \
     --draft-model-config "${eval_cfg:-$CK/config.json}" --eval-hidden-states-path "$C/feat-eval" \
     --cache-dir "$W/cache" --max-length 512 $steps --mixed-precision fp32 \
     --draft-global-batch-size 1 --draft-micro-batch-size 1 --output-dir "$R/eval" "$@" \
-    >"$R/eval.log" 2>&1 || { tail -30 "$R/eval.log"; fail "$name: eval-only"; }
+    >"$R/eval.log" 2>&1 || { tail -100 "$R/eval.log"; fail "$name: eval-only"; }
 
   "$PY" - "$C/base.json" "$R/spec.json" "$R/eval/metrics.jsonl" "$FLOOR" "$R/spec.log" "$CK/aux_layers.json" "$name" <<'PYEOF' || fail "$name: serving checks"
 import json, re, sys

@@ -53,6 +53,32 @@ run_np() {
   fi
 }
 
+# guarded SECONDS CMD...: runs CMD; if it is still running after SECONDS (a hang: the callers
+# give several times the run's usual length), prints every thread's stack of CMD and its child
+# processes (gdb, when installed) and kills them, returning 124: a hang fails in bounded time and
+# says where it stood instead of running into the test's timeout. A watchdog poll, not a wait
+# for an event: CMD's own exit ends it at once.
+guarded() {
+  local limit="$1" waited=0 pid p; shift
+  "$@" &
+  pid=$!
+  while kill -0 "$pid" 2>/dev/null; do
+    if [ "$waited" -ge "$limit" ]; then
+      echo "HANG: still running after ${limit}s: $*"
+      for p in "$pid" $(pgrep -P "$pid"); do
+        echo "--- stacks of pid $p: $(tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null | cut -c1-120)"
+        command -v gdb >/dev/null &&
+          timeout 60 gdb -p "$p" -batch -ex "thread apply all bt 25" 2>/dev/null | grep -E "^(Thread|#)"
+      done
+      pkill -9 -P "$pid" 2>/dev/null; kill -9 "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
+      return 124
+    fi
+    sleep 2
+    waited=$((waited + 2))
+  done
+  wait "$pid"
+}
+
 # train_args DATA OUT: the common flags of a small deterministic run.
 train_args() {
   local data="$1" out="$2"
