@@ -11,7 +11,9 @@
 # accept_len, the held-out loss and training tokens/s; per setting the mean and the seed spread
 # (max - min). Results: $OUT/results.json and Markdown tables on stdout.
 #   bash benchmarks/serving/optimizer_study.sh [BUILD_DIR]   (after launch/setup.sh and
-#   launch/setup-serving.sh; K, EPOCHS, SEEDS, ADAMW_LRS, MUON_LRS, OUT override the defaults)
+#   launch/setup-serving.sh; K, EPOCHS, SEEDS, ADAMW_LRS, MUON_LRS, OUT override the defaults;
+#   KEEP=1 keeps OUT and reuses the runs and engine results already there, e.g. after widening a
+#   sweep whose best learning rate was at its edge)
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 BUILD="$(cd "${1:-$REPO/build}" && pwd)"
@@ -21,14 +23,14 @@ VPY="${FSDP_VLLM_VENV:-$HOME/.cache/fsdp-train/vllm-venv}/bin/python"
 PIPE="$REPO/benchmarks/serving/pipeline.py"
 NUM_TRAIN=48 NUM_EVAL=12 MAX_TOKENS=64  # the serving tier's cache
 K="${K:-3}" EPOCHS="${EPOCHS:-6}" SEEDS="${SEEDS:-0 1}"
-ADAMW_LRS="${ADAMW_LRS:-5e-4 1e-3 2e-3 4e-3}"
-MUON_LRS="${MUON_LRS:-2.5e-4 5e-4 1e-3 2e-3}"  # --learning-rate; Muon's own is 10x (speculators)
+ADAMW_LRS="${ADAMW_LRS:-1e-3 2e-3 4e-3}"
+MUON_LRS="${MUON_LRS:-2.5e-4 5e-4 1e-3 2e-3 4e-3}"  # --learning-rate; Muon's own is 10x
 SRC="$REPO"
 source "$REPO/benchmarks/serving/cache.sh"
 require_serving_tools
 C="$(serving_cache_dir)"
 OUT="${OUT:-$BUILD/optimizer_study}"
-rm -rf "$OUT"
+[ "${KEEP:-0}" = 1 ] || rm -rf "$OUT"
 mkdir -p "$C" "$OUT"
 t0=$(date +%s)
 stage() { echo "[optimizer-study] $(( $(date +%s) - t0 ))s: $*"; }
@@ -72,17 +74,19 @@ declare -A BEST=([adamw]="$(pick adamw)" [muon]="$(pick muon)")
 stage "picked learning rates: AdamW ${BEST[adamw]}, Muon ${BEST[muon]} (Muon's own 10x)"
 
 stage "vLLM, the target alone"
-cache_step "$OUT/spec-none.log" "$VPY" "$PIPE" generate --target "$C/target" --prompts "$C/prompts.json" \
+[ -f "$OUT/spec-none.json" ] ||
+  cache_step "$OUT/spec-none.log" "$VPY" "$PIPE" generate --target "$C/target" --prompts "$C/prompts.json" \
   --sets eval --max-tokens "$MAX_TOKENS" --out "$OUT/spec-none.json"
 for opt in adamw muon; do
   for obj in soft_ce lk_lambda; do
     for seed in $SEEDS; do
-      name="$opt-$obj-$seed"
+      name="$opt-${BEST[$opt]}-$obj-$seed"
       if [ $obj = soft_ce ] && [ "$seed" = 0 ]; then
         ln -sfn "sweep-$opt-${BEST[$opt]}" "$OUT/$name"  # the sweep's run is this one
       else
         train "$name" $opt "${BEST[$opt]}" $obj "$seed"
       fi
+      [ -f "$OUT/spec-$name.json" ] && continue
       stage "vLLM with the $name draft (k=$K)"
       ck="$(ls -d "$OUT/$name"/epoch_* | sort -V | tail -n 1)"
       cache_step "$OUT/spec-$name.log" "$VPY" "$PIPE" generate --target "$C/target" \
@@ -109,7 +113,10 @@ res = {"k": k, "epochs": epochs, "picked_lr": {"adamw": lr_adamw, "muon": lr_muo
 print("Learning-rate sweep (soft cross-entropy, seed 0; Muon's own learning rate is 10x):\n")
 print("| optimizer | --learning-rate | held-out loss | fsdp-train accept_len | train tokens/s |")
 print("|---|---|---|---|---|")
-for d in sorted(glob.glob(f"{out}/sweep-*"), key=lambda p: (p.split("-")[1], float(p.split("-", 2)[2]))):
+def sweep_key(p):
+    _, opt, lr = os.path.basename(p).split("-", 2)
+    return opt, float(lr)
+for d in sorted(glob.glob(f"{out}/sweep-*"), key=sweep_key):
     _, opt, lr = os.path.basename(d).split("-", 2)
     m = train_metrics(d)
     res["sweep"][f"{opt}-{lr}"] = m
@@ -124,7 +131,7 @@ print("|---|---|---|---|---|---|---|---|---|")
 for opt in ["adamw", "muon"]:
     for obj in ["soft_ce", "lk_lambda"]:
         for seed in seeds:
-            name = f"{opt}-{obj}-{seed}"
+            name = f"{opt}-{res['picked_lr'][opt]}-{obj}-{seed}"
             s = json.load(open(f"{out}/spec-{name}.json"))
             same = sum(a["generated_ids"] == b["generated_ids"]
                        for a, b in zip(base["outputs"]["eval"], s["outputs"]["eval"]))
@@ -144,7 +151,7 @@ print("|---|---|---|---|---|---|---|---|")
 res["settings"] = {}
 for opt in ["adamw", "muon"]:
     for obj in ["soft_ce", "lk_lambda"]:
-        rows = [res["runs"][f"{opt}-{obj}-{s}"] for s in seeds]
+        rows = [res["runs"][f"{opt}-{res['picked_lr'][opt]}-{obj}-{s}"] for s in seeds]
         agg = {}
         for key in ["engine_accept_len", "fsdp_train_accept_len", "eval_loss"]:
             v = [r[key] for r in rows]
