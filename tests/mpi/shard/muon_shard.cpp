@@ -155,27 +155,33 @@ TEST_CASE("--optimizer muon in the engine equals Muon + AdamW on the whole model
   const double ratio = 10.0;
   testing::TrainSetup c;
   c.lr = 2e-3;
-  // Every strategy at this world size, clipping on: the gradients differ from the reference's by
-  // their summation order only, and the bf16 Newton-Schulz may round such a difference to the
-  // next bf16 value, so the comparison is to 1e-4 (the matrices alone are bitwise equal for
-  // equal gradients: the test above).
-  const auto ref = muon_reference(3, c, o, ratio);
-  for (auto s :
-       {shard::Strategy::kFullShard, shard::Strategy::kShardGradOp, shard::Strategy::kNoShard}) {
-    INFO("strategy " << shard::strategy_name(s));
-    const auto got = muon_engine_run(s, testing::groups_for(s, world), c, 3, o, ratio);
-    CHECK(testing::max_rel_diff(got, ref) < 1e-4);
-  }
-  // hybrid_shard: Muon's owners are counted inside a shard group, every replica orthogonalises
-  // its own copy of the same matrices (identical after the replicate all-reduce).
+  // Every strategy at this world size, then hybrid_shard at each node count dividing it (Muon's
+  // owners are counted inside a shard group; every replica orthogonalises its own copy of the
+  // same matrices, identical after the replicate all-reduce), clipping on: each within `bound`
+  // of `want`. The gradients differ from the reference's by their summation order only, and the
+  // bf16 Newton-Schulz may round such a difference to the next bf16 value, so with bf16 the
+  // comparison is to 1e-4 (the matrices alone are bitwise equal for equal gradients: the test
+  // above).
   const int w = comm::topology().world_size;
-  for (int nodes = 1; nodes <= w; ++nodes) {
-    if (w % nodes) continue;
-    INFO("hybrid_shard with " << nodes << " pretend nodes");
-    const auto got = muon_engine_run(shard::Strategy::kHybridShard, testing::hybrid_groups(nodes),
-                                     c, 3, o, ratio);
-    CHECK(testing::max_rel_diff(got, ref) < 1e-4);
-  }
+  const auto every_layout = [&](const optim::MuonOptions& opts,
+                                const std::map<std::string, torch::Tensor>& want, double bound,
+                                const char* label) {
+    for (auto s :
+         {shard::Strategy::kFullShard, shard::Strategy::kShardGradOp, shard::Strategy::kNoShard}) {
+      INFO(label << "strategy " << shard::strategy_name(s));
+      const auto got = muon_engine_run(s, testing::groups_for(s, world), c, 3, opts, ratio);
+      CHECK(testing::max_rel_diff(got, want) < bound);
+    }
+    for (int nodes = 1; nodes <= w; ++nodes) {
+      if (w % nodes) continue;
+      INFO(label << "hybrid_shard with " << nodes << " pretend nodes");
+      const auto got = muon_engine_run(shard::Strategy::kHybridShard, testing::hybrid_groups(nodes),
+                                       c, 3, opts, ratio);
+      CHECK(testing::max_rel_diff(got, want) < bound);
+    }
+  };
+  const auto ref = muon_reference(3, c, o, ratio);
+  every_layout(o, ref, 1e-4, "");
   // With the Newton-Schulz in fp32 (tests only) nothing rounds the summation-order difference to
   // a bf16 step: every strategy and hybrid_shard equal the reference within 1e-5 of each
   // tensor's largest value (measured: 1.3e-6 at 4 ranks, 1.2e-6 at 3), the bound the AdamW-only
@@ -183,20 +189,7 @@ TEST_CASE("--optimizer muon in the engine equals Muon + AdamW on the whole model
   // last-bit differences of near-zero gradients, and the AdamW parameters are part of this run).
   optim::MuonOptions o32 = o;
   o32.ns_fp32 = true;
-  const auto ref32 = muon_reference(3, c, o32, ratio);
-  for (auto s :
-       {shard::Strategy::kFullShard, shard::Strategy::kShardGradOp, shard::Strategy::kNoShard}) {
-    INFO("fp32 Newton-Schulz, strategy " << shard::strategy_name(s));
-    const auto got = muon_engine_run(s, testing::groups_for(s, world), c, 3, o32, ratio);
-    CHECK(testing::max_rel_diff(got, ref32) < 1e-5);
-  }
-  for (int nodes = 1; nodes <= w; ++nodes) {
-    if (w % nodes) continue;
-    INFO("fp32 Newton-Schulz, hybrid_shard with " << nodes << " pretend nodes");
-    const auto got = muon_engine_run(shard::Strategy::kHybridShard, testing::hybrid_groups(nodes),
-                                     c, 3, o32, ratio);
-    CHECK(testing::max_rel_diff(got, ref32) < 1e-5);
-  }
+  every_layout(o32, muon_reference(3, c, o32, ratio), 1e-5, "fp32 Newton-Schulz, ");
   // The Muon group really moved differently from AdamW: a run with AdamW alone is far.
   const auto adamw = testing::train_reference(7, 0, 3, c);
   CHECK(testing::max_rel_diff(adamw, ref) > 1e-3);
