@@ -75,10 +75,14 @@ def cmd_target(a):
     cfg["architectures"] = ["LlamaForCausalLM"]
     cfg["torch_dtype"] = "float32"
     (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
-    if out.exists():
-        import shutil
-        shutil.rmtree(out)
-    os.replace(tmp, out)
+    if spool:
+        if a.end:
+            spool.end_stream(a.spool)
+    else:
+        if out.exists():
+            import shutil
+            shutil.rmtree(out)
+        os.replace(tmp, out)
     print(json.dumps({"target": str(out), "num_hidden_layers": cfg["num_hidden_layers"]}))
 
 
@@ -204,7 +208,15 @@ def cmd_features(a):
         rows = [(r["prompt_ids"], r["generated_ids"]) for r in src["outputs"][a.split]]
     else:                 # a prompts file: prompt + human reply
         rows = [(r["prompt_ids"], r["human_ids"]) for r in src[a.split]]
-    out = Path(a.out)
+    if bool(a.out) == bool(a.spool):
+        fail("features: give --out DIR (an offline dump) or --spool DIR (a streaming run's spool)",
+             "docs/data.md \"Streaming\" describes the spool")
+    spool = None
+    if a.spool:  # each sample published as soon as it is made (apps/spool/fsdp_spool.py)
+        sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "apps" / "spool"))
+        import fsdp_spool as spool
+        import io
+    out = Path(a.out or a.spool)
     tmp = out.with_name(out.name + ".tmp")
     dtype = torch.float32 if a.dtype == "fp32" else torch.bfloat16
     kept = 0
@@ -220,7 +232,8 @@ def cmd_features(a):
             aux = torch.cat([hs[j + 1] for j in layers], dim=-1).to(dtype).contiguous()
             last = o.last_hidden_state.to(dtype).contiguous()
             path = tmp / "rows_0-100000" / f"data_{i}.ckpt"
-            path.parent.mkdir(parents=True, exist_ok=True)
+            if not spool:
+                path.parent.mkdir(parents=True, exist_ok=True)
             if a.format == "eagle3":
                 rec = {"input_ids": ids, "loss_mask": mask, "hidden_state": last,
                        "aux_hidden_state": aux}
@@ -228,16 +241,25 @@ def cmd_features(a):
                 rec = {"input_ids": ids, "loss_mask": mask, "hidden_states": aux}
                 if a.format == "dspark":
                     rec["target_last_hidden_states"] = last
-            torch.save(rec, path)
+            if spool:
+                buf = io.BytesIO()
+                torch.save(rec, buf)
+                spool.publish(a.spool, f"data_{i:08d}.ckpt", buf.getvalue())
+            else:
+                torch.save(rec, path)
             kept += 1
     if a.draft_config:
         sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "realdata"))
         from make_features import draft_config
         write_json(draft_config(model.config, a.draft_vocab_size, layers), a.draft_config)
-    if out.exists():
-        import shutil
-        shutil.rmtree(out)
-    os.replace(tmp, out)
+    if spool:
+        if a.end:
+            spool.end_stream(a.spool)
+    else:
+        if out.exists():
+            import shutil
+            shutil.rmtree(out)
+        os.replace(tmp, out)
     print(json.dumps({"features": str(out), "format": a.format, "samples": kept,
                       "layers": layers}))
 
@@ -280,7 +302,10 @@ def main():
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--draft-config", default=None, help="also write a draft config here")
     p.add_argument("--draft-vocab-size", type=int, default=4096)
-    p.add_argument("--out", required=True)
+    p.add_argument("--out", default=None, help="write an offline dump here")
+    p.add_argument("--spool", default=None,
+                   help="publish each sample into this streaming spool instead (docs/data.md)")
+    p.add_argument("--end", action="store_true", help="with --spool: write END_OF_STREAM last")
     a = ap.parse_args()
     {"target": cmd_target, "prompts": cmd_prompts, "generate": cmd_generate,
      "features": cmd_features}[a.cmd](a)

@@ -675,6 +675,56 @@ void add_model_rows(std::vector<OptionSpec>& t) {
   t.back().bounds = whole(-1, int64_t{1} << 30, " (0: automatic, -1: off)");
 }
 
+// Streaming from a spool producers fill while the run trains (docs/data.md "Streaming").
+void add_stream_rows(std::vector<OptionSpec>& t) {
+  const std::string da = "Data";
+  t.push_back(row<bool>(
+      "stream", K::kBool, da,
+      "--train-hidden-states-path is a spool directory that producers fill while the run "
+      "trains: samples (*.ckpt, *.ckpt.gz renamed into place) are trained in arrival order and "
+      "deleted once a checkpoint covers their last use; END_OF_STREAM in the directory ends the "
+      "run after the spool is drained; needs --total-steps (the schedule's length and the "
+      "longest the run goes) (docs/data.md \"Streaming\")",
+      FIELD(data.stream)));
+  t.push_back(row<double>("stream-max-gb", K::kFloat, da,
+                          "disk budget of the spool in GiB (samples and producers' files being "
+                          "written): producers wait while it is full, and the trainer saves a "
+                          "checkpoint early when the samples it consumed but has not "
+                          "acknowledged hold half of it; 0: no budget",
+                          FIELD(data.stream_max_gb)));
+  t.back().bounds = at_least(0, false, "give the budget in GiB, e.g. 50 (0: no budget)");
+  needs(t, "stream", {}, "0");
+  t.push_back(row<int64_t>("stream-uses", K::kInt, da,
+                           "times each streamed sample is trained before it is acknowledged: "
+                           "the first pass in arrival order, the others in shuffled orders of its "
+                           "replay window (the stream's counterpart of epochs)",
+                           FIELD(data.stream_uses)));
+  t.back().bounds = whole(1, 1024);
+  needs(t, "stream", {}, "1");
+  t.push_back(row<int64_t>("stream-replay-window", K::kInt, da,
+                           "samples per replay window with --stream-uses above 1: a window's "
+                           "samples are all trained --stream-uses times before the next "
+                           "window starts, so it bounds how long a sample stays in the spool",
+                           FIELD(data.stream_replay_window)));
+  t.back().bounds = whole(1, int64_t{1} << 24);
+  needs(t, "stream-uses");
+  t.push_back(row<double>("stream-settle-s", K::kFloat, da,
+                          "for producers that write samples in place (SpecForge's "
+                          "prepare_hidden_states): a file counts as arrived once its size and "
+                          "time stamp have not changed for this many seconds; 0: files appear "
+                          "complete (renamed into place)",
+                          FIELD(data.stream_settle_s)));
+  t.back().bounds = at_least(0, false, "give seconds >= 0, e.g. 5", 3600);
+  needs(t, "stream", {}, "0");
+  t.push_back(row<int64_t>("stream-start-samples", K::kInt, da,
+                           "samples that must arrive before training starts: the start-up "
+                           "checks and a vocabulary mapping built from the features read them "
+                           "(fewer when the stream ends first)",
+                           FIELD(data.stream_start_samples)));
+  t.back().bounds = whole(1, int64_t{1} << 24);
+  needs(t, "stream");
+}
+
 // Hidden-state inputs, the raw SpecForge data paths recorded for compatibility, the loader.
 void add_data_rows(std::vector<OptionSpec>& t) {
   const std::string da = "Data";
@@ -731,6 +781,7 @@ void add_data_rows(std::vector<OptionSpec>& t) {
                      "AddUniformNoise (standard deviation std/sqrt(3)), or gaussian, N(0, std^2)",
                      FIELD(data.noise_type)));
   needs(t, "noise-std");
+  add_stream_rows(t);
 }
 
 // Epochs, batch sizes, step counts, seed and loss normalisation.

@@ -126,6 +126,14 @@ struct DataConfig {
   // Noise on the aux hidden states of training samples (never evaluation); 0: off.
   double noise_std = 0;
   NoiseType noise_type = NoiseType::kUniform;
+  // Streaming (docs/data.md "Streaming"): train_hidden_states_path is a spool producers fill
+  // while the run trains (data/spool.h).
+  bool stream = false;
+  double stream_max_gb = 0;           // the spool's disk budget; 0: none
+  int64_t stream_uses = 1;            // times each sample is trained before it is acknowledged
+  int64_t stream_replay_window = 64;  // samples per replay window (stream_uses > 1)
+  double stream_settle_s = 0;         // in-place writers: a file must rest this long
+  int64_t stream_start_samples = 64;  // arrivals the start-up checks (and vocab mapping) read
 };
 
 // Optimizer and learning-rate schedule.

@@ -92,9 +92,10 @@ struct Batch {
   // trainer's train::share_batch hands every rank its slice.
   bool awaits_share = false;
   int64_t epoch = 0;
-  int64_t batch_index = 0;  // position of this micro-batch within the rank's epoch
-  int64_t num_skipped = 0;  // rows that stand in for skipped bad samples
-  uint64_t bytes_read = 0;  // raw feature bytes read to build this batch
+  int64_t batch_index = 0;   // position of this micro-batch within the rank's epoch
+  bool ends_stream = false;  // a stream's last micro-batch (LoaderOptions::stream)
+  int64_t num_skipped = 0;   // rows that stand in for skipped bad samples
+  uint64_t bytes_read = 0;   // raw feature bytes read to build this batch
   int64_t batch_size() const { return input_ids.defined() ? input_ids.size(0) : 0; }
   int64_t seq_len() const { return input_ids.defined() ? input_ids.size(1) : 0; }
   // Tokens that count for the loss (sum of loss_mask; sharded: the sample's on group rank 0, 0

@@ -120,6 +120,9 @@ class FeatureDataset {
   // The captured target layers as the dump records them, as 0-based decoder-layer output ids
   // (SpecForge's convention), in aux_hidden_state order; empty when the dump does not say.
   virtual std::vector<int64_t> captured_layer_ids() const { return {}; }
+  // Wakes and fails reads that wait for a sample to arrive (the streaming spool, data/spool.h),
+  // when the loader shuts down; nothing for the datasets whose samples are all there.
+  virtual void cancel_waits() const {}
   // Number of feature files opened so far (laziness checks and stats).
   int64_t files_opened() const { return files_opened_.load(); }
   // Bytes read from storage so far (as stored: compressed bytes for .ckpt.gz), for I/O checks.

@@ -12,6 +12,7 @@
 
 #include "core/log.h"
 #include "core/timer.h"
+#include "data/spool.h"
 
 namespace fsdp::data {
 
@@ -27,6 +28,7 @@ DataLoader::DataLoader(std::shared_ptr<FeatureDataset> dataset, DistributedSampl
 }
 
 DataLoader::~DataLoader() {
+  dataset_->cancel_waits();  // a stream's readers may wait for samples that never come
   stop_threads();
 }
 
@@ -53,6 +55,8 @@ void DataLoader::start(SamplerState state) {
   next_to_claim_ = next_to_return_ = state.position;
   ready_.clear();
   failed_.clear();
+  ended_at_ = INT64_MAX;
+  stream_ended_ = false;
   epoch_indices_ = sampler_.epoch_indices(epoch_);
   for (int i = 0; i < options_.prefetch_threads; ++i)
     threads_.emplace_back([this, i] { worker(i); });
@@ -108,6 +112,10 @@ Batch DataLoader::build_batch(int64_t epoch, int64_t batch) {
                                                              : read_whole(epoch, idx, read));
     } catch (const BadSampleError& e) {
       if (!options_.skip_bad_samples) throw;
+      // A stream's producer may have died mid-write: said at once, on the rank that read it.
+      if (options_.stream)
+        FSDP_LOG(kWarn) << "--stream: skipped a bad sample (counted; training goes on): "
+                        << e.message();
       std::lock_guard<std::mutex> lock(mu_);
       bad_.push_back({idx, dataset_->source(idx), e.message()});
       read.bad_rows.push_back(k);
@@ -232,25 +240,30 @@ void DataLoader::worker(int id) {
   const int64_t total = batches_per_epoch();
   while (true) {
     cv_.wait(lock, [&] {
-      return stop_ || next_to_claim_ >= total ||
+      return stop_ || next_to_claim_ >= std::min(total, ended_at_) ||
              next_to_claim_ < next_to_return_ + options_.prefetch_depth;
     });
-    if (stop_ || next_to_claim_ >= total) return;
+    if (stop_ || next_to_claim_ >= std::min(total, ended_at_)) return;
     const int64_t batch = next_to_claim_++;
     const int64_t epoch = epoch_;
     lock.unlock();
     Stopwatch watch;
     Batch result;
     std::exception_ptr error;
+    bool ended = false;
     try {
       result = build_batch(epoch, batch);
+    } catch (const StreamEnded&) {
+      ended = true;
     } catch (...) {
       error = std::current_exception();
     }
     lock.lock();
     if (generation_ != gen) return;
     stats_.read_seconds += watch.seconds();
-    if (error)
+    if (ended)
+      ended_at_ = std::min(ended_at_, batch);
+    else if (error)
       failed_[batch] = error;
     else
       ready_[batch] = std::move(result);
@@ -265,10 +278,19 @@ std::optional<Batch> DataLoader::next() {
   if (next_to_return_ >= batches_per_epoch()) return std::nullopt;
   const int64_t want = next_to_return_;
   Stopwatch watch;
-  cv_.wait(lock, [&] { return ready_.count(want) || failed_.count(want); });
+  // Whether micro-batch k is decided: read, failed, or past a stream's end.
+  const auto decided = [&](int64_t k) {
+    return ready_.count(k) || failed_.count(k) || k >= ended_at_ || k >= batches_per_epoch();
+  };
+  const bool look_ahead = options_.stream && (want + 1) % options_.accumulation != 0;
+  cv_.wait(lock, [&] { return decided(want) && (!look_ahead || decided(want + 1)); });
   const double waited = watch.seconds();
   stats_.data_wait_seconds += waited;
   wait_since_take_ += waited;
+  if (want >= ended_at_) {
+    stream_ended_ = true;
+    return std::nullopt;
+  }
   if (auto f = failed_.find(want); f != failed_.end()) {
     std::exception_ptr e = f->second;
     failed_.erase(f);
@@ -279,6 +301,8 @@ std::optional<Batch> DataLoader::next() {
   }
   Batch b = std::move(ready_[want]);
   ready_.erase(want);
+  // Without the look-ahead the step closes here anyway, and a later nullopt ends the epoch.
+  b.ends_stream = look_ahead && want + 1 >= ended_at_;
   ++next_to_return_;
   ++stats_.batches;
   stats_.samples += b.batch_size() - b.num_skipped;
@@ -286,6 +310,11 @@ std::optional<Batch> DataLoader::next() {
   stats_.bytes_read += b.bytes_read;
   cv_.notify_all();
   return b;
+}
+
+bool DataLoader::stream_ended() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stream_ended_;
 }
 
 SamplerState DataLoader::state() const {

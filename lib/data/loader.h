@@ -4,6 +4,7 @@
 // measures the time the trainer spends waiting for data.
 #pragma once
 
+#include <climits>
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
@@ -53,6 +54,8 @@ class DataLoader {
   // Rethrows a read error (BadSampleError naming the file) for the batch that hit it, unless
   // skip mode replaced the bad sample. Not thread-safe (one consumer).
   std::optional<Batch> next();
+  // A stream (LoaderOptions::stream) that ended: next() returned nullopt at its end.
+  bool stream_ended() const;
   // Position to save in a checkpoint: the batches handed out so far (not the ones prefetched).
   SamplerState state() const;
   int64_t batches_per_epoch() const { return sampler_.batches_per_epoch(); }
@@ -109,6 +112,8 @@ class DataLoader {
   std::vector<int64_t> epoch_indices_;  // the rank's sample order for epoch_
   std::map<int64_t, Batch> ready_;
   std::map<int64_t, std::exception_ptr> failed_;
+  int64_t ended_at_ = INT64_MAX;  // the first micro-batch past a stream's end
+  bool stream_ended_ = false;
   LoaderStats stats_;
   double wait_since_take_ = 0;
   std::vector<BadSampleRecord> bad_;

@@ -60,6 +60,13 @@ struct LoaderOptions {
   // (Batch::awaits_share), so a sample is read once per group.
   int sp_rank = 0, sp_size = 1;
   int64_t sp_halo = 0;
+  // A stream (data/spool.h): the dataset may end before the sampler does (StreamEnded), and
+  // next() marks the micro-batch after which it ended (Batch::ends_stream), so the trainer
+  // closes its accumulation there. Where a micro-batch does not close an optimizer step of
+  // `accumulation` micro-batches anyway, next() waits for the next one's verdict first (needs
+  // prefetch_depth >= 2); where it does, it never waits for samples beyond the step.
+  bool stream = false;
+  int64_t accumulation = 1;
   void validate() const;  // throws UsageError naming the option
 };
 

@@ -21,4 +21,14 @@ std::unique_ptr<data::DataLoader> make_feature_loader(const config::TrainConfig&
                                                       std::shared_ptr<data::FeatureDataset> ds,
                                                       data::SampleLayout layout, bool training);
 
+// The training loader of a stream (data/spool.h, `ds` a SpoolDataset): positions in arrival
+// order (no shuffle), the training loader's noise and read-ahead, bad samples skipped and counted
+// (a producer's truncated file never stops the run), and the stream's end marked on the micro-batch
+// before it (Batch::ends_stream).
+std::unique_ptr<data::DataLoader> make_stream_loader(const config::TrainConfig& cfg,
+                                                     const RunTopology& topo,
+                                                     const config::BatchPlan& plan,
+                                                     std::shared_ptr<data::FeatureDataset> ds,
+                                                     data::SampleLayout layout);
+
 }  // namespace fsdp::train

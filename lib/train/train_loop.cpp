@@ -229,7 +229,8 @@ bool TrainLoop::run_epoch(int64_t epoch) {
     counts.add(*batch);
     read_bytes_ += batch->bytes_read;
     const int64_t b_index = batch->batch_index;
-    const bool last_in_group = in_group == accum - 1 || b_index == per_epoch_ - 1;
+    const bool last_in_group =
+        in_group == accum - 1 || b_index == per_epoch_ - 1 || batch->ends_stream;
     ++in_group;
     if (t_.cfg.loop.packing) {
       window.push_back(std::move(*batch));
@@ -311,6 +312,14 @@ bool TrainLoop::optimizer_step(int64_t epoch, int64_t b_index, Stopwatch& step_c
     health_.flush();
     saved_at_step_ = save_now(epoch);
   }
+  // --stream-max-gb: the samples consumed since the last checkpoint fill half the budget; a
+  // checkpoint acknowledges them and gives the producers room.
+  if (!saved_at_step_ && t_.stream_wants_checkpoint()) {
+    FSDP_LOG0(kInfo) << "--stream-max-gb: saving step " << n
+                     << " to acknowledge the samples consumed since the last checkpoint";
+    health_.flush();
+    saved_at_step_ = save_now(epoch);
+  }
   if (next.evaluate) evaluate_at(n, epoch);
   if (next.evaluate_after_epoch) deferred_eval_step_ = n;
   // Agree on stopping: a signal may have reached only some ranks.
@@ -344,6 +353,7 @@ void TrainLoop::log_step(int64_t n, int64_t epoch) {
   health_.flush();
   scalars.emplace_back("train/grad_norm", health_.last_grad_norm());
   scalars.emplace_back("train/epoch", static_cast<double>(epoch));
+  for (auto& kv : t_.stream_scalars()) scalars.push_back(std::move(kv));
   scalars.emplace_back("perf/tokens_per_s", secs > 0 ? tokens / secs : 0.0);
   if (auto mfu = meter_.mfu()) scalars.emplace_back("perf/mfu", *mfu);
   scalars.emplace_back("perf/eta_s", meter_.eta_seconds(cadence_.stop_at - n));
@@ -428,12 +438,16 @@ void TrainLoop::finish() {
                        << " are not saved";
       break;
     case FinalSave::kNone:
+      // The newest step is in a checkpoint already: at a stream's end, the arrivals it will
+      // never train (an incomplete last round) are acknowledged with it.
+      if (saved_at_step_ && loader_.stream_ended()) t_.acknowledge_stream();
       break;
   }
   if (t_.topo.is_root()) {
     const std::string bad = loader_.bad_sample_summary();
     if (!bad.empty()) FSDP_LOG0(kWarn) << bad;
   }
+  t_.log_stream_end();
   t_.logger->close();
   result_.steps = t_.state.step;
 }
@@ -527,8 +541,10 @@ void TrainLoop::keep_best(int64_t epoch) {
 
 RunResult Trainer::Impl::train() {
   install_stop_handlers();
-  auto loader = make_feature_loader(cfg, topo, plan, train_ds, algo->sample_layout(),
-                                    /*training=*/true);
+  auto loader = spool
+                    ? make_stream_loader(cfg, topo, plan, stream_positions(), algo->sample_layout())
+                    : make_feature_loader(cfg, topo, plan, train_ds, algo->sample_layout(),
+                                          /*training=*/true);
   if (cfg.data.noise_std > 0) {
     FSDP_LOG0(kInfo) << "noise augmentation: " << config::to_string(cfg.data.noise_type)
                      << (cfg.data.noise_type == config::NoiseType::kUniform ? " U(-s, s)"
@@ -549,6 +565,7 @@ RunResult Trainer::Impl::train() {
   state.micro_batch_size = plan.micro_batch;
   state.config_json = config_json;
   resume_if_asked();
+  if (spool && !checkpointer.resuming()) check_stream_fresh();
   state.launch_id = launch_attempt().launch_id;  // the checkpoints of this launch carry it
   if (!cfg.loop.total_steps && state.total_steps > 0) {
     // The schedule's length comes from the checkpoint (the learning rate continues where it
@@ -620,10 +637,15 @@ void Trainer::Impl::warn_resumed_schedule(int64_t per_epoch, int64_t steps_per_e
 
 void Trainer::Impl::log_run_start(int64_t per_epoch) const {
   config::write_run_config(cfg);  // checked: a full disk is an error naming the file
-  FSDP_LOG0(kInfo) << "draft: " << algo->describe_parameters() << "; " << train_ds->size()
-                   << " training samples (" << train_ds->format() << "), " << per_epoch
-                   << " micro-batches per rank per epoch, accumulation " << plan.accumulation_steps
-                   << ", " << total_steps << " optimizer steps (warmup " << warmup << ")";
+  FSDP_LOG0(kInfo) << "draft: " << algo->describe_parameters() << "; "
+                   << (spool
+                           ? fsdp::str("a stream from ", spool->options().dir, " (up to ",
+                                       per_epoch * plan.micro_batch * topo.dp_world(), " samples)")
+                           : fsdp::str(train_ds->size(), " training samples (", train_ds->format(),
+                                       ")"))
+                   << ", " << per_epoch << " micro-batches per rank per epoch, accumulation "
+                   << plan.accumulation_steps << ", " << total_steps << " optimizer steps (warmup "
+                   << warmup << ")";
   // What the sharding costs each rank before any activation: the first thing to know when a
   // larger model or more ranks is planned.
   const auto mem = algo->engine().memory();

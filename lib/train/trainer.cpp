@@ -104,6 +104,8 @@ void Trainer::Impl::setup() {
   config::ValidateOptions vo;
   vo.training = !cfg.loop.eval_only;
   config::validate(cfg, world, vo, machine.local_size);
+  // A stream's truncated or corrupt arrival is skipped with a count, never the end of the run.
+  if (cfg.data.stream && vo.training) cfg.data.skip_bad_samples = true;
   plan_batches();
   const c10::Device device = pick_device(cfg.runtime.device);
   cfg.model.fused_cuda_kernels = fused_kernels_on(cfg, device);
@@ -207,7 +209,9 @@ void Trainer::Impl::choose_algorithm() {
 
 void Trainer::Impl::open_data() {
   const data::DatasetOptions dso = algo->dataset_options();
-  if (!cfg.data.train_hidden_states_path.empty()) {
+  if (cfg.data.stream && !cfg.loop.eval_only) {
+    open_stream();
+  } else if (!cfg.data.train_hidden_states_path.empty()) {
     train_ds = data::open_feature_dataset(cfg.data.train_hidden_states_path, dso);
   }
   if (!cfg.data.eval_hidden_states_path.empty()) {

@@ -32,24 +32,30 @@
 namespace fsdp::train {
 
 std::string Trainer::Impl::save(int64_t epoch_for_name) {
-  return checkpointer.save(epoch_for_name, state.step, [&](Checkpointer::SaveAttempt& s) {
-    // The export leaves out the frozen embedding (docs/reference.md §7): it is neither gathered
-    // nor copied (for the llama3-8B draft 2.1 GB of fp32 on the device and on rank 0's host per
-    // save). A LoRA run exports the merged draft (docs/model.md "LoRA"): its frozen base weights
-    // are gathered too (the embedding still is not), and the adapters folded into them.
-    shard::ShardEngine& engine = algo->engine();
-    auto full = algo->exports_frozen_base()
-                    ? engine.full_state(/*rank0_only=*/true, /*include_frozen=*/true,
-                                        /*skip_frozen_units=*/{"embed_tokens"})
-                    : engine.full_state(/*rank0_only=*/true, /*include_frozen=*/false);
-    s.on_root(
-        [&] { checkpoint::write_checkpoint_export(s.dir(), full, algo->checkpoint_export()); });
-    full.clear();  // not held through save_state's host copies (1.7 GB for the llama3-8B draft)
-    s.on_every_rank([&] {
-      shard::save_state(engine, checkpoint::join_path(s.dir(), checkpoint::layout::kTrainState));
-    });
-    s.on_root([&] { save_run_state(s.dir(), state); });
-  });
+  std::string dir =
+      checkpointer.save(epoch_for_name, state.step, [&](Checkpointer::SaveAttempt& s) {
+        // The export leaves out the frozen embedding (docs/reference.md §7): it is neither gathered
+        // nor copied (for the llama3-8B draft 2.1 GB of fp32 on the device and on rank 0's host per
+        // save). A LoRA run exports the merged draft (docs/model.md "LoRA"): its frozen base
+        // weights are gathered too (the embedding still is not), and the adapters folded into them.
+        shard::ShardEngine& engine = algo->engine();
+        auto full = algo->exports_frozen_base()
+                        ? engine.full_state(/*rank0_only=*/true, /*include_frozen=*/true,
+                                            /*skip_frozen_units=*/{"embed_tokens"})
+                        : engine.full_state(/*rank0_only=*/true, /*include_frozen=*/false);
+        s.on_root(
+            [&] { checkpoint::write_checkpoint_export(s.dir(), full, algo->checkpoint_export()); });
+        full.clear();  // not held through save_state's host copies (1.7 GB for the llama3-8B draft)
+        s.on_every_rank([&] {
+          shard::save_state(engine,
+                            checkpoint::join_path(s.dir(), checkpoint::layout::kTrainState));
+        });
+        s.on_root([&] { save_run_state(s.dir(), state); });
+        if (spool) s.on_root([&] { write_stream_record(s.dir()); });
+      });
+  // Complete on disk: the samples whose last use it covers may go.
+  if (!dir.empty()) acknowledge_stream();
+  return dir;
 }
 
 void Trainer::Impl::report_changed_settings(const std::string& saved_json) const {
@@ -113,6 +119,7 @@ void Trainer::Impl::resume_if_asked() {
   state.micro_batch_size = plan.micro_batch;
   FSDP_LOG0(kInfo) << "resumed from " << loaded << " at step " << state.step << " (epoch "
                    << state.epoch << ", micro-batch " << state.position << ")";
+  if (spool) check_stream_resume(loaded);
   if (cfg.checkpoint.reset_optimizer_state) {
     FSDP_LOG0(kInfo) << "--reset-optimizer-state: the " << config::to_string(cfg.optim.optimizer)
                      << " state starts fresh at step " << state.step;

@@ -20,6 +20,7 @@
 #include "config/options.h"
 #include "data/dataset.h"
 #include "data/loader.h"
+#include "data/spool.h"
 #include "metrics/profiler.h"
 #include "metrics/sinks.h"
 #include "shard/engine.h"
@@ -42,6 +43,9 @@ struct Trainer::Impl {
   // metrics and exports. Chosen once from the draft config (train/algo/registry.h).
   std::unique_ptr<algo::Algorithm> algo;
   std::shared_ptr<data::FeatureDataset> train_ds, eval_ds;
+  // --stream: the spool producers fill (data/spool.h); train_ds is then its first arrivals, what
+  // the start-up checks read. trainer_stream.cpp holds the trainer's side of it.
+  std::shared_ptr<data::Spool> spool;
   // Evaluations of the current weights (created with the model).
   std::unique_ptr<Evaluator> evaluator;
   std::unique_ptr<metrics::MetricsLogger> logger;
@@ -81,6 +85,25 @@ struct Trainer::Impl {
   void report_changed_settings(const std::string& saved_json) const;
   RunResult train();
   RunResult eval_only();
+
+  // Streaming (trainer_stream.cpp). open_stream: the spool and its first arrivals as train_ds.
+  void open_stream();
+  // The loader's dataset: the stream's positions, as many as --total-steps can train.
+  std::shared_ptr<data::FeatureDataset> stream_positions() const;
+  // Positions of the stream the run state has consumed (whole once the epoch ended).
+  int64_t stream_consumed() const;
+  // Rank 0 inside a save: <checkpoint>/stream.json, what the checkpoint consumed and needs.
+  void write_stream_record(const std::string& dir) const;
+  // Rank 0 after a complete save: deletes the samples it acknowledges.
+  void acknowledge_stream() const;
+  // After resuming (or starting fresh): the checkpoint's stream record against the spool's.
+  void check_stream_resume(const std::string& loaded) const;
+  void check_stream_fresh() const;
+  // Collective: whether the budget asks for a checkpoint now (rank 0 decides).
+  bool stream_wants_checkpoint() const;
+  // The stream's scalars for the training log (rank 0's view).
+  std::vector<std::pair<std::string, double>> stream_scalars() const;
+  void log_stream_end() const;
   // UsageError unless an epoch of per_epoch micro-batches per rank holds one optimizer step (a
   // warning when its last step is partial); returns the optimizer steps per epoch.
   int64_t check_epoch(int64_t per_epoch) const;

@@ -1,0 +1,180 @@
+#!/usr/bin/env bash
+# --stream end to end (docs/data.md "Streaming") on the toy EAGLE3 features, producers being
+# apps/spool/fsdp_spool.py replays of the offline dump:
+# - fed in the order the offline sampler would draw (torch.randperm of --seed), a stream trains
+#   bitwise what the offline run trains, at 1 and 2 ranks;
+# - the trainer SIGKILLed after step 13 and resumed from its step-12 checkpoint while the producer
+#   goes on: bitwise the uninterrupted run (the samples of step 13 trained again, none of steps
+#   1-12: they were acknowledged and deleted), the spool drained at the end;
+# - a disk budget of 10 samples with a producer that never pauses: the spool (sampled every
+#   few ms) never holds more than the budget, the budget's early checkpoints acknowledge, and the
+#   run is still bitwise the uninterrupted one;
+# - a producer SIGKILLed mid-stream and restarted (--resume), with a truncated arrival, and three
+#   producers at once: every sample arrives once, the bad one is skipped with a warning naming
+#   it, the run drains the spool and ends at END_OF_STREAM;
+# - refusals: --stream without --total-steps or with --num-epochs 2, a stream knob without
+#   --stream, another run's spool.
+set -uo pipefail
+source "$(dirname "$0")/lib/common.sh"
+DATA=$(toy_data fixed --num-samples 128 --min-len 32 --max-len 32 --samples-per-dir 32 --seed 1)
+W="$BUILD/e2e_work/stream_train"; rm -rf "$W"; mkdir -p "$W"
+SPOOL_PY="$SRC/apps/spool/fsdp_spool.py"
+COMMON="--mixed-precision fp32 --export-dtype fp32 --draft-global-batch-size 4 --draft-micro-batch-size 2 --save-interval 0 --num-epochs 1 --total-steps 24 --seed 3"
+# 96 training samples, 4 per step: 24 steps.
+# The streams read the offline run's vocabulary mapping (an offline run counts all 96 samples; a
+# stream counts its first --stream-start-samples arrivals).
+stream_args() {  # SPOOL OUT
+  echo "--target-model-path $DATA/target --draft-model-config $DATA/draft_config.json" \
+       "--train-hidden-states-path $1 --stream --stream-start-samples 8 --cache-dir $W/cache" \
+       "--vocab-mapping-path $W/vocab.pt" \
+       "--output-dir $2 --max-length 64 --ttt-length 3 --learning-rate 1e-3" \
+       "--warmup-ratio 0.1 --log-steps 1 --device cpu --threads 1"
+}
+# The offline sampler's order for epoch 0: torch.randperm(96) from a generator seeded with 3.
+"$PY" -c "import torch, json; g = torch.Generator(); g.manual_seed(3); print(json.dumps(torch.randperm(96, generator=g).tolist()))" \
+  >"$W/order.json" || fail "the offline order"
+replay() {  # SPOOL ARGS...: a producer of the training dump in the offline order
+  local spool="$1"; shift
+  "$PY" "$SPOOL_PY" replay --source "$DATA/hidden_states" --spool "$spool" --order "$W/order.json" "$@"
+}
+drained() {  # SPOOL: no sample left, the ledger ended with 96 arrivals, all acknowledged
+  "$PY" - "$1" <<'PYEOF'
+import os, sys
+spool = sys.argv[1]
+left = [n for n in os.listdir(spool) if n.endswith(".ckpt")]
+assert not left, left
+lines = open(os.path.join(spool, ".spool", "ledger")).read().splitlines()
+arrivals = [l for l in lines if l.startswith("A ")]
+assert len(arrivals) == len({l.split()[1] for l in arrivals}) == 96, len(arrivals)
+assert "E 96" in lines, lines[-3:]
+assert lines[-1] == "K 96", lines[-1]
+PYEOF
+}
+
+for np in 1 2; do
+  run_np $np $(train_args "$DATA" "$W/offline$np") $COMMON >"$W/offline$np.log" 2>&1 ||
+    { tail -30 "$W/offline$np.log"; fail "offline run at $np rank(s)"; }
+  [ -f "$W/vocab.pt" ] || "$PY" - "$(latest_ckpt "$W/offline$np")" "$W/vocab.pt" <<'PYEOF' || fail "vocab mapping"
+import sys, torch
+from safetensors.torch import load_file
+t = load_file(sys.argv[1] + "/model.safetensors")
+torch.save({"d2t": t["d2t"], "t2d": t["t2d"]}, sys.argv[2])
+PYEOF
+  mkdir -p "$W/spool$np"
+  replay "$W/spool$np" --end >"$W/producer$np.log" 2>&1 &
+  producer=$!
+  run_np $np $(stream_args "$W/spool$np" "$W/stream$np") $COMMON >"$W/stream$np.log" 2>&1 ||
+    { tail -30 "$W/stream$np.log"; fail "streaming run at $np rank(s)"; }
+  wait $producer || { cat "$W/producer$np.log"; fail "producer $np"; }
+  compare_exports "$(latest_ckpt "$W/offline$np")" "$(latest_ckpt "$W/stream$np")" 0 ||
+    fail "the stream at $np rank(s) is not bitwise the offline run on the same order"
+  drained "$W/spool$np" || fail "spool $np not drained"
+  grep -q "24 optimizer steps" "$W/stream$np.log" || fail "stream $np: not 24 steps"
+done
+echo "stream == offline on the same order, bitwise, at 1 and 2 ranks; spools drained"
+
+# SIGKILL of the trainer (rank 1, after step 13; the checkpoint of step 12 acknowledged 48
+# samples), resumed while a paced producer keeps publishing.
+mkdir -p "$W/spool_kill"
+replay "$W/spool_kill" --every 0.05 --end >"$W/producer_kill.log" 2>&1 &
+producer=$!
+FSDP_TEST_KILL_AT_STEP=13 FSDP_TEST_KILL_RANK=1 run_np 2 $(stream_args "$W/spool_kill" "$W/kill") \
+  $COMMON --save-steps 12 >"$W/kill1.log" 2>&1 && { tail -20 "$W/kill1.log"; fail "the run to be killed exited 0"; }
+"$PY" - "$W/spool_kill" <<'PYEOF' || fail "acknowledgement before the kill"
+import os, sys
+lines = open(os.path.join(sys.argv[1], ".spool", "ledger")).read().splitlines()
+assert "K 48" in lines, [l for l in lines if l.startswith("K")]
+gone = [l.split()[1] for l in lines if l.startswith("A ")][:48]
+assert not any(os.path.exists(os.path.join(sys.argv[1], n)) for n in gone)
+PYEOF
+run_np 2 $(stream_args "$W/spool_kill" "$W/kill") $COMMON --save-steps 12 --resume auto \
+  >"$W/kill2.log" 2>&1 || { tail -30 "$W/kill2.log"; fail "resumed stream"; }
+wait $producer || { cat "$W/producer_kill.log"; fail "paced producer"; }
+grep -q "resumed from .*step_12" "$W/kill2.log" || fail "did not resume from step 12"
+compare_exports "$(latest_ckpt "$W/stream2")" "$(latest_ckpt "$W/kill")" 0 ||
+  fail "the resumed stream is not bitwise the uninterrupted one"
+drained "$W/spool_kill" || fail "spool not drained after the resume"
+echo "trainer SIGKILL + --resume auto: bitwise the uninterrupted stream"
+
+# A budget of 10 samples and a producer that never pauses.
+mkdir -p "$W/spool_budget"
+bytes=$(stat -c %s "$(find "$DATA/hidden_states" -name '*.ckpt' | sort | head -n 1)")
+budget_gb=$("$PY" -c "print(10 * $bytes / 2**30)")
+"$PY" - "$W/spool_budget" "$W/budget_peak" <<'PYEOF' &
+import os, sys, time
+spool, out = sys.argv[1], sys.argv[2]
+peak = 0
+while not os.path.exists(os.path.join(spool, ".spool", "done")):
+    total = 0
+    for e in os.scandir(spool):
+        try:
+            if e.is_file(follow_symlinks=False):
+                total += e.stat().st_size
+        except FileNotFoundError:
+            pass
+    peak = max(peak, total)
+    time.sleep(0.002)
+open(out, "w").write(str(peak))
+PYEOF
+monitor=$!
+replay "$W/spool_budget" --end >"$W/producer_budget.log" 2>&1 &
+producer=$!
+run_np 2 $(stream_args "$W/spool_budget" "$W/budget") $COMMON \
+  --stream-max-gb "$budget_gb" --keep-last 2 >"$W/budget.log" 2>&1 ||
+  { tail -30 "$W/budget.log"; fail "stream under a budget"; }
+wait $producer || { cat "$W/producer_budget.log"; fail "producer under the budget"; }
+touch "$W/spool_budget/.spool/done"
+wait $monitor
+peak=$(cat "$W/budget_peak")
+budget=$((10 * bytes))
+[ "$peak" -le "$budget" ] || fail "the spool held $peak bytes, over the budget of $budget"
+[ "$(grep -c "to acknowledge the samples consumed" "$W/budget.log")" -ge 3 ] ||
+  fail "the budget asked for no early checkpoints"
+drained "$W/spool_budget" || fail "spool not drained under the budget"
+compare_exports "$(latest_ckpt "$W/stream2")" "$(latest_ckpt "$W/budget")" 0 ||
+  fail "the stream under a budget is not bitwise the uninterrupted one"
+echo "budget $budget bytes (10 samples): peak $peak bytes; $(grep -c "to acknowledge the samples consumed" "$W/budget.log") early checkpoints; bitwise the unbudgeted run"
+
+# A producer killed mid-stream and restarted, a truncated arrival, three producers at once.
+mkdir -p "$W/spool_many"
+"$PY" -c "import json; o = json.load(open('$W/order.json')); [json.dump(o[k::3], open(f'$W/order{k}.json', 'w')) for k in range(3)]"
+for k in 0 1 2; do
+  extra=""; [ $k -eq 1 ] && extra="--truncate 5"
+  "$PY" "$SPOOL_PY" replay --source "$DATA/hidden_states" --spool "$W/spool_many" \
+    --order "$W/order$k.json" --prefix "p$k-" --every 0.08 $extra >"$W/many$k.log" 2>&1 &
+  eval "prod$k=\$!"
+done
+run_np 2 $(stream_args "$W/spool_many" "$W/many") $COMMON >"$W/many.log" 2>&1 &
+trainer=$!
+# Producer 0 dies (SIGKILL) once 6 of its samples arrived, and is restarted.
+for _ in $(seq 1 600); do
+  [ "$(ls "$W/spool_many" | grep -c '^p0-')" -ge 6 ] && break
+  sleep 0.05
+done
+{ kill -9 $prod0; wait $prod0; } 2>/dev/null
+"$PY" "$SPOOL_PY" replay --source "$DATA/hidden_states" --spool "$W/spool_many" \
+  --order "$W/order0.json" --prefix "p0-" --resume >"$W/many0b.log" 2>&1 || { cat "$W/many0b.log"; fail "restarted producer"; }
+wait $prod1 || fail "producer 1"
+wait $prod2 || fail "producer 2"
+"$PY" "$SPOOL_PY" end "$W/spool_many"
+wait $trainer || { tail -30 "$W/many.log"; fail "stream with several producers"; }
+drained "$W/spool_many" || fail "spool not drained with several producers"
+grep "skipped a bad sample" "$W/many.log" >"$W/many.bad" || true
+[ "$(wc -l <"$W/many.bad")" -eq 1 ] || { tail -20 "$W/many.log"; fail "the truncated arrival was not skipped once"; }
+grep -q "p1-00000005_" "$W/many.bad" || fail "the warning does not name the truncated file: $(cat "$W/many.bad")"
+[ -z "$(find "$W/spool_many" -maxdepth 1 -name '*.tmp')" ] || fail "a dead producer's temporary file was left"
+echo "3 producers (one SIGKILLed and restarted), a truncated arrival skipped: 96 arrivals once each"
+
+# Refusals.
+expect_usage_error "--stream without --total-steps" "$BIN" $(stream_args "$W/spool1" "$W/r1") \
+  --mixed-precision fp32
+grep -q -- "--total-steps" <<<"$out" || fail "no --total-steps in: $out"
+expect_usage_error "--stream with --num-epochs 2" "$BIN" $(stream_args "$W/spool1" "$W/r2") \
+  --total-steps 4 --num-epochs 2
+grep -q -- "--stream-uses" <<<"$out" || fail "no --stream-uses in: $out"
+expect_usage_error "--stream-max-gb without --stream" "$BIN" $(train_args "$DATA" "$W/r3") \
+  --stream-max-gb 1
+grep -q -- "--stream" <<<"$out" || fail "no --stream in: $out"
+expect_usage_error "another run's spool" "$BIN" $(stream_args "$W/spool1" "$W/r4") $COMMON
+grep -q "stream1" <<<"$out" || fail "the other run is not named: $out"
+echo "refusals named"
