@@ -75,14 +75,10 @@ def cmd_target(a):
     cfg["architectures"] = ["LlamaForCausalLM"]
     cfg["torch_dtype"] = "float32"
     (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
-    if spool:
-        if a.end:
-            spool.end_stream(a.spool)
-    else:
-        if out.exists():
-            import shutil
-            shutil.rmtree(out)
-        os.replace(tmp, out)
+    if out.exists():
+        import shutil
+        shutil.rmtree(out)
+    os.replace(tmp, out)
     print(json.dumps({"target": str(out), "num_hidden_layers": cfg["num_hidden_layers"]}))
 
 

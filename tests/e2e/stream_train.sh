@@ -5,15 +5,17 @@
 #   bitwise what the offline run trains, at 1 and 2 ranks;
 # - the trainer SIGKILLed after step 13 and resumed from its step-12 checkpoint while the producer
 #   goes on: bitwise the uninterrupted run (the samples of step 13 trained again, none of steps
-#   1-12: they were acknowledged and deleted), the spool drained at the end;
+#   1-12: they were acknowledged and deleted), the spool drained at the end; at 1 and 2 ranks;
 # - a disk budget of 10 samples with a producer that never pauses: the spool (sampled every
 #   few ms) never holds more than the budget, the budget's early checkpoints acknowledge, and the
-#   run is still bitwise the uninterrupted one;
+#   run is still bitwise the uninterrupted one; at 1 and 2 ranks;
+# - --stream-uses 2 (windows of 8): 48 steps from 96 samples, windows acknowledged whole, a
+#   SIGKILL resumed bitwise;
 # - a producer SIGKILLed mid-stream and restarted (--resume), with a truncated arrival, and three
 #   producers at once: every sample arrives once, the bad one is skipped with a warning naming
 #   it, the run drains the spool and ends at END_OF_STREAM;
 # - refusals: --stream without --total-steps or with --num-epochs 2, a stream knob without
-#   --stream, another run's spool.
+#   --stream, another run's spool; the YAML keys alike.
 set -uo pipefail
 source "$(dirname "$0")/lib/common.sh"
 DATA=$(toy_data fixed --num-samples 128 --min-len 32 --max-len 32 --samples-per-dir 32 --seed 1)
@@ -73,34 +75,36 @@ PYEOF
 done
 echo "stream == offline on the same order, bitwise, at 1 and 2 ranks; spools drained"
 
-# SIGKILL of the trainer (rank 1, after step 13; the checkpoint of step 12 acknowledged 48
-# samples), resumed while a paced producer keeps publishing.
-mkdir -p "$W/spool_kill"
-replay "$W/spool_kill" --every 0.05 --end >"$W/producer_kill.log" 2>&1 &
-producer=$!
-FSDP_TEST_KILL_AT_STEP=13 FSDP_TEST_KILL_RANK=1 run_np 2 $(stream_args "$W/spool_kill" "$W/kill") \
-  $COMMON --save-steps 12 >"$W/kill1.log" 2>&1 && { tail -20 "$W/kill1.log"; fail "the run to be killed exited 0"; }
-"$PY" - "$W/spool_kill" <<'PYEOF' || fail "acknowledgement before the kill"
+# SIGKILL of the trainer (the last rank, after step 13; the checkpoint of step 12 acknowledged
+# 48 samples), resumed while a paced producer keeps publishing; then a budget of 10 samples with
+# a producer that never pauses. At 1 and 2 ranks.
+bytes=$(stat -c %s "$(find "$DATA/hidden_states" -name '*.ckpt' | sort | head -n 1)")
+budget_gb=$("$PY" -c "print(10 * $bytes / 2**30)")
+budget=$((10 * bytes))
+for np in 1 2; do
+  mkdir -p "$W/spool_kill$np"
+  replay "$W/spool_kill$np" --every 0.05 --end >"$W/producer_kill$np.log" 2>&1 &
+  producer=$!
+  FSDP_TEST_KILL_AT_STEP=13 FSDP_TEST_KILL_RANK=$((np - 1)) run_np $np \
+    $(stream_args "$W/spool_kill$np" "$W/kill$np") $COMMON --save-steps 12 >"$W/kill$np-1.log" 2>&1 &&
+    { tail -20 "$W/kill$np-1.log"; fail "the run to be killed exited 0"; }
+  "$PY" - "$W/spool_kill$np" <<'PYEOF' || fail "acknowledgement before the kill"
 import os, sys
 lines = open(os.path.join(sys.argv[1], ".spool", "ledger")).read().splitlines()
 assert "K 48" in lines, [l for l in lines if l.startswith("K")]
 gone = [l.split()[1] for l in lines if l.startswith("A ")][:48]
 assert not any(os.path.exists(os.path.join(sys.argv[1], n)) for n in gone)
 PYEOF
-run_np 2 $(stream_args "$W/spool_kill" "$W/kill") $COMMON --save-steps 12 --resume auto \
-  >"$W/kill2.log" 2>&1 || { tail -30 "$W/kill2.log"; fail "resumed stream"; }
-wait $producer || { cat "$W/producer_kill.log"; fail "paced producer"; }
-grep -q "resumed from .*step_12" "$W/kill2.log" || fail "did not resume from step 12"
-compare_exports "$(latest_ckpt "$W/stream2")" "$(latest_ckpt "$W/kill")" 0 ||
-  fail "the resumed stream is not bitwise the uninterrupted one"
-drained "$W/spool_kill" || fail "spool not drained after the resume"
-echo "trainer SIGKILL + --resume auto: bitwise the uninterrupted stream"
+  run_np $np $(stream_args "$W/spool_kill$np" "$W/kill$np") $COMMON --save-steps 12 --resume auto \
+    >"$W/kill$np-2.log" 2>&1 || { tail -30 "$W/kill$np-2.log"; fail "resumed stream at $np rank(s)"; }
+  wait $producer || { cat "$W/producer_kill$np.log"; fail "paced producer"; }
+  grep -q "resumed from .*step_12" "$W/kill$np-2.log" || fail "did not resume from step 12"
+  compare_exports "$(latest_ckpt "$W/stream$np")" "$(latest_ckpt "$W/kill$np")" 0 ||
+    fail "the resumed stream at $np rank(s) is not bitwise the uninterrupted one"
+  drained "$W/spool_kill$np" || fail "spool not drained after the resume"
 
-# A budget of 10 samples and a producer that never pauses.
-mkdir -p "$W/spool_budget"
-bytes=$(stat -c %s "$(find "$DATA/hidden_states" -name '*.ckpt' | sort | head -n 1)")
-budget_gb=$("$PY" -c "print(10 * $bytes / 2**30)")
-"$PY" - "$W/spool_budget" "$W/budget_peak" <<'PYEOF' &
+  mkdir -p "$W/spool_budget$np"
+  "$PY" - "$W/spool_budget$np" "$W/budget_peak$np" <<'PYEOF' &
 import os, sys, time
 spool, out = sys.argv[1], sys.argv[2]
 peak = 0
@@ -116,24 +120,49 @@ while not os.path.exists(os.path.join(spool, ".spool", "done")):
     time.sleep(0.002)
 open(out, "w").write(str(peak))
 PYEOF
-monitor=$!
-replay "$W/spool_budget" --end >"$W/producer_budget.log" 2>&1 &
+  monitor=$!
+  replay "$W/spool_budget$np" --end >"$W/producer_budget$np.log" 2>&1 &
+  producer=$!
+  run_np $np $(stream_args "$W/spool_budget$np" "$W/budget$np") $COMMON \
+    --stream-max-gb "$budget_gb" --keep-last 2 >"$W/budget$np.log" 2>&1 ||
+    { tail -30 "$W/budget$np.log"; fail "stream under a budget at $np rank(s)"; }
+  wait $producer || { cat "$W/producer_budget$np.log"; fail "producer under the budget"; }
+  touch "$W/spool_budget$np/.spool/done"
+  wait $monitor
+  peak=$(cat "$W/budget_peak$np")
+  [ "$peak" -le "$budget" ] || fail "the spool held $peak bytes, over the budget of $budget"
+  early=$(grep -c "to acknowledge the samples consumed" "$W/budget$np.log")
+  [ "$early" -ge 3 ] || fail "the budget asked for no early checkpoints"
+  drained "$W/spool_budget$np" || fail "spool not drained under the budget"
+  compare_exports "$(latest_ckpt "$W/stream$np")" "$(latest_ckpt "$W/budget$np")" 0 ||
+    fail "the stream under a budget is not bitwise the uninterrupted one"
+  echo "$np rank(s): SIGKILL + --resume auto bitwise the uninterrupted stream; budget $budget bytes" \
+    "(10 samples): peak $peak bytes, $early early checkpoints, bitwise the unbudgeted run"
+done
+
+# --stream-uses 2 in windows of 8: 192 positions, 48 steps; a SIGKILL after step 13 resumed from
+# step 12 (48 positions: 3 whole windows, 24 samples acknowledged) is bitwise the uninterrupted run.
+USES="--stream-uses 2 --stream-replay-window 8"
+COMMON2="${COMMON/--total-steps 24/--total-steps 48}"
+mkdir -p "$W/spool_uses" "$W/spool_uses_kill"
+replay "$W/spool_uses" --end >/dev/null 2>&1 &
 producer=$!
-run_np 2 $(stream_args "$W/spool_budget" "$W/budget") $COMMON \
-  --stream-max-gb "$budget_gb" --keep-last 2 >"$W/budget.log" 2>&1 ||
-  { tail -30 "$W/budget.log"; fail "stream under a budget"; }
-wait $producer || { cat "$W/producer_budget.log"; fail "producer under the budget"; }
-touch "$W/spool_budget/.spool/done"
-wait $monitor
-peak=$(cat "$W/budget_peak")
-budget=$((10 * bytes))
-[ "$peak" -le "$budget" ] || fail "the spool held $peak bytes, over the budget of $budget"
-[ "$(grep -c "to acknowledge the samples consumed" "$W/budget.log")" -ge 3 ] ||
-  fail "the budget asked for no early checkpoints"
-drained "$W/spool_budget" || fail "spool not drained under the budget"
-compare_exports "$(latest_ckpt "$W/stream2")" "$(latest_ckpt "$W/budget")" 0 ||
-  fail "the stream under a budget is not bitwise the uninterrupted one"
-echo "budget $budget bytes (10 samples): peak $peak bytes; $(grep -c "to acknowledge the samples consumed" "$W/budget.log") early checkpoints; bitwise the unbudgeted run"
+run_np 1 $(stream_args "$W/spool_uses" "$W/uses") $COMMON2 $USES >"$W/uses.log" 2>&1 ||
+  { tail -30 "$W/uses.log"; fail "--stream-uses 2"; }
+wait $producer
+grep -q "48 optimizer steps" "$W/uses.log" || fail "--stream-uses 2: not 48 steps"
+replay "$W/spool_uses_kill" --every 0.02 --end >/dev/null 2>&1 &
+producer=$!
+FSDP_TEST_KILL_AT_STEP=13 FSDP_TEST_KILL_RANK=0 run_np 1 $(stream_args "$W/spool_uses_kill" "$W/uses_kill") \
+  $COMMON2 $USES --save-steps 12 >"$W/uses_kill1.log" 2>&1 && fail "the --stream-uses run to be killed exited 0"
+grep -q "^K 24$" "$W/spool_uses_kill/.spool/ledger" || fail "--stream-uses 2: 24 samples not acknowledged at step 12"
+run_np 1 $(stream_args "$W/spool_uses_kill" "$W/uses_kill") $COMMON2 $USES --save-steps 12 --resume auto \
+  >"$W/uses_kill2.log" 2>&1 || { tail -30 "$W/uses_kill2.log"; fail "--stream-uses 2 resumed"; }
+wait $producer
+compare_exports "$(latest_ckpt "$W/uses")" "$(latest_ckpt "$W/uses_kill")" 0 ||
+  fail "--stream-uses 2: the resumed run is not bitwise the uninterrupted one"
+drained "$W/spool_uses_kill" || fail "--stream-uses 2: spool not drained"
+echo "--stream-uses 2: 48 steps; SIGKILL + resume bitwise; windows acknowledged whole"
 
 # A producer killed mid-stream and restarted, a truncated arrival, three producers at once.
 mkdir -p "$W/spool_many"
@@ -177,4 +206,12 @@ expect_usage_error "--stream-max-gb without --stream" "$BIN" $(train_args "$DATA
 grep -q -- "--stream" <<<"$out" || fail "no --stream in: $out"
 expect_usage_error "another run's spool" "$BIN" $(stream_args "$W/spool1" "$W/r4") $COMMON
 grep -q "stream1" <<<"$out" || fail "the other run is not named: $out"
+# The same keys in a --config file.
+printf 'stream: true\nstream_max_gb: 1\n' >"$W/stream.yaml"
+expect_usage_error "YAML stream without total_steps" "$BIN" --config "$W/stream.yaml" \
+  $(stream_args "$W/spool1" "$W/r5" | sed 's/--stream //')
+grep -q -- "--total-steps" <<<"$out" || fail "YAML: no --total-steps in: $out"
+printf 'stream_uses: 2\n' >"$W/uses.yaml"
+expect_usage_error "YAML stream_uses without stream" "$BIN" --config "$W/uses.yaml" $(train_args "$DATA" "$W/r6")
+grep -q -- "--stream" <<<"$out" || fail "YAML: no --stream in: $out"
 echo "refusals named"
