@@ -7,13 +7,9 @@
 #   SEEDS (default "0 1"), EPOCHS (default 6), OUT override the defaults.
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-BUILD="${1:-$REPO/build}"
-BIN="$BUILD/fsdp-train"
-PY="${FSDP_VENV:-$HOME/.cache/fsdp-train/venv}/bin/python"
-VPY="${FSDP_VLLM_VENV:-$HOME/.cache/fsdp-train/vllm-venv}/bin/python"
-SRC="$REPO" PIPE="$REPO/benchmarks/serving/pipeline.py"
 NUM_TRAIN=48 NUM_EVAL=12 MAX_TOKENS=64
 source "$REPO/benchmarks/serving/cache.sh"
+bench_tools "${1:-}"
 require_serving_tools
 stage() { echo "[bench] $*"; }  # build_serving_cache reports with it
 C="$(serving_cache_dir)"

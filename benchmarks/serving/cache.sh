@@ -12,6 +12,18 @@
 #                                   function that prefixes [TAG] and the seconds since the start
 # Needs PY, VPY, PIPE, SRC, NUM_TRAIN, NUM_EVAL, MAX_TOKENS and a `stage MESSAGE` function.
 
+# bench_tools [BUILD_DIR]: the benchmark scripts' paths, from REPO (the checkout, set by the
+# caller): BUILD (absolute; default REPO/build), BIN, PY (FSDP_VENV's python), VPY
+# (FSDP_VLLM_VENV's), PIPE, SRC.
+bench_tools() {
+  BUILD="$(cd "${1:-$REPO/build}" && pwd)"
+  BIN="$BUILD/fsdp-train"
+  PY="${FSDP_VENV:-$HOME/.cache/fsdp-train/venv}/bin/python"
+  VPY="${FSDP_VLLM_VENV:-$HOME/.cache/fsdp-train/vllm-venv}/bin/python"
+  PIPE="$REPO/benchmarks/serving/pipeline.py"
+  SRC="$REPO"
+}
+
 # require_serving_tools: exits 2 with a hint unless BIN, PY and VPY are executables (the benchmark
 # scripts' first check).
 require_serving_tools() {

@@ -16,17 +16,12 @@
 #   sweep whose best learning rate was at its edge)
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-BUILD="$(cd "${1:-$REPO/build}" && pwd)"
-BIN="$BUILD/fsdp-train"
-PY="${FSDP_VENV:-$HOME/.cache/fsdp-train/venv}/bin/python"
-VPY="${FSDP_VLLM_VENV:-$HOME/.cache/fsdp-train/vllm-venv}/bin/python"
-PIPE="$REPO/benchmarks/serving/pipeline.py"
 NUM_TRAIN=48 NUM_EVAL=12 MAX_TOKENS=64  # the serving tier's cache
 K="${K:-3}" EPOCHS="${EPOCHS:-6}" SEEDS="${SEEDS:-0 1}"
 ADAMW_LRS="${ADAMW_LRS:-1e-3 2e-3 4e-3}"
 MUON_LRS="${MUON_LRS:-2.5e-4 5e-4 1e-3 2e-3 4e-3}"  # --learning-rate; Muon's own is 10x
-SRC="$REPO"
 source "$REPO/benchmarks/serving/cache.sh"
+bench_tools "${1:-}"
 require_serving_tools
 C="$(serving_cache_dir)"
 OUT="${OUT:-$BUILD/optimizer_study}"

@@ -11,15 +11,10 @@
 #   launch/setup-serving.sh; K, EPOCHS, DEPTHS, OUT override the defaults below)
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-BUILD="$(cd "${1:-$REPO/build}" && pwd)"
-BIN="$BUILD/fsdp-train"
-PY="${FSDP_VENV:-$HOME/.cache/fsdp-train/venv}/bin/python"
-VPY="${FSDP_VLLM_VENV:-$HOME/.cache/fsdp-train/vllm-venv}/bin/python"
-PIPE="$REPO/benchmarks/serving/pipeline.py"
 NUM_TRAIN=48 NUM_EVAL=12 MAX_TOKENS=64  # the serving tier's cache
 K="${K:-3}" EPOCHS="${EPOCHS:-6}" DEPTHS="${DEPTHS:-$K}"
-SRC="$REPO"
 source "$REPO/benchmarks/serving/cache.sh"
+bench_tools "${1:-}"
 require_serving_tools
 C="$(serving_cache_dir)"
 OUT="${OUT:-$BUILD/parallel_drafting_bench}"

@@ -8,17 +8,12 @@
 #   NUM_TRAIN, NUM_EVAL, EPOCHS, K, MAX_TOKENS, OUT override the defaults below.
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-BUILD="$(cd "${1:-$REPO/build}" && pwd)"
-BIN="$BUILD/fsdp-train"
-PY="${FSDP_VENV:-$HOME/.cache/fsdp-train/venv}/bin/python"
-VPY="${FSDP_VLLM_VENV:-$HOME/.cache/fsdp-train/vllm-venv}/bin/python"
-PIPE="$REPO/benchmarks/serving/pipeline.py"
 # Defaults: the serving tier's sizes (tests/serving/vllm_acceptance.sh), so its cached target,
 # prompts, generation and features are reused.
 NUM_TRAIN="${NUM_TRAIN:-48}" NUM_EVAL="${NUM_EVAL:-12}" EPOCHS="${EPOCHS:-6}" K="${K:-3}"
 MAX_TOKENS="${MAX_TOKENS:-64}"
-SRC="$REPO"
 source "$REPO/benchmarks/serving/cache.sh"
+bench_tools "${1:-}"
 require_serving_tools
 C="$(serving_cache_dir)"
 [ "$NUM_TRAIN $NUM_EVAL $MAX_TOKENS" = "48 12 64" ] || C="$C-$NUM_TRAIN-$NUM_EVAL-$MAX_TOKENS"

@@ -14,16 +14,11 @@
 #   launch/setup-serving.sh; BUDGET_SAMPLES, SLOW_S, OUT override the defaults; SERVE=0 skips vLLM)
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-BUILD="$(cd "${1:-$REPO/build}" && pwd)"
-BIN="$BUILD/fsdp-train"
-PY="${FSDP_VENV:-$HOME/.cache/fsdp-train/venv}/bin/python"
-VPY="${FSDP_VLLM_VENV:-$HOME/.cache/fsdp-train/vllm-venv}/bin/python"
-PIPE="$REPO/benchmarks/serving/pipeline.py"
 SPOOL_PY="$REPO/apps/spool/fsdp_spool.py"
 NUM_TRAIN=48 NUM_EVAL=12 MAX_TOKENS=64  # the serving tier's cache
 BUDGET_SAMPLES="${BUDGET_SAMPLES:-8}" SLOW_S="${SLOW_S:-0.5}" SERVE="${SERVE:-1}"
-SRC="$REPO"
 source "$REPO/benchmarks/serving/cache.sh"
+bench_tools "${1:-}"
 require_serving_tools
 C="$(serving_cache_dir)"
 OUT="${OUT:-$BUILD/streaming_bench}"
