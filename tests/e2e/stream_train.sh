@@ -11,6 +11,7 @@
 #   run is still bitwise the uninterrupted one; at 1 and 2 ranks;
 # - --stream-uses 2 (windows of 8): 48 steps from 96 samples, windows acknowledged whole, a
 #   SIGKILL resumed bitwise;
+# - a held-out set evaluated every 6 steps and --save-best-by, as offline;
 # - a producer SIGKILLed mid-stream and restarted (--resume), with a truncated arrival, and three
 #   producers at once: every sample arrives once, the bad one is skipped with a warning naming
 #   it, the run drains the spool and ends at END_OF_STREAM;
@@ -163,6 +164,27 @@ compare_exports "$(latest_ckpt "$W/uses")" "$(latest_ckpt "$W/uses_kill")" 0 ||
   fail "--stream-uses 2: the resumed run is not bitwise the uninterrupted one"
 drained "$W/spool_uses_kill" || fail "--stream-uses 2: spool not drained"
 echo "--stream-uses 2: 48 steps; SIGKILL + resume bitwise; windows acknowledged whole"
+
+# Evaluation on a fixed held-out set every 6 steps and the best checkpoint, as offline.
+mkdir -p "$W/spool_eval"
+replay "$W/spool_eval" --every 0.01 --end >/dev/null 2>&1 &
+producer=$!
+run_np 1 $(stream_args "$W/spool_eval" "$W/eval") $COMMON --eval-hidden-states-path "$DATA/eval_hidden_states" \
+  --eval-steps 6 --save-best-by eval/loss --keep-last 1 >"$W/eval.log" 2>&1 ||
+  { tail -30 "$W/eval.log"; fail "stream with evaluation"; }
+wait $producer
+"$PY" - "$W/eval" <<'PYEOF' || fail "evaluation and the best checkpoint of a stream"
+import json, os, sys
+out = sys.argv[1]
+evals = [(r["step"], r["eval/loss"]) for r in map(json.loads, open(f"{out}/metrics.jsonl")) if "eval/loss" in r]
+assert [s for s, _ in evals] == [6, 12, 18, 24], evals
+best = min(evals, key=lambda e: e[1])
+rec = json.load(open(f"{out}/best.json"))
+assert rec["step"] == best[0] and os.readlink(f"{out}/best") == rec["checkpoint"], (rec, evals)
+assert os.path.isfile(f"{out}/best/COMPLETE"), "the best checkpoint is not complete"
+print("stream evaluations:", ", ".join(f"{s}:{v:.4f}" for s, v in evals), "| best:", rec["checkpoint"])
+PYEOF
+drained "$W/spool_eval" || fail "spool not drained with evaluation"
 
 # A producer killed mid-stream and restarted, a truncated arrival, three producers at once.
 mkdir -p "$W/spool_many"
