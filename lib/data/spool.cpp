@@ -198,6 +198,7 @@ Spool::Spool(SpoolOptions options)
                    "create the spool directory the producers write into (docs/data.md "
                    "\"Streaming\") and pass it as --train-hidden-states-path");
   if (!options_.scans) return;
+  refuse_offline_dump();
   make_dirs(control_dir_, "check the spool directory's permissions");
   const std::string lock_path = control_dir_ + "/trainer.lock";
   lock_fd_ = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
@@ -217,8 +218,28 @@ Spool::Spool(SpoolOptions options)
       "resume that run with its own --output-dir, or give this run an empty spool directory "
       "(removing the spool's .spool directory starts its order over)");
   for (const auto& e : ledger_.arrivals()) known_.insert(e.name);
-  scan_once(false);
+  scan_once();
   scanner_ = std::thread([this] { scan_loop(); });
+}
+
+void Spool::refuse_offline_dump() const {
+  // A stream deletes what it trains: a directory of samples that was never declared a spool is
+  // likely an offline dump given --stream by mistake.
+  std::error_code ec;
+  if (fs::exists(control_dir_, ec)) return;
+  int64_t samples = 0;
+  for (auto it = fs::recursive_directory_iterator(options_.dir, ec);
+       it != fs::recursive_directory_iterator() && samples == 0; it.increment(ec)) {
+    if (ec) break;
+    if (it->is_regular_file(ec) && is_spool_sample_name(it->path().filename().string())) ++samples;
+  }
+  FSDP_USAGE_CHECK(samples == 0,
+                   "--stream: " + options_.dir +
+                       " already holds samples but is not a spool (no .spool directory): a stream "
+                       "deletes every sample once a checkpoint covers it",
+                   "to train an existing dump, drop --stream (or replay it into an empty spool: "
+                   "apps/spool/fsdp_spool.py replay); to declare the directory a spool whose "
+                   "samples may be deleted, create " + control_dir_ + " first");
 }
 
 Spool::~Spool() {
@@ -229,18 +250,22 @@ Spool::~Spool() {
 }
 
 void Spool::scan_loop() {
+  double quiet_until = 0;  // a failing scan is reported once a minute, not every poll
   while (!stop_scanner_) {
     std::this_thread::sleep_for(std::chrono::duration<double>(options_.poll_seconds));
     try {
-      scan_once(false);
+      scan_once();
     } catch (const std::exception& e) {
-      FSDP_LOG(kWarn) << "--stream: scanning " << options_.dir << ": " << error_text(e)
-                      << " (trying again)";
+      if (now_seconds() >= quiet_until) {
+        quiet_until = now_seconds() + 60;
+        FSDP_LOG(kWarn) << "--stream: scanning " << options_.dir << ": " << error_text(e)
+                        << " (trying again)";
+      }
     }
   }
 }
 
-void Spool::scan_once(bool /*final_pass*/) {
+void Spool::scan_once() {
   std::lock_guard<std::mutex> lock(mu_);
   ledger_.refresh();
   const bool ended = ledger_.ended();  // after the end only the usage is measured

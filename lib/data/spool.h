@@ -169,8 +169,9 @@ class Spool : public std::enable_shared_from_this<Spool> {
   Stats stats();
 
  private:
+  void refuse_offline_dump() const;
   void scan_loop();
-  void scan_once(bool final_pass);
+  void scan_once();
   void write_room(uint64_t used);
   bool refresh_locked();
 

@@ -16,7 +16,8 @@
 #   producers at once: every sample arrives once, the bad one is skipped with a warning naming
 #   it, the run drains the spool and ends at END_OF_STREAM;
 # - refusals: --stream without --total-steps or with --num-epochs 2, a stream knob without
-#   --stream, another run's spool; the YAML keys alike.
+#   --stream, another run's spool, an offline dump given --stream (nothing deleted); the YAML
+#   keys alike.
 set -uo pipefail
 source "$(dirname "$0")/lib/common.sh"
 DATA=$(toy_data fixed --num-samples 128 --min-len 32 --max-len 32 --samples-per-dir 32 --seed 1)
@@ -228,6 +229,11 @@ expect_usage_error "--stream-max-gb without --stream" "$BIN" $(train_args "$DATA
 grep -q -- "--stream" <<<"$out" || fail "no --stream in: $out"
 expect_usage_error "another run's spool" "$BIN" $(stream_args "$W/spool1" "$W/r4") $COMMON
 grep -q "stream1" <<<"$out" || fail "the other run is not named: $out"
+n_before=$(find "$DATA/hidden_states" -name '*.ckpt' | wc -l)
+expect_usage_error "--stream on an offline dump" "$BIN" $(train_args "$DATA" "$W/r7") $COMMON --stream
+grep -q "not a spool" <<<"$out" || fail "the offline dump was not refused by name: $out"
+[ "$(find "$DATA/hidden_states" -name '*.ckpt' | wc -l)" -eq "$n_before" ] || fail "the dump lost files"
+[ ! -e "$DATA/hidden_states/.spool" ] || fail "the dump was made a spool"
 # The same keys in a --config file.
 printf 'stream: true\nstream_max_gb: 1\n' >"$W/stream.yaml"
 expect_usage_error "YAML stream without total_steps" "$BIN" --config "$W/stream.yaml" \

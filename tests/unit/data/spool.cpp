@@ -185,6 +185,17 @@ TEST_CASE("the scanner takes renamed samples in order, never hidden, locked or f
   CHECK(error_of([&] { Spool other(o); }).find("/runs/a") != std::string::npos);
 }
 
+TEST_CASE("a directory of samples that was never declared a spool is refused") {
+  const fs::path dir = temp_dir("spool_dump");
+  write_ckpt(dir / "rows_0-8" / "data_0.ckpt", make_sample(8, 4, 0));
+  CHECK(error_of([&] { Spool s(options_in(dir)); }).find("not a spool") != std::string::npos);
+  CHECK(fs::exists(dir / "rows_0-8" / "data_0.ckpt"));
+  fs::create_directories(dir / ".spool");  // declared: its samples arrive (from a subdirectory)
+  Spool s(options_in(dir));
+  REQUIRE(eventually([&] { return s.stats().arrivals == 1; }));
+  CHECK(fs::path(s.path_of(0)) == dir / "rows_0-8" / "data_0.ckpt");
+}
+
 TEST_CASE("acknowledgement deletes exactly the samples a checkpoint covers; the end drains") {
   const fs::path dir = temp_dir("spool_ack");
   SpoolOptions o = options_in(dir);
