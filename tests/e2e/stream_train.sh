@@ -80,7 +80,7 @@ echo "stream == offline on the same order, bitwise, at 1 and 2 ranks; spools dra
 # SIGKILL of the trainer (the last rank, after step 13; the checkpoint of step 12 acknowledged
 # 48 samples), resumed while a paced producer keeps publishing; then a budget of 10 samples with
 # a producer that never pauses. At 1 and 2 ranks.
-bytes=$(stat -c %s "$(find "$DATA/hidden_states" -name '*.ckpt' | sort | head -n 1)")
+bytes=$(find "$DATA/hidden_states" -name '*.ckpt' -printf '%s\n' | sort -n | tail -n 1)
 budget_gb=$("$PY" -c "print(10 * $bytes / 2**30)")
 budget=$((10 * bytes))
 for np in 1 2; do
