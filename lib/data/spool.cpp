@@ -239,7 +239,8 @@ void Spool::refuse_offline_dump() const {
                        "deletes every sample once a checkpoint covers it",
                    "to train an existing dump, drop --stream (or replay it into an empty spool: "
                    "apps/spool/fsdp_spool.py replay); to declare the directory a spool whose "
-                   "samples may be deleted, create " + control_dir_ + " first");
+                   "samples may be deleted, create " +
+                       control_dir_ + " first");
 }
 
 Spool::~Spool() {
@@ -447,12 +448,11 @@ void Spool::shutdown() {
   shutdown_ = true;
 }
 
-int64_t Spool::acknowledge(int64_t consumed, bool finished) {
+int64_t Spool::acknowledge(int64_t consumed) {
   std::lock_guard<std::mutex> lock(mu_);
   refresh_locked();
   const auto n = static_cast<int64_t>(ledger_.arrivals().size());
-  const int64_t upto =
-      finished && ledger_.ended() ? n : order_.acknowledged(consumed, n, ledger_.ended());
+  const int64_t upto = order_.acknowledged(consumed, n, ledger_.ended());
   if (upto <= ledger_.acknowledged()) return ledger_.acknowledged();
   for (int64_t k = ledger_.acknowledged(); k < upto; ++k) {
     std::error_code ec;

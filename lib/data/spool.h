@@ -150,10 +150,10 @@ class Spool : public std::enable_shared_from_this<Spool> {
   // Wakes and fails every waiting read (the loader is shutting down).
   void shutdown();
 
-  // Rank 0, after the checkpoint of `consumed` positions is complete (`finished`: the stream
-  // was trained to its end): deletes the arrivals it acknowledges and records them. Returns how
-  // many arrivals are acknowledged now.
-  int64_t acknowledge(int64_t consumed, bool finished);
+  // Rank 0, after the checkpoint of `consumed` positions is complete: deletes the arrivals it
+  // acknowledges (StreamOrder::acknowledged: at the stream's end, once every trained position is
+  // consumed, all of them) and records them. Returns how many arrivals are acknowledged now.
+  int64_t acknowledge(int64_t consumed);
   // Rank 0: whether the samples consumed but not acknowledged hold half the budget or more (a
   // checkpoint now gives the producers room).
   bool wants_checkpoint(int64_t consumed);

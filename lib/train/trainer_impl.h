@@ -90,7 +90,8 @@ struct Trainer::Impl {
   void open_stream();
   // The loader's dataset: the stream's positions, as many as --total-steps can train.
   std::shared_ptr<data::FeatureDataset> stream_positions() const;
-  // Positions of the stream the run state has consumed (whole once the epoch ended).
+  // Positions of the stream the run state has consumed (--total-steps' worth once the epoch
+  // ended: the stream ran out, or the run trained all it may).
   int64_t stream_consumed() const;
   // Rank 0 inside a save: <checkpoint>/stream.json, what the checkpoint consumed and needs.
   void write_stream_record(const std::string& dir) const;

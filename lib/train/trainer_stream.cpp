@@ -45,27 +45,34 @@ void Trainer::Impl::open_stream() {
   train_ds = spool->first_arrivals(cfg.data.stream_start_samples);
 }
 
+namespace {
+
+// Positions of the stream one run can train: --total-steps' worth.
+int64_t stream_capacity(const config::TrainConfig& cfg, const config::BatchPlan& plan, int dp) {
+  return *cfg.loop.total_steps * plan.accumulation_steps * plan.micro_batch * dp;
+}
+
+}  // namespace
+
 std::shared_ptr<data::FeatureDataset> Trainer::Impl::stream_positions() const {
-  const int64_t capacity =
-      *cfg.loop.total_steps * plan.accumulation_steps * plan.micro_batch * topo.dp_world();
-  return std::make_shared<data::SpoolDataset>(spool, capacity);
+  return std::make_shared<data::SpoolDataset>(spool, stream_capacity(cfg, plan, topo.dp_world()));
 }
 
 int64_t Trainer::Impl::stream_consumed() const {
+  // The epoch (the one pass over the stream) done: every position up to --total-steps' worth, or
+  // to the stream's end when that came first (the order caps it there).
+  if (state.epoch >= 1) return stream_capacity(cfg, plan, topo.dp_world());
   return state.position * plan.micro_batch * topo.dp_world();
 }
 
 void Trainer::Impl::write_stream_record(const std::string& dir) const {
-  const bool finished = state.epoch >= 1;
   const int64_t consumed = stream_consumed();
   const data::Spool::Stats st = spool->stats();
   nlohmann::json j;
   j["spool"] = spool->options().dir;
-  j["finished"] = finished;
+  j["finished"] = state.epoch >= 1;
   j["consumed_positions"] = consumed;
-  j["arrivals_acknowledged"] = finished && st.ended
-                                   ? st.arrivals
-                                   : spool->order().acknowledged(consumed, st.arrivals, st.ended);
+  j["arrivals_acknowledged"] = spool->order().acknowledged(consumed, st.arrivals, st.ended);
   j["arrivals_in_ledger"] = st.arrivals;
   j["uses"] = spool->order().options().uses;
   j["replay_window"] = spool->order().options().replay_window;
@@ -74,7 +81,7 @@ void Trainer::Impl::write_stream_record(const std::string& dir) const {
 
 void Trainer::Impl::acknowledge_stream() const {
   if (!spool || !topo.is_root()) return;
-  spool->acknowledge(stream_consumed(), state.epoch >= 1);
+  spool->acknowledge(stream_consumed());
 }
 
 void Trainer::Impl::check_stream_resume(const std::string& loaded) const {

@@ -11,6 +11,8 @@
 #   run is still bitwise the uninterrupted one; at 1 and 2 ranks;
 # - --stream-uses 2 (windows of 8): 48 steps from 96 samples, windows acknowledged whole, a
 #   SIGKILL resumed bitwise;
+# - --packing: bitwise the offline packed run; --total-steps before the end: only what was
+#   trained is acknowledged;
 # - a held-out set evaluated every 6 steps and --save-best-by, as offline;
 # - a producer SIGKILLed mid-stream and restarted (--resume), with a truncated arrival, and three
 #   producers at once: every sample arrives once, the bad one is skipped with a warning naming
@@ -165,6 +167,33 @@ compare_exports "$(latest_ckpt "$W/uses")" "$(latest_ckpt "$W/uses_kill")" 0 ||
   fail "--stream-uses 2: the resumed run is not bitwise the uninterrupted one"
 drained "$W/spool_uses_kill" || fail "--stream-uses 2: spool not drained"
 echo "--stream-uses 2: 48 steps; SIGKILL + resume bitwise; windows acknowledged whole"
+
+# --packing (global batch 8 of micro-batches of 2, packed) at 2 ranks: the stream in the offline
+# order is bitwise the offline packed run; --total-steps 3 ends the run before the stream does:
+# what it trained is acknowledged, the rest stays in the spool.
+PACK="--packing --draft-global-batch-size 8 --total-steps 12"
+run_np 2 $(train_args "$DATA" "$W/pack_offline") $COMMON $PACK >"$W/pack_offline.log" 2>&1 ||
+  { tail -30 "$W/pack_offline.log"; fail "offline packed run"; }
+mkdir -p "$W/spool_pack"
+replay "$W/spool_pack" --end >/dev/null 2>&1 &
+producer=$!
+run_np 2 $(stream_args "$W/spool_pack" "$W/pack") $COMMON $PACK >"$W/pack.log" 2>&1 ||
+  { tail -30 "$W/pack.log"; fail "packed stream"; }
+wait $producer
+compare_exports "$(latest_ckpt "$W/pack_offline")" "$(latest_ckpt "$W/pack")" 0 ||
+  fail "the packed stream is not bitwise the offline packed run"
+drained "$W/spool_pack" || fail "packed spool not drained"
+mkdir -p "$W/spool_short"
+replay "$W/spool_short" --end >/dev/null 2>&1 &
+producer=$!
+run_np 1 $(stream_args "$W/spool_short" "$W/short") ${COMMON/--total-steps 24/--total-steps 3} \
+  >"$W/short.log" 2>&1 || { tail -30 "$W/short.log"; fail "stream ending at --total-steps"; }
+wait $producer
+case "$(latest_ckpt "$W/short")" in *_step_3) ;; *) fail "not ended at step 3: $(ls "$W/short")" ;; esac
+[ "$(grep -c '^K ' "$W/spool_short/.spool/ledger")" -ge 1 ] && [ "$(grep '^K ' "$W/spool_short/.spool/ledger" | tail -n 1)" = "K 12" ] ||
+  fail "--total-steps 3: not 12 samples acknowledged: $(grep '^K ' "$W/spool_short/.spool/ledger")"
+[ "$(find "$W/spool_short" -maxdepth 1 -name '*.ckpt' | wc -l)" -eq 84 ] || fail "--total-steps 3: the untrained samples were not kept"
+echo "--packing: bitwise the offline packed run; --total-steps 3: 12 samples acknowledged, 84 kept"
 
 # Evaluation on a fixed held-out set every 6 steps and the best checkpoint, as offline.
 mkdir -p "$W/spool_eval"
