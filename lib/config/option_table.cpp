@@ -700,14 +700,14 @@ void add_stream_rows(std::vector<OptionSpec>& t) {
                            "replay window (the stream's counterpart of epochs)",
                            FIELD(data.stream_uses)));
   t.back().bounds = whole(1, 1024);
-  needs(t, "stream", {}, "1");
+  needs(t, "stream");
   t.push_back(row<int64_t>("stream-replay-window", K::kInt, da,
                            "samples per replay window with --stream-uses above 1: a window's "
                            "samples are all trained --stream-uses times before the next "
                            "window starts, so it bounds how long a sample stays in the spool",
                            FIELD(data.stream_replay_window)));
   t.back().bounds = whole(1, int64_t{1} << 24);
-  needs(t, "stream-uses");
+  needs(t, "stream");
   t.push_back(row<double>("stream-settle-s", K::kFloat, da,
                           "for producers that write samples in place (SpecForge's "
                           "prepare_hidden_states): a file counts as arrived once its size and "

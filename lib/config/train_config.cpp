@@ -186,24 +186,6 @@ void validate_optim(const TrainConfig& cfg) {
   }
 }
 
-// A stream is trained once, to --total-steps at most, from one spool read whole.
-void validate_stream(const TrainConfig& cfg) {
-  if (!cfg.data.stream) return;
-  FSDP_USAGE_CHECK(cfg.loop.total_steps.has_value(),
-                   "--stream without --total-steps: a stream's length is not known in advance, "
-                   "and the learning-rate schedule and warm-up need one",
-                   "give --total-steps (the schedule's length; the run ends there, or earlier "
-                   "at END_OF_STREAM)");
-  FSDP_USAGE_CHECK(
-      cfg.loop.num_epochs == 1,
-      str("--stream with --num-epochs ", cfg.loop.num_epochs, ": a stream is read once"),
-      "use --stream-uses K to train each sample K times, and drop --num-epochs");
-  FSDP_USAGE_CHECK(cfg.loop.sp_ulysses_size == 1,
-                   "--stream with --sp-ulysses-size: sequence parallelism does not read from a "
-                   "spool yet",
-                   "stream without --sp-ulysses-size, or convert the samples and train offline");
-}
-
 // Sequence parallelism against the ranks, the micro-batch, packing and SpecForge's own
 // parallelism flags.
 void validate_sequence_parallel(const TrainConfig& cfg, int world_size) {
@@ -357,7 +339,6 @@ void validate(const TrainConfig& cfg, int world_size, const ValidateOptions& opt
   validate_loop(cfg, world_size, train);
   validate_optim(cfg);
   validate_sequence_parallel(cfg, world_size);
-  if (train) validate_stream(cfg);
   validate_trackers(cfg.metrics);
   validate_sharding(cfg.shard, world_size, ranks_per_node);
   validate_required_inputs(cfg, options, train);

@@ -104,8 +104,11 @@ void Trainer::Impl::setup() {
   config::ValidateOptions vo;
   vo.training = !cfg.loop.eval_only;
   config::validate(cfg, world, vo, machine.local_size);
-  // A stream's truncated or corrupt arrival is skipped with a count, never the end of the run.
-  if (cfg.data.stream && vo.training) cfg.data.skip_bad_samples = true;
+  if (cfg.data.stream && vo.training) {
+    check_stream_options();
+    // A stream's truncated or corrupt arrival is skipped with a count, never the end of the run.
+    cfg.data.skip_bad_samples = true;
+  }
   plan_batches();
   const c10::Device device = pick_device(cfg.runtime.device);
   cfg.model.fused_cuda_kernels = fused_kernels_on(cfg, device);

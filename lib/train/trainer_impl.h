@@ -86,7 +86,9 @@ struct Trainer::Impl {
   RunResult train();
   RunResult eval_only();
 
-  // Streaming (trainer_stream.cpp). open_stream: the spool and its first arrivals as train_ds.
+  // Streaming (trainer_stream.cpp). check_stream_options: --total-steps given, one epoch, no
+  // sequence parallelism. open_stream: the spool and its first arrivals as train_ds.
+  void check_stream_options() const;
   void open_stream();
   // The loader's dataset: the stream's positions, as many as --total-steps can train.
   std::shared_ptr<data::FeatureDataset> stream_positions() const;

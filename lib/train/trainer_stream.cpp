@@ -24,6 +24,24 @@ constexpr const char* kStreamRecord = "stream.json";
 
 }  // namespace
 
+// A stream is trained once, to --total-steps at most, from one spool read whole: checked at
+// start-up, before any data or weights are read.
+void Trainer::Impl::check_stream_options() const {
+  FSDP_USAGE_CHECK(cfg.loop.total_steps.has_value(),
+                   "--stream without --total-steps: a stream's length is not known in advance, "
+                   "and the learning-rate schedule and warm-up need one",
+                   "give --total-steps (the schedule's length; the run ends there, or earlier "
+                   "at END_OF_STREAM)");
+  FSDP_USAGE_CHECK(
+      cfg.loop.num_epochs == 1,
+      fsdp::str("--stream with --num-epochs ", cfg.loop.num_epochs, ": a stream is read once"),
+      "use --stream-uses K to train each sample K times, and drop --num-epochs");
+  FSDP_USAGE_CHECK(cfg.loop.sp_ulysses_size == 1,
+                   "--stream with --sp-ulysses-size: sequence parallelism does not read from a "
+                   "spool yet",
+                   "stream without --sp-ulysses-size, or convert the samples and train offline");
+}
+
 void Trainer::Impl::open_stream() {
   data::SpoolOptions so;
   so.dir = cfg.data.train_hidden_states_path;
