@@ -21,10 +21,12 @@ As a program:
 """
 
 import argparse
+import contextlib
 import fcntl
 import json
 import os
 import socket
+import stat
 import sys
 import time
 from pathlib import Path
@@ -47,6 +49,7 @@ def used_bytes(spool):
     """Bytes of the regular files in the spool's tree, less its hidden directories such as
     .spool (samples and files being written): the measure the trainer's budget uses."""
     total = 0
+    seen = set()  # inodes: a file renamed while the directory is read may be listed twice
     for root, dirs, files in os.walk(spool):
         dirs[:] = [d for d in dirs if not d.startswith(".")]
         for f in files:
@@ -54,7 +57,8 @@ def used_bytes(spool):
                 st = os.lstat(os.path.join(root, f))
             except FileNotFoundError:
                 continue  # acknowledged and deleted while we looked
-            if not os.path.islink(os.path.join(root, f)):
+            if stat.S_ISREG(st.st_mode) and (st.st_dev, st.st_ino) not in seen:
+                seen.add((st.st_dev, st.st_ino))
                 total += st.st_size
     return total
 
@@ -65,6 +69,19 @@ def room(spool):
         return json.loads((Path(spool) / CONTROL / "room.json").read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         return None
+
+
+@contextlib.contextmanager
+def _locked(spool):
+    """The spool's producer lock (an exclusive flock on SPOOL/.spool/lock)."""
+    (Path(spool) / CONTROL).mkdir(exist_ok=True)
+    lock = os.open(Path(spool) / CONTROL / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+    finally:
+        fcntl.flock(lock, fcntl.LOCK_UN)
+        os.close(lock)
 
 
 def _reserve(spool, tmp, size, poll, wait_for_trainer, timeout):
@@ -81,18 +98,12 @@ def _reserve(spool, tmp, size, poll, wait_for_trainer, timeout):
             if budget and size > budget:
                 raise SpoolError(f"a sample of {size} bytes is larger than the spool's budget "
                                  f"({budget} bytes): raise --stream-max-gb")
-            (Path(spool) / CONTROL).mkdir(exist_ok=True)
-            lock = os.open(Path(spool) / CONTROL / "lock", os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX)
+            with _locked(spool):
                 if not budget or used_bytes(spool) + size <= budget:
                     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
                     if size:
                         os.posix_fallocate(fd, 0, size)  # counted from now on
                     return fd
-            finally:
-                fcntl.flock(lock, fcntl.LOCK_UN)
-                os.close(lock)
         if deadline is not None and time.monotonic() > deadline:
             raise SpoolError(f"{spool}: no room for {size} bytes after {timeout} s")
         time.sleep(poll)
@@ -122,7 +133,10 @@ def publish(spool, name, data, poll=0.05, wait_for_trainer=True, timeout=None):
         tmp.unlink(missing_ok=True)
         raise
     os.close(fd)
-    os.rename(tmp, final)
+    # Renamed under the lock too: a producer adding up the spool under the lock never reads the
+    # directory while an entry moves (a listing may miss or repeat a file renamed meanwhile).
+    with _locked(spool):
+        os.rename(tmp, final)
     dfd = os.open(spool, os.O_RDONLY)
     try:
         os.fsync(dfd)
