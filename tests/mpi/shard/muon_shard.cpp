@@ -159,8 +159,12 @@ TEST_CASE("--optimizer muon in the engine equals Muon + AdamW on the whole model
   // owners are counted inside a shard group; every replica orthogonalises its own copy of the
   // same matrices, identical after the replicate all-reduce), clipping on: each within `bound`
   // of `want`. The gradients differ from the reference's by their summation order only, and the
-  // bf16 Newton-Schulz may round such a difference to the next bf16 value, so with bf16 the
-  // comparison is to 1e-4 (the matrices alone are bitwise equal for equal gradients: the test
+  // bf16 Newton-Schulz may round such a difference to the next bf16 value: one bf16 step (2^-8)
+  // of an orthogonalised update of lr x ratio = 2e-2 moves a weight by ~8e-5, ~1e-3 of these
+  // weights' scale per step. Measured: 7.5e-4 at every world size on an Intel Xeon (AVX-512, no
+  // bf16 instructions), 5.4e-7 on an AMD EPYC, where no element happened to round the other way;
+  // so with bf16 the bound is 4e-3 (3 steps of such flips), and the exactness check is the fp32
+  // Newton-Schulz case below (the matrices alone are bitwise equal for equal gradients: the test
   // above).
   const int w = comm::topology().world_size;
   const auto every_layout = [&](const optim::MuonOptions& opts,
@@ -181,7 +185,7 @@ TEST_CASE("--optimizer muon in the engine equals Muon + AdamW on the whole model
     }
   };
   const auto ref = muon_reference(3, c, o, ratio);
-  every_layout(o, ref, 1e-4, "");
+  every_layout(o, ref, 4e-3, "");
   // With the Newton-Schulz in fp32 (tests only) nothing rounds the summation-order difference to
   // a bf16 step: every strategy and hybrid_shard equal the reference within 1e-5 of each
   // tensor's largest value (measured: 1.3e-6 at 4 ranks, 1.2e-6 at 3), the bound the AdamW-only
@@ -190,7 +194,8 @@ TEST_CASE("--optimizer muon in the engine equals Muon + AdamW on the whole model
   optim::MuonOptions o32 = o;
   o32.ns_fp32 = true;
   every_layout(o32, muon_reference(3, c, o32, ratio), 1e-5, "fp32 Newton-Schulz, ");
-  // The Muon group really moved differently from AdamW: a run with AdamW alone is far.
+  // The Muon group really moved differently from AdamW: a run with AdamW alone is far, beyond
+  // the bf16 bound.
   const auto adamw = testing::train_reference(7, 0, 3, c);
-  CHECK(testing::max_rel_diff(adamw, ref) > 1e-3);
+  CHECK(testing::max_rel_diff(adamw, ref) > 10 * 4e-3);
 }
