@@ -10,6 +10,9 @@ end_stream() writes END_OF_STREAM once every producer is done.
 As a program:
   fsdp_spool.py status SPOOL                      the trainer's room.json and the spool's usage
   fsdp_spool.py end SPOOL                         write END_OF_STREAM
+  fsdp_spool.py watch SPOOL --out FILE [--every S] [--until F]
+      the spool's peak size (used_bytes, every S seconds, default 0.002) until F exists
+      (default SPOOL/.spool/done), written to FILE: what the benchmarks and tests measure
   fsdp_spool.py replay --source DIR --spool SPOOL [--order FILE] [--every S] [--prefix P]
                        [--end] [--truncate K ...] [--resume]
       publish the *.ckpt / *.ckpt.gz files of an offline dump (sorted by path, or in the order
@@ -200,6 +203,17 @@ def _sources(src):
     return files
 
 
+def cmd_watch(a):
+    """The spool's largest size (used_bytes), sampled every a.every seconds until the file
+    a.until exists (default SPOOL/.spool/done); written to a.out."""
+    until = a.until or os.path.join(a.spool, CONTROL, "done")
+    peak = 0
+    while not os.path.exists(until):
+        peak = max(peak, used_bytes(a.spool))
+        time.sleep(a.every)
+    Path(a.out).write_text(f"{peak}\n")
+
+
 def cmd_replay(a):
     files = _sources(a.source)
     order = json.loads(Path(a.order).read_text()) if a.order else list(range(len(files)))
@@ -238,6 +252,11 @@ def main():
     p.add_argument("spool")
     p = sub.add_parser("end")
     p.add_argument("spool")
+    p = sub.add_parser("watch")
+    p.add_argument("spool")
+    p.add_argument("--out", required=True)
+    p.add_argument("--every", type=float, default=0.002)
+    p.add_argument("--until", default=None)
     p = sub.add_parser("replay")
     p.add_argument("--source", required=True)
     p.add_argument("--spool", required=True)
@@ -256,6 +275,8 @@ def main():
             print(json.dumps(info))
         elif a.cmd == "end":
             end_stream(a.spool)
+        elif a.cmd == "watch":
+            cmd_watch(a)
         else:
             cmd_replay(a)
     except SpoolError as e:

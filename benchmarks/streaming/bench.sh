@@ -35,22 +35,6 @@ ARGS="--target-model-path $C/target --draft-model-config $C/draft-config.json
   --max-length 256 --ttt-length 3 --save-interval 1 --eval-interval 1 --export-dtype fp32
   --log-steps 1 --seed 0 --device cpu"
 
-# monitor SPOOL OUTFILE: the spool tree's largest size (bytes), sampled every 5 ms until
-# SPOOL/.spool/done exists.
-monitor() {
-  "$PY" - "$1" "$2" <<'PYEOF'
-import os, sys, time
-spool, out = sys.argv[1], sys.argv[2]
-sys.path.insert(0, os.environ["SPOOL_DIR"])
-from fsdp_spool import used_bytes
-peak = 0
-while not os.path.exists(os.path.join(spool, ".spool", "done")):
-    peak = max(peak, used_bytes(spool))
-    time.sleep(0.005)
-open(out, "w").write(str(peak))
-PYEOF
-}
-export SPOOL_DIR="$REPO/apps/spool"
 
 stage "1. offline run on $N samples ($STEPS steps)"
 cache_step "$OUT/offline.log" "$BIN" $ARGS --train-hidden-states-path "$C/feat-train" \
@@ -66,7 +50,7 @@ PYEOF
 stream() {
   local name="$1"; shift
   mkdir -p "$OUT/spool-$name"
-  monitor "$OUT/spool-$name" "$OUT/peak-$name" &
+  "$PY" "$SPOOL_PY" watch "$OUT/spool-$name" --out "$OUT/peak-$name" --every 0.005 &
   local mon=$!
   "$@" >"$OUT/producer-$name.log" 2>&1 &
   local prod=$!

@@ -109,17 +109,7 @@ PYEOF
 
   mkdir -p "$W/spool_budget$np"
   # The spool's size every 2 ms (fsdp_spool.used_bytes: regular files, each inode once).
-  SPOOL_DIR="$SRC/apps/spool" "$PY" - "$W/spool_budget$np" "$W/budget_peak$np" <<'PYEOF' &
-import os, sys, time
-sys.path.insert(0, os.environ["SPOOL_DIR"])
-from fsdp_spool import used_bytes
-spool, out = sys.argv[1], sys.argv[2]
-peak = 0
-while not os.path.exists(os.path.join(spool, ".spool", "done")):
-    peak = max(peak, used_bytes(spool))
-    time.sleep(0.002)
-open(out, "w").write(str(peak))
-PYEOF
+  "$PY" "$SPOOL_PY" watch "$W/spool_budget$np" --out "$W/budget_peak$np" &
   monitor=$!
   replay "$W/spool_budget$np" --end >"$W/producer_budget$np.log" 2>&1 &
   producer=$!

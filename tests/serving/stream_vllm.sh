@@ -32,25 +32,11 @@ train() {
     --keep-last 2 --log-steps 1 --seed 0 "${@:3}" >"$2.log" 2>&1 &
   TRAINER=$!
 }
-# monitor SPOOL: the spool tree's largest size, sampled every 5 ms until SPOOL/.spool/done.
-monitor() {
-  SPOOL_DIR="$SRC/apps/spool" "$PY" - "$1" <<'PYEOF' &
-import os, sys, time
-sys.path.insert(0, os.environ["SPOOL_DIR"])
-from fsdp_spool import used_bytes
-spool = sys.argv[1]
-peak = 0
-while not os.path.exists(os.path.join(spool, ".spool", "done")):
-    peak = max(peak, used_bytes(spool))
-    time.sleep(0.005)
-open(os.path.join(spool, ".spool", "peak"), "w").write(str(peak))
-PYEOF
-  MONITOR=$!
-}
 
 mkdir -p "$W/spool-vllm"
 stage "fsdp-train --stream beside vLLM (extract_hidden_states) producing $N samples"
-monitor "$W/spool-vllm"
+"$PY" "$SPOOL_PY" watch "$W/spool-vllm" --out "$W/peak" --every 0.005 &  # the spool's peak size
+MONITOR=$!
 train "$W/spool-vllm" "$W/run-vllm"
 "$VPY" "$SRC/benchmarks/streaming/vllm_producer.py" --target "$C/target" --prompts "$C/prompts.json" \
   --split train --limit $N --spool "$W/spool-vllm" --mode prefill --max-tokens "$MAX_TOKENS" --max-num-seqs 4 \
@@ -58,7 +44,7 @@ train "$W/spool-vllm" "$W/run-vllm"
 wait $TRAINER || { tail -60 "$W/run-vllm.log"; fail "training from vLLM's stream"; }
 touch "$W/spool-vllm/.spool/done"
 wait $MONITOR
-peak=$(cat "$W/spool-vllm/.spool/peak")
+peak=$(cat "$W/peak")
 [ "$peak" -le "$budget" ] || fail "the spool held $peak bytes, over its budget of $budget"
 
 # (b) the transformers features of the same sequences, in vLLM's arrival order.
